@@ -1,0 +1,1 @@
+"""What the agent and the scheduler share: the decision core, wire models, settings."""

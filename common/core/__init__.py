@@ -1,0 +1,48 @@
+"""The pure decision core: data in, decision out; no I/O, no clock."""
+
+from common.core.annotations import AnnotationError, CardGrant, decode_devices, encode_devices
+from common.core.cluster import ClusterError, fleet_from_cluster
+from common.core.decide import Decision, ExplainRow, PlacedCard, decide, rejected
+from common.core.fleet import Fleet
+from common.core.ledger import Allocation, Usage
+from common.core.model import ClusterFile, Device, Node, PodRecord
+from common.core.pod import Defaults, PodManifest, PodRequest, parse_pod
+from common.core.policy import (
+    Chain,
+    NodePolicy,
+    PodRejected,
+    parse_chain,
+    parse_default_chain,
+)
+from common.core.render import decision_document
+
+__all__ = [
+    "Allocation",
+    "AnnotationError",
+    "CardGrant",
+    "Chain",
+    "ClusterError",
+    "ClusterFile",
+    "Decision",
+    "Defaults",
+    "Device",
+    "ExplainRow",
+    "Fleet",
+    "Node",
+    "NodePolicy",
+    "PlacedCard",
+    "PodManifest",
+    "PodRecord",
+    "PodRejected",
+    "PodRequest",
+    "Usage",
+    "decide",
+    "decision_document",
+    "decode_devices",
+    "encode_devices",
+    "fleet_from_cluster",
+    "parse_chain",
+    "parse_default_chain",
+    "parse_pod",
+    "rejected",
+]

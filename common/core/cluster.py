@@ -1,0 +1,54 @@
+"""Building a fleet and its ledger from a cluster description (``pyhami decide``)."""
+
+from __future__ import annotations
+
+from common.core.annotations import ALLOCATED_ANNOTATION, AnnotationError, decode_devices
+from common.core.fleet import Fleet
+from common.core.ledger import Allocation
+from common.core.model import ClusterFile
+
+
+class ClusterError(ValueError):
+    """The cluster description is inconsistent; the message names the entry."""
+
+
+def fleet_from_cluster(cluster: ClusterFile) -> Fleet:
+    fleet = Fleet()
+    for position, node in enumerate(cluster.nodes):
+        where = f"nodes[{position}] ({node.name!r})"
+        if fleet.node(node.name) is not None:
+            raise ClusterError(f"{where}: node name is listed twice")
+        uuids = [d.uuid for d in node.devices]
+        if len(set(uuids)) != len(uuids):
+            raise ClusterError(f"{where}: a device uuid is listed twice")
+        indexes = [d.index for d in node.devices]
+        if len(set(indexes)) != len(indexes):
+            raise ClusterError(f"{where}: a device index is listed twice")
+        fleet.upsert_node(node)
+    for position, pod in enumerate(cluster.pods):
+        where = f"pods[{position}] ({pod.namespace}/{pod.name})"
+        key = f"{pod.namespace}/{pod.name}"
+        if fleet.allocation(key) is not None:
+            raise ClusterError(f"{where}: pod is listed twice")
+        host = fleet.node(pod.node)
+        if host is None:
+            raise ClusterError(f"{where}: node {pod.node!r} is not among the cluster's nodes")
+        try:
+            containers = decode_devices(pod.annotations.get(ALLOCATED_ANNOTATION, ""))
+        except AnnotationError as error:
+            raise ClusterError(f"{where}: {error}") from None
+        known = {d.uuid for d in host.devices}
+        for grants in containers:
+            for grant in grants:
+                if grant.uuid not in known:
+                    raise ClusterError(
+                        f"{where}: {ALLOCATED_ANNOTATION} names card {grant.uuid!r}, "
+                        f"which node {pod.node!r} does not have"
+                    )
+        if pod.init_containers > len(containers):
+            raise ClusterError(
+                f"{where}: init_containers is {pod.init_containers} but the annotation "
+                f"holds {len(containers)} containers"
+            )
+        fleet.allocate(key, Allocation(pod.node, containers, pod.init_containers))
+    return fleet

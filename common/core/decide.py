@@ -1,0 +1,329 @@
+"""One scheduling decision: which node, which cards, and why every other node fails."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.core.annotations import (
+    ALLOCATED_ANNOTATION,
+    NODE_ANNOTATION,
+    TO_ALLOCATE_ANNOTATION,
+    CardGrant,
+    encode_devices,
+)
+from common.core.fleet import BoolArray, Fleet, FloatArray, IntArray
+from common.core.ledger import Allocation
+from common.core.placement import (
+    CodeArray,
+    Extra,
+    PodView,
+    card_reason_counts,
+    choose_cards,
+    node_level_failure,
+)
+from common.core.pod import ContainerRequest, PodRequest
+from common.core.policy import NodePolicy
+from common.core.reasons import (
+    CARD_REASON,
+    CHECK_COUNT,
+    INSUFFICIENT_CARDS,
+    TOPOLOGY_NOT_FIT,
+    CardCheck,
+    reason_string,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedCard:
+    uuid: str
+    index: int
+    memory: int
+    cores: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainRow:
+    """One card of one node as the pod's first GPU container sees it."""
+
+    node: str
+    index: int
+    uuid: str
+    used: int
+    score: float
+    filtered_by: str | None
+    rank: int | None
+    chosen: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    pod: str
+    scheduled: bool
+    node: str | None = None
+    cards: tuple[tuple[PlacedCard, ...], ...] = ()
+    allocation: Allocation | None = None
+    failed_nodes: dict[str, str] | None = None
+    ignored_policies: tuple[str, ...] = ()
+    reason: str | None = None
+    explain: tuple[ExplainRow, ...] | None = None
+
+    def annotations(self) -> dict[str, str]:
+        """The allocation annotations of SPEC section 4 that do not depend on the clock."""
+        if self.allocation is None or self.node is None:
+            return {}
+        devices = encode_devices(self.allocation.containers)
+        return {
+            ALLOCATED_ANNOTATION: devices,
+            TO_ALLOCATE_ANNOTATION: devices,
+            NODE_ANNOTATION: self.node,
+        }
+
+
+def rejected(key: str, reason: str) -> Decision:
+    """The decision for a malformed pod: unschedulable, with the reason naming the input."""
+    return Decision(pod=key, scheduled=False, failed_nodes={}, reason=reason)
+
+
+Placement = list[list[int]]
+
+
+def _place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | Counter[str]:
+    """Place every GPU container on one node in order, or return why the node fails."""
+    layout, pod = view.layout, view.pod
+    where = layout.node_slice(node)
+    cards = where.stop - where.start
+    topology = layout.topology[node]
+    numa = layout.numa[where].tolist()
+    memory = layout.memory[where]
+    taken = Extra(*(np.zeros(cards, dtype=np.int64) for _ in range(3)))
+    placement: Placement = []
+    for position, request in enumerate(pod.gpu_containers):
+        failure = node_level_failure(request, cards, topology, pod.chain.topology_aware)
+        if failure is not None:
+            return failure
+        if position == 0:
+            codes = first_codes
+        else:
+            codes = view.card_codes(request, where, None if request.is_init else taken)
+        eligible = np.flatnonzero(codes == CardCheck.ELIGIBLE).tolist()
+        ranked = view.rank(node, eligible)
+        aware = pod.chain.topology_aware and request.cards > 1
+        chosen = choose_cards(ranked, request.cards, numa, topology if aware else None,
+                              pod.numa_bind)
+        if isinstance(chosen, Counter):
+            by_code = np.bincount(codes, minlength=CHECK_COUNT).tolist()
+            return card_reason_counts(by_code) + chosen
+        placement.append(chosen)
+        if not request.is_init:
+            for card in chosen:
+                taken.tenants[card] += 1
+                taken.memory[card] += request.memory_slice(int(memory[card]))
+                taken.cores[card] += request.cores
+    return placement
+
+
+def _counted_failure(request: ContainerRequest, view: PodView, node: int,
+                     by_code: list[int]) -> Counter[str]:
+    """Why a one-container pod fails a node, when counts per check tell it all.
+
+    That is every case but numa-bind with eligible cards: there the reason names
+    the best-ranked card's NUMA group.
+    """
+    layout = view.layout
+    failure = node_level_failure(request, int(layout.node_cards[node]), layout.topology[node],
+                                 view.pod.chain.topology_aware)
+    if failure is not None:
+        return failure
+    eligible = by_code[CardCheck.ELIGIBLE]
+    aware = view.pod.chain.topology_aware and request.cards > 1
+    why = TOPOLOGY_NOT_FIT if aware and eligible >= request.cards else INSUFFICIENT_CARDS
+    return card_reason_counts(by_code) + Counter({why: eligible})
+
+
+def _holds_a_set(view: PodView, request: ContainerRequest, codes: CodeArray,
+                 by_node: IntArray) -> BoolArray:
+    """Nodes whose eligible cards hold a valid set for ``request``, from counts alone.
+
+    Exact for nodes whose linked components are fully connected; nodes with other
+    link shapes are evaluated one by one instead.
+    """
+    layout, pod = view.layout, view.pod
+    enough = by_node[:, CardCheck.ELIGIBLE] >= request.cards
+    aware = pod.chain.topology_aware and request.cards > 1
+    bound = pod.numa_bind and request.cards > 1
+    if not (aware or bound):
+        return enough
+    if aware and bound:
+        groups = layout.numa_link_groups
+    else:
+        groups = layout.link_groups if aware else layout.numa_groups
+    members = groups.card_group[(codes == CardCheck.ELIGIBLE) & (groups.card_group >= 0)]
+    per_group = np.bincount(members, minlength=len(groups.group_node))
+    has_set = np.zeros(len(layout.node_names), dtype=np.bool_)
+    has_set[groups.group_node[per_group >= request.cards]] = True
+    return enough & has_set
+
+
+def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArray,
+                      nodes: BoolArray) -> dict[str, str]:
+    layout = view.layout
+    failing = np.flatnonzero(nodes)
+    rows = np.column_stack((by_node[failing], layout.node_cards[failing],
+                            layout.topology_known[failing]))
+    # Many nodes fail the same way: build each distinct reason string once.
+    memo: dict[bytes, str] = {}
+    failed: dict[str, str] = {}
+    for node, row in zip(failing.tolist(), rows, strict=True):
+        key = row.tobytes()
+        text = memo.get(key)
+        if text is None:
+            reasons = _counted_failure(request, view, node, row[:CHECK_COUNT].tolist())
+            text = memo[key] = reason_string(reasons, int(row[CHECK_COUNT]))
+        failed[layout.node_names[node]] = text
+    return failed
+
+
+def _best_node(scores: FloatArray, fits: BoolArray, policy: NodePolicy) -> int | None:
+    """Highest (binpack) or lowest (spread) node score; ties to the name sorting first."""
+    candidates = np.flatnonzero(fits)
+    if len(candidates) == 0:
+        return None
+    chosen = scores[candidates]
+    best = chosen.max() if policy is NodePolicy.BINPACK else chosen.min()
+    return int(candidates[int(np.argmax(chosen == best))])
+
+
+def decide(
+    fleet: Fleet,
+    pod: PodRequest,
+    *,
+    nodes: Collection[str] | None = None,
+    explain: bool = False,
+    exhaustive: bool = False,
+) -> Decision:
+    """Choose a node and cards for ``pod`` among ``nodes`` (default: every node).
+
+    Nodes are judged from per-card check counts where those suffice; the rest,
+    or every node with ``exhaustive`` (the slower reference path), one by one.
+    """
+    if not pod.wants_gpu:
+        return Decision(pod=pod.key, scheduled=True, failed_nodes={},
+                        ignored_policies=pod.ignored_policies)
+    layout = fleet.layout
+    view = PodView(layout, pod)
+    node_count = len(layout.node_names)
+    considered = np.ones(node_count, dtype=np.bool_)
+    if nodes is not None:
+        considered[:] = False
+        considered[[layout.node_position[n] for n in nodes if n in layout.node_position]] = True
+
+    first = pod.gpu_containers[0]
+    codes = view.card_codes(first, slice(None))
+    by_node = np.bincount(
+        layout.check_base + codes, minlength=node_count * CHECK_COUNT
+    ).reshape(node_count, CHECK_COUNT)
+
+    failed: dict[str, str] = {}
+    placements: dict[int, Placement] = {}
+    fits = np.zeros(node_count, dtype=np.bool_)
+    one_by_one = considered.copy()
+    if len(pod.gpu_containers) == 1 and not exhaustive:
+        if pod.chain.topology_aware and first.cards > 1:
+            one_by_one &= layout.irregular_links
+        else:
+            one_by_one[:] = False
+        fits = considered & ~one_by_one & _holds_a_set(view, first, codes, by_node)
+        counted = considered & ~one_by_one & ~fits
+        if pod.numa_bind and first.cards > 1:
+            one_by_one |= counted & (by_node[:, CardCheck.ELIGIBLE] > 0)
+            counted &= ~one_by_one
+        failed.update(_counted_failures(view, first, by_node, counted))
+
+    if one_by_one.any():
+        view.scores()
+    for node in np.flatnonzero(one_by_one).tolist():
+        result = _place_pod(view, node, codes[layout.node_slice(node)])
+        if isinstance(result, Counter):
+            failed[layout.node_names[node]] = reason_string(result, int(layout.node_cards[node]))
+        else:
+            placements[node] = result
+            fits[node] = True
+
+    chosen_node = _best_node(layout.node_scores(), fits, pod.node_policy)
+    placement: Placement = []
+    if chosen_node is not None:
+        found = placements.get(chosen_node)
+        if found is None:
+            result = _place_pod(view, chosen_node, codes[layout.node_slice(chosen_node)])
+            assert not isinstance(result, Counter), "a node that fits places the pod"
+            found = result
+        placement = found
+
+    rows = _explain(view, codes, considered, chosen_node, placement) if explain else None
+    if chosen_node is None:
+        return Decision(pod=pod.key, scheduled=False, failed_nodes=failed,
+                        ignored_policies=pod.ignored_policies, explain=rows)
+    return _scheduled(view, chosen_node, placement, failed, rows)
+
+
+def _scheduled(view: PodView, node: int, placement: Placement, failed: dict[str, str],
+               rows: tuple[ExplainRow, ...] | None) -> Decision:
+    layout, pod = view.layout, view.pod
+    start = int(layout.start[node])
+    per_container = iter(placement)
+    grants: list[tuple[CardGrant, ...]] = []
+    placed: list[tuple[PlacedCard, ...]] = []
+    for request in pod.containers:
+        if request.cards == 0:
+            grants.append(())
+            continue
+        cards = []
+        for local in next(per_container):
+            device = layout.devices[start + local]
+            cards.append(PlacedCard(device.uuid, device.index,
+                                    request.memory_slice(device.memory), request.cores))
+        placed.append(tuple(cards))
+        grants.append(tuple(CardGrant(c.uuid, c.memory, c.cores) for c in cards))
+    init_count = sum(1 for c in pod.containers if c.is_init)
+    name = layout.node_names[node]
+    return Decision(
+        pod=pod.key,
+        scheduled=True,
+        node=name,
+        cards=tuple(placed),
+        allocation=Allocation(name, tuple(grants), init_count),
+        failed_nodes=failed,
+        ignored_policies=pod.ignored_policies,
+        explain=rows,
+    )
+
+
+def _explain(view: PodView, codes: CodeArray, considered: BoolArray, chosen_node: int | None,
+             placement: Placement) -> tuple[ExplainRow, ...]:
+    layout = view.layout
+    scores = view.scores().tolist()
+    used = layout.used.tolist()
+    chosen_cards = {card for cards in placement for card in cards}
+    rows: list[ExplainRow] = []
+    for node in np.flatnonzero(considered).tolist():
+        where = layout.node_slice(node)
+        local_codes = codes[where].tolist()
+        eligible = [i for i, code in enumerate(local_codes) if code == CardCheck.ELIGIBLE]
+        rank = {card: r + 1 for r, card in enumerate(view.rank(node, eligible))}
+        for local, code in enumerate(local_codes):
+            card = where.start + local
+            rows.append(ExplainRow(
+                node=layout.node_names[node],
+                index=int(layout.index[card]),
+                uuid=layout.devices[card].uuid,
+                used=int(used[card]),
+                score=scores[card],
+                filtered_by=CARD_REASON[CardCheck(code)] if code else None,
+                rank=rank.get(local),
+                chosen=node == chosen_node and local in chosen_cards,
+            ))
+    return tuple(rows)

@@ -1,0 +1,314 @@
+"""The live device state of every node, in a vectorised layout.
+
+Cards of all nodes sit in flat numpy arrays, grouped by node (nodes sorted by
+name, cards by device index), so one decision checks every card with a few
+array operations. Usage from the ledger is applied to the arrays as it
+changes; the layout is rebuilt only when a node's card set or static fields
+change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from common.core.annotations import CORDON_ANNOTATION
+from common.core.ledger import Allocation, Usage
+from common.core.model import Device, Node
+from common.core.reasons import CHECK_COUNT
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
+
+
+def round_scores(values: FloatArray) -> FloatArray:
+    """Scores are compared after rounding to 6 decimal places, everywhere."""
+    return np.round(values, 6)
+
+
+def ratio(used: IntArray | FloatArray, capacity: IntArray) -> FloatArray:
+    """used/capacity, with 0 where the capacity is zero."""
+    out = np.zeros(len(capacity), dtype=np.float64)
+    np.divide(used, capacity, out=out, where=capacity > 0)
+    return out
+
+
+def cordoned_uuids(node: Node) -> frozenset[str]:
+    text = node.annotations.get(CORDON_ANNOTATION, "")
+    return frozenset(entry.strip() for entry in text.split(",") if entry.strip())
+
+
+def _static_signature(device: Device) -> tuple[object, ...]:
+    links = None if device.links is None else tuple(sorted(device.links.items()))
+    return (device.uuid, device.index, device.type, device.memory, device.cores,
+            device.count, device.numa, links)
+
+
+@dataclass(slots=True)
+class NodeTopology:
+    """NVLink adjacency of one node's cards as bitmasks over their positions."""
+
+    known: bool
+    adjacency: tuple[int, ...]
+    # Per card, its component when every linked component is fully connected
+    # (NVSwitch, NVLink islands); None for other shapes.
+    cliques: tuple[int, ...] | None
+
+
+def _cliques(masks: list[int]) -> tuple[int, ...] | None:
+    """Component of each card, if the link graph is a disjoint union of cliques."""
+    component: list[int] = [-1] * len(masks)
+    for card, mask in enumerate(masks):
+        if component[card] >= 0:
+            continue
+        members = mask | (1 << card)
+        for peer in range(len(masks)):
+            if members >> peer & 1:
+                if masks[peer] | (1 << peer) != members:
+                    return None
+                component[peer] = card
+    return tuple(component)
+
+
+def _topology(devices: list[Device]) -> NodeTopology:
+    if all(d.links is None for d in devices):
+        return NodeTopology(False, tuple(0 for _ in devices), None)
+    position = {d.uuid: i for i, d in enumerate(devices)}
+    masks = [0] * len(devices)
+    for i, device in enumerate(devices):
+        for peer, lanes in (device.links or {}).items():
+            j = position.get(peer)
+            if j is not None and j != i and lanes > 0:
+                masks[i] |= 1 << j
+                masks[j] |= 1 << i
+    return NodeTopology(True, tuple(masks), _cliques(masks))
+
+
+class CardGroups:
+    """A global id per card for the set it may be chosen with (-1: none), and each id's node."""
+
+    def __init__(self, keys: list[tuple[int, ...] | None], node_of: list[int]) -> None:
+        ids: dict[tuple[int, ...], int] = {}
+        group_node: list[int] = []
+        card_group: list[int] = []
+        for key, node in zip(keys, node_of, strict=True):
+            if key is None:
+                card_group.append(-1)
+                continue
+            if key not in ids:
+                ids[key] = len(group_node)
+                group_node.append(node)
+            card_group.append(ids[key])
+        self.card_group: IntArray = np.array(card_group, dtype=np.int64)
+        self.group_node: IntArray = np.array(group_node, dtype=np.int64)
+
+
+class Layout:
+    """Flat per-card arrays for a fixed set of nodes and cards."""
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        ordered = sorted(nodes, key=lambda n: n.name)
+        self.node_names: list[str] = [n.name for n in ordered]
+        self.node_position: dict[str, int] = {n: i for i, n in enumerate(self.node_names)}
+        self.devices: list[Device] = []
+        starts: list[int] = []
+        self.topology: list[NodeTopology] = []
+        node_of: list[int] = []
+        cordoned: list[bool] = []
+        for position, node in enumerate(ordered):
+            devices = sorted(node.devices, key=lambda d: d.index)
+            starts.append(len(self.devices))
+            cordon = cordoned_uuids(node)
+            self.devices.extend(devices)
+            node_of.extend(position for _ in devices)
+            cordoned.extend(d.uuid in cordon for d in devices)
+            self.topology.append(_topology(devices))
+        self.start: IntArray = np.array([*starts, len(self.devices)], dtype=np.int64)
+        self.node_cards: IntArray = np.diff(self.start)
+        self.node_of: IntArray = np.array(node_of, dtype=np.int64)
+        devs = self.devices
+        self.index: IntArray = np.array([d.index for d in devs], dtype=np.int64)
+        self.memory: IntArray = np.array([d.memory for d in devs], dtype=np.int64)
+        self.cores: IntArray = np.array([d.cores for d in devs], dtype=np.int64)
+        self.count: IntArray = np.array([d.count for d in devs], dtype=np.int64)
+        self.numa: IntArray = np.array([d.numa for d in devs], dtype=np.int64)
+        self.healthy: BoolArray = np.array([d.health for d in devs], dtype=np.bool_)
+        self.cordoned: BoolArray = np.array(cordoned, dtype=np.bool_)
+        self.processes: IntArray = np.array([d.processes for d in devs], dtype=np.int64)
+        self.types: list[str] = sorted({d.type for d in devs})
+        type_ids = {t: i for i, t in enumerate(self.types)}
+        self.type_id: IntArray = np.array([type_ids[d.type] for d in devs], dtype=np.int64)
+        self.card_position: dict[tuple[str, str], int] = {}
+        self.uuid_positions: dict[str, list[int]] = {}
+        for i, device in enumerate(devs):
+            self.card_position[(self.node_names[node_of[i]], device.uuid)] = i
+            self.uuid_positions.setdefault(device.uuid, []).append(i)
+        size = len(devs)
+        self.tenants: IntArray = np.zeros(size, dtype=np.int64)
+        self.usedmem: IntArray = np.zeros(size, dtype=np.int64)
+        self.usedcores: IntArray = np.zeros(size, dtype=np.int64)
+        self.used: IntArray = self.processes.copy()
+        self.check_base: IntArray = self.node_of * CHECK_COUNT
+        node_total = len(self.node_names)
+
+        def per_node(values: IntArray) -> IntArray:
+            return np.bincount(self.node_of, weights=values, minlength=node_total).astype(np.int64)
+
+        self.node_count: IntArray = per_node(self.count)
+        self.node_cores: IntArray = per_node(self.cores)
+        self.node_memory: IntArray = per_node(self.memory)
+        self.node_used: IntArray = per_node(self.used)
+        self.node_usedmem: IntArray = np.zeros(node_total, dtype=np.int64)
+        self.node_usedcores: IntArray = np.zeros(node_total, dtype=np.int64)
+        self._node_score: FloatArray | None = None
+
+        # Which cards may form one set under numa-bind, topology-aware, or both.
+        cliques: list[int | None] = []
+        for topology in self.topology:
+            cliques.extend(topology.cliques or [None] * len(topology.adjacency))
+        numa_ids = [d.numa for d in devs]
+        self.numa_groups = CardGroups(
+            [(n, numa) if numa >= 0 else None for n, numa in zip(node_of, numa_ids, strict=True)],
+            node_of)
+        self.link_groups = CardGroups(
+            [(n, c) if c is not None else None for n, c in zip(node_of, cliques, strict=True)],
+            node_of)
+        self.numa_link_groups = CardGroups(
+            [(n, numa, c) if c is not None and numa >= 0 else None
+             for n, numa, c in zip(node_of, numa_ids, cliques, strict=True)],
+            node_of)
+        self.topology_known: BoolArray = np.array([t.known for t in self.topology],
+                                                  dtype=np.bool_)
+        self.irregular_links: BoolArray = np.array(
+            [t.known and t.cliques is None for t in self.topology], dtype=np.bool_)
+
+    def node_slice(self, node: int) -> slice:
+        return slice(int(self.start[node]), int(self.start[node + 1]))
+
+    def _set_used(self, card: int, used: int) -> None:
+        node = self.node_of[card]
+        self.node_used[node] += used - self.used[card]
+        self.used[card] = used
+
+    def set_usage(self, card: int, usage: Usage) -> None:
+        node = self.node_of[card]
+        self.node_usedmem[node] += usage.memory - self.usedmem[card]
+        self.node_usedcores[node] += usage.cores - self.usedcores[card]
+        self.tenants[card] = usage.tenants
+        self.usedmem[card] = usage.memory
+        self.usedcores[card] = usage.cores
+        self._set_used(card, max(usage.tenants, int(self.processes[card])))
+        self._node_score = None
+
+    def set_dynamic(self, card: int, device: Device, cordoned: bool) -> None:
+        self.healthy[card] = device.health
+        self.cordoned[card] = cordoned
+        self.processes[card] = device.processes
+        self._set_used(card, max(int(self.tenants[card]), device.processes))
+        self._node_score = None
+
+    def node_scores(self) -> FloatArray:
+        """Every node's score before the pod: 10 * (slots + cores + memory) ratios."""
+        if self._node_score is None:
+            raw = 10 * (
+                ratio(self.node_used, self.node_count)
+                + ratio(self.node_usedcores, self.node_cores)
+                + ratio(self.node_usedmem, self.node_memory)
+            )
+            self._node_score = round_scores(raw)
+        return self._node_score
+
+
+class Fleet:
+    """Nodes, their cards, and the ledger of allocations, kept consistent."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, Node] = {}
+        self._allocations: dict[str, Allocation] = {}
+        self._usage: dict[tuple[str, str], Usage] = {}
+        self._layout: Layout | None = None
+
+    @property
+    def layout(self) -> Layout:
+        if self._layout is None:
+            layout = Layout(self._nodes.values())
+            for (node, uuid), usage in self._usage.items():
+                card = layout.card_position.get((node, uuid))
+                if card is not None:
+                    layout.set_usage(card, usage)
+            self._layout = layout
+        return self._layout
+
+    # Nodes -----------------------------------------------------------------
+
+    def nodes(self) -> Iterator[Node]:
+        return iter(self._nodes.values())
+
+    def node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
+
+    def upsert_node(self, node: Node) -> None:
+        """Add or replace a node's inventory; in place when only dynamic fields change."""
+        old = self._nodes.get(node.name)
+        self._nodes[node.name] = node
+        if self._layout is None:
+            return
+        if old is None or sorted(map(_static_signature, old.devices)) != sorted(
+            map(_static_signature, node.devices)
+        ):
+            self._layout = None
+            return
+        cordon = cordoned_uuids(node)
+        for device in node.devices:
+            card = self._layout.card_position[(node.name, device.uuid)]
+            self._layout.set_dynamic(card, device, device.uuid in cordon)
+
+    def remove_node(self, name: str) -> None:
+        if self._nodes.pop(name, None) is not None:
+            self._layout = None
+
+    # Ledger ----------------------------------------------------------------
+
+    def allocations(self) -> dict[str, Allocation]:
+        return dict(self._allocations)
+
+    def allocation(self, key: str) -> Allocation | None:
+        return self._allocations.get(key)
+
+    def allocate(self, key: str, allocation: Allocation) -> None:
+        """Record a pod's cards; replaces what the pod held before."""
+        self.release(key)
+        self._allocations[key] = allocation
+        for uuid, usage in allocation.footprint().items():
+            self._add_usage(allocation.node, uuid, usage)
+
+    def release(self, key: str) -> Allocation | None:
+        allocation = self._allocations.pop(key, None)
+        if allocation is not None:
+            for uuid, usage in allocation.footprint().items():
+                self._add_usage(allocation.node, uuid, Usage() - usage)
+        return allocation
+
+    def usage(self, node: str, uuid: str) -> Usage:
+        return self._usage.get((node, uuid), Usage())
+
+    def orphans(self) -> dict[tuple[str, str], Usage]:
+        """Usage booked on cards that no node currently reports."""
+        layout = self.layout
+        return {key: u for key, u in self._usage.items() if key not in layout.card_position}
+
+    def _add_usage(self, node: str, uuid: str, delta: Usage) -> None:
+        key = (node, uuid)
+        usage = self._usage.get(key, Usage()) + delta
+        if usage == Usage():
+            self._usage.pop(key, None)
+        else:
+            self._usage[key] = usage
+        if self._layout is not None:
+            card = self._layout.card_position.get(key)
+            if card is not None:
+                self._layout.set_usage(card, usage)

@@ -1,0 +1,57 @@
+"""Allocations held by pods and what they add up to on each card."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.core.annotations import Containers
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What allocations put on one card: tenants, memory (MiB) and cores (%)."""
+
+    tenants: int = 0
+    memory: int = 0
+    cores: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.tenants + other.tenants, self.memory + other.memory, self.cores + other.cores
+        )
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(
+            self.tenants - other.tenants, self.memory - other.memory, self.cores - other.cores
+        )
+
+    def peak(self, other: Usage) -> Usage:
+        return Usage(
+            max(self.tenants, other.tenants),
+            max(self.memory, other.memory),
+            max(self.cores, other.cores),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """The cards a pod holds on a node, per container (init containers first)."""
+
+    node: str
+    containers: Containers
+    init_containers: int = 0
+
+    def footprint(self) -> dict[str, Usage]:
+        """Per card: app containers summed, init containers at their peak (they run first)."""
+        app: dict[str, Usage] = {}
+        init: dict[str, Usage] = {}
+        for position, grants in enumerate(self.containers):
+            for grant in grants:
+                one = Usage(1, grant.memory, grant.cores)
+                if position < self.init_containers:
+                    init[grant.uuid] = init.get(grant.uuid, Usage()).peak(one)
+                else:
+                    app[grant.uuid] = app.get(grant.uuid, Usage()) + one
+        for uuid, usage in init.items():
+            app[uuid] = app.get(uuid, Usage()).peak(usage)
+        return app

@@ -1,0 +1,230 @@
+"""Placing one container on one node: per-card checks, ranking, and the N-card choice."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from common.core.fleet import (
+    BoolArray,
+    FloatArray,
+    IntArray,
+    Layout,
+    NodeTopology,
+    ratio,
+    round_scores,
+)
+from common.core.pod import ContainerRequest, PodRequest
+from common.core.policy import SortKey
+from common.core.reasons import (
+    CARD_REASON,
+    CHECK_COUNT,
+    INSUFFICIENT_CARDS,
+    NODE_INSUFFICIENT_DEVICE,
+    NUMA_NOT_FIT,
+    TOPOLOGY_NOT_FIT,
+    TOPOLOGY_UNKNOWN,
+    CardCheck,
+)
+
+CodeArray = npt.NDArray[np.int8]
+_UNKNOWN_NUMA_LAST = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class Extra:
+    """Usage the pod's own earlier containers put on a node's cards."""
+
+    tenants: IntArray
+    memory: IntArray
+    cores: IntArray
+
+
+class PodView:
+    """What one decision needs about a pod, computed once against a layout."""
+
+    def __init__(self, layout: Layout, pod: PodRequest) -> None:
+        self.layout = layout
+        self.pod = pod
+        self.type_ok: BoolArray | None = None
+        self.uuid_ok: BoolArray | None = None
+        if pod.use_types is not None or pod.nouse_types:
+            per_type = np.array([_type_passes(t, pod) for t in layout.types], dtype=np.bool_)
+            self.type_ok = per_type[layout.type_id] if len(per_type) else per_type
+        if pod.use_uuids is not None or pod.nouse_uuids:
+            ok = np.full(len(layout.devices), pod.use_uuids is None, dtype=np.bool_)
+            for uuid in pod.use_uuids or ():
+                ok[layout.uuid_positions.get(uuid, [])] = True
+            for uuid in pod.nouse_uuids:
+                ok[layout.uuid_positions.get(uuid, [])] = False
+            self.uuid_ok = ok
+        self._scores: FloatArray | None = None
+
+    def scores(self) -> FloatArray:
+        """Every card's utilization score under the pod's weights (existing usage only)."""
+        if self._scores is None:
+            lay, w = self.layout, self.pod.weights
+            raw = 10 * (
+                w.slot * ratio(lay.used, lay.count)
+                + w.core * ratio(lay.usedcores, lay.cores)
+                + w.memory * ratio(lay.usedmem, lay.memory)
+            )
+            self._scores = round_scores(raw)
+        return self._scores
+
+    def node_scores(self, where: slice) -> FloatArray:
+        lay, w = self.layout, self.pod.weights
+        raw = 10 * (
+            w.slot * ratio(lay.used[where], lay.count[where])
+            + w.core * ratio(lay.usedcores[where], lay.cores[where])
+            + w.memory * ratio(lay.usedmem[where], lay.memory[where])
+        )
+        return round_scores(raw)
+
+    def card_codes(
+        self, request: ContainerRequest, where: slice, extra: Extra | None = None
+    ) -> CodeArray:
+        """Per card, the first failing check of SPEC 3.4 (0 when the card is eligible)."""
+        lay = self.layout
+        memory, cores = lay.memory[where], lay.cores[where]
+        used, usedmem, usedcores = lay.used[where], lay.usedmem[where], lay.usedcores[where]
+        if extra is not None:
+            used = np.maximum(lay.tenants[where] + extra.tenants, lay.processes[where])
+            usedmem = usedmem + extra.memory
+            usedcores = usedcores + extra.cores
+        codes = np.zeros(len(memory), dtype=np.int8)
+        # Assigned last check first, so the first failing check is what remains.
+        if request.cores == 0:
+            codes[usedcores >= cores] = CardCheck.COMPUTE_EXHAUSTED
+        if request.cores >= 100:
+            codes[used > 0] = CardCheck.WHOLE_CARD_BUSY
+        codes[cores - usedcores < request.cores] = CardCheck.INSUFFICIENT_CORE
+        if request.memory_mib is not None:
+            codes[memory - usedmem < request.memory_mib] = CardCheck.INSUFFICIENT_MEMORY
+        else:
+            slices = memory * request.memory_percent // 100
+            codes[memory - usedmem < slices] = CardCheck.INSUFFICIENT_MEMORY
+        if self.pod.chain.mutex:
+            codes[used > 0] = CardCheck.MUTEX_BUSY
+        codes[used >= lay.count[where]] = CardCheck.SLOTS_EXHAUSTED
+        if self.uuid_ok is not None:
+            codes[~self.uuid_ok[where]] = CardCheck.UUID_MISMATCH
+        if self.type_ok is not None:
+            codes[~self.type_ok[where]] = CardCheck.TYPE_MISMATCH
+        codes[lay.cordoned[where]] = CardCheck.CORDONED
+        codes[~lay.healthy[where]] = CardCheck.NOT_HEALTHY
+        return codes
+
+    def rank(self, node: int, eligible: list[int]) -> list[int]:
+        """Eligible card positions (local to the node) in chain order."""
+        where = self.layout.node_slice(node)
+        # One node alone is cheaper to score locally than the whole fleet.
+        scores = (self.node_scores(where) if self._scores is None else self._scores[where]).tolist()
+        numa = self.layout.numa[where].tolist()
+        index = self.layout.index[where].tolist()
+        keys = self.pod.chain.ranking
+
+        def sort_key(card: int) -> tuple[float, ...]:
+            parts: list[float] = []
+            for key in keys:
+                if key is SortKey.BINPACK:
+                    parts.append(-scores[card])
+                elif key is SortKey.SPREAD:
+                    parts.append(scores[card])
+                else:
+                    parts.append(numa[card] if numa[card] >= 0 else _UNKNOWN_NUMA_LAST)
+            parts.append(index[card])
+            return tuple(parts)
+
+        return sorted(eligible, key=sort_key)
+
+
+def _type_passes(card_type: str, pod: PodRequest) -> bool:
+    lowered = card_type.lower()
+    if pod.use_types is not None and not any(t in lowered for t in pod.use_types):
+        return False
+    return not any(t in lowered for t in pod.nouse_types)
+
+
+def card_reason_counts(code_counts: list[int]) -> Counter[str]:
+    """Reason name -> cards it removed, from a count per check code."""
+    counts: Counter[str] = Counter()
+    for code in range(1, CHECK_COUNT):
+        if code_counts[code]:
+            counts[CARD_REASON[CardCheck(code)]] += code_counts[code]
+    return counts
+
+
+def node_level_failure(
+    request: ContainerRequest, cards: int, topology: NodeTopology, topology_aware: bool
+) -> Counter[str] | None:
+    """Reasons that fail the whole node before any card is looked at."""
+    if request.cards > cards:
+        return Counter({NODE_INSUFFICIENT_DEVICE: cards})
+    if topology_aware and request.cards > 1 and not topology.known:
+        return Counter({TOPOLOGY_UNKNOWN: cards})
+    return None
+
+
+def _clique(ranked: list[int], size: int, adjacency: tuple[int, ...]) -> list[int] | None:
+    """The pairwise-linked ``size``-set whose sorted ranks are lexicographically smallest."""
+
+    def extend(chosen: list[int], mask: int, start: int) -> list[int] | None:
+        if len(chosen) == size:
+            return chosen
+        for k in range(start, len(ranked) - (size - len(chosen)) + 1):
+            card = ranked[k]
+            if adjacency[card] & mask == mask:
+                found = extend([*chosen, card], mask | (1 << card), k + 1)
+                if found is not None:
+                    return found
+        return None
+
+    return extend([], 0, 0)
+
+
+def choose_cards(
+    ranked: list[int],
+    size: int,
+    numa: list[int],
+    topology: NodeTopology | None,
+    numa_bind: bool,
+) -> list[int] | Counter[str]:
+    """Pick ``size`` cards from the ranked eligible ones, or say why the set fails.
+
+    ``topology`` is given when the pod is topology-aware and asks for several cards.
+    """
+
+    def pick(candidates: list[int]) -> list[int] | None:
+        if len(candidates) < size:
+            return None
+        if topology is None:
+            return candidates[:size]
+        return _clique(candidates, size, topology.adjacency)
+
+    if not (numa_bind and size > 1):
+        chosen = pick(ranked)
+        if chosen is not None:
+            return chosen
+        if len(ranked) < size:
+            return Counter({INSUFFICIENT_CARDS: len(ranked)})
+        return Counter({TOPOLOGY_NOT_FIT: len(ranked)})
+
+    groups: dict[int, list[int]] = {}
+    for card in ranked:
+        if numa[card] >= 0:
+            groups.setdefault(numa[card], []).append(card)
+    tried: set[int] = set()
+    for card in ranked:
+        if numa[card] in groups and numa[card] not in tried:
+            tried.add(numa[card])
+            chosen = pick(groups[numa[card]])
+            if chosen is not None:
+                return chosen
+    if topology is not None and any(len(g) >= size for g in groups.values()):
+        return Counter({TOPOLOGY_NOT_FIT: len(ranked)})
+    best = next((groups[numa[c]] for c in ranked if numa[c] >= 0), [])
+    return Counter({INSUFFICIENT_CARDS: len(best), NUMA_NOT_FIT: len(ranked) - len(best)})

@@ -1,0 +1,234 @@
+"""What a Pod asks for: the manifest subset pyhami reads and its parsed request."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+from common.core.policy import (
+    WEIGHTS_ANNOTATION,
+    Chain,
+    NodePolicy,
+    PodRejected,
+    Weights,
+    parse_chain,
+    parse_node_policy,
+    parse_weights,
+)
+
+Quantity = str | int | float
+
+RESOURCE_GPU = "nvidia.com/gpu"
+RESOURCE_MEMORY = "nvidia.com/gpumem"
+RESOURCE_MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
+RESOURCE_CORES = "nvidia.com/gpucores"
+GPU_RESOURCES = (RESOURCE_GPU, RESOURCE_MEMORY, RESOURCE_MEMORY_PERCENT, RESOURCE_CORES)
+
+GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
+NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
+USE_UUID_ANNOTATION = "nvidia.com/use-gpuuuid"
+NOUSE_UUID_ANNOTATION = "nvidia.com/nouse-gpuuuid"
+USE_TYPE_ANNOTATION = "nvidia.com/use-gputype"
+NOUSE_TYPE_ANNOTATION = "nvidia.com/nouse-gputype"
+NUMA_BIND_ANNOTATION = "nvidia.com/numa-bind"
+
+
+# The subset of a v1.Pod that pyhami reads; every other field is ignored on decode.
+class ResourceRequirements(msgspec.Struct):
+    limits: dict[str, Quantity] | None = None
+    requests: dict[str, Quantity] | None = None
+
+
+class Container(msgspec.Struct):
+    name: str = ""
+    resources: ResourceRequirements | None = None
+
+
+class PodSpec(msgspec.Struct, rename="camel"):
+    containers: list[Container] = []
+    init_containers: list[Container] | None = None
+    node_name: str | None = None
+
+
+class ObjectMeta(msgspec.Struct):
+    name: str = ""
+    namespace: str | None = None
+    uid: str | None = None
+    annotations: dict[str, str] | None = None
+
+
+class PodManifest(msgspec.Struct):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+
+    @property
+    def key(self) -> str:
+        return f"{self.metadata.namespace or 'default'}/{self.metadata.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """One container's GPU request; ``cards == 0`` means it wants no GPU."""
+
+    name: str
+    is_init: bool
+    cards: int
+    memory_mib: int | None
+    memory_percent: int
+    cores: int
+
+    def memory_slice(self, card_memory: int) -> int:
+        if self.memory_mib is not None:
+            return self.memory_mib
+        return card_memory * self.memory_percent // 100
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    key: str
+    containers: tuple[ContainerRequest, ...]
+    chain: Chain
+    ignored_policies: tuple[str, ...]
+    node_policy: NodePolicy
+    weights: Weights
+    use_uuids: frozenset[str] | None
+    nouse_uuids: frozenset[str]
+    use_types: tuple[str, ...] | None
+    nouse_types: tuple[str, ...]
+    numa_bind: bool
+
+    @property
+    def gpu_containers(self) -> tuple[ContainerRequest, ...]:
+        return tuple(c for c in self.containers if c.cards > 0)
+
+    @property
+    def wants_gpu(self) -> bool:
+        return any(c.cards > 0 for c in self.containers)
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """Cluster-wide defaults, settings of the daemon and of ``pyhami decide``."""
+
+    gpu_policy: Chain
+    node_policy: NodePolicy
+
+
+def _quantity(value: Quantity, where: str) -> int:
+    if isinstance(value, bool):
+        raise PodRejected(f"{where}: {value!r} is not an integer")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float):
+        if not value.is_integer():
+            raise PodRejected(f"{where}: {value!r} is not an integer")
+        number = int(value)
+    else:
+        text = value.strip()
+        digits = text[1:] if text[:1] in "+-" else text
+        if not digits.isascii() or not digits.isdigit():
+            raise PodRejected(f"{where}: {value!r} is not an integer")
+        number = int(text)
+    if number < 0:
+        raise PodRejected(f"{where}: {value!r} is a negative number")
+    return number
+
+
+def _container_request(container: Container, is_init: bool, position: str) -> ContainerRequest:
+    resources = container.resources or ResourceRequirements()
+    limits = resources.limits or {}
+    requests = resources.requests or {}
+    values: dict[str, int] = {}
+    for resource in GPU_RESOURCES:
+        source, raw = (
+            ("limits", limits[resource]) if resource in limits
+            else ("requests", requests.get(resource))
+        )
+        if raw is not None:
+            where = f"{position}.resources.{source}[{resource}]"
+            values[resource] = _quantity(raw, where)
+    name = container.name
+    cards = values.get(RESOURCE_GPU, 1 if values else 0)
+    memory = values.get(RESOURCE_MEMORY)
+    percent = values.get(RESOURCE_MEMORY_PERCENT)
+    if percent is not None and percent == 0 and memory is None:
+        raise PodRejected(
+            f"{position}.resources[{RESOURCE_MEMORY_PERCENT}]: 0 is outside 1..100"
+        )
+    return ContainerRequest(
+        name=name,
+        is_init=is_init,
+        cards=cards,
+        memory_mib=memory,
+        memory_percent=100 if percent is None else min(percent, 100),
+        cores=min(values.get(RESOURCE_CORES, 0), 100),
+    )
+
+
+def _comma_list(text: str) -> list[str]:
+    return [entry.strip() for entry in text.split(",") if entry.strip()]
+
+
+_TRUE = {"1", "t", "true"}
+_FALSE = {"0", "f", "false"}
+
+
+def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
+    """Read a pod's GPU request and scheduling annotations.
+
+    Raises ``PodRejected`` naming the annotation or resource that is malformed.
+    """
+    annotations: Mapping[str, str] = manifest.metadata.annotations or {}
+    containers = [
+        _container_request(c, True, f"spec.initContainers[{i}]")
+        for i, c in enumerate(manifest.spec.init_containers or ())
+    ] + [
+        _container_request(c, False, f"spec.containers[{i}]")
+        for i, c in enumerate(manifest.spec.containers)
+    ]
+
+    if GPU_POLICY_ANNOTATION in annotations:
+        parsed = parse_chain(annotations[GPU_POLICY_ANNOTATION], defaults.gpu_policy)
+        chain, ignored = parsed.chain, parsed.ignored
+    else:
+        chain, ignored = defaults.gpu_policy, ()
+
+    node_policy = defaults.node_policy
+    if NODE_POLICY_ANNOTATION in annotations:
+        node_policy = parse_node_policy(
+            annotations[NODE_POLICY_ANNOTATION], NODE_POLICY_ANNOTATION
+        )
+
+    weights = Weights()
+    if WEIGHTS_ANNOTATION in annotations:
+        weights = parse_weights(annotations[WEIGHTS_ANNOTATION])
+
+    numa_bind = False
+    if NUMA_BIND_ANNOTATION in annotations:
+        flag = annotations[NUMA_BIND_ANNOTATION].strip().lower()
+        if flag not in _TRUE | _FALSE:
+            raise PodRejected(
+                f"{NUMA_BIND_ANNOTATION}: {annotations[NUMA_BIND_ANNOTATION]!r} "
+                "is not true or false"
+            )
+        numa_bind = flag in _TRUE
+
+    use_uuids = _comma_list(annotations.get(USE_UUID_ANNOTATION, ""))
+    use_types = _comma_list(annotations.get(USE_TYPE_ANNOTATION, ""))
+    return PodRequest(
+        key=manifest.key,
+        containers=tuple(containers),
+        chain=chain,
+        ignored_policies=ignored,
+        node_policy=node_policy,
+        weights=weights,
+        use_uuids=frozenset(use_uuids) if use_uuids else None,
+        nouse_uuids=frozenset(_comma_list(annotations.get(NOUSE_UUID_ANNOTATION, ""))),
+        use_types=tuple(t.lower() for t in use_types) if use_types else None,
+        nouse_types=tuple(
+            t.lower() for t in _comma_list(annotations.get(NOUSE_TYPE_ANNOTATION, ""))
+        ),
+        numa_bind=numa_bind,
+    )

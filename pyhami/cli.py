@@ -1,0 +1,27 @@
+"""pyhami: a GPU-sharing scheduler for Kubernetes, speaking HAMi's annotations."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pyhami import bench, decide, demo
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pyhami", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (decide, bench, demo):
+        module.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

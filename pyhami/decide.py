@@ -1,0 +1,56 @@
+"""``pyhami decide``: one offline decision from a cluster file and a Pod manifest."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from common.core import (
+    ClusterError,
+    Defaults,
+    PodRejected,
+    decide,
+    decision_document,
+    fleet_from_cluster,
+    parse_pod,
+    rejected,
+)
+from common.files import InputFileError, load_cluster, load_pod
+from pyhami.options import Subcommands, add_policy_defaults, defaults_from
+
+
+def register(commands: Subcommands) -> None:
+    parser = commands.add_parser("decide", help="decide one pod offline against a cluster file")
+    parser.add_argument("--cluster", type=Path, required=True, help="cluster JSON file")
+    parser.add_argument("--pod", type=Path, required=True, help="Pod manifest (YAML or JSON)")
+    parser.add_argument("--explain", action="store_true", help="add the per-card selection path")
+    add_policy_defaults(parser)
+    parser.set_defaults(handler=lambda args: run(args.cluster, args.pod, defaults_from(args),
+                                                 args.explain))
+
+
+def decide_files(cluster_path: Path, pod_path: Path, defaults: Defaults,
+                 explain: bool) -> dict[str, Any]:
+    """Raises ``InputFileError`` for a file that cannot be used."""
+    try:
+        fleet = fleet_from_cluster(load_cluster(cluster_path))
+    except ClusterError as error:
+        raise InputFileError(f"{cluster_path}: {error}") from None
+    manifest = load_pod(pod_path)
+    try:
+        request = parse_pod(manifest, defaults)
+    except PodRejected as error:
+        return decision_document(rejected(manifest.key, str(error)))
+    return decision_document(decide(fleet, request, explain=explain))
+
+
+def run(cluster: Path, pod: Path, defaults: Defaults, explain: bool) -> int:
+    try:
+        document = decide_files(cluster, pod, defaults, explain)
+    except InputFileError as error:
+        print(f"pyhami decide: {error}", file=sys.stderr)
+        return 2
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    return 0

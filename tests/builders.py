@@ -1,0 +1,131 @@
+"""Small builders for cards, nodes, pods and fleets used across the core's tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.core import (
+    Allocation,
+    CardGrant,
+    Decision,
+    Defaults,
+    Device,
+    Fleet,
+    Node,
+    NodePolicy,
+    PodManifest,
+    PodRejected,
+    decide,
+    parse_default_chain,
+    parse_pod,
+    rejected,
+)
+from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
+
+T4 = "NVIDIA-Tesla T4"
+T4_MEMORY = 15360
+DEFAULTS = Defaults(parse_default_chain("spread"), NodePolicy.BINPACK)
+
+
+def card(index: int, node: str = "n", **fields: Any) -> Device:
+    values: dict[str, Any] = {"uuid": f"GPU-{node}-{index}", "index": index, "type": T4,
+                              "memory": T4_MEMORY, "numa": 0, "links": {}}
+    values.update(fields)
+    return Device(**values)
+
+
+def node(name: str = "n", cards: int = 4, annotations: dict[str, str] | None = None,
+         **fields: Any) -> Node:
+    return Node(name=name, devices=[card(i, name, **fields) for i in range(cards)],
+                annotations=annotations or {})
+
+
+def fleet_of(*nodes: Node) -> Fleet:
+    fleet = Fleet()
+    for each in nodes:
+        fleet.upsert_node(each)
+    return fleet
+
+
+def hold(fleet: Fleet, key: str, node_name: str, *uuids: str, memory: int = 1000,
+         cores: int = 0) -> None:
+    """Book an existing tenant per uuid (one container, one card each, one pod)."""
+    grants = tuple(CardGrant(u, memory, cores) for u in uuids)
+    fleet.allocate(key, Allocation(node_name, (grants,)))
+
+
+def manifest(
+    name: str = "p",
+    *,
+    policy: str | None = None,
+    annotations: dict[str, str] | None = None,
+    gpus: int | str | None = 1,
+    gpumem: int | str | None = 1000,
+    containers: list[dict[str, int | str]] | None = None,
+    init_containers: list[dict[str, int | str]] | None = None,
+) -> PodManifest:
+    """A pod; ``containers`` gives each container's limits, else one from the arguments."""
+    notes = dict(annotations or {})
+    if policy is not None:
+        notes["hami.io/gpu-scheduler-policy"] = policy
+    if containers is None:
+        limits: dict[str, int | str] = {}
+        if gpus is not None:
+            limits["nvidia.com/gpu"] = gpus
+        if gpumem is not None:
+            limits["nvidia.com/gpumem"] = gpumem
+        containers = [limits]
+
+    def build(specs: list[dict[str, int | str]], prefix: str) -> list[Container]:
+        return [Container(name=f"{prefix}{i}",
+                          resources=ResourceRequirements(limits=dict(spec)))
+                for i, spec in enumerate(specs)]
+
+    return PodManifest(
+        metadata=ObjectMeta(name=name, namespace="default", annotations=notes),
+        spec=PodSpec(containers=build(containers, "c"),
+                     init_containers=build(init_containers or [], "init")),
+    )
+
+
+def run(fleet: Fleet, pod: PodManifest, defaults: Defaults = DEFAULTS, *,
+        explain: bool = False) -> Decision:
+    try:
+        request = parse_pod(pod, defaults)
+    except PodRejected as error:
+        return rejected(pod.key, str(error))
+    return decide(fleet, request, explain=explain)
+
+
+def place(fleet: Fleet, pod: PodManifest, defaults: Defaults = DEFAULTS) -> Decision:
+    """Decide and, when scheduled, book the allocation as the daemon would."""
+    decision = run(fleet, pod, defaults)
+    if decision.allocation is not None:
+        fleet.allocate(decision.pod, decision.allocation)
+    return decision
+
+
+def indexes(decision: Decision) -> list[list[int]]:
+    return [[c.index for c in cards] for cards in decision.cards]
+
+
+def lab_fleet() -> Fleet:
+    """The article's lab node: four Tesla T4, NUMA 0, no NVLink."""
+    return fleet_of(node("gpu-node-1", 4))
+
+
+def worked_example_fleet() -> Fleet:
+    """GPU 0 holds two 1000 MiB tenants, GPU 1 one, GPU 2 and 3 idle."""
+    fleet = lab_fleet()
+    hold(fleet, "default/bp-1", "gpu-node-1", "GPU-gpu-node-1-0")
+    hold(fleet, "default/bp-2", "gpu-node-1", "GPU-gpu-node-1-0")
+    hold(fleet, "default/pinned", "gpu-node-1", "GPU-gpu-node-1-1")
+    return fleet
+
+
+def node_with(name: str, *overrides: dict[str, Any],
+              annotations: dict[str, str] | None = None) -> Node:
+    """A node whose card ``i`` takes the fields in ``overrides[i]``."""
+    return Node(name=name, devices=[card(**{"index": i, "node": name, **extra})
+                                    for i, extra in enumerate(overrides)],
+                annotations=annotations or {})

@@ -1,0 +1,86 @@
+"""SPEC section 5: choosing the node, and the reasons every other node gets."""
+
+from __future__ import annotations
+
+from common.core import Defaults, NodePolicy, decide, parse_default_chain, parse_pod
+from tests.builders import DEFAULTS, fleet_of, hold, manifest, node, place, run
+
+
+class TestNodePolicy:
+    def test_default_binpack_takes_the_busiest_node(self) -> None:
+        fleet = fleet_of(node("a", 2), node("b", 2))
+        hold(fleet, "default/x", "b", "GPU-b-0", memory=4000)
+        assert run(fleet, manifest()).node == "b"
+
+    def test_spread_annotation_takes_the_idlest_node(self) -> None:
+        fleet = fleet_of(node("a", 2), node("b", 2))
+        hold(fleet, "default/x", "a", "GPU-a-0", memory=4000)
+        pod = manifest(annotations={"hami.io/node-scheduler-policy": "spread"})
+        assert run(fleet, pod).node == "b"
+
+    def test_the_cluster_default_node_policy_applies_without_annotation(self) -> None:
+        fleet = fleet_of(node("a", 2), node("b", 2))
+        hold(fleet, "default/x", "a", "GPU-a-0", memory=4000)
+        spread = Defaults(parse_default_chain("spread"), NodePolicy.SPREAD)
+        assert run(fleet, manifest(), spread).node == "b"
+        assert run(fleet, manifest()).node == "a"
+
+    def test_ties_go_to_the_name_that_sorts_first(self) -> None:
+        fleet = fleet_of(node("zeta", 2), node("alpha", 2), node("mid", 2))
+        assert run(fleet, manifest()).node == "alpha"
+        pod = manifest(annotations={"hami.io/node-scheduler-policy": "spread"})
+        assert run(fleet, pod).node == "alpha"
+
+    def test_the_busiest_node_is_skipped_when_it_does_not_fit(self) -> None:
+        fleet = fleet_of(node("a", 1), node("b", 1), node("c", 1))
+        hold(fleet, "default/x", "a", "GPU-a-0", memory=15000)
+        hold(fleet, "default/y", "b", "GPU-b-0", memory=2000)
+        decision = run(fleet, manifest(gpumem=1000))
+        assert decision.node == "b"
+        assert decision.failed_nodes == {"a": "1/1 CardInsufficientMemory"}
+
+    def test_node_score_counts_processes_the_agent_sees(self) -> None:
+        fleet = fleet_of(node("a", 2), node("b", 2, processes=1))
+        assert run(fleet, manifest()).node == "b"
+
+    def test_only_the_nodes_asked_about_are_considered(self) -> None:
+        fleet = fleet_of(node("a", 1), node("b", 1), node("c", 1, health=False))
+        hold(fleet, "default/x", "a", "GPU-a-0")
+        request = parse_pod(manifest(), DEFAULTS)
+        decision = decide(fleet, request, nodes=["b", "c", "unknown"])
+        assert decision.node == "b"
+        assert decision.failed_nodes == {"c": "1/1 CardNotHealth"}
+
+
+class TestReasons:
+    def test_every_failing_node_gets_its_own_reason(self) -> None:
+        fleet = fleet_of(node("a", 2, health=False), node("b", 3), node("c", 1))
+        for gpu in range(3):
+            hold(fleet, f"default/b{gpu}", "b", f"GPU-b-{gpu}")
+        decision = run(fleet, manifest(gpus=2, policy="mutex"))
+        assert not decision.scheduled
+        assert decision.node is None
+        assert decision.failed_nodes == {
+            "a": "2/2 CardNotHealth",
+            "b": "3/3 ExclusiveDeviceAllocateConflict",
+            "c": "1/1 NodeInsufficientDevice",
+        }
+
+    def test_reasons_are_sorted_as_strings(self) -> None:
+        fleet = fleet_of(node("n", 12, count=1))
+        for gpu in range(10):
+            hold(fleet, f"default/p{gpu}", "n", f"GPU-n-{gpu}")
+        decision = run(fleet, manifest(gpus=3))
+        # "10/12 ..." sorts before "2/12 ..." as a string.
+        assert decision.failed_nodes == {
+            "n": "10/12 CardTimeSlicingExhausted, 2/12 AllocatedCardsInsufficientRequest"
+        }
+
+    def test_placing_pods_moves_the_node_score(self) -> None:
+        fleet = fleet_of(node("a", 1), node("b", 1))
+        assert place(fleet, manifest(name="p1")).node == "a"
+        assert place(fleet, manifest(name="p2")).node == "a"
+        fleet.release("default/p1")
+        fleet.release("default/p2")
+        hold(fleet, "default/q", "b", "GPU-b-0")
+        assert run(fleet, manifest(name="p3")).node == "b"

@@ -1,0 +1,128 @@
+"""SPEC section 1: what a pod asks for, and malformed pods refused with a named reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.core import PodRejected, parse_pod
+from common.core.pod import Container, PodManifest, PodSpec, ResourceRequirements
+from tests.builders import DEFAULTS, T4_MEMORY, fleet_of, indexes, manifest, node, run
+
+
+def container_request(limits: dict[str, int | str] | None = None,
+                      requests: dict[str, int | str] | None = None) -> tuple[int, int, int]:
+    """(cards, memory slice on a T4, cores) for one container."""
+    pod = PodManifest(spec=PodSpec(containers=[Container(resources=ResourceRequirements(
+        limits=dict(limits) if limits else None,
+        requests=dict(requests) if requests else None))]))
+    request = parse_pod(pod, DEFAULTS).containers[0]
+    return request.cards, request.memory_slice(T4_MEMORY), request.cores
+
+
+class TestResources:
+    def test_gpu_count_defaults_to_one_when_memory_or_cores_are_set(self) -> None:
+        assert container_request({"nvidia.com/gpumem": 1000}) == (1, 1000, 0)
+        assert container_request({"nvidia.com/gpucores": 30})[0] == 1
+        assert container_request({"nvidia.com/gpumem-percentage": 50})[0] == 1
+
+    def test_no_gpu_resource_means_no_gpu(self) -> None:
+        assert container_request({"cpu": "1"})[0] == 0  # type: ignore[dict-item]
+
+    def test_whole_card_when_no_memory_is_given(self) -> None:
+        assert container_request({"nvidia.com/gpu": 2}) == (2, T4_MEMORY, 0)
+
+    def test_percentage_slices_the_card_and_is_capped_at_100(self) -> None:
+        assert container_request({"nvidia.com/gpumem-percentage": 25})[1] == T4_MEMORY // 4
+        assert container_request({"nvidia.com/gpumem-percentage": 250})[1] == T4_MEMORY
+
+    def test_gpumem_wins_over_percentage(self) -> None:
+        limits = {"nvidia.com/gpumem": 3000, "nvidia.com/gpumem-percentage": 50}
+        assert container_request(limits)[1] == 3000
+
+    def test_cores_are_capped_at_100(self) -> None:
+        assert container_request({"nvidia.com/gpucores": 300})[2] == 100
+
+    def test_limits_win_over_requests_per_resource(self) -> None:
+        assert container_request(
+            limits={"nvidia.com/gpumem": 2000},
+            requests={"nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 20},
+        ) == (1, 2000, 20)
+
+    def test_quantities_may_be_strings(self) -> None:
+        assert container_request({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "512"}) == (
+            2, 512, 0)
+
+
+class TestMalformed:
+    @pytest.mark.parametrize(
+        ("limits", "message"),
+        [
+            ({"nvidia.com/gpumem": "1Gi"}, "nvidia.com/gpumem]: '1Gi' is not an integer"),
+            ({"nvidia.com/gpu": -1}, "nvidia.com/gpu]: -1 is a negative number"),
+            ({"nvidia.com/gpucores": "1.5"}, "nvidia.com/gpucores]: '1.5' is not an integer"),
+            ({"nvidia.com/gpumem-percentage": 0}, "0 is outside 1..100"),
+        ],
+    )
+    def test_bad_resource_names_the_resource(self, limits: dict[str, int | str],
+                                             message: str) -> None:
+        with pytest.raises(PodRejected, match=r"spec\.containers\[0\]") as raised:
+            container_request(limits)
+        assert message in str(raised.value)
+
+    @pytest.mark.parametrize(
+        ("weights", "message"),
+        [
+            ("slot=1,core=1", "missing memory"),
+            ("slot=1,core=1,memory=1,slot=2", "slot is given more than once"),
+            ("slot=-1,core=1,memory=1", "'-1' is not a non-negative integer"),
+            ("slot=0,core=0,memory=0", "all zero"),
+            ("slots=1,core=1,memory=1", "'slots=1' is not one of"),
+            ("garbage", "'garbage' is not one of"),
+        ],
+    )
+    def test_bad_weights_name_the_annotation(self, weights: str, message: str) -> None:
+        pod = manifest(annotations={"hami.io/device-scoring-weights": weights})
+        decision = run(fleet_of(node("n", 1)), pod)
+        assert not decision.scheduled
+        assert decision.reason is not None
+        assert decision.reason.startswith("hami.io/device-scoring-weights: ")
+        assert message in decision.reason
+
+    def test_weights_keys_in_any_order_with_spaces(self) -> None:
+        pod = manifest(annotations={"hami.io/device-scoring-weights": " memory=2 , slot=0,core=1"})
+        assert run(fleet_of(node("n", 1)), pod).scheduled
+
+    def test_bad_node_policy_is_named(self) -> None:
+        pod = manifest(annotations={"hami.io/node-scheduler-policy": "random"})
+        decision = run(fleet_of(node("n", 1)), pod)
+        assert decision.reason is not None
+        assert "hami.io/node-scheduler-policy: 'random'" in decision.reason
+
+    def test_bad_numa_bind_is_named(self) -> None:
+        pod = manifest(annotations={"nvidia.com/numa-bind": "yes please"})
+        decision = run(fleet_of(node("n", 1)), pod)
+        assert decision.reason is not None and "nvidia.com/numa-bind" in decision.reason
+
+    def test_a_malformed_pod_books_nothing(self) -> None:
+        fleet = fleet_of(node("n", 1))
+        run(fleet, manifest(gpumem="lots"))
+        assert fleet.allocations() == {}
+
+
+class TestPassThrough:
+    def test_a_pod_without_gpu_resources_is_not_placed_by_pyhami(self) -> None:
+        decision = run(fleet_of(node("n", 1)), manifest(gpus=None, gpumem=None))
+        assert decision.scheduled
+        assert decision.node is None
+        assert decision.cards == ()
+
+    def test_explicit_zero_gpus_wants_no_gpu(self) -> None:
+        decision = run(fleet_of(node("n", 1)), manifest(gpus=0, gpumem=1000))
+        assert decision.node is None
+
+    def test_a_percentage_pod_gets_its_slice_of_each_card(self) -> None:
+        fleet = fleet_of(node("n", 2))
+        pod = manifest(containers=[{"nvidia.com/gpu": 2, "nvidia.com/gpumem-percentage": 10}])
+        decision = run(fleet, pod)
+        assert indexes(decision) == [[0, 1]]
+        assert [c.memory for c in decision.cards[0]] == [T4_MEMORY // 10] * 2

@@ -1,0 +1,203 @@
+"""Properties of the decision that must hold for any cluster and any pod (hypothesis)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.core import (
+    Allocation,
+    CardGrant,
+    Decision,
+    Device,
+    Fleet,
+    Node,
+    PodManifest,
+    decide,
+    parse_pod,
+)
+from tests.builders import DEFAULTS, manifest, run
+
+POLICIES = ["binpack", "spread", "numa", "mutex", "topology-aware"]
+MEMORY = [1000, 4000, 15360]
+
+
+@st.composite
+def nodes(draw: st.DrawFn) -> list[Node]:
+    result = []
+    for n in range(draw(st.integers(1, 4))):
+        name = f"node-{n}"
+        size = draw(st.integers(1, 6))
+        uuids = [f"GPU-{name}-{i}" for i in range(size)]
+        links_known = draw(st.booleans())
+        devices = []
+        for i in range(size):
+            links = None
+            if links_known:
+                links = {u: draw(st.integers(0, 4)) for u in uuids
+                         if u != uuids[i] and draw(st.booleans())}
+            devices.append(Device(
+                uuid=uuids[i], index=i,
+                type=draw(st.sampled_from(["NVIDIA-Tesla T4", "NVIDIA-A100"])),
+                memory=draw(st.sampled_from(MEMORY)), cores=100,
+                count=draw(st.integers(1, 4)), numa=draw(st.integers(-1, 1)),
+                health=draw(st.booleans()) or draw(st.booleans()),
+                links=links, processes=draw(st.integers(0, 1))))
+        cordon = [u for u in uuids if draw(st.integers(0, 9)) == 0]
+        result.append(Node(name=name, devices=devices,
+                           annotations={"hami.io/device-cordon": ",".join(cordon)}))
+    return result
+
+
+@st.composite
+def allocations(draw: st.DrawFn, cluster: list[Node]) -> dict[str, Allocation]:
+    booked: dict[str, Allocation] = {}
+    for number in range(draw(st.integers(0, 8))):
+        node = draw(st.sampled_from(cluster))
+        device = draw(st.sampled_from(node.devices))
+        grant = CardGrant(device.uuid, draw(st.sampled_from([0, 500, 3000])),
+                          draw(st.sampled_from([0, 30, 100])))
+        booked[f"default/held-{number}"] = Allocation(node.name, ((grant,),))
+    return booked
+
+
+@st.composite
+def pods(draw: st.DrawFn) -> PodManifest:
+    chain = ",".join(draw(st.lists(st.sampled_from(POLICIES), max_size=4)))
+    annotations = {"hami.io/gpu-scheduler-policy": chain} if chain else {}
+    if draw(st.booleans()):
+        annotations["nvidia.com/numa-bind"] = "true"
+    if draw(st.integers(0, 3)) == 0:
+        annotations["hami.io/node-scheduler-policy"] = draw(st.sampled_from(["binpack",
+                                                                             "spread"]))
+    if draw(st.integers(0, 3)) == 0:
+        annotations["nvidia.com/use-gputype"] = "t4"
+    containers: list[dict[str, int | str]] = [
+        {"nvidia.com/gpu": draw(st.integers(1, 3)),
+         "nvidia.com/gpumem": draw(st.sampled_from([500, 1000, 4000])),
+         "nvidia.com/gpucores": draw(st.sampled_from([0, 30, 100]))}
+        for _ in range(draw(st.integers(1, 2)))
+    ]
+    return manifest(annotations=annotations, containers=containers)
+
+
+def build(cluster: list[Node], booked: dict[str, Allocation]) -> Fleet:
+    fleet = Fleet()
+    for node in cluster:
+        fleet.upsert_node(node)
+    for key, allocation in booked.items():
+        fleet.allocate(key, allocation)
+    return fleet
+
+
+def outcome(decision: Decision) -> tuple[Any, ...]:
+    return (decision.scheduled, decision.node, decision.cards, decision.failed_nodes,
+            decision.allocation, decision.reason)
+
+
+scenario = st.shared(nodes(), key="cluster")
+COMMON = settings(max_examples=150, deadline=None,
+                  suppress_health_check=[HealthCheck.too_slow])
+
+
+@COMMON
+@given(cluster=scenario, booked=scenario.flatmap(allocations), pod=pods(),
+       shuffle=st.randoms(use_true_random=False))
+def test_listing_order_of_nodes_cards_and_pods_does_not_matter(
+    cluster: list[Node], booked: dict[str, Allocation], pod: PodManifest, shuffle: Any,
+) -> None:
+    reordered = [Node(name=n.name, devices=shuffle.sample(n.devices, len(n.devices)),
+                      annotations=n.annotations) for n in shuffle.sample(cluster, len(cluster))]
+    rebooked = dict(shuffle.sample(list(booked.items()), len(booked)))
+    assert outcome(run(build(cluster, booked), pod)) == outcome(run(build(reordered, rebooked),
+                                                                    pod))
+
+
+@COMMON
+@given(cluster=scenario, booked=scenario.flatmap(allocations), pod=pods())
+def test_the_decision_is_identical_when_run_twice(
+    cluster: list[Node], booked: dict[str, Allocation], pod: PodManifest,
+) -> None:
+    fleet = build(cluster, booked)
+    assert outcome(run(fleet, pod, explain=True)) == outcome(run(fleet, pod))
+    assert run(fleet, pod, explain=True) == run(fleet, pod, explain=True)
+
+
+@COMMON
+@given(cluster=scenario, booked=scenario.flatmap(allocations), pod=pods(),
+       token=st.sampled_from(["fastest", "BOGUS", "gang"]))
+def test_an_unknown_token_changes_nothing_but_ignored_policies(
+    cluster: list[Node], booked: dict[str, Allocation], pod: PodManifest, token: str,
+) -> None:
+    annotations = dict(pod.metadata.annotations or {})
+    chain = annotations.get("hami.io/gpu-scheduler-policy", "")
+    annotations["hami.io/gpu-scheduler-policy"] = f"{chain},{token}" if chain else token
+    noisy = PodManifest(metadata=pod.metadata.__class__(
+        name=pod.metadata.name, namespace=pod.metadata.namespace, annotations=annotations),
+        spec=pod.spec)
+    fleet = build(cluster, booked)
+    plain, with_token = run(fleet, pod), run(fleet, noisy)
+    assert outcome(plain) == outcome(with_token)
+    assert with_token.ignored_policies == (*plain.ignored_policies, token)
+
+
+@COMMON
+@given(cluster=scenario, booked=scenario.flatmap(allocations), pod=pods())
+def test_no_chosen_card_fails_any_check(
+    cluster: list[Node], booked: dict[str, Allocation], pod: PodManifest,
+) -> None:
+    fleet = build(cluster, booked)
+    decision = run(fleet, pod)
+    if decision.node is None:
+        return
+    request = parse_pod(pod, DEFAULTS)
+    node = next(n for n in cluster if n.name == decision.node)
+    devices = {d.uuid: d for d in node.devices}
+    cordoned = set(node.annotations["hami.io/device-cordon"].split(","))
+    taken: dict[str, list[int]] = {}
+    gpu = [c for c in request.containers if c.cards]
+    assert len(decision.cards) == len(gpu)
+    for container, cards in zip(gpu, decision.cards, strict=True):
+        assert len(cards) == container.cards
+        assert len({c.uuid for c in cards}) == len(cards)
+        for placed in cards:
+            device = devices[placed.uuid]
+            held = fleet.usage(node.name, device.uuid)
+            extra = taken.get(device.uuid, [0, 0, 0])
+            used = max(held.tenants + extra[0], device.processes)
+            free_memory = device.memory - held.memory - extra[1]
+            free_cores = device.cores - held.cores - extra[2]
+            assert device.health and device.uuid not in cordoned
+            assert "t4" in device.type.lower() or request.use_types is None
+            assert used < device.count
+            assert not (request.chain.mutex and used > 0)
+            assert free_memory >= container.memory_slice(device.memory) == placed.memory
+            assert free_cores >= container.cores == placed.cores
+            assert not (container.cores == 100 and used > 0)
+            assert not (container.cores == 0 and free_cores <= 0)
+            if not container.is_init:
+                slot = taken.setdefault(device.uuid, [0, 0, 0])
+                slot[0] += 1
+                slot[1] += placed.memory
+                slot[2] += placed.cores
+        if container.cards > 1 and request.numa_bind:
+            assert len({devices[c.uuid].numa for c in cards}) == 1
+            assert devices[cards[0].uuid].numa >= 0
+        if container.cards > 1 and request.chain.topology_aware:
+            for a in cards:
+                for b in cards:
+                    if a.uuid != b.uuid:
+                        assert ((devices[a.uuid].links or {}).get(b.uuid, 0) > 0
+                                or (devices[b.uuid].links or {}).get(a.uuid, 0) > 0)
+
+
+@COMMON
+@given(cluster=scenario, booked=scenario.flatmap(allocations), pod=pods())
+def test_counting_per_node_agrees_with_judging_every_node_one_by_one(
+    cluster: list[Node], booked: dict[str, Allocation], pod: PodManifest,
+) -> None:
+    fleet = build(cluster, booked)
+    request = parse_pod(pod, DEFAULTS)
+    assert outcome(decide(fleet, request)) == outcome(decide(fleet, request, exhaustive=True))
