@@ -9,6 +9,7 @@ import statistics
 import time
 from collections import deque
 
+from agent import bench as agent_bench
 from common.core import (
     Defaults,
     Fleet,
@@ -20,6 +21,7 @@ from common.core import (
 )
 from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
 from common.synthetic import random_nodes
+from pyhami import bench_extender
 from pyhami.options import Subcommands, chain, positive
 
 
@@ -34,6 +36,8 @@ def register(commands: Subcommands) -> None:
     decide_parser.add_argument("--pods", type=positive, default=2000)
     decide_parser.add_argument("--seed", type=int, default=1)
     decide_parser.set_defaults(handler=_run_decide)
+    agent_bench.register(benches)
+    bench_extender.register(benches)
 
 
 def _run_decide(args: argparse.Namespace) -> int:

@@ -6,13 +6,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from agent import cli as agent_cli
 from pyhami import bench, decide, demo
+from scheduler import cli as scheduler_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyhami", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (decide, bench, demo):
+    for module in (decide, bench, demo, agent_cli, scheduler_cli):
         module.register(commands)
     return parser
 

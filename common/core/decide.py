@@ -203,12 +203,15 @@ def decide(
     *,
     nodes: Collection[str] | None = None,
     explain: bool = False,
+    explain_chosen: bool = False,
     exhaustive: bool = False,
 ) -> Decision:
     """Choose a node and cards for ``pod`` among ``nodes`` (default: every node).
 
     Nodes are judged from per-card check counts where those suffice; the rest,
     or every node with ``exhaustive`` (the slower reference path), one by one.
+    ``explain`` adds the selection path of every node, ``explain_chosen`` that of
+    the chosen node only.
     """
     if not pod.wants_gpu:
         return Decision(pod=pod.key, scheduled=True, failed_nodes={},
@@ -218,8 +221,11 @@ def decide(
     node_count = len(layout.node_names)
     considered = np.ones(node_count, dtype=np.bool_)
     if nodes is not None:
-        considered[:] = False
-        considered[[layout.node_position[n] for n in nodes if n in layout.node_position]] = True
+        wanted = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
+        if not wanted.issuperset(layout.node_position):
+            considered[:] = False
+            positions = layout.node_position
+            considered[[positions[n] for n in wanted if n in positions]] = True
 
     first = pod.gpu_containers[0]
     codes = view.card_codes(first, slice(None))
@@ -263,7 +269,13 @@ def decide(
             found = result
         placement = found
 
-    rows = _explain(view, codes, considered, chosen_node, placement) if explain else None
+    rows = None
+    if explain:
+        rows = _explain(view, codes, considered, chosen_node, placement)
+    elif explain_chosen and chosen_node is not None:
+        only_chosen = np.zeros(node_count, dtype=np.bool_)
+        only_chosen[chosen_node] = True
+        rows = _explain(view, codes, only_chosen, chosen_node, placement)
     if chosen_node is None:
         return Decision(pod=pod.key, scheduled=False, failed_nodes=failed,
                         ignored_policies=pod.ignored_policies, explain=rows)
@@ -305,23 +317,26 @@ def _scheduled(view: PodView, node: int, placement: Placement, failed: dict[str,
 def _explain(view: PodView, codes: CodeArray, considered: BoolArray, chosen_node: int | None,
              placement: Placement) -> tuple[ExplainRow, ...]:
     layout = view.layout
-    scores = view.scores().tolist()
-    used = layout.used.tolist()
+    shown = np.flatnonzero(considered).tolist()
+    if len(shown) > 1:
+        view.scores()  # many nodes: score the whole fleet in one pass
     chosen_cards = {card for cards in placement for card in cards}
     rows: list[ExplainRow] = []
-    for node in np.flatnonzero(considered).tolist():
+    for node in shown:
         where = layout.node_slice(node)
+        scores = view.card_scores(where)
+        used = layout.used[where].tolist()
+        index = layout.index[where].tolist()
         local_codes = codes[where].tolist()
         eligible = [i for i, code in enumerate(local_codes) if code == CardCheck.ELIGIBLE]
         rank = {card: r + 1 for r, card in enumerate(view.rank(node, eligible))}
         for local, code in enumerate(local_codes):
-            card = where.start + local
             rows.append(ExplainRow(
                 node=layout.node_names[node],
-                index=int(layout.index[card]),
-                uuid=layout.devices[card].uuid,
-                used=int(used[card]),
-                score=scores[card],
+                index=index[local],
+                uuid=layout.devices[where.start + local].uuid,
+                used=used[local],
+                score=scores[local],
                 filtered_by=CARD_REASON[CardCheck(code)] if code else None,
                 rank=rank.get(local),
                 chosen=node == chosen_node and local in chosen_cards,

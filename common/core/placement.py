@@ -84,6 +84,13 @@ class PodView:
         )
         return round_scores(raw)
 
+    def card_scores(self, where: slice) -> list[float]:
+        """The scores of a run of cards: from the fleet-wide pass when there was one,
+        else computed for just these cards (cheaper for one node)."""
+        if self._scores is not None:
+            return self._scores[where].tolist()  # type: ignore[no-any-return]
+        return self.node_scores(where).tolist()  # type: ignore[no-any-return]
+
     def card_codes(
         self, request: ContainerRequest, where: slice, extra: Extra | None = None
     ) -> CodeArray:
@@ -121,8 +128,7 @@ class PodView:
     def rank(self, node: int, eligible: list[int]) -> list[int]:
         """Eligible card positions (local to the node) in chain order."""
         where = self.layout.node_slice(node)
-        # One node alone is cheaper to score locally than the whole fleet.
-        scores = (self.node_scores(where) if self._scores is None else self._scores[where]).tolist()
+        scores = self.card_scores(where)
         numa = self.layout.numa[where].tolist()
         index = self.layout.index[where].tolist()
         keys = self.pod.chain.ranking

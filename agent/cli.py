@@ -1,0 +1,155 @@
+"""``pyhami agent``: the per-node agent (a DaemonSet) reporting the node's GPUs on NATS."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeAlias
+
+from agent.inventory import InventoryError, InventorySource
+from agent.nvml import NvmlSource
+from agent.service import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEFAULT_POLL_INTERVAL_S,
+    Agent,
+    AgentSettings,
+)
+from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
+from common.messaging import SettingsError, add_nats_arguments, nats_settings
+
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+logger = logging.getLogger(__name__)
+
+NODE_NAME_ENV = "NODE_NAME"
+# A Kubernetes node name is a DNS subdomain (RFC 1123).
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NODE_NAME_MAX = 253
+
+
+class UsageError(ValueError):
+    """A setting the agent cannot start with; the text names it."""
+
+
+@dataclass(frozen=True)
+class InventorySpec:
+    kind: Literal["nvml", "profile", "file"]
+    value: str = ""
+
+
+def inventory_spec(text: str) -> InventorySpec:
+    """``nvml``, ``sim:PROFILE`` or ``sim:FILE.yaml`` (a name ending in .yaml/.yml or with a /)."""
+    if text == "nvml":
+        return InventorySpec("nvml")
+    prefix, _, rest = text.partition(":")
+    if prefix != "sim" or not rest:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected nvml, sim:PROFILE or sim:FILE.yaml")
+    if rest.endswith((".yaml", ".yml")) or "/" in rest:
+        return InventorySpec("file", rest)
+    if rest not in PROFILES:
+        raise argparse.ArgumentTypeError(
+            f"unknown simulated profile {rest!r} (known: {', '.join(sorted(PROFILES))}; "
+            "or sim:FILE.yaml)")
+    return InventorySpec("profile", rest)
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return seconds
+
+
+def uuid_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def register(commands: Subcommands) -> None:
+    parser = commands.add_parser("agent", help="report this node's GPUs to the daemon over NATS")
+    parser.add_argument("--node", help=f"this node's name (default: ${NODE_NAME_ENV})")
+    parser.add_argument("--inventory", type=inventory_spec, default=InventorySpec("nvml"),
+                        metavar="nvml|sim:PROFILE|sim:FILE.yaml",
+                        help="where the cards come from (default: nvml); profiles: "
+                             + ", ".join(sorted(PROFILES)))
+    parser.add_argument("--poll-interval", type=positive_seconds,
+                        default=DEFAULT_POLL_INTERVAL_S, metavar="SECONDS",
+                        help=f"read the cards this often (default: {DEFAULT_POLL_INTERVAL_S:g})")
+    parser.add_argument("--heartbeat-interval", type=positive_seconds,
+                        default=DEFAULT_HEARTBEAT_INTERVAL_S, metavar="SECONDS",
+                        help="republish after this long without a message "
+                             f"(default: {DEFAULT_HEARTBEAT_INTERVAL_S:g})")
+    parser.add_argument("--cordon", type=uuid_list, default=(), metavar="UUID[,UUID...]",
+                        help="cards to report as cordoned: the scheduler leaves them alone")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        default="info")
+    add_nats_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def node_name(flag: str | None, environ: Mapping[str, str]) -> str:
+    name = flag if flag is not None else environ.get(NODE_NAME_ENV, "")
+    if not name:
+        raise UsageError(f"no node name: pass --node or set {NODE_NAME_ENV}")
+    if len(name) > _NODE_NAME_MAX or not _NODE_NAME.fullmatch(name):
+        raise UsageError(f"node name {name!r} is not a Kubernetes node name "
+                         "(lower-case letters, digits, '-' and '.')")
+    return name
+
+
+def inventory_source(spec: InventorySpec, node: str) -> InventorySource:
+    """Raises ``InventoryError`` for a simulation file that cannot be used."""
+    if spec.kind == "nvml":
+        return NvmlSource()
+    if spec.kind == "profile":
+        return SimulatedSource(profile_cards(spec.value, node))
+    return SimulatedSource(file_cards(Path(spec.value), node))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        node = node_name(args.node, os.environ)
+        nats = nats_settings(args, os.environ)
+        source = inventory_source(args.inventory, node)
+    except (UsageError, SettingsError) as error:
+        print(f"pyhami agent: {error}", file=sys.stderr)
+        return 2
+    except InventoryError as error:
+        print(f"pyhami agent: --inventory: {error}", file=sys.stderr)
+        return 2
+    settings = AgentSettings(node=node, poll_interval=args.poll_interval,
+                             heartbeat_interval=args.heartbeat_interval, cordoned=args.cordon)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(Agent(settings, source, nats)))
+    except InventoryError as error:
+        print(f"pyhami agent: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def serve(agent: Agent) -> None:
+    """Run the agent until SIGTERM or SIGINT, then drain."""
+    stop = asyncio.Event()
+
+    def request_stop(received: signal.Signals) -> None:
+        logger.info("%s received: draining", received.name)
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for received in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(received, request_stop, received)
+    await agent.run(stop)
+

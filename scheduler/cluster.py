@@ -1,0 +1,96 @@
+"""The ``Cluster`` port: what the daemon reads from and writes to the cluster it serves.
+
+Two implementations: Kubernetes (``scheduler.kube``) and standalone
+(``scheduler.standalone``, pods kept in a NATS JetStream key-value bucket).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from common.core import Allocation, AnnotationError, PodManifest, decode_devices
+from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
+
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+EventType = Literal["Normal", "Warning"]
+
+
+class ClusterError(Exception):
+    """A cluster operation that failed; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPod:
+    """A pod as the cluster holds it."""
+
+    manifest: PodManifest
+    uid: str
+    node: str | None
+    phase: str
+    annotations: Mapping[str, str]
+
+    @property
+    def namespace(self) -> str:
+        return self.manifest.metadata.namespace or "default"
+
+    @property
+    def name(self) -> str:
+        return self.manifest.metadata.name
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINISHED_PHASES
+
+    def allocation(self) -> Allocation | None:
+        """The cards the pod holds, from its annotations; None when it holds none.
+
+        Only a bound, unfinished pod holds cards. Raises ``AnnotationError``.
+        """
+        text = self.annotations.get(ALLOCATED_ANNOTATION)
+        node = self.node or self.annotations.get(NODE_ANNOTATION)
+        if not text or self.node is None or node is None or self.finished:
+            return None
+        containers = decode_devices(text)
+        init_count = len(self.manifest.spec.init_containers or ())
+        return Allocation(node, containers, min(init_count, len(containers)))
+
+
+@dataclass(frozen=True, slots=True)
+class PodChange:
+    pod: ClusterPod
+    deleted: bool
+
+
+class Cluster(Protocol):
+    async def list_pods(self) -> list[ClusterPod]:
+        """Every pod, to rebuild the ledger at start."""
+        ...
+
+    async def get_pod(self, namespace: str, name: str) -> ClusterPod | None: ...
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str]) -> None:
+        """Write ``annotations`` on the pod, then bind it to ``node``.
+
+        Raises ``ClusterError`` when either step fails.
+        """
+        ...
+
+    async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
+                           message: str) -> None:
+        """Best effort: an event that cannot be written is logged, not raised."""
+        ...
+
+    def changes(self) -> AsyncIterator[PodChange]:
+        """Pod updates and deletions, for as long as the daemon runs."""
+        ...
+
+
+__all__ = ["AnnotationError", "Cluster", "ClusterError", "ClusterPod", "PodChange"]

@@ -1,0 +1,99 @@
+"""The daemon's HTTP face: the extender verbs, health, readiness and metrics (aiohttp)."""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from scheduler.protocol import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderFilterResult,
+)
+from scheduler.service import SchedulerService
+
+_args = msgspec.json.Decoder(ExtenderArgs)
+_binding_args = msgspec.json.Decoder(ExtenderBindingArgs)
+_encoder = msgspec.json.Encoder()
+JSON = "application/json"
+
+
+def _bad_request(what: str, error: Exception) -> web.Response:
+    return web.Response(status=400, text=f"malformed {what}: {error}\n")
+
+
+def _json(value: object) -> web.Response:
+    return web.Response(body=_encoder.encode(value), content_type=JSON)
+
+
+def extender_app(service: SchedulerService, *, url_prefix: str = "",
+                 noop: bool = False) -> web.Application:
+    """The extender under ``url_prefix`` (as kube-scheduler's ``urlPrefix`` ends)."""
+
+    async def filter_verb(request: web.Request) -> web.Response:
+        try:
+            args = _args.decode(await request.read())
+        except msgspec.DecodeError as error:
+            return _bad_request("ExtenderArgs", error)
+        return _json(await service.filter(args))
+
+    async def prioritize_verb(request: web.Request) -> web.Response:
+        try:
+            args = _args.decode(await request.read())
+        except msgspec.DecodeError as error:
+            return _bad_request("ExtenderArgs", error)
+        return _json(await service.prioritize(args))
+
+    async def bind_verb(request: web.Request) -> web.Response:
+        try:
+            args = _binding_args.decode(await request.read())
+        except msgspec.DecodeError as error:
+            return _bad_request("ExtenderBindingArgs", error)
+        return _json(await service.bind(args))
+
+    async def noop_verb(request: web.Request) -> web.Response:
+        """Decodes like /filter and answers at once: the HTTP floor for benchmarks."""
+        try:
+            args = _args.decode(await request.read())
+        except msgspec.DecodeError as error:
+            return _bad_request("ExtenderArgs", error)
+        return _json(ExtenderFilterResult(node_names=(args.node_names or [])[:1]))
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if service.ready:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="rebuilding the ledger\n")
+
+    async def statusz(_: web.Request) -> web.Response:
+        return _json(service.status())
+
+    prefix = url_prefix.rstrip("/")
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.add_routes([
+        web.post(f"{prefix}/filter", filter_verb),
+        web.post(f"{prefix}/prioritize", prioritize_verb),
+        web.post(f"{prefix}/bind", bind_verb),
+        web.get("/healthz", healthz),
+        web.get("/readyz", readyz),
+        web.get("/statusz", statusz),
+    ])
+    if noop:
+        app.add_routes([web.post(f"{prefix}/noop", noop_verb)])
+    return app
+
+
+def metrics_app(service: SchedulerService) -> web.Application:
+    """Prometheus metrics on their own listener, as ``--metrics`` sets it."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        response = web.Response(body=service.metrics.exposition())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics)])
+    return app

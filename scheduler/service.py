@@ -1,0 +1,365 @@
+"""The decision daemon's service: the extender verbs around the live state.
+
+The HTTP layer (``scheduler.http``) decodes requests and calls these methods;
+everything that changes the ledger happens here, on one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from common.core import (
+    Allocation,
+    AnnotationError,
+    Decision,
+    Defaults,
+    NodePolicy,
+    PodManifest,
+    PodRejected,
+    PodRequest,
+    parse_pod,
+    rejected,
+)
+from common.core.annotations import (
+    BIND_PHASE_ANNOTATION,
+    BIND_TIME_ANNOTATION,
+    TIME_ANNOTATION,
+)
+from common.telemetry import CardUsage, DecisionEvent, UsageEvent
+from common.wire import Inventory, WireError, decode_inventory
+from scheduler.cluster import Cluster, ClusterError, PodChange
+from scheduler.metrics import Metrics
+from scheduler.protocol import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+    node_name,
+)
+from scheduler.state import LiveState
+
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[DecisionEvent | UsageEvent], Awaitable[None]]
+MAX_PRIORITY = 10
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    defaults: Defaults
+    node_timeout: float = 30.0
+    reservation_ttl: float = 60.0
+
+
+def _reason_names(failed: dict[str, str]) -> Counter[str]:
+    """Reason name -> cards it counted, over every node's ``count/cards Reason`` string."""
+    names: Counter[str] = Counter()
+    for text in failed.values():
+        for part in text.split(", "):
+            count, _, name = part.partition(" ")
+            names[name.split(":")[0]] += int(count.split("/")[0]) if "/" in count else 1
+    return names
+
+
+class SchedulerService:
+    def __init__(self, settings: ServiceSettings, cluster: Cluster, publish: Publish,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.state = LiveState(node_timeout=settings.node_timeout,
+                               reservation_ttl=settings.reservation_ttl)
+        self.cluster = cluster
+        self._publish = publish
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.metrics = Metrics(lambda: self.state.fleet,
+                               lambda: self.state.silence(self._clock()),
+                               lambda: len(self.state.fleet.orphans()))
+        self.ready = False
+        self.inventory_accepted = 0
+        self._manifests: dict[str, PodManifest] = {}
+        self._changed_nodes: set[str] = set()
+        self._wakeups: list[asyncio.Event] = []
+
+    # Start-up ----------------------------------------------------------------
+
+    async def rebuild(self) -> None:
+        """Rebuild the ledger from the pods' allocation annotations, then answer /filter."""
+        pods = await self.cluster.list_pods()
+        restored = []
+        for pod in pods:
+            try:
+                allocation = pod.allocation()
+            except AnnotationError as error:
+                logger.error("pod %s: %s; its cards are not counted", pod.key, error)
+                continue
+            if allocation is not None:
+                restored.append((pod.key, allocation))
+        self.state.restore(restored)
+        self._changed_nodes.update(a.node for _, a in restored)
+        logger.info("ledger rebuilt from %d pods holding cards", len(restored))
+        self.ready = True
+
+    def status(self) -> dict[str, object]:
+        """A cheap summary for operators and benchmarks (``/statusz``)."""
+        return {
+            "ready": self.ready,
+            "nodes": sum(1 for _ in self.state.fleet.nodes()),
+            "stale_nodes": sorted(self.state.stale_nodes(self._clock())),
+            "inventory_accepted": self.inventory_accepted,
+            "pods_bound": len(self.state.bound),
+            "reservations": len(self.state.reservations),
+        }
+
+    # Inventory ---------------------------------------------------------------
+
+    def ingest(self, data: bytes) -> Inventory | None:
+        try:
+            inventory = decode_inventory(data)
+        except WireError as error:
+            self.metrics.inventory.labels("rejected").inc()
+            logger.warning("inventory message dropped: %s", error)
+            return None
+        result = self.state.ingest(inventory, self._clock())
+        if not result.accepted:
+            self.metrics.inventory.labels("out_of_order").inc()
+            return None
+        self.metrics.inventory.labels("accepted").inc()
+        self.inventory_accepted += 1
+        self._changed_nodes.add(inventory.node)
+        for uuid, usage in result.vanished.items():
+            logger.error("node %s: card %s left the inventory while allocations hold it "
+                         "(%d tenants, %d MiB); they stay booked until their pods end",
+                         inventory.node, uuid, usage.tenants, usage.memory)
+        self._wake()
+        return inventory
+
+    # Extender verbs ------------------------------------------------------------
+
+    async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        started = time.perf_counter()
+        names = args.node_names
+        if names is None:
+            names = [node_name(item) for item in (args.nodes.items or [])] if args.nodes else []
+        if not self.ready:
+            return ExtenderFilterResult(error="pyhami is rebuilding its ledger; try again")
+        try:
+            request = parse_pod(args.pod, self.settings.defaults)
+        except PodRejected as error:
+            decision = rejected(args.pod.key, str(error))
+            self._count("filter", decision)
+            await self._after_filter(args.pod, decision, started)
+            unresolvable = {name: f"PodRejected: {error}" for name in names}
+            return ExtenderFilterResult(failed_and_unresolvable_nodes=unresolvable)
+        if not request.wants_gpu:
+            return self._pass_through(args, names)
+        self._manifests[request.key] = args.pod
+        decision = self.state.filter(request, names, self._clock(), explain_chosen=True)
+        if decision.node is not None:
+            self._changed_nodes.add(decision.node)
+        self._count("filter", decision)
+        self.metrics.filter_seconds.observe(time.perf_counter() - started)
+        await self._after_filter(args.pod, decision, started, request)
+        failed = dict(decision.failed_nodes or {})
+        if decision.node is None:
+            return ExtenderFilterResult(node_names=[] if args.node_names is not None else None,
+                                        nodes=None if args.node_names is not None else
+                                        {"items": []},
+                                        failed_nodes=failed)
+        if args.node_names is not None:
+            return ExtenderFilterResult(node_names=[decision.node], failed_nodes=failed)
+        chosen = [item for item in (args.nodes.items or []) if node_name(item) == decision.node] \
+            if args.nodes else []
+        return ExtenderFilterResult(nodes={"items": chosen}, failed_nodes=failed)
+
+    def _pass_through(self, args: ExtenderArgs, names: list[str]) -> ExtenderFilterResult:
+        if args.node_names is not None:
+            return ExtenderFilterResult(node_names=list(names))
+        return ExtenderFilterResult(nodes={"items": list(args.nodes.items or [])}
+                                    if args.nodes else None)
+
+    async def _after_filter(self, pod: PodManifest, decision: Decision, started: float,
+                            request: PodRequest | None = None) -> None:
+        namespace = pod.metadata.namespace or "default"
+        name = pod.metadata.name
+        if decision.ignored_policies:
+            message = (f"unknown scheduler policies ignored: {', '.join(decision.ignored_policies)}"
+                       f"; evaluating {request.chain if request else 'the default'}")
+            logger.warning("pod %s: %s", decision.pod, message)
+            await self.cluster.record_event(namespace, name, "Warning", "PolicyIgnored", message)
+        if decision.node is None:
+            message = decision.reason or "; ".join(
+                f"{node}: {why}" for node, why in sorted((decision.failed_nodes or {}).items()))
+            await self.cluster.record_event(namespace, name, "Warning", "FilteringFailed",
+                                            message or "no node holds GPU cards")
+        for row in decision.explain or ():
+            logger.debug("pod %s node %s card %d (%s): computer score is %.6f%s", decision.pod,
+                         row.node, row.index, row.uuid, row.score,
+                         f", filtered by {row.filtered_by}" if row.filtered_by else "")
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        await self._publish(DecisionEvent.of(decision, "filter", self._wall_clock(), elapsed_ms))
+        await self._publish_usage()
+
+    async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        """0..10 per node by the node policy: binpack favours the busiest node."""
+        names = args.node_names
+        if names is None:
+            names = [node_name(item) for item in (args.nodes.items or [])] if args.nodes else []
+        policy = self.settings.defaults.node_policy
+        with contextlib.suppress(PodRejected):  # /filter already refused it with its reason
+            policy = parse_pod(args.pod, self.settings.defaults).node_policy
+        layout = self.state.fleet.layout
+        scores = layout.node_scores()
+        result = []
+        for name in names:
+            position = layout.node_position.get(name)
+            if position is None:
+                result.append(HostPriority(name, 0))
+                continue
+            # A node score runs 0..30 (three ratios); scale it to 0..10.
+            fraction = min(float(scores[position]) / 30.0, 1.0)
+            score = fraction if policy is NodePolicy.BINPACK else 1.0 - fraction
+            result.append(HostPriority(name, round(score * MAX_PRIORITY)))
+        return result
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        started = time.perf_counter()
+        key = f"{args.pod_namespace or 'default'}/{args.pod_name}"
+        try:
+            allocation = await self._reservation_on(key, args)
+            if isinstance(allocation, str):
+                raise ClusterError(allocation)
+            now = str(int(self._wall_clock()))
+            annotations = dict(Decision(pod=key, scheduled=True, node=args.node,
+                                        allocation=allocation).annotations())
+            annotations.update({TIME_ANNOTATION: now, BIND_PHASE_ANNOTATION: "allocating",
+                                BIND_TIME_ANNOTATION: now})
+            await self.cluster.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node,
+                                    annotations)
+        except ClusterError as error:
+            if self.state.release_reservation(key) is not None:
+                self.metrics.released.labels("bind_failed").inc()
+                self._changed_nodes.add(args.node)
+                await self._publish_usage()
+                self._wake()
+            self.metrics.decisions.labels("bind", "failed", "BindingFailed").inc()
+            await self.cluster.record_event(args.pod_namespace, args.pod_name, "Warning",
+                                            "BindingFailed", str(error))
+            return ExtenderBindingResult(error=str(error))
+        finally:
+            self.metrics.bind_seconds.observe(time.perf_counter() - started)
+        self.state.confirm(key)
+        self._manifests.pop(key, None)
+        self.metrics.decisions.labels("bind", "bound", "").inc()
+        return ExtenderBindingResult()
+
+    async def _reservation_on(self, key: str, args: ExtenderBindingArgs) -> Allocation | str:
+        """The pod's cards on the node kube-scheduler chose, deciding again if need be."""
+        held = self.state.reservation(key)
+        if held is not None and held.node == args.node:
+            return held
+        manifest = self._manifests.get(key)
+        if manifest is None:
+            pod = await self.cluster.get_pod(args.pod_namespace, args.pod_name)
+            if pod is None:
+                return f"pod {key} no longer exists"
+            manifest = pod.manifest
+        try:
+            request = parse_pod(manifest, self.settings.defaults)
+        except PodRejected as error:
+            return str(error)
+        decision = self.state.filter(request, [args.node], self._clock())
+        if decision.allocation is None:
+            why = (decision.failed_nodes or {}).get(args.node, "no cards fit")
+            return f"node {args.node} cannot hold pod {key}: {why}"
+        self._changed_nodes.add(args.node)
+        return decision.allocation
+
+    # Cluster changes -------------------------------------------------------------
+
+    async def follow_cluster(self) -> None:
+        """Release the cards of pods deleted, Failed or Succeeded, for as long as it runs."""
+        async for change in self.cluster.changes():
+            await self.on_pod_change(change)
+
+    async def on_pod_change(self, change: PodChange) -> None:
+        pod = change.pod
+        if change.deleted or pod.finished:
+            self._manifests.pop(pod.key, None)
+            released = self.state.release(pod.key)
+            if released is not None:
+                logger.info("pod %s ended: its cards on %s are free", pod.key, released.node)
+                self._changed_nodes.add(released.node)
+                await self._publish_usage()
+                self._wake()
+            return
+        if pod.key in self.state.bound or self.state.reservation(pod.key) is not None:
+            return
+        try:
+            allocation = pod.allocation()
+        except AnnotationError as error:
+            logger.error("pod %s: %s; its cards are not counted", pod.key, error)
+            return
+        if allocation is not None:  # bound elsewhere, e.g. while this daemon was down
+            self.state.restore([(pod.key, allocation)])
+            self._changed_nodes.add(allocation.node)
+            await self._publish_usage()
+
+    async def expire_reservations(self, period: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(period)
+            late = self.state.expire(self._clock())
+            for key, allocation in late.items():
+                logger.warning("reservation of pod %s expired: no bind came in time", key)
+                self.metrics.released.labels("expired").inc()
+                self._changed_nodes.add(allocation.node)
+            if late:
+                await self._publish_usage()
+                self._wake()
+
+    # Helpers -------------------------------------------------------------------
+
+    def _count(self, verb: Literal["filter", "bind"], decision: Decision) -> None:
+        if decision.reason is not None:
+            self.metrics.decisions.labels(verb, "rejected", "PodRejected").inc()
+        elif decision.node is not None:
+            self.metrics.decisions.labels(verb, "scheduled", "").inc()
+        else:
+            names = _reason_names(decision.failed_nodes or {})
+            top = names.most_common(1)[0][0] if names else "NoNode"
+            self.metrics.decisions.labels(verb, "unschedulable", top).inc()
+
+    async def _publish_usage(self) -> None:
+        changed, self._changed_nodes = self._changed_nodes, set()
+        fleet = self.state.fleet
+        for name in sorted(changed):
+            node = fleet.node(name)
+            if node is None:
+                continue
+            cards = []
+            for device in sorted(node.devices, key=lambda d: d.index):
+                usage = fleet.usage(name, device.uuid)
+                cards.append(CardUsage(
+                    uuid=device.uuid, index=device.index, type=device.type,
+                    tenants=usage.tenants, used=max(usage.tenants, device.processes),
+                    usedmem=usage.memory, memory=device.memory, usedcores=usage.cores,
+                    cores=device.cores, count=device.count, health=device.health))
+            await self._publish(UsageEvent(node=name, timestamp=self._wall_clock(), cards=cards))
+
+    def _wake(self) -> None:
+        for event in self._wakeups:
+            event.set()
+
+    def capacity_changed(self) -> asyncio.Event:
+        """An event set whenever cards are freed or inventory changes (for retry loops)."""
+        event = asyncio.Event()
+        self._wakeups.append(event)
+        return event

@@ -1,0 +1,149 @@
+"""The daemon's live state: nodes from the agents, the ledger, and pending reservations.
+
+Everything here is synchronous and takes the time as an argument, so one
+decision and its reservation happen without any await in between: concurrent
+requests on the event loop can never book the same capacity twice.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field, replace
+
+from common.core import Allocation, Decision, Fleet, Node, PodRequest, Usage, decide
+from common.wire import Inventory
+
+NODE_UNKNOWN = "NodeUnknown"
+NODE_STALE = "NodeInventoryStale"
+
+
+@dataclass(slots=True)
+class Reservation:
+    allocation: Allocation
+    expires: float
+
+
+@dataclass(slots=True)
+class NodeClock:
+    instance: str
+    sequence: int
+    heard: float
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    accepted: bool
+    vanished: dict[str, Usage] = field(default_factory=dict)
+    """Cards that left the inventory while allocations still hold them."""
+
+
+class LiveState:
+    def __init__(self, *, node_timeout: float, reservation_ttl: float) -> None:
+        self.fleet = Fleet()
+        self.node_timeout = node_timeout
+        self.reservation_ttl = reservation_ttl
+        self.reservations: dict[str, Reservation] = {}
+        self.bound: set[str] = set()
+        # Least recently heard first, so finding the stale nodes stops at the first fresh one.
+        self._clocks: OrderedDict[str, NodeClock] = OrderedDict()
+
+    # Inventory ---------------------------------------------------------------
+
+    def ingest(self, inventory: Inventory, now: float) -> IngestResult:
+        """Apply one agent message; an older message of the same agent instance is dropped."""
+        clock = self._clocks.get(inventory.node)
+        if clock is not None and clock.instance == inventory.instance and (
+            inventory.sequence <= clock.sequence
+        ):
+            return IngestResult(accepted=False)
+        self._clocks[inventory.node] = NodeClock(inventory.instance, inventory.sequence, now)
+        self._clocks.move_to_end(inventory.node)
+        node = inventory.to_node()
+        vanished = self._vanished(node)
+        self.fleet.upsert_node(node)
+        return IngestResult(accepted=True, vanished=vanished)
+
+    def _vanished(self, node: Node) -> dict[str, Usage]:
+        before = self.fleet.node(node.name)
+        if before is None:
+            return {}
+        now_present = {d.uuid for d in node.devices}
+        gone = (d.uuid for d in before.devices if d.uuid not in now_present)
+        return {uuid: usage for uuid in gone
+                if (usage := self.fleet.usage(node.name, uuid)) != Usage()}
+
+    def silence(self, now: float) -> dict[str, float]:
+        """Seconds since each node was last heard from."""
+        return {name: now - clock.heard for name, clock in self._clocks.items()}
+
+    def stale_nodes(self, now: float) -> dict[str, str]:
+        stale = {}
+        for name, clock in self._clocks.items():
+            quiet = now - clock.heard
+            if quiet <= self.node_timeout:
+                break
+            stale[name] = (f"{NODE_STALE}: no inventory from the node's agent for {quiet:.0f}s "
+                           f"(limit {self.node_timeout:g}s)")
+        return stale
+
+    # Decisions ---------------------------------------------------------------
+
+    def filter(self, request: PodRequest, node_names: Collection[str] | None, now: float,
+               *, explain_chosen: bool = False) -> Decision:
+        """Decide among the fresh known nodes and reserve the cards chosen.
+
+        Nodes that are unknown or stale get a reason of their own in ``failed_nodes``.
+        """
+        self.release_reservation(request.key)
+        stale = self.stale_nodes(now)
+        usable = set(self._clocks) if node_names is None else set(node_names)
+        failed = {name: stale[name] for name in usable.intersection(stale)}
+        usable.difference_update(stale)
+        failed.update((name, f"{NODE_UNKNOWN}: pyhami has no GPU inventory for this node")
+                      for name in usable.difference(self._clocks))
+        usable.intersection_update(self._clocks)
+        decision = decide(self.fleet, request, nodes=usable, explain_chosen=explain_chosen)
+        if decision.allocation is not None:
+            self.fleet.allocate(request.key, decision.allocation)
+            self.reservations[request.key] = Reservation(decision.allocation,
+                                                         now + self.reservation_ttl)
+        if failed and decision.failed_nodes is not None:
+            failed.update(decision.failed_nodes)
+            return replace(decision, failed_nodes=failed)
+        return decision
+
+    def reservation(self, key: str) -> Allocation | None:
+        held = self.reservations.get(key)
+        return held.allocation if held is not None else None
+
+    def confirm(self, key: str) -> None:
+        """The pod is bound: its reservation becomes part of the ledger for good."""
+        self.reservations.pop(key, None)
+        self.bound.add(key)
+
+    def release_reservation(self, key: str) -> Allocation | None:
+        held = self.reservations.pop(key, None)
+        if held is None:
+            return None
+        self.fleet.release(key)
+        return held.allocation
+
+    def release(self, key: str) -> Allocation | None:
+        """The pod is gone (deleted, Failed or Succeeded): free whatever it held."""
+        self.reservations.pop(key, None)
+        self.bound.discard(key)
+        return self.fleet.release(key)
+
+    def expire(self, now: float) -> dict[str, Allocation]:
+        """Release reservations that no bind confirmed in time."""
+        late = [key for key, held in self.reservations.items() if held.expires <= now]
+        return {key: allocation for key in late
+                if (allocation := self.release_reservation(key)) is not None}
+
+    def restore(self, entries: Iterable[tuple[str, Allocation]]) -> None:
+        """Rebuild the ledger from the pods' allocation annotations."""
+        for key, allocation in entries:
+            self.fleet.allocate(key, allocation)
+            self.bound.add(key)
+

@@ -1,0 +1,62 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from common.natsserver import LocalNatsServer
+from tests.harness import Daemon, Lab, PodClient, SimulatedNode, daemon_config
+
+
+@pytest.fixture
+def nats_server_factory() -> Iterator[Callable[..., LocalNatsServer]]:
+    """Starts real nats-server processes on free loopback ports; all are stopped afterwards.
+
+    Call it with ``extra_args`` (nats-server flags) and ``scheme`` (``tls`` for TLS URLs).
+    """
+    servers: list[LocalNatsServer] = []
+
+    def start(extra_args: Sequence[str] = (), scheme: str = "nats") -> LocalNatsServer:
+        server = LocalNatsServer(extra_args=extra_args, scheme=scheme)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.kill()
+
+
+@pytest.fixture
+def nats_server(nats_server_factory: Callable[..., LocalNatsServer]) -> LocalNatsServer:
+    """A real nats-server on a free loopback port; ``.url`` to connect, ``.kill()``/``.start()``
+    to crash and restart it on the same port."""
+    return nats_server_factory()
+
+
+@pytest.fixture
+def jetstream_server(nats_server_factory: Callable[..., LocalNatsServer],
+                     tmp_path: Path) -> LocalNatsServer:
+    """A real nats-server with JetStream on disk, as the standalone daemon needs."""
+    return nats_server_factory(extra_args=["-js", "-sd", str(tmp_path / "jetstream")])
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
+        yield client
+
+
+@pytest.fixture
+async def lab(jetstream_server: LocalNatsServer,
+              http: aiohttp.ClientSession) -> AsyncIterator[Lab]:
+    """The article's lab, live: one simulated four-T4 node, the standalone daemon, its pod API."""
+    node = SimulatedNode.start("gpu-node-1", jetstream_server.url)
+    daemon = await Daemon(daemon_config(jetstream_server.url)).start()
+    yield Lab(jetstream_server, node, daemon, PodClient(http, daemon.url))
+    await daemon.stop()
+    await node.halt()

@@ -1,0 +1,105 @@
+"""``pyhami agent`` as a process: clear errors with exit code 2, and a clean drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import nats
+import pytest
+
+from common.natsserver import LocalNatsServer
+from common.wire import INVENTORY_SUBJECTS, decode_inventory
+
+
+def _environment(**extra: str) -> dict[str, str]:
+    environment = {name: value for name, value in os.environ.items()
+                   if name != "NODE_NAME" and not name.startswith("PYHAMI_")}
+    environment.update(extra)
+    return environment
+
+
+def _agent(*args: str,
+           environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pyhami.cli", "agent", *args],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env=environment or _environment())
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--node", "n", "--inventory", "sim:v100x2"],
+     "pyhami agent: error: argument --inventory: unknown simulated profile 'v100x2' "
+     "(known: a100x8-nvswitch, h100x8-islands, t4x4; or sim:FILE.yaml)"),
+    (["--node", "n", "--inventory", "gpu"],
+     "pyhami agent: error: argument --inventory: 'gpu': expected nvml, sim:PROFILE "
+     "or sim:FILE.yaml"),
+    (["--node", "n", "--poll-interval", "-1"],
+     "pyhami agent: error: argument --poll-interval: '-1' must be above 0"),
+    (["--node", "n", "--heartbeat-interval", "often"],
+     "pyhami agent: error: argument --heartbeat-interval: 'often' is not a number of seconds"),
+    (["--node", "n", "--frobnicate"], "pyhami: error: unrecognized arguments: --frobnicate"),
+    (["--inventory", "sim:t4x4"], "pyhami agent: no node name: pass --node or set NODE_NAME"),
+    (["--node", "GPU Node 1", "--inventory", "sim:t4x4"],
+     "pyhami agent: node name 'GPU Node 1' is not a Kubernetes node name "
+     "(lower-case letters, digits, '-' and '.')"),
+    (["--node", "n", "--inventory", "sim:t4x4", "--nats", "http://nats:4222"],
+     "pyhami agent: --nats (PYHAMI_NATS_URL): 'http://nats:4222' is not a NATS URL "
+     "(expected nats|tls|ws|wss://HOST[:PORT])"),
+])
+def test_a_bad_flag_or_profile_exits_2_with_one_clear_line(args: list[str], message: str) -> None:
+    done = _agent(*args)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == message
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bad_simulation_file_exits_2_naming_the_file_and_the_problem(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("- {type: NVIDIA-A10, memroy: 23028}\n")
+    done = _agent("--node", "n", "--inventory", f"sim:{path}")
+    assert done.returncode == 2
+    assert done.stderr == (f"pyhami agent: --inventory: {path}: Object contains unknown field "
+                           "`memroy` - at `$[0]`\n")
+    missing = _agent("--node", "n", "--inventory", f"sim:{tmp_path}/absent.yml")
+    assert missing.returncode == 2
+    assert missing.stderr == (f"pyhami agent: --inventory: {tmp_path}/absent.yml: "
+                              "No such file or directory\n")
+
+
+def test_a_bad_variable_exits_2_naming_it() -> None:
+    done = _agent("--node", "n", "--inventory", "sim:t4x4",
+                  environment=_environment(PYHAMI_NATS_CERT="/nonexistent/cert.pem"))
+    assert done.returncode == 2
+    assert done.stderr == ("pyhami agent: --nats-cert (PYHAMI_NATS_CERT): /nonexistent/cert.pem "
+                           "is not a readable file\n")
+
+
+async def test_the_node_name_comes_from_node_name_and_sigterm_drains(
+        nats_server: LocalNatsServer) -> None:
+    client = await nats.connect(nats_server.url)
+    subscription = await client.subscribe(INVENTORY_SUBJECTS)
+    await client.flush()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pyhami.cli", "agent", "--inventory", "sim:h100x8-islands",
+        "--poll-interval", "0.2", env=_environment(NODE_NAME="worker-7.example.internal",
+                                                  PYHAMI_NATS_URL=nats_server.url),
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        message = decode_inventory((await subscription.next_msg(timeout=30)).data)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 10)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await client.close()
+    assert (message.node, message.reason, len(message.cards)) == (
+        "worker-7.example.internal", "start", 8)
+    assert process.returncode == 0
+    log = stderr.decode()
+    assert "SIGTERM received: draining" in log
+    assert "NATS connection drained" in log

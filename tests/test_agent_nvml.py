@@ -1,0 +1,362 @@
+# ruff: noqa: N802 - the stand-in answers to NVML's own function names
+"""The NVML inventory source, run against a stand-in for the NVML library (there is no GPU here).
+
+The stand-in answers the same calls as ``pynvml`` and raises ``pynvml``'s own
+errors, so everything from the library call up is the production code path.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+
+from agent.inventory import InventoryError
+from agent.nvml import NvmlSource, sysfs_bus_id
+from common.wire import Card
+
+MIB = 1024 * 1024
+GPU, IBMNPU, SWITCH = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Link:
+    remote_bus_id: str
+    remote_type: int = GPU
+    active: bool = True
+
+
+@dataclass
+class StandInCard:
+    uuid: str
+    bus_id: str
+    name: str = "Tesla T4"
+    memory_bytes: int = 15360 * MIB
+    numa: int | None = None  # None: the driver has no NUMA id for it
+    sm_count: int | None = 40
+    links: list[Link] | None = None  # None: the card has no NVLink at all
+    process_memory: list[int | None] = field(default_factory=list)  # bytes per process
+    failing: set[str] = field(default_factory=set)  # calls that fail with "GPU is lost"
+    unsupported: set[str] = field(default_factory=set)  # calls the driver does not support
+
+
+def _error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+class NvmlStandIn:
+    """Answers the NVML calls the agent makes, from ``StandInCard`` records."""
+
+    NVMLError = pynvml.NVMLError
+    NVML_NVLINK_MAX_LINKS = 18
+
+    def __init__(self, cards: list[StandInCard], *, remote_type_known: bool = True,
+                 init_error: int | None = None) -> None:
+        self.cards = cards
+        self.remote_type_known = remote_type_known
+        self.init_error = init_error
+        self.events: queue.Queue[SimpleNamespace] = queue.Queue()
+        self.registered: list[str] = []
+        self.freed = False
+        self.shut_down = False
+
+    def _card(self, handle: object, call: str) -> StandInCard:
+        if not isinstance(handle, StandInCard):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if call in handle.failing:
+            raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if call in handle.unsupported:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return handle
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise _error(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.shut_down = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> StandInCard:
+        return self.cards[index]
+
+    def nvmlDeviceGetUUID(self, handle: object) -> str:
+        return self._card(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, handle: object) -> str:
+        return self._card(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> SimpleNamespace:
+        card = self._card(handle, "nvmlDeviceGetMemoryInfo")
+        return SimpleNamespace(total=card.memory_bytes, free=card.memory_bytes, used=0)
+
+    def nvmlDeviceGetPciInfo(self, handle: object) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._card(handle, "nvmlDeviceGetPciInfo").bus_id.encode())
+
+    def nvmlDeviceGetNumaNodeId(self, handle: object) -> int:
+        card = self._card(handle, "nvmlDeviceGetNumaNodeId")
+        if card.numa is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return card.numa
+
+    def nvmlDeviceGetAttributes(self, handle: object) -> SimpleNamespace:
+        card = self._card(handle, "nvmlDeviceGetAttributes")
+        if card.sm_count is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(multiprocessorCount=card.sm_count)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[SimpleNamespace]:
+        card = self._card(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=1000 + n, usedGpuMemory=used)
+                for n, used in enumerate(card.process_memory)]
+
+    def _link(self, handle: object, link: int, call: str) -> Link:
+        card = self._card(handle, call)
+        if card.links is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link >= len(card.links):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return card.links[link]
+
+    def nvmlDeviceGetNvLinkState(self, handle: object, link: int) -> int:
+        return 1 if self._link(handle, link, "nvmlDeviceGetNvLinkState").active else 0
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: object, link: int) -> SimpleNamespace:
+        remote = self._link(handle, link, "nvmlDeviceGetNvLinkRemotePciInfo").remote_bus_id
+        return SimpleNamespace(busId=remote.encode())
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: object, link: int) -> int:
+        if not self.remote_type_known:
+            raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._link(handle, link, "nvmlDeviceGetNvLinkRemoteDeviceType").remote_type
+
+    def nvmlEventSetCreate(self) -> object:
+        return self.events
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: object) -> int:
+        self._card(handle, "nvmlDeviceGetSupportedEventTypes")
+        return pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError
+
+    def nvmlDeviceRegisterEvents(self, handle: object, event_types: int,
+                                 event_set: object) -> None:
+        assert event_set is self.events
+        assert event_types == pynvml.nvmlEventTypeXidCriticalError
+        self.registered.append(self._card(handle, "nvmlDeviceRegisterEvents").uuid)
+
+    def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> SimpleNamespace:
+        assert event_set is self.events
+        try:
+            return self.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise _error(pynvml.NVML_ERROR_TIMEOUT) from None
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self.freed = True
+
+    def raise_xid(self, device: object, xid: int) -> None:
+        self.events.put(SimpleNamespace(device=device,
+                                        eventType=pynvml.nvmlEventTypeXidCriticalError,
+                                        eventData=xid, gpuInstanceId=0, computeInstanceId=0))
+
+
+def _bus(slot: int) -> str:
+    return f"00000000:{slot:02X}:00.0"
+
+
+def _read(library: NvmlStandIn, sysfs: Path | None = None) -> list[Card]:
+    source = NvmlSource(library, sysfs_root=sysfs or Path("/nonexistent"), event_wait_ms=20)
+    source.open()
+    try:
+        return source.read()
+    finally:
+        source.close()
+
+
+def test_cards_are_read_in_hamis_form_with_their_processes() -> None:
+    library = NvmlStandIn([
+        StandInCard("GPU-aaa", _bus(0x3B), numa=0, process_memory=[1000 * MIB, 500 * MIB, None]),
+        StandInCard("GPU-bbb", _bus(0x86), name="NVIDIA A100-SXM4-80GB",
+                    memory_bytes=81920 * MIB, numa=1, sm_count=None),
+    ])
+    first, second = _read(library)
+    assert first == Card(uuid="GPU-aaa", index=0, type="NVIDIA-Tesla T4", memory=15360,
+                         cores=100, count=10, numa=0, health=True, links={}, processes=3,
+                         sm_count=40, process_memory=1500)
+    assert (second.type, second.memory, second.index, second.sm_count, second.processes) == (
+        "NVIDIA-NVIDIA A100-SXM4-80GB", 81920, 1, None, 0)
+
+
+def test_direct_nvlink_peers_resolve_to_uuids_with_lanes_summed() -> None:
+    library = NvmlStandIn([
+        StandInCard("GPU-0", _bus(0x07), links=[
+            Link(_bus(0x0F)), Link("00000000:0f:00.0"), Link(_bus(0x0F), active=False),
+            Link(_bus(0x47)), Link("00000000:0A:00.0", remote_type=IBMNPU)]),
+        StandInCard("GPU-1", _bus(0x0F), links=[Link(_bus(0x07)), Link(_bus(0x07))]),
+        StandInCard("GPU-2", _bus(0x47), links=[Link(_bus(0x07))]),
+        StandInCard("GPU-3", _bus(0x4E)),
+    ])
+    links = {card.uuid: card.links for card in _read(library)}
+    assert links == {"GPU-0": {"GPU-1": 2, "GPU-2": 1}, "GPU-1": {"GPU-0": 2},
+                     "GPU-2": {"GPU-0": 1}, "GPU-3": {}}
+
+
+def test_an_nvswitch_node_links_every_pair_of_switch_connected_cards() -> None:
+    switch_ports = [Link(_bus(0xC1), remote_type=SWITCH), Link(_bus(0xC2), remote_type=SWITCH)]
+    library = NvmlStandIn(
+        [StandInCard(f"GPU-{i}", _bus(0x10 + i), links=switch_ports) for i in range(4)]
+        + [StandInCard("GPU-pcie", _bus(0x20))])
+    links = {card.uuid: card.links for card in _read(library)}
+    for i in range(4):
+        assert links[f"GPU-{i}"] == {f"GPU-{j}": 2 for j in range(4) if j != i}
+    assert links["GPU-pcie"] == {}
+
+
+def test_without_the_remote_type_a_bus_id_no_card_has_is_a_switch() -> None:
+    switch_port = Link(_bus(0xC1), remote_type=SWITCH)
+    library = NvmlStandIn([
+        StandInCard("GPU-0", _bus(0x10), links=[switch_port, Link(_bus(0x13))]),
+        StandInCard("GPU-1", _bus(0x11), links=[switch_port]),
+        StandInCard("GPU-2", _bus(0x12), links=[switch_port]),
+        StandInCard("GPU-3", _bus(0x13), links=[Link(_bus(0x10))]),
+    ], remote_type_known=False)
+    links = {card.uuid: card.links for card in _read(library)}
+    assert links["GPU-0"] == {"GPU-1": 1, "GPU-2": 1, "GPU-3": 1}
+    assert links["GPU-1"] == {"GPU-0": 1, "GPU-2": 1}
+    assert links["GPU-3"] == {"GPU-0": 1}
+
+
+def test_unreadable_nvlink_makes_that_cards_topology_unknown() -> None:
+    library = NvmlStandIn([
+        StandInCard("GPU-0", _bus(0x07), links=[Link(_bus(0x0F))],
+                    failing={"nvmlDeviceGetNvLinkState"}),
+        StandInCard("GPU-1", _bus(0x0F), links=[Link(_bus(0x07))]),
+    ])
+    first, second = _read(library)
+    assert first.links is None
+    assert second.links == {"GPU-0": 1}
+    assert first.health  # topology is information; the card itself still answers
+
+
+@pytest.mark.parametrize(("nvml_numa", "sysfs_text", "expected"), [
+    (1, "0\n", 1),
+    (None, "1\n", 1),
+    (None, None, -1),
+    (None, "-1\n", -1),
+    (None, "garbage", -1),
+])
+def test_numa_comes_from_nvml_else_sysfs_else_unknown(
+        tmp_path: Path, nvml_numa: int | None, sysfs_text: str | None, expected: int) -> None:
+    if sysfs_text is not None:
+        device = tmp_path / "bus" / "pci" / "devices" / "0000:3b:00.0"
+        device.mkdir(parents=True)
+        (device / "numa_node").write_text(sysfs_text)
+    library = NvmlStandIn([StandInCard("GPU-0", "00000000:3B:00.0", numa=nvml_numa)])
+    assert _read(library, sysfs=tmp_path)[0].numa == expected
+
+
+def test_bus_ids_are_put_in_sysfs_form() -> None:
+    assert sysfs_bus_id(b"00000000:3B:00.0\x00") == "0000:3b:00.0"
+    assert sysfs_bus_id("00000001:07:00.0") == "0001:07:00.0"
+    assert sysfs_bus_id("0000:07:00.0") == "0000:07:00.0"
+
+
+def test_an_nvml_error_reading_a_card_makes_it_unhealthy_until_it_reads_again() -> None:
+    card = StandInCard("GPU-1", _bus(0x0F), failing={"nvmlDeviceGetComputeRunningProcesses"})
+    library = NvmlStandIn([StandInCard("GPU-0", _bus(0x07)), card])
+    source = NvmlSource(library, event_wait_ms=20)
+    source.open()
+    try:
+        healthy, lost = source.read()
+        assert healthy.health and healthy.health_detail == ""
+        assert not lost.health
+        assert lost.health_detail == "nvmlDeviceGetComputeRunningProcesses: GPU is lost"
+        card.failing.clear()
+        assert source.read()[1].health
+    finally:
+        source.close()
+
+
+def test_a_driver_that_cannot_list_processes_leaves_the_card_healthy() -> None:
+    library = NvmlStandIn([StandInCard("GPU-0", _bus(0x07), process_memory=[MIB],
+                                       unsupported={"nvmlDeviceGetComputeRunningProcesses"})])
+    card = _read(library)[0]
+    assert (card.health, card.health_detail, card.processes) == (True, "", 0)
+
+
+def test_a_card_whose_uuid_cannot_be_read_is_left_out_until_it_can() -> None:
+    card = StandInCard("GPU-1", _bus(0x0F), links=[Link(_bus(0x07))],
+                       failing={"nvmlDeviceGetUUID"})
+    library = NvmlStandIn([StandInCard("GPU-0", _bus(0x07), links=[Link(_bus(0x0F))]), card])
+    source = NvmlSource(library, event_wait_ms=20)
+    source.open()
+    try:
+        assert [c.uuid for c in source.read()] == ["GPU-0"]
+        card.failing.clear()
+        cards = source.read()
+        assert [(c.uuid, c.links) for c in cards] == [("GPU-0", {"GPU-1": 1}),
+                                                      ("GPU-1", {"GPU-0": 1})]
+    finally:
+        source.close()
+
+
+def _wait_for(condition: object, source: NvmlSource, seconds: float = 5.0) -> list[Card]:
+    deadline = time.monotonic() + seconds
+    while True:
+        cards = source.read()
+        if callable(condition) and condition(cards):
+            return cards
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {seconds} s: {cards}")
+        time.sleep(0.01)
+
+
+def test_a_critical_xid_makes_its_card_unhealthy_and_application_xids_do_not() -> None:
+    cards = [StandInCard(f"GPU-{i}", _bus(0x10 + i)) for i in range(3)]
+    library = NvmlStandIn(cards)
+    source = NvmlSource(library, event_wait_ms=20)
+    source.open()
+    try:
+        assert library.registered == ["GPU-0", "GPU-1", "GPU-2"]
+        library.raise_xid(cards[0], 43)  # an application fault: events arrive in order,
+        library.raise_xid(cards[1], 79)  # so once 79 is seen, 43 was seen before it
+        read = _wait_for(lambda now: not now[1].health, source)
+        assert read[1].health_detail == "critical XID 79"
+        assert read[0].health and read[2].health
+    finally:
+        source.close()
+
+
+def test_a_critical_xid_that_names_no_card_makes_every_card_unhealthy() -> None:
+    library = NvmlStandIn([StandInCard(f"GPU-{i}", _bus(0x10 + i)) for i in range(2)])
+    source = NvmlSource(library, event_wait_ms=20)
+    source.open()
+    try:
+        library.raise_xid(None, 48)
+        read = _wait_for(lambda now: not any(card.health for card in now), source)
+        assert [card.health_detail for card in read] == ["critical XID 48"] * 2
+    finally:
+        source.close()
+
+
+def test_close_stops_the_event_watcher_and_shuts_nvml_down() -> None:
+    library = NvmlStandIn([StandInCard("GPU-0", _bus(0x10))])
+    source = NvmlSource(library, event_wait_ms=20)
+    source.open()
+    assert any(thread.name == "nvml-xid-events" for thread in threading.enumerate())
+    source.close()
+    assert library.freed and library.shut_down
+    assert not any(thread.name == "nvml-xid-events" for thread in threading.enumerate())
+
+
+def test_nvml_that_cannot_start_is_an_inventory_error_with_nvmls_reason() -> None:
+    library = NvmlStandIn([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    with pytest.raises(InventoryError, match="NVML could not start: Driver Not Loaded"):
+        NvmlSource(library).open()

@@ -1,0 +1,146 @@
+"""Simulated nodes: the built-in profiles, simulation files, and changes made while running."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.inventory import InventoryError
+from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
+from common.core import Defaults, Fleet, NodePolicy, decide, parse_default_chain, parse_pod
+from common.files import parse_pod_manifest
+from common.wire import SCHEMA_VERSION, Inventory
+
+
+def test_t4x4_is_the_articles_lab_node() -> None:
+    cards = profile_cards("t4x4", "gpu-node-1")
+    assert [(c.uuid, c.index) for c in cards] == [(f"GPU-gpu-node-1-{i}", i) for i in range(4)]
+    for card in cards:
+        assert (card.type, card.memory, card.cores, card.count, card.numa, card.links) == (
+            "NVIDIA-Tesla T4", 15360, 100, 10, 0, {})
+        assert card.health and card.processes == 0
+
+
+def test_a100x8_nvswitch_links_every_pair_across_two_numa_nodes() -> None:
+    cards = profile_cards("a100x8-nvswitch", "n")
+    assert len(cards) == 8
+    assert [c.numa for c in cards] == [0, 0, 0, 0, 1, 1, 1, 1]
+    for card in cards:
+        assert card.links is not None
+        assert set(card.links) == {c.uuid for c in cards} - {card.uuid}
+        assert all(lanes > 0 for lanes in card.links.values())
+
+
+def test_h100x8_islands_links_only_within_each_island_of_four() -> None:
+    cards = profile_cards("h100x8-islands", "n")
+    assert [c.numa for c in cards] == [0, 0, 0, 0, 1, 1, 1, 1]
+    for card in cards:
+        island = {c.uuid for c in cards if c.index // 4 == card.index // 4}
+        assert card.links is not None
+        assert set(card.links) == island - {card.uuid}
+
+
+def test_uuids_are_unique_per_node_and_differ_between_nodes() -> None:
+    for profile in PROFILES:
+        first = {c.uuid for c in profile_cards(profile, "node-a")}
+        second = {c.uuid for c in profile_cards(profile, "node-b")}
+        assert len(first) == len(profile_cards(profile, "node-a"))
+        assert not first & second
+
+
+def test_an_unknown_profile_names_itself_and_the_known_ones() -> None:
+    with pytest.raises(InventoryError, match=r"unknown simulated profile 'v100x2' \(known: "
+                                             r"a100x8-nvswitch, h100x8-islands, t4x4\)"):
+        profile_cards("v100x2", "n")
+
+
+def test_processes_and_health_change_while_the_source_runs() -> None:
+    source = SimulatedSource(profile_cards("t4x4", "n"))
+    source.set_processes(2, 3, memory_mib=2048)
+    source.set_health(1, False, "critical XID 79")
+    cards = source.read()
+    assert (cards[2].processes, cards[2].process_memory) == (3, 2048)
+    assert (cards[1].health, cards[1].health_detail) == (False, "critical XID 79")
+    source.set_health(1, True, "ignored while healthy")
+    assert (source.read()[1].health, source.read()[1].health_detail) == (True, "")
+    with pytest.raises(KeyError, match="no card with index 9"):
+        source.set_processes(9, 1)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "node.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_file_lists_cards_with_links_by_index_or_uuid(tmp_path: Path) -> None:
+    path = _write(tmp_path, """
+- {type: NVIDIA-A10, memory: 23028, numa: 1, links: {1: 4}}
+- {type: NVIDIA-A10, memory: 23028, numa: 1, uuid: GPU-fixed, links: {GPU-node-x-0: 4}}
+- {type: NVIDIA-A10, memory: 23028, index: 5, processes: 2, health: false}
+""")
+    cards = file_cards(path, "node-x")
+    assert [(c.uuid, c.index) for c in cards] == [("GPU-node-x-0", 0), ("GPU-fixed", 1),
+                                                  ("GPU-node-x-5", 5)]
+    assert cards[0].links == {"GPU-fixed": 4}
+    assert cards[1].links == {"GPU-node-x-0": 4}
+    assert cards[2].links is None
+    assert (cards[2].processes, cards[2].health, cards[0].count) == (2, False, 10)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("- {type: T, memroy: 1}", "unknown field `memroy`"),
+    ("- {type: T, memory: -5}", r"Expected `int` >= 0 - at `\$\[0\].memory`"),
+    ("- {type: T, memory: 1, index: 0}\n- {type: T, memory: 1, index: 0}",
+     "index 0 is given to more than one card"),
+    ("- {type: T, memory: 1, uuid: a}\n- {type: T, memory: 1, uuid: a}",
+     "uuid a is given to more than one card"),
+    ("- {type: T, memory: 1, links: {7: 2}}", "card 0: link to index 7, which no card has"),
+    ("- {type: T, memory: 1, links: {GPU-zz: 2}}", "card 0: link to 'GPU-zz', which no card has"),
+    ("cards: []", "expected a non-empty list of cards"),
+    ("- [unclosed", "not YAML"),
+])
+def test_a_bad_file_is_refused_naming_the_file_and_the_problem(
+        tmp_path: Path, text: str, problem: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(InventoryError, match=problem) as raised:
+        file_cards(path, "n")
+    assert str(raised.value).startswith(f"{path}: ")
+    assert "\n" not in str(raised.value)
+
+
+def test_a_missing_file_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match=r"absent\.yaml: No such file"):
+        file_cards(tmp_path / "absent.yaml", "n")
+
+
+def _decide_on(profile: str, gpus: int) -> tuple[bool, set[int], str]:
+    """Place one topology-aware pod on a node reported by the agent, through the core."""
+    inventory = Inventory(schema=SCHEMA_VERSION, node="node-1", agent_version="t",
+                          instance="i", sequence=1, timestamp=0.0, reason="start",
+                          heartbeat_interval=10.0, cards=profile_cards(profile, "node-1"))
+    fleet = Fleet()
+    fleet.upsert_node(inventory.to_node())
+    pod = parse_pod_manifest(f"""
+metadata: {{name: p, namespace: default,
+           annotations: {{hami.io/gpu-scheduler-policy: topology-aware}}}}
+spec:
+  containers:
+  - name: main
+    resources: {{limits: {{nvidia.com/gpu: {gpus}, nvidia.com/gpumem: 1000}}}}
+""", "pod")
+    defaults = Defaults(parse_default_chain("spread"), NodePolicy.BINPACK)
+    decision = decide(fleet, parse_pod(pod, defaults))
+    chosen = {card.index for container in decision.cards for card in container}
+    return decision.scheduled, chosen, str(decision.failed_nodes)
+
+
+def test_the_decision_core_places_topology_aware_pods_on_what_the_agent_reports() -> None:
+    scheduled, chosen, _ = _decide_on("h100x8-islands", 4)
+    assert scheduled and chosen in ({0, 1, 2, 3}, {4, 5, 6, 7})
+    scheduled, _, reasons = _decide_on("h100x8-islands", 5)
+    assert not scheduled and "TopologyNotFit" in reasons
+    assert _decide_on("a100x8-nvswitch", 8)[0]
+    scheduled, _, reasons = _decide_on("t4x4", 2)
+    assert not scheduled and "TopologyNotFit" in reasons

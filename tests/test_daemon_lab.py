@@ -1,0 +1,58 @@
+"""The article's lab against the live daemon: real nats-server, a simulated agent,
+the standalone cluster, every step over HTTP."""
+
+from __future__ import annotations
+
+from tests.harness import Lab, card_of, lab_pod
+
+GPU = [f"GPU-gpu-node-1-{i}" for i in range(4)]
+BINPACK = {"hami.io/gpu-scheduler-policy": "binpack"}
+
+
+async def test_default_spread_walks_the_cards(lab: Lab) -> None:
+    placed = [card_of(await lab.pods.submit_and_place(lab_pod(f"spread-{i}")))
+              for i in range(4)]
+    assert placed == GPU
+
+
+async def test_binpack_stacks_on_one_card(lab: Lab) -> None:
+    placed = [await lab.pods.submit_and_place(lab_pod(f"binpack-{i}", BINPACK))
+              for i in range(3)]
+    assert placed == [f"{GPU[0]},NVIDIA,1000,0:;"] * 3
+
+
+async def test_mutex_waits_for_a_free_card_then_lands_on_it(lab: Lab) -> None:
+    for i in range(4):
+        await lab.pods.submit_and_place(lab_pod(f"tenant-{i}"))
+    await lab.pods.submit(lab_pod("mutex", {"hami.io/gpu-scheduler-policy": "mutex"}))
+    pending = await lab.pods.pending_with("mutex", "FilteringFailed")
+    assert pending["node"] is None
+    failed = [e["message"] for e in pending["events"] if e["reason"] == "FilteringFailed"]
+    assert failed[-1] == "gpu-node-1: 4/4 ExclusiveDeviceAllocateConflict"
+    await lab.pods.delete("tenant-1")
+    placed = await lab.pods.placed("mutex")
+    assert card_of(placed["annotations"]["hami.io/vgpu-devices-allocated"]) == GPU[1]
+
+
+async def test_mutex_binpack_refuses_the_card_plain_binpack_picks(lab: Lab) -> None:
+    await lab.pods.submit_and_place(lab_pod("binpack-a", BINPACK))
+    await lab.pods.submit_and_place(lab_pod("binpack-b", BINPACK))
+    await lab.pods.submit_and_place(lab_pod("pinned", {"nvidia.com/use-gpuuuid": GPU[1]}))
+    composed = {"hami.io/gpu-scheduler-policy": "mutex,binpack"}
+    assert card_of(await lab.pods.submit_and_place(lab_pod("mutex-binpack", composed))) == GPU[2]
+    await lab.pods.delete("mutex-binpack")
+    assert card_of(await lab.pods.submit_and_place(lab_pod("plain-binpack", BINPACK))) == GPU[0]
+
+
+async def test_bind_writes_the_allocation_annotations(lab: Lab) -> None:
+    await lab.pods.submit_and_place(lab_pod("one", limits={"nvidia.com/gpu": 1,
+                                                           "nvidia.com/gpumem": 2000,
+                                                           "nvidia.com/gpucores": 30}))
+    pod = await lab.pods.get("one")
+    notes = pod["annotations"]
+    assert notes["hami.io/vgpu-devices-allocated"] == f"{GPU[0]},NVIDIA,2000,30:;"
+    assert notes["hami.io/vgpu-devices-to-allocate"] == notes["hami.io/vgpu-devices-allocated"]
+    assert notes["hami.io/vgpu-node"] == "gpu-node-1"
+    assert notes["hami.io/bind-phase"] == "allocating"
+    assert notes["hami.io/vgpu-time"].isdigit() and notes["hami.io/bind-time"].isdigit()
+    assert pod["node"] == "gpu-node-1"

@@ -1,0 +1,632 @@
+"""``scheduler.kube.KubernetesCluster``: its pure conversions and bodies, and the client
+against a stub of the Kubernetes API.
+
+No kube-apiserver can run here, so ``StubApiServer`` (aiohttp on 127.0.0.1) stands in for
+one: it answers the few paths the cluster calls with canned JSON shaped like the API's
+(pod lists in pages, 404 and 409 Status bodies, a chunked newline-delimited watch stream)
+and records every request. The cluster reaches it through a kubeconfig written by the test,
+with token auth, exactly as it would reach a real server. What only a real API server can
+show (its validation of the bodies, resourceVersion semantics, binding preconditions) is
+left to the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kubernetes.client.exceptions import ApiException
+
+from common.core import CardGrant
+from common.core.annotations import (
+    ALLOCATED_ANNOTATION,
+    BIND_PHASE_ANNOTATION,
+    NODE_ANNOTATION,
+    TO_ALLOCATE_ANNOTATION,
+)
+from scheduler import kube
+from scheduler.cluster import ClusterError, PodChange
+from scheduler.kube import (
+    KubernetesCluster,
+    annotation_patch,
+    binding_body,
+    decode_pod,
+    describe_failure,
+    event_body,
+    undo_annotation_patch,
+)
+
+TOKEN = "stub-token"
+WATCH_THREAD = "pyhami-pod-watch"
+ALLOCATED = "GPU-init,NVIDIA,2000,0:;GPU-a,NVIDIA,1000,30:GPU-b,NVIDIA,1000,30:;"
+
+
+def pod_json(name: str, *, namespace: str = "default", uid: str | None = None,
+             node: str | None = None, phase: str = "Pending",
+             annotations: dict[str, str] | None = None, version: str = "1") -> dict[str, Any]:
+    """A v1.Pod as the API server returns it, with the fields pyhami ignores as well."""
+    spec: dict[str, Any] = {
+        "schedulerName": "default-scheduler",
+        "initContainers": [{"name": "warmup", "image": "busybox",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        "containers": [{
+            "name": "train", "image": "trainer:1",
+            "resources": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1000",
+                                     "cpu": "500m"}},
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        }],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                         "effect": "NoSchedule"}],
+    }
+    if node is not None:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": namespace, "uid": uid or f"uid-{name}",
+            "resourceVersion": version, "creationTimestamp": "2025-01-02T03:04:05Z",
+            "labels": {"app": "trainer"},
+            "annotations": annotations or {},
+            "managedFields": [{"manager": "kubectl", "operation": "Update",
+                               "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": spec,
+        "status": {"phase": phase, "qosClass": "Burstable",
+                   "conditions": [{"type": "PodScheduled", "status": "True"}]},
+    }
+
+
+def status_json(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+# Pure conversions and bodies --------------------------------------------------------------
+
+
+def test_a_bound_pod_decodes_with_its_allocation() -> None:
+    raw = pod_json("train-1", namespace="ml", uid="u-1", node="n1", phase="Running",
+                   annotations={ALLOCATED_ANNOTATION: ALLOCATED, NODE_ANNOTATION: "n1",
+                                "team": "vision"})
+    pod = decode_pod(json.dumps(raw))
+
+    assert (pod.key, pod.uid, pod.node, pod.phase) == ("ml/train-1", "u-1", "n1", "Running")
+    assert pod.annotations["team"] == "vision"
+    assert [c.name for c in pod.manifest.spec.init_containers or ()] == ["warmup"]
+    assert pod.manifest.spec.containers[0].resources is not None
+    allocation = pod.allocation()
+    assert allocation is not None
+    assert allocation.node == "n1"
+    assert allocation.containers == (
+        (CardGrant("GPU-init", 2000, 0),),
+        (CardGrant("GPU-a", 1000, 30), CardGrant("GPU-b", 1000, 30)),
+    )
+    assert allocation.init_containers == 1
+
+
+@pytest.mark.parametrize(("node", "phase"), [(None, "Pending"), ("n1", "Succeeded")])
+def test_a_pending_or_finished_pod_holds_no_cards(node: str | None, phase: str) -> None:
+    raw = pod_json("p", node=node, phase=phase, annotations={ALLOCATED_ANNOTATION: ALLOCATED})
+    assert decode_pod(json.dumps(raw).encode()).allocation() is None
+
+
+def test_a_pod_without_status_or_annotations_decodes() -> None:
+    pod = decode_pod(b'{"metadata": {"name": "bare", "uid": "u"}, "spec": {"containers": []}}')
+    assert (pod.key, pod.phase, pod.node, dict(pod.annotations)) == (
+        "default/bare", "Unknown", None, {})
+
+
+def test_the_annotation_patch_carries_the_uid_as_a_guard() -> None:
+    annotations = {ALLOCATED_ANNOTATION: "GPU-a,NVIDIA,1000,30:;", BIND_PHASE_ANNOTATION:
+                   "allocating"}
+    assert annotation_patch("u-1", annotations) == {
+        "metadata": {"annotations": annotations, "uid": "u-1"}}
+    assert annotation_patch("", annotations) == {"metadata": {"annotations": annotations}}
+
+
+def test_the_undo_patch_marks_failure_and_deletes_the_allocation() -> None:
+    patch = undo_annotation_patch("u-1")
+    assert json.loads(json.dumps(patch)) == {"metadata": {"uid": "u-1", "annotations": {
+        BIND_PHASE_ANNOTATION: "failed", ALLOCATED_ANNOTATION: None,
+        TO_ALLOCATE_ANNOTATION: None}}}
+
+
+def test_the_binding_targets_the_node() -> None:
+    assert binding_body("ml", "train-1", "u-1", "n2") == {
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "train-1", "namespace": "ml", "uid": "u-1"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "n2"},
+    }
+
+
+NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
+
+
+def test_the_event_names_the_pod_and_the_scheduler() -> None:
+    body = event_body("ml", "train-1", uid="u-1", kind="Warning", reason="FilteringFailed",
+                      message="0/2 nodes fit", component="pyhami-scheduler",
+                      instance="pyhami-scheduler-host", now=NOW)
+    assert body == {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": "train-1.", "namespace": "ml"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": "ml",
+                           "name": "train-1", "uid": "u-1"},
+        "reason": "FilteringFailed", "message": "0/2 nodes fit", "type": "Warning",
+        "source": {"component": "pyhami-scheduler"},
+        "firstTimestamp": "2025-03-04T05:06:07Z", "lastTimestamp": "2025-03-04T05:06:07Z",
+        "count": 1,
+        "reportingComponent": "pyhami-scheduler", "reportingInstance": "pyhami-scheduler-host",
+    }
+    without_uid = event_body("ml", "train-1", uid=None, kind="Normal", reason="R", message="m",
+                             component="c", instance="i", now=NOW)
+    assert without_uid["involvedObject"] == {"apiVersion": "v1", "kind": "Pod",
+                                             "namespace": "ml", "name": "train-1"}
+
+
+def test_a_long_event_message_is_cut_to_1024_bytes() -> None:
+    message = "é" * 1000  # 2000 bytes of UTF-8
+    body = event_body("ns", "p", uid=None, kind="Warning", reason="R", message=message,
+                      component="c", instance="i", now=NOW)
+    cut = body["message"]
+    assert isinstance(cut, str)
+    assert len(cut.encode()) <= 1024
+    assert cut.endswith("...")
+    assert cut.startswith("é" * 500)
+    exact = "x" * 1024
+    same = event_body("ns", "p", uid=None, kind="Warning", reason="R", message=exact,
+                      component="c", instance="i", now=NOW)
+    assert same["message"] == exact
+
+
+def test_a_failure_reads_as_the_api_status_not_a_traceback() -> None:
+    conflict = ApiException(status=409, reason="Conflict")
+    conflict.body = json.dumps(status_json(409, "Conflict", 'pod "p" is already bound'))
+    assert describe_failure(conflict) == 'HTTP 409 Conflict: pod "p" is already bound'
+    proxy = ApiException(status=502, reason="Bad Gateway")
+    proxy.body = "<html>bad gateway</html>"
+    assert describe_failure(proxy) == "HTTP 502 Bad Gateway: <html>bad gateway</html>"
+    assert describe_failure(ConnectionRefusedError("refused")) == (
+        "ConnectionRefusedError: refused")
+
+
+# The stub API server ----------------------------------------------------------------------
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+    content_type: str
+
+
+@dataclass
+class StubApiServer:
+    """The Kubernetes API paths ``KubernetesCluster`` calls, answered with canned JSON."""
+
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # "ns/name" -> pod, for GET
+    lists: list[tuple[list[dict[str, Any]], str]] = field(default_factory=list)
+    """The n-th list (pods, resourceVersion); the last one repeats."""
+    watches: list[list[dict[str, Any]] | int] = field(default_factory=list)
+    """The n-th watch: its events, then the stream ends; or an HTTP error status. Once they
+    run out, a watch stays open without events."""
+    page_size: int = 1
+    patch_statuses: list[int] = field(default_factory=list)  # the n-th patch's; else 200
+    binding_status: int = 201
+    event_status: int = 201
+    get_status: int = 200
+    requests: list[Recorded] = field(default_factory=list)
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    _lists_served: int = 0
+    _watches_served: int = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._record])
+        app.router.add_get("/api/v1/pods", self._pods)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get)
+        app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
+        app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", self._binding)
+        app.router.add_post("/api/v1/namespaces/{ns}/events", self._event)
+        return app
+
+    def sent(self, method: str, path_end: str) -> list[Recorded]:
+        return [r for r in self.requests if r.method == method and r.path.endswith(path_end)]
+
+    @web.middleware
+    async def _record(self, request: web.Request,
+                      handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        body = await request.json() if request.can_read_body else None
+        self.requests.append(Recorded(request.method, request.path, dict(request.query), body,
+                                      request.headers.get("Content-Type", "")))
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return web.json_response(status_json(401, "Unauthorized", "no token"), status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _pods(self, request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") == "true":
+            return await self._watch(request)
+        token = request.query.get("continue")
+        if token is None:
+            index, offset = min(self._lists_served, len(self.lists) - 1), 0
+            self._lists_served += 1
+        else:
+            index, offset = (int(part) for part in token.split(":"))
+        pods, version = self.lists[index]
+        end = offset + self.page_size
+        metadata = {"resourceVersion": version}
+        if end < len(pods):
+            metadata["continue"] = f"{index}:{end}"
+        return web.json_response({"kind": "PodList", "apiVersion": "v1", "metadata": metadata,
+                                  "items": pods[offset:end]})
+
+    async def _watch(self, request: web.Request) -> web.StreamResponse:
+        script = (self.watches[self._watches_served]
+                  if self._watches_served < len(self.watches) else None)
+        self._watches_served += 1
+        if isinstance(script, int):
+            return web.json_response(status_json(script, "InternalError", "etcd is down"),
+                                     status=script)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)  # chunked, as the API server streams a watch
+        for event in script or ():
+            await response.write(json.dumps(event).encode() + b"\n")
+        if script is None:
+            await self.closing.wait()
+        await response.write_eof()
+        return response
+
+    async def _get(self, request: web.Request) -> web.Response:
+        key = f"{request.match_info['ns']}/{request.match_info['name']}"
+        if self.get_status != 200:
+            return web.json_response(status_json(self.get_status, "InternalError", "broken"),
+                                     status=self.get_status)
+        if key not in self.pods:
+            return web.json_response(
+                status_json(404, "NotFound", f'pods "{request.match_info["name"]}" not found'),
+                status=404)
+        return web.json_response(self.pods[key])
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        status = self.patch_statuses.pop(0) if self.patch_statuses else 200
+        if status == 422:
+            return web.json_response(
+                status_json(422, "Invalid", "metadata.uid: field is immutable"), status=422)
+        if status != 200:
+            return web.json_response(status_json(status, "InternalError", "etcd is down"),
+                                     status=status)
+        return web.json_response(pod_json(request.match_info["name"]))
+
+    async def _binding(self, request: web.Request) -> web.Response:
+        if self.binding_status != 201:
+            return web.json_response(
+                status_json(409, "Conflict", f'pod {request.match_info["name"]} is already '
+                            'assigned to node "n9"'), status=self.binding_status)
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                  "status": "Success", "code": 201}, status=201)
+
+    async def _event(self, request: web.Request) -> web.Response:
+        if self.event_status != 201:
+            return web.json_response(status_json(403, "Forbidden", "events are forbidden"),
+                                     status=self.event_status)
+        return web.json_response(await request.json(), status=201)
+
+
+def write_kubeconfig(path: Path, port: int, token: str = TOKEN) -> Path:
+    path.write_text(json.dumps({  # JSON is YAML
+        "apiVersion": "v1", "kind": "Config", "current-context": "stub",
+        "clusters": [{"name": "stub", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "tester", "user": {"token": token}}],
+        "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "tester"}}],
+    }))
+    return path
+
+
+@dataclass
+class Harness:
+    api: StubApiServer
+    cluster: KubernetesCluster
+
+
+@asynccontextmanager
+async def serve(api: StubApiServer) -> AsyncIterator[int]:
+    """The stub on a free loopback port; yields the port."""
+    runner = web.AppRunner(api.app(), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, listener).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        api.closing.set()  # ends the watches held open
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    api = StubApiServer()
+    async with serve(api) as port:
+        cluster = KubernetesCluster.from_kubeconfig(str(write_kubeconfig(tmp_path / "kc", port)))
+        yield Harness(api, cluster)
+        cluster.close()
+
+
+def test_a_missing_kubeconfig_is_a_cluster_error(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match="cannot load kubeconfig"):
+        KubernetesCluster.from_kubeconfig(str(tmp_path / "absent"))
+
+
+# Reads ----------------------------------------------------------------------------------
+
+
+async def test_list_pods_follows_the_continue_token(harness: Harness) -> None:
+    api = harness.api
+    api.lists = [([pod_json("a", node="n1", phase="Running"), pod_json("b", namespace="ml")],
+                  "100")]
+    pods = await harness.cluster.list_pods()
+
+    assert [(p.key, p.node, p.phase) for p in pods] == [
+        ("default/a", "n1", "Running"), ("ml/b", None, "Pending")]
+    lists = api.sent("GET", "/api/v1/pods")
+    assert [r.query.get("continue") for r in lists] == [None, "0:1"]
+    assert {r.query["limit"] for r in lists} == {"500"}
+
+
+async def test_get_pod_reads_the_pod_or_none_when_absent(harness: Harness) -> None:
+    harness.api.pods["ml/p"] = pod_json("p", namespace="ml", uid="u-p", node="n1")
+    pod = await harness.cluster.get_pod("ml", "p")
+    assert pod is not None
+    assert (pod.uid, pod.node) == ("u-p", "n1")
+    assert await harness.cluster.get_pod("ml", "absent") is None
+
+
+async def test_get_pod_reports_other_failures(harness: Harness) -> None:
+    harness.api.get_status = 500
+    with pytest.raises(ClusterError, match=r"reading pod ml/p failed: HTTP 500 InternalError"):
+        await harness.cluster.get_pod("ml", "p")
+
+
+async def test_the_kubeconfig_token_is_sent(tmp_path: Path) -> None:
+    api = StubApiServer()
+    async with serve(api) as port:
+        path = write_kubeconfig(tmp_path / "kc", port, token="wrong")
+        cluster = KubernetesCluster.from_kubeconfig(str(path))
+        try:
+            with pytest.raises(ClusterError, match="listing pods failed: HTTP 401 Unauthorized"):
+                await cluster.list_pods()
+        finally:
+            cluster.close()
+
+
+# Writes ---------------------------------------------------------------------------------
+
+ANNOTATIONS = {ALLOCATED_ANNOTATION: "GPU-a,NVIDIA,1000,30:;",
+               TO_ALLOCATE_ANNOTATION: "GPU-a,NVIDIA,1000,30:;",
+               NODE_ANNOTATION: "n1", BIND_PHASE_ANNOTATION: "allocating"}
+
+
+async def test_bind_annotates_then_binds(harness: Harness) -> None:
+    api = harness.api
+    await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+
+    assert [(r.method, r.path) for r in api.requests] == [
+        ("PATCH", "/api/v1/namespaces/ml/pods/p"),
+        ("POST", "/api/v1/namespaces/ml/pods/p/binding"),
+    ]
+    patch, binding = api.requests
+    assert patch.content_type == "application/merge-patch+json"
+    assert patch.body == {"metadata": {"annotations": ANNOTATIONS, "uid": "u-p"}}
+    assert binding.body == binding_body("ml", "p", "u-p", "n1")
+
+
+async def test_a_refused_binding_withdraws_the_annotations(harness: Harness) -> None:
+    api = harness.api
+    api.binding_status = 409
+    with pytest.raises(ClusterError) as raised:
+        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+
+    message = str(raised.value)
+    assert message == (
+        "binding pod ml/p to node n1: creating the Binding failed: HTTP 409 Conflict: "
+        'pod p is already assigned to node "n9" (allocation annotations withdrawn)')
+    patches = api.sent("PATCH", "/pods/p")
+    assert [p.body for p in patches] == [
+        {"metadata": {"annotations": ANNOTATIONS, "uid": "u-p"}},
+        {"metadata": {"uid": "u-p", "annotations": {
+            BIND_PHASE_ANNOTATION: "failed", ALLOCATED_ANNOTATION: None,
+            TO_ALLOCATE_ANNOTATION: None}}},
+    ]
+
+
+async def test_a_failed_undo_is_reported_with_the_binding_failure(harness: Harness) -> None:
+    api = harness.api
+    api.binding_status = 409
+    api.patch_statuses = [200, 500]
+    with pytest.raises(ClusterError) as raised:
+        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+    message = str(raised.value)
+    assert "creating the Binding failed: HTTP 409 Conflict" in message
+    assert message.endswith("withdrawing the allocation annotations failed too: "
+                            "HTTP 500 InternalError: etcd is down")
+
+
+async def test_a_refused_patch_stops_before_the_binding(harness: Harness) -> None:
+    api = harness.api
+    api.patch_statuses = [422]
+    with pytest.raises(ClusterError) as raised:
+        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+    assert str(raised.value) == (
+        "binding pod ml/p to node n1: writing the allocation annotations failed: "
+        "HTTP 422 Invalid: metadata.uid: field is immutable")
+    assert api.sent("POST", "/binding") == []
+
+
+async def test_an_event_is_attached_to_the_pod_by_uid(harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pod_json("p", namespace="ml", uid="u-p")
+    await harness.cluster.record_event("ml", "p", "Warning", "FilteringFailed", "no node fits")
+
+    assert [(r.method, r.path) for r in api.requests] == [
+        ("GET", "/api/v1/namespaces/ml/pods/p"), ("POST", "/api/v1/namespaces/ml/events")]
+    event = api.requests[1].body
+    assert event["metadata"] == {"generateName": "p.", "namespace": "ml"}
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "ml",
+                                       "name": "p", "uid": "u-p"}
+    assert (event["reason"], event["message"], event["type"], event["count"]) == (
+        "FilteringFailed", "no node fits", "Warning", 1)
+    assert event["source"] == {"component": "pyhami-scheduler"}
+    assert event["reportingComponent"] == "pyhami-scheduler"
+    assert event["reportingInstance"].startswith("pyhami-scheduler-")
+    stamp = datetime.fromisoformat(event["firstTimestamp"])
+    assert abs(time.time() - stamp.timestamp()) < 60
+
+    await harness.cluster.record_event("ml", "p", "Normal", "Bound", "bound to n1")
+    assert len(api.sent("GET", "/pods/p")) == 1  # the uid is remembered
+
+
+async def test_an_event_that_cannot_be_written_is_only_logged(
+        harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    harness.api.event_status = 403
+    with caplog.at_level(logging.WARNING, logger="scheduler.kube"):
+        await harness.cluster.record_event("ml", "gone", "Warning", "FilteringFailed", "m")
+    assert "HTTP 403 Forbidden: events are forbidden" in caplog.text
+    posted = harness.api.sent("POST", "/events")
+    assert len(posted) == 1
+    assert "uid" not in posted[0].body["involvedObject"]  # the GET found no pod
+
+
+# Changes --------------------------------------------------------------------------------
+
+
+def watch_event(kind: str, pod: dict[str, Any]) -> dict[str, Any]:
+    return {"type": kind, "object": pod}
+
+
+EXPIRED = {"type": "ERROR", "object": status_json(410, "Expired",
+                                                  "too old resource version: 100 (300)")}
+
+
+def summary(change: PodChange) -> tuple[str, str, bool]:
+    return change.pod.key, change.pod.phase, change.deleted
+
+
+async def take(changes: AsyncIterator[PodChange], count: int) -> list[tuple[str, str, bool]]:
+    return [summary(await asyncio.wait_for(anext(changes), 5)) for _ in range(count)]
+
+
+async def watch_thread_ends() -> bool:
+    for _ in range(60):
+        if not any(t.name == WATCH_THREAD for t in threading.enumerate()):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_the_watch_resumes_and_lists_again_when_expired(harness: Harness) -> None:
+    api = harness.api
+    api.lists = [
+        ([pod_json("a", version="90"), pod_json("b", version="95")], "100"),
+        ([pod_json("a", phase="Running", version="250"), pod_json("d", version="260")],
+         "300"),
+    ]
+    api.watches = [
+        [watch_event("ADDED", pod_json("c", version="101"))],  # then the stream ends
+        [watch_event("MODIFIED", pod_json("a", phase="Running", version="102")),
+         {"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
+                                         "metadata": {"resourceVersion": "150"}}},
+         watch_event("DELETED", pod_json("b", phase="Succeeded", version="160")),
+         EXPIRED],
+    ]
+    changes = harness.cluster.changes()
+    try:
+        assert await take(changes, 8) == [
+            ("default/a", "Pending", False), ("default/b", "Pending", False),  # the list
+            ("default/c", "Pending", False),  # the watch from 100, which then ends
+            ("default/a", "Running", False), ("default/b", "Succeeded", True),  # from 101
+            ("default/c", "Pending", True),  # missing from the list taken after the 410
+            ("default/a", "Running", False), ("default/d", "Pending", False),
+        ]
+        await wait_for(lambda: len(watches_sent(api)) == 3)
+    finally:
+        await changes.aclose()
+
+    assert [w.query.get("resourceVersion") for w in watches_sent(api)] == ["100", "101", "300"]
+    assert {(w.query["timeoutSeconds"], w.query["allowWatchBookmarks"])
+            for w in watches_sent(api)} == {("60", "true")}
+    assert [r.query.get("continue") for r in lists_sent(api)] == [None, "0:1", None, "1:1"]
+    assert await watch_thread_ends()
+
+
+async def test_the_watch_starts_where_list_pods_ended(harness: Harness) -> None:
+    api = harness.api
+    api.lists = [([pod_json("a"), pod_json("b")], "100"), ([pod_json("a")], "200")]
+    api.watches = [[EXPIRED]]
+    assert len(await harness.cluster.list_pods()) == 2
+    changes = harness.cluster.changes()
+    consumer = asyncio.create_task(take(changes, 2))
+    # b went while no watch ran: the list after the 410 shows it as deleted.
+    assert await consumer == [("default/b", "Pending", True), ("default/a", "Pending", False)]
+    await wait_for(lambda: len(watches_sent(api)) == 2)
+    assert [w.query.get("resourceVersion") for w in watches_sent(api)] == ["100", "200"]
+    assert len(lists_sent(api)) == 3  # list_pods' two pages, then one after the 410
+
+    stuck = asyncio.create_task(take(changes, 1))
+    await asyncio.sleep(0.1)
+    stuck.cancel()  # a consumer cancelled while it waits stops the watch as well
+    with pytest.raises(asyncio.CancelledError):
+        await stuck
+    await changes.aclose()
+    assert await watch_thread_ends()
+
+
+async def test_watch_failures_are_retried_with_backoff(
+        harness: Harness, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kube, "RETRY_FIRST_DELAY", 0.05)
+    api = harness.api
+    api.lists = [([], "100"), ([pod_json("y", version="150")], "200")]
+    api.watches = [500, 410, [watch_event("ADDED", pod_json("x", version="201"))]]
+    changes = harness.cluster.changes()
+    try:
+        with caplog.at_level(logging.INFO, logger="scheduler.kube"):
+            assert await take(changes, 2) == [("default/y", "Pending", False),
+                                              ("default/x", "Pending", False)]
+    finally:
+        await changes.aclose()
+    assert "pod watch failed, retrying in 0 s: HTTP 500 InternalError: etcd is down" in (
+        caplog.text)
+    assert "resourceVersion 100 expired; listing pods again" in caplog.text
+    assert [w.query.get("resourceVersion") for w in watches_sent(api)][:3] == [
+        "100", "100", "200"]
+    assert await watch_thread_ends()
+
+
+def watches_sent(api: StubApiServer) -> list[Recorded]:
+    return [r for r in api.sent("GET", "/api/v1/pods") if r.query.get("watch") == "true"]
+
+
+def lists_sent(api: StubApiServer) -> list[Recorded]:
+    return [r for r in api.sent("GET", "/api/v1/pods") if "watch" not in r.query]
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)

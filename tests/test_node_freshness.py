@@ -1,0 +1,53 @@
+"""A node whose agent falls silent takes no new pods until it reports again."""
+
+from __future__ import annotations
+
+import time
+
+import aiohttp
+
+from common.natsserver import LocalNatsServer
+from scheduler.service import ServiceSettings
+from tests.harness import (
+    DEFAULTS,
+    Daemon,
+    PodClient,
+    SimulatedNode,
+    daemon_config,
+    eventually,
+    lab_pod,
+)
+
+
+async def test_a_silent_node_gets_no_pods_until_it_reports_again(
+    jetstream_server: LocalNatsServer, http: aiohttp.ClientSession,
+) -> None:
+    settings = ServiceSettings(DEFAULTS, node_timeout=1.0)
+    node = SimulatedNode.start("gpu-node-1", jetstream_server.url)
+    daemon = await Daemon(daemon_config(jetstream_server.url, service=settings,
+                                        retry_period=0.2)).start()
+    pods = PodClient(http, daemon.url)
+    try:
+        await pods.submit_and_place(lab_pod("before"))
+        await node.halt()
+        service = daemon.service
+        assert service is not None
+
+        async def stale() -> bool:
+            return "gpu-node-1" in service.state.stale_nodes(time.monotonic())
+
+        await eventually(stale, "the node to go stale", timeout=5)
+        await pods.submit(lab_pod("during"))
+        pending = await pods.pending_with("during", "FilteringFailed")
+        message = next(e["message"] for e in pending["events"] if e["reason"] == "FilteringFailed")
+        assert message.startswith("gpu-node-1: NodeInventoryStale: no inventory from the "
+                                  "node's agent for ")
+        assert message.endswith("(limit 1s)")
+        assert pending["node"] is None
+
+        node = SimulatedNode.start("gpu-node-1", jetstream_server.url)
+        placed = await pods.placed("during")
+        assert placed["node"] == "gpu-node-1"
+    finally:
+        await daemon.stop()
+        await node.halt()
