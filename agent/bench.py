@@ -15,33 +15,21 @@ import contextlib
 import json
 import multiprocessing
 import time
-from typing import TypeAlias
 
 import nats
 from nats.aio.msg import Msg
 
 from agent.report import Report
 from agent.simulated import profile_cards
+from common.arguments import Subcommands, positive_int
 from common.natsserver import LocalNatsServer
 from common.wire import INVENTORY_SUBJECTS, Inventory, decode_inventory, encode, inventory_subject
-
-Benches: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 PROFILE = "a100x8-nvswitch"  # eight cards, every pair linked: the largest message of the profiles
 FLUSH_EVERY = 100
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def register(benches: Benches) -> None:
+def register(benches: Subcommands) -> None:
     parser = benches.add_parser("agent", help="time the agent's publishing and a subscriber's "
                                               "decoding of many agents' inventories")
     parser.add_argument("--publishes", type=positive_int, default=20000,

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeAlias
+from typing import Literal
 
 from agent.inventory import InventoryError, InventorySource
 from agent.nvml import NvmlSource
@@ -23,9 +23,8 @@ from agent.service import (
     AgentSettings,
 )
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
+from common.arguments import Subcommands, positive_seconds
 from common.messaging import SettingsError, add_nats_arguments, nats_settings
-
-Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +59,6 @@ def inventory_spec(text: str) -> InventorySpec:
             f"unknown simulated profile {rest!r} (known: {', '.join(sorted(PROFILES))}; "
             "or sim:FILE.yaml)")
     return InventorySpec("profile", rest)
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-    return seconds
 
 
 def uuid_list(text: str) -> tuple[str, ...]:

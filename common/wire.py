@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from common.core.annotations import CORDON_ANNOTATION
 from common.core.model import Device, Node, NonNegative
 
 SCHEMA_VERSION = 1
@@ -21,8 +22,6 @@ INVENTORY_SUBJECT_PREFIX = "pyhami.inventory"
 # Node names may contain dots, which NATS reads as token separators: subscribe with ">".
 INVENTORY_SUBJECTS = f"{INVENTORY_SUBJECT_PREFIX}.>"
 RESYNC_SUBJECT = "pyhami.resync"
-
-CORDON_ANNOTATION = "hami.io/device-cordon"
 
 _DEVICE_FIELDS = len(Device.__struct_fields__)
 

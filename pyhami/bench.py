@@ -10,6 +10,7 @@ import time
 from collections import deque
 
 from agent import bench as agent_bench
+from common.arguments import Subcommands, policy_chain, positive_int
 from common.core import (
     Defaults,
     Fleet,
@@ -22,18 +23,17 @@ from common.core import (
 from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
 from common.synthetic import random_nodes
 from pyhami import bench_extender
-from pyhami.options import Subcommands, chain, positive
 
 
 def register(commands: Subcommands) -> None:
     parser = commands.add_parser("bench", help="benchmarks")
     benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     decide_parser = benches.add_parser("decide", help="time the decision core on a random cluster")
-    decide_parser.add_argument("--nodes", type=positive, required=True)
-    decide_parser.add_argument("--cards", type=positive, default=8)
-    decide_parser.add_argument("--chain", type=chain, default="spread")
-    decide_parser.add_argument("--gpus", type=positive, default=1)
-    decide_parser.add_argument("--pods", type=positive, default=2000)
+    decide_parser.add_argument("--nodes", type=positive_int, required=True)
+    decide_parser.add_argument("--cards", type=positive_int, default=8)
+    decide_parser.add_argument("--chain", type=policy_chain, default="spread")
+    decide_parser.add_argument("--gpus", type=positive_int, default=1)
+    decide_parser.add_argument("--pods", type=positive_int, default=2000)
     decide_parser.add_argument("--seed", type=int, default=1)
     decide_parser.set_defaults(handler=_run_decide)
     agent_bench.register(benches)

@@ -25,6 +25,7 @@ import nats
 
 from agent.report import Report
 from agent.simulated import profile_cards
+from common.arguments import Subcommands, positive_int
 from common.natsserver import LocalNatsServer, free_port
 from common.wire import encode, inventory_subject
 
@@ -32,16 +33,16 @@ PROFILES = ("a100x8-nvswitch", "h100x8-islands")
 WAIT_S = 60.0
 
 
-def register(benches: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(benches: Subcommands) -> None:
     parser = benches.add_parser("extender", help="time /filter and /bind of a running daemon")
-    parser.add_argument("--nodes", type=int, default=1000, help="simulated 8-card nodes")
-    parser.add_argument("--requests", type=int, default=2000,
+    parser.add_argument("--nodes", type=positive_int, default=1000, help="simulated 8-card nodes")
+    parser.add_argument("--requests", type=positive_int, default=2000,
                         help="sequential /filter, /bind and no-op calls timed for latency")
-    parser.add_argument("--pods", type=int, default=2000,
+    parser.add_argument("--pods", type=positive_int, default=2000,
                         help="filter+bind pairs for the throughput figure")
-    parser.add_argument("--concurrency", type=int, default=16,
+    parser.add_argument("--concurrency", type=positive_int, default=16,
                         help="filter+bind pairs in flight for the throughput figure")
-    parser.add_argument("--updates", type=int, default=20000,
+    parser.add_argument("--updates", type=positive_int, default=20000,
                         help="inventory messages published for the ingestion figure")
     parser.set_defaults(handler=lambda args: asyncio.run(run(args)))
 

@@ -7,14 +7,14 @@ import sys
 from collections.abc import Sequence
 
 from agent import cli as agent_cli
-from pyhami import bench, decide, demo
+from pyhami import bench, decide, demo, explain, watch
 from scheduler import cli as scheduler_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyhami", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (decide, bench, demo, agent_cli, scheduler_cli):
+    for module in (decide, explain, bench, demo, watch, agent_cli, scheduler_cli):
         module.register(commands)
     return parser
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.arguments import Subcommands, add_policy_defaults, defaults_from
 from common.core import (
     ClusterError,
     Defaults,
@@ -18,7 +19,6 @@ from common.core import (
     rejected,
 )
 from common.files import InputFileError, load_cluster, load_pod
-from pyhami.options import Subcommands, add_policy_defaults, defaults_from
 
 
 def register(commands: Subcommands) -> None:

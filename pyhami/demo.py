@@ -1,148 +1,306 @@
-"""``pyhami demo``: the article's lab, replayed through the decision core.
+"""``pyhami demo``: the article's lab, live, on this machine.
 
-One node with four Tesla T4 cards; every pod asks one card with a 1000 MiB slice.
-Each step prints where the pods land and, for the composed chain, the selection
-path: every card with its tenants, its score, the filter that removed it, and its rank.
+It starts a nats-server, simulated nodes (four Tesla T4 by default) and the
+daemon in standalone mode, then plays kube-scheduler's part over the extender
+API: for every pod /filter, then /bind; a pod that fits nowhere waits and is
+tried again whenever a pod is deleted. Each pod's selection path is drawn as a
+table: every card with its tenants and score, the filter that removed it, its
+rank, the chosen card marked.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import signal
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import aiohttp
+import yaml
 from rich.console import Console
 from rich.table import Table
 
-from common.core import (
-    Decision,
-    Defaults,
-    Device,
-    Fleet,
-    Node,
-    PodManifest,
-    PodRejected,
-    decide,
-    parse_pod,
-    rejected,
-)
-from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
-from pyhami.options import Subcommands, add_policy_defaults, defaults_from
+from agent.simulated import PROFILES
+from common.arguments import Subcommands, add_policy_defaults, defaults_from, positive_int
+from common.natsserver import NatsServerError
+from pyhami.sandbox import Sandbox
 
-LAB_NODE = "gpu-node-1"
+GPU_POLICY = "hami.io/gpu-scheduler-policy"
 
 
 def register(commands: Subcommands) -> None:
-    parser = commands.add_parser("demo", help="replay the article's lab on four Tesla T4 cards")
+    parser = commands.add_parser("demo", help="replay the article's lab against a live daemon")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="t4x4",
+                        help="simulated node profile (default t4x4: the article's four T4)")
+    parser.add_argument("--nodes", type=positive_int, default=1, help="simulated nodes (default 1)")
+    parser.add_argument("--scenario", type=Path,
+                        help="play these steps instead of the article's lab (YAML, see docs)")
+    parser.add_argument("--port", type=int, help="the daemon's port (default: a free one)")
+    parser.add_argument("--nats-port", type=int, help="nats-server's port (default: a free one)")
     add_policy_defaults(parser)
-    parser.set_defaults(handler=lambda args: run(defaults_from(args)))
+    parser.set_defaults(handler=run_command)
 
 
-def lab_node() -> Node:
-    return Node(name=LAB_NODE, devices=[
-        Device(uuid=f"GPU-{i}", index=i, type="NVIDIA-Tesla T4", memory=15360, numa=0,
-               links={})
-        for i in range(4)
-    ])
+# Scenarios -------------------------------------------------------------------
 
 
-def lab_pod(name: str, annotations: dict[str, str] | None = None) -> PodManifest:
-    limits: dict[str, str | int | float] = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}
-    return PodManifest(
-        metadata=ObjectMeta(name=name, namespace="default", annotations=annotations or {}),
-        spec=PodSpec(containers=[Container(name="app",
-                                           resources=ResourceRequirements(limits=limits))]),
-    )
+class ScenarioError(ValueError):
+    """A scenario file that cannot be played; the message says where."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """``title`` opens a section; ``submit`` places a pod; ``delete`` removes one by name."""
+
+    title: str | None = None
+    submit: dict[str, Any] | None = None
+    delete: str | None = None
+
+
+def lab_pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
+            "spec": {"containers": [{"name": "app", "image": "ubuntu:22.04", "resources": {
+                "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
+
+
+def lab_scenario(first_node: str) -> list[Step]:
+    """The four steps of the article's lab (shared/LAB.md)."""
+    binpack = {GPU_POLICY: "binpack"}
+    steps = [Step(title="1. default spread: four pods without a policy")]
+    steps += [Step(submit=lab_pod(f"spread-{i}")) for i in range(4)]
+    steps += [Step(delete=f"spread-{i}") for i in range(4)]
+    steps.append(Step(title="2. binpack stacking: three pods annotated binpack"))
+    steps += [Step(submit=lab_pod(f"binpack-{i}", binpack)) for i in range(3)]
+    steps += [Step(delete=f"binpack-{i}") for i in range(3)]
+    steps.append(Step(title="3. mutex blocking and release"))
+    steps += [Step(submit=lab_pod(f"tenant-{i}")) for i in range(4)]
+    steps.append(Step(submit=lab_pod("mutex", {GPU_POLICY: "mutex"})))
+    steps.append(Step(delete="tenant-1"))
+    steps += [Step(delete=name) for name in ("tenant-0", "tenant-2", "tenant-3", "mutex")]
+    steps.append(Step(title="4. composed mutex,binpack"))
+    steps.append(Step(submit=lab_pod("binpack-a", binpack)))
+    steps.append(Step(submit=lab_pod("binpack-b", binpack)))
+    steps.append(Step(submit=lab_pod("pinned", {
+        "nvidia.com/use-gpuuuid": f"GPU-{first_node}-1"})))
+    steps.append(Step(submit=lab_pod("mutex-binpack", {GPU_POLICY: "mutex,binpack"})))
+    steps.append(Step(title="the same pod with plain binpack, after mutex-binpack is deleted"))
+    steps.append(Step(delete="mutex-binpack"))
+    steps.append(Step(submit=lab_pod("plain-binpack", binpack)))
+    return steps
+
+
+def load_scenario(path: Path) -> list[Step]:
+    """A YAML list: ``- title: TEXT``, ``- submit: MANIFEST or FILE``, ``- delete: NAME``."""
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ScenarioError(f"{path}: {error}".replace("\n", " ")) from None
+    if not isinstance(document, list):
+        raise ScenarioError(f"{path}: expected a list of steps")
+    steps = []
+    for position, entry in enumerate(document):
+        where = f"{path}: step {position + 1}"
+        if not isinstance(entry, dict) or len(entry) != 1:
+            raise ScenarioError(f"{where}: expected one of title, submit, delete")
+        (kind, value), = entry.items()
+        if kind == "title" and isinstance(value, str):
+            steps.append(Step(title=value))
+        elif kind == "delete" and isinstance(value, str):
+            steps.append(Step(delete=value))
+        elif kind == "submit" and isinstance(value, str):
+            try:
+                manifest = yaml.safe_load((path.parent / value).read_text())
+            except (OSError, yaml.YAMLError) as error:
+                raise ScenarioError(f"{where}: {value}: {error}".replace("\n", " ")) from None
+            steps.append(Step(submit=_manifest(manifest, where)))
+        elif kind == "submit":
+            steps.append(Step(submit=_manifest(value, where)))
+        else:
+            raise ScenarioError(f"{where}: {kind!r} with {type(value).__name__} is not a step")
+    return steps
+
+
+def _manifest(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or not isinstance(value.get("metadata"), dict) or not (
+        value["metadata"].get("name")
+    ):
+        raise ScenarioError(f"{where}: a Pod manifest with metadata.name is needed")
+    value["metadata"].setdefault("namespace", "default")
+    return value
+
+
+# Playing ----------------------------------------------------------------------
 
 
 @dataclass
-class Lab:
-    """The lab's one-node cluster and the pods placed on it."""
+class Placement:
+    pod: str
+    policy: str
+    result: str
 
-    defaults: Defaults
-    console: Console
-    fleet: Fleet
 
-    def decide(self, pod: PodManifest, explain: bool = False) -> Decision:
-        try:
-            request = parse_pod(pod, self.defaults)
-        except PodRejected as error:
-            return rejected(pod.key, str(error))
-        return decide(self.fleet, request, explain=explain)
+class Driver:
+    """kube-scheduler's part: filter then bind, retrying waiting pods when a pod leaves."""
 
-    def submit(self, pod: PodManifest, explain: bool = False) -> Decision:
-        decision = self.decide(pod, explain)
-        if decision.allocation is not None:
-            self.fleet.allocate(decision.pod, decision.allocation)
-        self.report(pod, decision)
-        return decision
+    def __init__(self, http: aiohttp.ClientSession, url: str, console: Console) -> None:
+        self.http = http
+        self.url = url
+        self.console = console
+        self.waiting: dict[str, dict[str, Any]] = {}
+        self.placements: list[Placement] = []
 
-    def report(self, pod: PodManifest, decision: Decision) -> None:
-        policy = (pod.metadata.annotations or {}).get("hami.io/gpu-scheduler-policy", "default")
-        if decision.node is not None:
-            cards = ", ".join(f"GPU {c.index}" for cards in decision.cards for c in cards)
-            self.console.print(f"  {pod.metadata.name:<14} [dim]{policy:<14}[/] -> "
-                               f"[green]{cards}[/] on {decision.node}")
+    async def _post(self, path: str, body: object) -> Any:
+        async with self.http.post(f"{self.url}{path}", json=body) as response:
+            if response.status >= 400:
+                raise ScenarioError(f"{path}: {response.status} {await response.text()}")
+            return await response.json()
+
+    async def submit(self, manifest: dict[str, Any]) -> None:
+        created = await self._post("/api/pods", manifest)
+        manifest["metadata"]["uid"] = created["uid"]
+        await self.schedule(manifest)
+
+    async def schedule(self, manifest: dict[str, Any]) -> bool:
+        name = manifest["metadata"]["name"]
+        policy = manifest["metadata"].get("annotations", {}).get(GPU_POLICY, "default")
+        nodes = await self._nodes()
+        path = await self._post("/explain", manifest)
+        result = await self._post("/filter", {"Pod": manifest, "NodeNames": nodes})
+        if result["NodeNames"]:
+            node = result["NodeNames"][0]
+            bound = await self._post("/bind", {
+                "PodName": name, "PodNamespace": manifest["metadata"]["namespace"],
+                "PodUID": manifest["metadata"]["uid"], "Node": node})
+            if not bound["Error"]:
+                cards = ", ".join(f"GPU {c['index']}" for cs in path["devices"] for c in cs)
+                where = f"{cards} on {node}"
+                self.console.print(f"  {name:<15} [dim]{policy:<14}[/] -> [green]{where}[/]")
+                self.console.print(selection_path(path))
+                if self.waiting.pop(name, None) is not None:
+                    earlier = next(p for p in self.placements if p.pod == name)
+                    earlier.result = f"{earlier.result}, then {where}"
+                else:
+                    self.placements.append(Placement(name, policy, where))
+                return True
+            why = bound["Error"]
         else:
-            why = decision.reason or "; ".join(
-                f"{node}: {reason}" for node, reason in (decision.failed_nodes or {}).items())
-            self.console.print(f"  {pod.metadata.name:<14} [dim]{policy:<14}[/] -> "
-                               f"[yellow]Pending[/] ({why})")
-        if decision.explain is not None:
-            self.console.print(selection_path(decision))
+            failed = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+            why = "; ".join(f"{n}: {r}" for n, r in sorted(failed.items())) or result["Error"]
+        if name not in self.waiting:
+            self.waiting[name] = manifest
+            self.console.print(f"  {name:<15} [dim]{policy:<14}[/] -> [yellow]Pending[/] ({why})")
+            self.console.print(selection_path(path))
+            self.placements.append(Placement(name, policy, f"waited ({why})"))
+        return False
 
-    def clear(self) -> None:
-        for key in list(self.fleet.allocations()):
-            self.fleet.release(key)
+    async def delete(self, name: str, namespace: str = "default") -> None:
+        async with self.http.delete(f"{self.url}/api/pods/{namespace}/{name}") as response:
+            if response.status != 204:
+                raise ScenarioError(f"delete {name}: {response.status} {await response.text()}")
+        self.waiting.pop(name, None)
+        self.console.print(f"  [dim]deleted {name}[/]")
+        for manifest in list(self.waiting.values()):  # as kube-scheduler requeues on delete
+            if await self.schedule(manifest):
+                self.console.print(f"  [dim]{manifest['metadata']['name']} was waiting and is "
+                                   "now placed, without being submitted again[/]")
+
+    async def _nodes(self) -> list[str]:
+        async with self.http.get(f"{self.url}/statusz") as response:
+            status = await response.json()
+        nodes: list[str] = status["node_names"]
+        return nodes
 
 
-def selection_path(decision: Decision) -> Table:
-    table = Table(title=f"selection path for {decision.pod}", title_justify="left")
+def selection_path(document: dict[str, Any]) -> Table:
+    """The article's figure as a table: every card, its score, what removed it, its rank."""
+    rows = document.get("explain", ())
+    several_nodes = len({row["node"] for row in rows}) > 1
+    table = Table(show_edge=False, pad_edge=False, box=None, padding=(0, 1, 0, 2))
+    if several_nodes:
+        table.add_column("node", style="dim", no_wrap=True)
     for column in ("card", "tenants", "score", "filtered by", "rank", ""):
-        table.add_column(column)
-    for row in decision.explain or ():
-        table.add_row(
-            f"GPU {row.index}", str(row.used), f"{row.score:.6f}",
-            row.filtered_by or "-", "-" if row.rank is None else str(row.rank),
-            "[bold green]<- chosen[/]" if row.chosen else "",
-        )
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        cells = [f"GPU {row['index']}", str(row["used"]), f"{row['score']:.6f}",
+                 row["filtered_by"] or "-", "-" if row["rank"] is None else str(row["rank"]),
+                 "[bold green]<- chosen[/]" if row["chosen"] else ""]
+        table.add_row(*([row["node"]] if several_nodes else []), *cells)
     return table
 
 
-def run(defaults: Defaults, console: Console | None = None) -> int:
-    out = console or Console()
-    fleet = Fleet()
-    fleet.upsert_node(lab_node())
-    lab = Lab(defaults, out, fleet)
-    binpack = {"hami.io/gpu-scheduler-policy": "binpack"}
+def summary(placements: list[Placement]) -> Table:
+    table = Table(title="summary", title_justify="left")
+    for column in ("pod", "policy", "result"):
+        table.add_column(column)
+    for placement in placements:
+        table.add_row(placement.pod, placement.policy, placement.result)
+    return table
 
-    out.rule("1. default spread: four pods without a policy")
-    for i in range(4):
-        lab.submit(lab_pod(f"spread-{i}"))
-    lab.clear()
 
-    out.rule("2. binpack stacking: three pods annotated binpack")
-    for i in range(3):
-        lab.submit(lab_pod(f"binpack-{i}", binpack))
-    lab.clear()
-
-    out.rule("3. mutex blocking and release")
-    for i in range(4):
-        lab.submit(lab_pod(f"tenant-{i}"))
-    mutex = lab_pod("mutex", {"hami.io/gpu-scheduler-policy": "mutex"})
-    lab.submit(mutex)
-    out.print("  delete tenant-1 (on GPU 1); the pending mutex pod is tried again")
-    fleet.release("default/tenant-1")
-    lab.submit(mutex)
-    lab.clear()
-
-    out.rule("4. composed mutex,binpack")
-    lab.submit(lab_pod("binpack-a", binpack))
-    lab.submit(lab_pod("binpack-b", binpack))
-    lab.submit(lab_pod("pinned", {"nvidia.com/use-gpuuuid": "GPU-1"}))
-    lab.submit(lab_pod("mutex-binpack", {"hami.io/gpu-scheduler-policy": "mutex,binpack"}),
-               explain=True)
-    out.print("  the same pod with plain binpack (decided, not placed):")
-    lab.report(lab_pod("plain-binpack", binpack),
-               lab.decide(lab_pod("plain-binpack", binpack), explain=True))
+async def play(steps: list[Step], args: argparse.Namespace, console: Console) -> int:
+    nodes = [(f"gpu-node-{i + 1}", args.profile) for i in range(args.nodes)]
+    with console.status(f"starting nats-server, {len(nodes)} simulated node(s) "
+                        f"({args.profile}) and the pyhami daemon..."):
+        sandbox = Sandbox(nodes, port=args.port, nats_port=args.nats_port,
+                          defaults=defaults_from(args))
+        await sandbox.__aenter__()
+    try:
+        console.print(f"[dim]daemon at {sandbox.url}; nats at "
+                      f"{sandbox.nats.url if sandbox.nats else '?'}[/]")
+        async with aiohttp.ClientSession() as http:
+            driver = Driver(http, sandbox.url, console)
+            for step in steps:
+                if step.title is not None:
+                    console.rule(step.title)
+                elif step.submit is not None:
+                    await driver.submit(step.submit)
+                elif step.delete is not None:
+                    await driver.delete(step.delete)
+            console.print(summary(driver.placements))
+    finally:
+        await sandbox.__aexit__(None, None, None)
     return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    return run(args)
+
+
+def run(args: argparse.Namespace, console: Console | None = None) -> int:
+    out = console or Console()
+    try:
+        steps = (load_scenario(args.scenario) if args.scenario is not None
+                 else lab_scenario("gpu-node-1"))
+    except ScenarioError as error:
+        print(f"pyhami demo: {error}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        return await play(steps, args, out)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        print("pyhami demo: interrupted; everything it started is stopped", file=sys.stderr)
+        return 130
+    except NatsServerError as error:
+        print(f"pyhami demo: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"pyhami demo: {error} (is the port taken? choose another with --port or "
+              "--nats-port)", file=sys.stderr)
+        return 1
+    except ScenarioError as error:
+        print(f"pyhami demo: {error}", file=sys.stderr)
+        return 1
 
 

@@ -93,7 +93,7 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             runners.append(await _serve(metrics_app(service), config.metrics))
 
         async def on_inventory(message: Msg) -> None:
-            service.ingest(message.data)
+            await service.receive_inventory(message.data)
 
         await client.subscribe(INVENTORY_SUBJECTS, cb=on_inventory)
         await client.publish(RESYNC_SUBJECT, encode(ResyncRequest(requested_by="pyhami-scheduler")))

@@ -9,43 +9,21 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
-from typing import TypeAlias
 
 import uvloop
 
-from common.core import Defaults, NodePolicy, parse_default_chain
+from common.arguments import (
+    Subcommands,
+    add_policy_defaults,
+    address,
+    defaults_from,
+    positive_seconds,
+)
 from common.messaging import SettingsError, add_nats_arguments, nats_settings
 from scheduler.app import ClusterMode, DaemonConfig, run_daemon
 from scheduler.service import ServiceSettings
 
-Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-
 ENV_PREFIX = "PYHAMI_"
-
-
-def address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
-    return host or "0.0.0.0", int(port)
-
-
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-    return value
-
-
-def chain(text: str) -> str:
-    try:
-        parse_default_chain(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
 
 
 def _env(name: str, default: str | None) -> str | None:
@@ -74,21 +52,20 @@ def register(commands: Subcommands) -> None:
                         help="Prometheus /metrics address (PYHAMI_METRICS; default 0.0.0.0:9395)")
     parser.add_argument("--url-prefix", default=_env("URL_PREFIX", ""),
                         help="path the extender verbs sit under (PYHAMI_URL_PREFIX)")
-    parser.add_argument("--gpu-scheduler-policy", type=chain,
-                        default=_env("GPU_SCHEDULER_POLICY", "spread"),
-                        help="default card policy chain (PYHAMI_GPU_SCHEDULER_POLICY; spread)")
-    parser.add_argument("--node-scheduler-policy", choices=[p.value for p in NodePolicy],
-                        default=_env("NODE_SCHEDULER_POLICY", "binpack"),
-                        help="default node policy (PYHAMI_NODE_SCHEDULER_POLICY; binpack)")
-    parser.add_argument("--node-timeout", type=seconds, default=_env("NODE_TIMEOUT", "30"),
+    add_policy_defaults(parser, gpu_policy=_env("GPU_SCHEDULER_POLICY", "spread") or "spread",
+                        node_policy=_env("NODE_SCHEDULER_POLICY", "binpack") or "binpack")
+    parser.add_argument("--node-timeout", type=positive_seconds, default=_env("NODE_TIMEOUT", "30"),
                         help="a node silent this long takes no new pods (PYHAMI_NODE_TIMEOUT)")
-    parser.add_argument("--reservation-ttl", type=seconds,
+    parser.add_argument("--reservation-ttl", type=positive_seconds,
                         default=_env("RESERVATION_TTL", "60"),
                         help="release cards no bind confirmed after this long "
                              "(PYHAMI_RESERVATION_TTL)")
-    parser.add_argument("--resync-wait", type=seconds, default=_env("RESYNC_WAIT", "2"),
+    parser.add_argument("--resync-wait", type=positive_seconds, default=_env("RESYNC_WAIT", "2"),
                         help="how long to collect inventories before answering "
                              "(PYHAMI_RESYNC_WAIT)")
+    parser.add_argument("--retry-period", type=positive_seconds, default=_env("RETRY_PERIOD", "5"),
+                        help="standalone: try pending pods again at least this often "
+                             "(PYHAMI_RETRY_PERIOD)")
     parser.add_argument("--no-pending-loop", action="store_true",
                         help="standalone: only answer the extender verbs, as when another "
                              "program plays kube-scheduler")
@@ -113,8 +90,7 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> DaemonC
         raise SettingsError("choose the cluster: --kubeconfig PATH, --in-cluster or --standalone")
     if mode == "kubeconfig" and not os.path.isfile(args.kubeconfig):
         raise SettingsError(f"--kubeconfig: {args.kubeconfig} is not a readable file")
-    defaults = Defaults(parse_default_chain(args.gpu_scheduler_policy),
-                        NodePolicy(args.node_scheduler_policy))
+    defaults = defaults_from(args)
     return DaemonConfig(
         nats=nats_settings(args, environ), mode=mode,
         service=ServiceSettings(defaults, node_timeout=float(args.node_timeout),
@@ -122,7 +98,7 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> DaemonC
         listen=args.listen if isinstance(args.listen, tuple) else address(args.listen),
         metrics=args.metrics if isinstance(args.metrics, tuple) else address(args.metrics),
         kubeconfig=args.kubeconfig, url_prefix=args.url_prefix,
-        resync_wait=float(args.resync_wait),
+        resync_wait=float(args.resync_wait), retry_period=float(args.retry_period),
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
     )
 

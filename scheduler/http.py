@@ -6,6 +6,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from common.files import InputFileError, parse_pod_manifest
 from scheduler.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -68,6 +69,13 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
             return web.Response(text="ready\n")
         return web.Response(status=503, text="rebuilding the ledger\n")
 
+    async def explain(request: web.Request) -> web.Response:
+        try:
+            pod = parse_pod_manifest(await request.read(), "request body")
+        except InputFileError as error:
+            return web.Response(status=400, text=f"{error}\n")
+        return _json(service.explain(pod))
+
     async def statusz(_: web.Request) -> web.Response:
         return _json(service.status())
 
@@ -77,6 +85,7 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         web.post(f"{prefix}/filter", filter_verb),
         web.post(f"{prefix}/prioritize", prioritize_verb),
         web.post(f"{prefix}/bind", bind_verb),
+        web.post(f"{prefix}/explain", explain),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         web.get("/statusz", statusz),

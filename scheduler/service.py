@@ -24,6 +24,7 @@ from common.core import (
     PodManifest,
     PodRejected,
     PodRequest,
+    decision_document,
     parse_pod,
     rejected,
 )
@@ -113,6 +114,7 @@ class SchedulerService:
         return {
             "ready": self.ready,
             "nodes": sum(1 for _ in self.state.fleet.nodes()),
+            "node_names": sorted(n.name for n in self.state.fleet.nodes()),
             "stale_nodes": sorted(self.state.stale_nodes(self._clock())),
             "inventory_accepted": self.inventory_accepted,
             "pods_bound": len(self.state.bound),
@@ -121,7 +123,27 @@ class SchedulerService:
 
     # Inventory ---------------------------------------------------------------
 
-    def ingest(self, data: bytes) -> Inventory | None:
+    async def receive_inventory(self, data: bytes) -> None:
+        """Ingest one agent message; a card that left while pods hold it is reported on them."""
+        result = self.ingest(data)
+        if result is None:
+            return
+        inventory, vanished = result
+        if not vanished:
+            return
+        holders = [(key, allocation) for key, allocation in self.state.fleet.allocations().items()
+                   if allocation.node == inventory.node]
+        for key, allocation in holders:
+            lost = sorted({g.uuid for grants in allocation.containers for g in grants} & vanished)
+            if lost:
+                namespace, _, name = key.partition("/")
+                await self.cluster.record_event(
+                    namespace, name, "Warning", "CardVanished",
+                    f"node {inventory.node} no longer reports {', '.join(lost)}, which this pod "
+                    "holds; the cards stay booked until the pod ends")
+
+    def ingest(self, data: bytes) -> tuple[Inventory, set[str]] | None:
+        """Apply one agent message: the inventory and the cards that left holding allocations."""
         try:
             inventory = decode_inventory(data)
         except WireError as error:
@@ -140,7 +162,7 @@ class SchedulerService:
                          "(%d tenants, %d MiB); they stay booked until their pods end",
                          inventory.node, uuid, usage.tenants, usage.memory)
         self._wake()
-        return inventory
+        return inventory, set(result.vanished)
 
     # Extender verbs ------------------------------------------------------------
 
@@ -207,6 +229,28 @@ class SchedulerService:
         elapsed_ms = (time.perf_counter() - started) * 1e3
         await self._publish(DecisionEvent.of(decision, "filter", self._wall_clock(), elapsed_ms))
         await self._publish_usage()
+
+    def explain(self, pod: PodManifest) -> dict[str, object]:
+        """What /filter would decide for ``pod`` now, with every card's selection path.
+
+        Books nothing: for ``pyhami explain`` and the demo.
+        """
+        try:
+            request = parse_pod(pod, self.settings.defaults)
+        except PodRejected as error:
+            return decision_document(rejected(pod.key, str(error)))
+        if self.state.reservation(request.key) is not None or request.key in self.state.bound:
+            # The pod holds cards already: judge it as if it held none.
+            held = self.state.fleet.allocation(request.key)
+            self.state.fleet.release(request.key)
+            try:
+                decision = self.state.preview(request, None, self._clock(), explain=True)
+            finally:
+                if held is not None:
+                    self.state.fleet.allocate(request.key, held)
+        else:
+            decision = self.state.preview(request, None, self._clock(), explain=True)
+        return decision_document(decision)
 
     async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         """0..10 per node by the node policy: binpack favours the busiest node."""

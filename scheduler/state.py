@@ -96,6 +96,16 @@ class LiveState:
         Nodes that are unknown or stale get a reason of their own in ``failed_nodes``.
         """
         self.release_reservation(request.key)
+        decision = self.preview(request, node_names, now, explain_chosen=explain_chosen)
+        if decision.allocation is not None:
+            self.fleet.allocate(request.key, decision.allocation)
+            self.reservations[request.key] = Reservation(decision.allocation,
+                                                         now + self.reservation_ttl)
+        return decision
+
+    def preview(self, request: PodRequest, node_names: Collection[str] | None, now: float,
+                *, explain: bool = False, explain_chosen: bool = False) -> Decision:
+        """The decision among the fresh known nodes, booking nothing."""
         stale = self.stale_nodes(now)
         usable = set(self._clocks) if node_names is None else set(node_names)
         failed = {name: stale[name] for name in usable.intersection(stale)}
@@ -103,14 +113,10 @@ class LiveState:
         failed.update((name, f"{NODE_UNKNOWN}: pyhami has no GPU inventory for this node")
                       for name in usable.difference(self._clocks))
         usable.intersection_update(self._clocks)
-        decision = decide(self.fleet, request, nodes=usable, explain_chosen=explain_chosen)
-        if decision.allocation is not None:
-            self.fleet.allocate(request.key, decision.allocation)
-            self.reservations[request.key] = Reservation(decision.allocation,
-                                                         now + self.reservation_ttl)
+        decision = decide(self.fleet, request, nodes=usable, explain=explain,
+                          explain_chosen=explain_chosen)
         if failed and decision.failed_nodes is not None:
-            failed.update(decision.failed_nodes)
-            return replace(decision, failed_nodes=failed)
+            return replace(decision, failed_nodes={**failed, **decision.failed_nodes})
         return decision
 
     def reservation(self, key: str) -> Allocation | None:

@@ -9,7 +9,8 @@ import aiohttp
 import pytest
 
 from common.natsserver import LocalNatsServer
-from tests.harness import Daemon, Lab, PodClient, SimulatedNode, daemon_config
+from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
+from tests.harness import Lab, PodClient
 
 
 @pytest.fixture
@@ -55,8 +56,8 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 async def lab(jetstream_server: LocalNatsServer,
               http: aiohttp.ClientSession) -> AsyncIterator[Lab]:
     """The article's lab, live: one simulated four-T4 node, the standalone daemon, its pod API."""
-    node = SimulatedNode.start("gpu-node-1", jetstream_server.url)
-    daemon = await Daemon(daemon_config(jetstream_server.url)).start()
+    node = SimulatedAgent.start("gpu-node-1", jetstream_server.url)
+    daemon = await RunningDaemon(standalone_config(jetstream_server.url)).start()
     yield Lab(jetstream_server, node, daemon, PodClient(http, daemon.url))
     await daemon.stop()
     await node.halt()

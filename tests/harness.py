@@ -4,92 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
-from common.core import Defaults, NodePolicy, parse_default_chain
-from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer, free_port
-from scheduler.app import DaemonConfig, run_daemon
-from scheduler.service import SchedulerService, ServiceSettings
+from common.natsserver import LocalNatsServer
+from pyhami.sandbox import RunningDaemon, SimulatedAgent
 
-DEFAULTS = Defaults(parse_default_chain("spread"), NodePolicy.BINPACK)
 WAIT_S = 15.0
-
-
-def daemon_config(nats_url: str, **overrides: Any) -> DaemonConfig:
-    config = DaemonConfig(
-        nats=NatsSettings(servers=(nats_url,)), mode="standalone",
-        service=ServiceSettings(DEFAULTS), listen=("127.0.0.1", free_port()), metrics=None,
-        resync_wait=0.3, retry_period=0.5)
-    return replace(config, **overrides)
-
-
-class Daemon:
-    """``pyhami scheduler --standalone`` in this event loop."""
-
-    def __init__(self, config: DaemonConfig) -> None:
-        self.config = config
-        self.url = f"http://127.0.0.1:{config.listen[1]}"
-        self.service: SchedulerService | None = None
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> Daemon:
-        ready = asyncio.Event()
-
-        def started(service: SchedulerService) -> None:
-            self.service = service
-            ready.set()
-
-        self._stop = asyncio.Event()
-        self._task = asyncio.create_task(run_daemon(self.config, self._stop, started))
-        waiter = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait({waiter, self._task}, timeout=WAIT_S,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if waiter not in done:
-            waiter.cancel()
-            if self._task in done:
-                self._task.result()  # raises what stopped the daemon
-            raise TimeoutError("the daemon did not become ready")
-        return self
-
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            await asyncio.wait_for(self._task, WAIT_S)
-            self._task = None
-
-
-@dataclass
-class SimulatedNode:
-    """A real agent over a simulated inventory; ``source`` changes processes and health."""
-
-    name: str
-    source: SimulatedSource
-    agent: Agent
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-
-    @classmethod
-    def start(cls, name: str, nats_url: str, profile: str = "t4x4",
-              poll_interval: float = 0.2) -> SimulatedNode:
-        source = SimulatedSource(profile_cards(profile, name))
-        agent = Agent(AgentSettings(name, poll_interval=poll_interval, heartbeat_interval=0.5),
-                      source, NatsSettings(servers=(nats_url,)))
-        node = cls(name, source, agent)
-        node.task = asyncio.create_task(agent.run(node.stop))
-        return node
-
-    async def halt(self) -> None:
-        self.stop.set()
-        if self.task is not None:
-            await asyncio.wait_for(self.task, WAIT_S)
-            self.task = None
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str,
@@ -178,6 +101,6 @@ def card_of(allocated: str) -> str:
 @dataclass
 class Lab:
     nats: LocalNatsServer
-    node: SimulatedNode
-    daemon: Daemon
+    node: SimulatedAgent
+    daemon: RunningDaemon
     pods: PodClient

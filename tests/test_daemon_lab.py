@@ -3,6 +3,12 @@ the standalone cluster, every step over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
+import sys
+from pathlib import Path
+
 from tests.harness import Lab, card_of, lab_pod
 
 GPU = [f"GPU-gpu-node-1-{i}" for i in range(4)]
@@ -56,3 +62,22 @@ async def test_bind_writes_the_allocation_annotations(lab: Lab) -> None:
     assert notes["hami.io/bind-phase"] == "allocating"
     assert notes["hami.io/vgpu-time"].isdigit() and notes["hami.io/bind-time"].isdigit()
     assert pod["node"] == "gpu-node-1"
+
+
+async def test_explain_against_the_running_daemon_books_nothing(lab: Lab, tmp_path: Path) -> None:
+    binpack = {"hami.io/gpu-scheduler-policy": "binpack"}
+    await lab.pods.submit_and_place(lab_pod("a", binpack))
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(json.dumps(lab_pod("question", binpack)))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pyhami.cli", "explain", str(pod), "--daemon", lab.daemon.url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"})
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    text = out.decode()
+    assert re.search(r"GPU 0\s+1\s+1\.651042\s+-\s+1\s+<- chosen", text)
+    assert "-> GPU 0 on gpu-node-1" in text
+    assert lab.daemon.service is not None
+    assert lab.daemon.service.state.reservation("default/question") is None
+    assert lab.daemon.service.state.fleet.usage("gpu-node-1", GPU[0]).tenants == 1

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from common.core import Usage
-from tests.harness import Daemon, Lab, card_of, daemon_config, lab_pod
+from pyhami.sandbox import RunningDaemon, standalone_config
+from tests.harness import Lab, card_of, lab_pod
 
 GPU = [f"GPU-gpu-node-1-{i}" for i in range(4)]
 
 
-def ledger(daemon: Daemon) -> dict[str, Usage]:
+def ledger(daemon: RunningDaemon) -> dict[str, Usage]:
     assert daemon.service is not None
     fleet = daemon.service.state.fleet
     return {uuid: fleet.usage("gpu-node-1", uuid) for uuid in GPU}
@@ -28,7 +29,7 @@ async def test_a_restart_keeps_the_ledger_and_the_pending_pods(lab: Lab) -> None
     assert before[GPU[0]] == Usage(tenants=2, memory=4000, cores=20)
 
     await lab.daemon.stop()
-    lab.daemon = await Daemon(daemon_config(lab.nats.url)).start()
+    lab.daemon = await RunningDaemon(standalone_config(lab.nats.url)).start()
     lab.pods.url = lab.daemon.url
 
     assert ledger(lab.daemon) == before

@@ -1,31 +1,121 @@
-"""``pyhami demo`` replays the article's lab with the article's placements."""
+"""``pyhami demo`` and ``pyhami explain`` as a newcomer runs them."""
 
 from __future__ import annotations
 
-import io
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from rich.console import Console
+from common.natsserver import free_port
 
-from pyhami.demo import run
-from tests.builders import DEFAULTS
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_the_demo_shows_the_articles_placements() -> None:
-    out = io.StringIO()
-    assert run(DEFAULTS, Console(file=out, width=200, color_system=None)) == 0
-    lines = out.getvalue().splitlines()
+def pyhami(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pyhami.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"})
 
-    def landed(pod: str) -> list[str]:
-        return [m.group(1) for line in lines
-                if (m := re.match(rf"\s+{re.escape(pod)}\s+\S+\s+-> (.*)$", line))]
 
-    assert [landed(f"spread-{i}") for i in range(4)] == [
+def landed(output: str, pod: str) -> list[str]:
+    """Every 'pod policy -> result' line printed for ``pod``, in order."""
+    return [m.group(1) for line in output.splitlines()
+            if (m := re.match(rf"\s+{re.escape(pod)}\s+\S+\s+-> (.*)$", line))]
+
+
+def port_is_closed(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_the_demo_replays_the_article() -> None:
+    nats_port = free_port()
+    done = pyhami("demo", "--nats-port", str(nats_port))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert [landed(out, f"spread-{i}") for i in range(4)] == [
         [f"GPU {i} on gpu-node-1"] for i in range(4)]
-    assert [landed(f"binpack-{i}") for i in range(3)] == [["GPU 0 on gpu-node-1"]] * 3
-    assert landed("mutex") == ["Pending (gpu-node-1: 4/4 ExclusiveDeviceAllocateConflict)",
-                               "GPU 1 on gpu-node-1"]
-    assert landed("mutex-binpack") == ["GPU 2 on gpu-node-1"]
-    assert landed("plain-binpack") == ["GPU 0 on gpu-node-1"]
-    assert any(re.search(r"GPU 0 .*3\.302083 .*ExclusiveDeviceAllocateConflict", line)
-               for line in lines)
+    assert [landed(out, f"binpack-{i}") for i in range(3)] == [["GPU 0 on gpu-node-1"]] * 3
+    assert landed(out, "mutex") == [
+        "Pending (gpu-node-1: 4/4 ExclusiveDeviceAllocateConflict)", "GPU 1 on gpu-node-1"]
+    assert "mutex was waiting and is now placed, without being submitted again" in out
+    assert out.index("deleted tenant-1") < out.index("mutex was waiting")
+    assert landed(out, "mutex-binpack") == ["GPU 2 on gpu-node-1"]
+    assert landed(out, "plain-binpack") == ["GPU 0 on gpu-node-1"]
+    # The selection path of mutex-binpack: GPU 0 and 1 removed with their scores.
+    path = out[out.index("mutex-binpack   mutex,binpack"):]
+    assert re.search(r"GPU 0\s+2\s+3\.302083\s+ExclusiveDeviceAllocateConflict\s+-", path)
+    assert re.search(r"GPU 1\s+1\s+1\.651042\s+ExclusiveDeviceAllocateConflict\s+-", path)
+    assert re.search(r"GPU 2\s+0\s+0\.000000\s+-\s+1\s+<- chosen", path)
+    assert "summary" in out
+    assert port_is_closed(nats_port), "the demo left its nats-server running"
+
+
+def test_a_scenario_file_plays_the_users_steps(tmp_path: Path) -> None:
+    (tmp_path / "pod.yaml").write_text(EXAMPLES.joinpath("binpack-pod.yaml").read_text())
+    (tmp_path / "scenario.yaml").write_text("""
+- title: my own steps
+- submit: pod.yaml
+- submit:
+    metadata: {name: exclusive, annotations: {hami.io/gpu-scheduler-policy: mutex}}
+    spec: {containers: [{name: c, resources: {limits: {nvidia.com/gpu: 2}}}]}
+- delete: plain-binpack
+""")
+    done = pyhami("demo", "--scenario", tmp_path / "scenario.yaml")
+    assert done.returncode == 0, done.stderr
+    assert "my own steps" in done.stdout
+    assert landed(done.stdout, "plain-binpack") == ["GPU 0 on gpu-node-1"]
+    assert landed(done.stdout, "exclusive") == ["GPU 1, GPU 2 on gpu-node-1"]
+    assert "deleted plain-binpack" in done.stdout
+
+
+def test_a_bad_scenario_is_named(tmp_path: Path) -> None:
+    (tmp_path / "scenario.yaml").write_text("- launch: rockets\n")
+    done = pyhami("demo", "--scenario", tmp_path / "scenario.yaml")
+    assert done.returncode == 2
+    assert "scenario.yaml: step 1: 'launch' with str is not a step" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_taken_port_gets_a_clear_message_and_nothing_is_left() -> None:
+    nats_port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = pyhami("demo", "--port", str(port), "--nats-port", str(nats_port))
+    assert done.returncode == 1
+    assert "is the port taken? choose another with --port" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert port_is_closed(nats_port)
+
+
+def test_ctrl_c_stops_everything() -> None:
+    nats_port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "pyhami.cli", "demo", "--nats-port",
+                             str(nats_port), "--nodes", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while port_is_closed(nats_port) and demo.poll() is None:
+        assert time.monotonic() < deadline, "the demo never started nats-server"
+        time.sleep(0.02)
+    demo.send_signal(signal.SIGINT)
+    _, err = demo.communicate(timeout=60)
+    assert demo.returncode in (0, 130), err
+    if demo.returncode == 130:
+        assert "interrupted; everything it started is stopped" in err
+    assert "Traceback" not in err
+    assert port_is_closed(nats_port)
+
+
+def test_explain_draws_the_selection_path_from_a_cluster_file() -> None:
+    done = pyhami("explain", EXAMPLES / "mutex-binpack-pod.yaml", "--cluster",
+                  EXAMPLES / "lab-cluster.json")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"GPU 0\s+2\s+3\.302083\s+ExclusiveDeviceAllocateConflict", done.stdout)
+    assert re.search(r"GPU 2\s+0\s+0\.000000\s+-\s+1\s+<- chosen", done.stdout)
+    assert "-> GPU 2 on gpu-node-1" in done.stdout

@@ -12,16 +12,17 @@ import msgspec
 import pytest
 
 from common.natsserver import LocalNatsServer
+from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.protocol import ExtenderBindingArgs, ExtenderFilterResult, HostPriority
-from tests.harness import Daemon, PodClient, SimulatedNode, daemon_config, eventually, lab_pod
+from tests.harness import PodClient, eventually, lab_pod
 
 
 @dataclass
 class Extender:
-    daemon: Daemon
+    daemon: RunningDaemon
     pods: PodClient
     http: aiohttp.ClientSession
-    nodes: list[SimulatedNode]
+    nodes: list[SimulatedAgent]
 
     async def post(self, verb: str, body: object) -> Any:
         async with self.http.post(f"{self.daemon.url}/{verb}", json=body) as response:
@@ -33,8 +34,9 @@ class Extender:
 async def extender(jetstream_server: LocalNatsServer,
                    http: aiohttp.ClientSession) -> AsyncIterator[Extender]:
     """Two simulated nodes and a daemon that only answers: the test plays kube-scheduler."""
-    nodes = [SimulatedNode.start(name, jetstream_server.url) for name in ("node-a", "node-b")]
-    daemon = await Daemon(daemon_config(jetstream_server.url, drive_pending=False)).start()
+    nodes = [SimulatedAgent.start(name, jetstream_server.url) for name in ("node-a", "node-b")]
+    config = standalone_config(jetstream_server.url, drive_pending=False)
+    daemon = await RunningDaemon(config).start()
 
     async def both_known() -> bool:
         assert daemon.service is not None

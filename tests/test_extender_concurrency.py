@@ -14,7 +14,8 @@ import pytest
 
 from common.core import decode_devices
 from common.natsserver import LocalNatsServer
-from tests.harness import Daemon, PodClient, SimulatedNode, daemon_config, eventually, lab_pod
+from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
+from tests.harness import PodClient, eventually, lab_pod
 
 NODES = 100
 PODS = 500
@@ -23,19 +24,20 @@ PROFILES = ("t4x4", "a100x8-nvswitch", "h100x8-islands")
 
 @dataclass
 class Cluster:
-    daemon: Daemon
+    daemon: RunningDaemon
     pods: PodClient
     http: aiohttp.ClientSession
-    nodes: list[SimulatedNode]
+    nodes: list[SimulatedAgent]
 
 
 @pytest.fixture
 async def cluster(jetstream_server: LocalNatsServer,
                   http: aiohttp.ClientSession) -> AsyncIterator[Cluster]:
-    nodes = [SimulatedNode.start(f"node-{i:03d}", jetstream_server.url,
+    nodes = [SimulatedAgent.start(f"node-{i:03d}", jetstream_server.url,
                                  PROFILES[i % len(PROFILES)], poll_interval=5.0)
              for i in range(NODES)]
-    daemon = await Daemon(daemon_config(jetstream_server.url, drive_pending=False)).start()
+    config = standalone_config(jetstream_server.url, drive_pending=False)
+    daemon = await RunningDaemon(config).start()
 
     async def all_known() -> bool:
         assert daemon.service is not None

@@ -7,24 +7,17 @@ import time
 import aiohttp
 
 from common.natsserver import LocalNatsServer
+from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service import ServiceSettings
-from tests.harness import (
-    DEFAULTS,
-    Daemon,
-    PodClient,
-    SimulatedNode,
-    daemon_config,
-    eventually,
-    lab_pod,
-)
+from tests.harness import PodClient, eventually, lab_pod
 
 
 async def test_a_silent_node_gets_no_pods_until_it_reports_again(
     jetstream_server: LocalNatsServer, http: aiohttp.ClientSession,
 ) -> None:
     settings = ServiceSettings(DEFAULTS, node_timeout=1.0)
-    node = SimulatedNode.start("gpu-node-1", jetstream_server.url)
-    daemon = await Daemon(daemon_config(jetstream_server.url, service=settings,
+    node = SimulatedAgent.start("gpu-node-1", jetstream_server.url)
+    daemon = await RunningDaemon(standalone_config(jetstream_server.url, service=settings,
                                         retry_period=0.2)).start()
     pods = PodClient(http, daemon.url)
     try:
@@ -45,7 +38,7 @@ async def test_a_silent_node_gets_no_pods_until_it_reports_again(
         assert message.endswith("(limit 1s)")
         assert pending["node"] is None
 
-        node = SimulatedNode.start("gpu-node-1", jetstream_server.url)
+        node = SimulatedAgent.start("gpu-node-1", jetstream_server.url)
         placed = await pods.placed("during")
         assert placed["node"] == "gpu-node-1"
     finally:

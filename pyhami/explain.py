@@ -1,0 +1,91 @@
+"""``pyhami explain``: one pod's selection path, from a running daemon or a cluster file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+
+from common.arguments import Subcommands, add_policy_defaults, defaults_from
+from common.core import (
+    ClusterError,
+    PodRejected,
+    decide,
+    decision_document,
+    fleet_from_cluster,
+    parse_pod,
+    rejected,
+)
+from common.files import InputFileError, load_cluster, load_pod
+from pyhami.demo import selection_path
+
+
+def register(commands: Subcommands) -> None:
+    parser = commands.add_parser("explain", help="draw one pod's selection path")
+    parser.add_argument("pod", type=Path, help="Pod manifest (YAML or JSON)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--daemon", metavar="URL", help="a running pyhami scheduler")
+    source.add_argument("--cluster", type=Path, help="a cluster file, as pyhami decide reads")
+    add_policy_defaults(parser)
+    parser.set_defaults(handler=run)
+
+
+async def _from_daemon(url: str, pod: Path) -> dict[str, Any]:
+    try:
+        body = pod.read_bytes()
+    except OSError as error:
+        raise InputFileError(f"{pod}: {error.strerror or error}") from None
+    async with aiohttp.ClientSession() as http, http.post(
+        f"{url.rstrip('/')}/explain", data=body, headers={"Content-Type": "application/yaml"}
+    ) as response:
+        if response.status != 200:
+            raise InputFileError(f"{url}: {response.status} {(await response.text()).strip()}")
+        document: dict[str, Any] = await response.json()
+        return document
+
+
+def _from_cluster(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        fleet = fleet_from_cluster(load_cluster(args.cluster))
+    except ClusterError as error:
+        raise InputFileError(f"{args.cluster}: {error}") from None
+    manifest = load_pod(args.pod)
+    try:
+        request = parse_pod(manifest, defaults_from(args))
+    except PodRejected as error:
+        return decision_document(rejected(manifest.key, str(error)))
+    return decision_document(decide(fleet, request, explain=True))
+
+
+def run(args: argparse.Namespace, console: Console | None = None) -> int:
+    out = console or Console()
+    try:
+        if args.daemon is not None:
+            document = asyncio.run(_from_daemon(args.daemon, args.pod))
+        else:
+            document = _from_cluster(args)
+    except InputFileError as error:
+        print(f"pyhami explain: {error}", file=sys.stderr)
+        return 2
+    except aiohttp.ClientError as error:
+        print(f"pyhami explain: {args.daemon}: {error}", file=sys.stderr)
+        return 1
+    if document.get("reason"):
+        out.print(f"[yellow]not schedulable[/]: {document['reason']}")
+        return 0
+    if document["node"] is None and document["scheduled"]:
+        out.print("the pod asks for no nvidia.com resource: pyhami leaves it to kube-scheduler")
+        return 0
+    out.print(selection_path(document))
+    if document["node"] is not None:
+        cards = ", ".join(f"GPU {c['index']}" for cs in document["devices"] for c in cs)
+        out.print(f"-> [green]{cards} on {document['node']}[/]")
+    else:
+        for node, reason in sorted(document["failed_nodes"].items()):
+            out.print(f"-> [yellow]Pending[/]: {node}: {reason}")
+    return 0

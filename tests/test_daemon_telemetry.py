@@ -1,0 +1,144 @@
+"""What the daemon tells the outside: telemetry on NATS, Events, metrics and logs."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import aiohttp
+import msgspec
+import nats
+import pytest
+
+from common import telemetry
+from common.natsserver import LocalNatsServer, free_port
+from common.wire import SCHEMA_VERSION, Card, Inventory, encode, inventory_subject
+from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
+from tests.harness import Lab, PodClient, eventually, lab_pod
+
+
+async def test_every_decision_and_usage_change_is_published(lab: Lab) -> None:
+    client = await nats.connect(lab.nats.url)
+    decisions: list[telemetry.DecisionEvent] = []
+    usage: list[telemetry.UsageEvent] = []
+
+    async def on_decision(message: nats.aio.msg.Msg) -> None:
+        decisions.append(telemetry.decode_decision(message.data))
+
+    async def on_usage(message: nats.aio.msg.Msg) -> None:
+        usage.append(telemetry.decode_usage(message.data))
+
+    await client.subscribe(telemetry.DECISIONS_SUBJECT, cb=on_decision)
+    await client.subscribe(telemetry.USAGE_SUBJECTS, cb=on_usage)
+    await client.flush()
+    try:
+        binpack = {"hami.io/gpu-scheduler-policy": "binpack"}
+        await lab.pods.submit_and_place(lab_pod("a", binpack))
+        await lab.pods.submit_and_place(lab_pod("b", binpack))
+
+        async def both_seen() -> bool:
+            return len([d for d in decisions if d.scheduled]) >= 2
+
+        await eventually(both_seen, "two decisions on NATS")
+        second = [d for d in decisions if d.pod == "default/b"][-1]
+        assert second.verb == "filter" and second.node == "gpu-node-1"
+        assert [[c.index for c in cards] for cards in second.cards] == [[0]]
+        rows = {row.index: row for row in second.explain}
+        assert sorted(rows) == [0, 1, 2, 3]
+        assert rows[0].score == 1.651042 and rows[0].chosen and rows[0].rank == 1
+        assert rows[1].score == 0.0 and not rows[1].chosen
+
+        async def usage_seen() -> bool:
+            return any(c.tenants == 2 for e in usage for c in e.cards if c.index == 0)
+
+        await eventually(usage_seen, "the usage of GPU 0 with two tenants")
+        latest = [e for e in usage if e.node == "gpu-node-1"][-1]
+        first = latest.cards[0]
+        assert (first.index, first.tenants, first.usedmem) == (0, 2, 2000)
+    finally:
+        await client.close()
+
+
+async def test_ignored_policies_become_an_event(lab: Lab) -> None:
+    await lab.pods.submit_and_place(lab_pod("p", {"hami.io/gpu-scheduler-policy": "binpack,turbo"}))
+    pod = await lab.pods.get("p")
+    ignored = [e for e in pod["events"] if e["reason"] == "PolicyIgnored"]
+    assert ignored and "turbo" in ignored[0]["message"]
+    assert ignored[0]["type"] == "Warning"
+
+
+async def test_computer_score_lines_are_logged_at_debug(lab: Lab,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="scheduler.service"):
+        await lab.pods.submit_and_place(lab_pod("p"))
+    lines = [r.getMessage() for r in caplog.records if "computer score is" in r.getMessage()]
+    assert len(lines) == 4
+    assert any("card 0 (GPU-gpu-node-1-0): computer score is 0.000000" in line for line in lines)
+
+
+async def test_bad_inventory_is_counted_and_dropped_and_a_vanished_card_reported(
+    jetstream_server: LocalNatsServer, http: aiohttp.ClientSession,
+) -> None:
+    metrics_port = free_port()
+    node = SimulatedAgent.start("gpu-node-1", jetstream_server.url)
+    daemon = await RunningDaemon(standalone_config(jetstream_server.url,
+                                        metrics=("127.0.0.1", metrics_port))).start()
+    pods = PodClient(http, daemon.url)
+    client = await nats.connect(jetstream_server.url)
+    try:
+        await pods.submit_and_place(lab_pod("pinned", {
+            "nvidia.com/use-gpuuuid": "GPU-gpu-node-1-3"}))
+        await client.publish(inventory_subject("gpu-node-1"), b"\x93not an inventory")
+        await client.publish(inventory_subject("gpu-node-1"), msgspec.msgpack.encode(
+            {"schema": SCHEMA_VERSION, "node": "gpu-node-1"}))
+        # The node's agent is replaced by one that no longer sees GPU 3.
+        await node.halt()
+        cards = [Card(uuid=f"GPU-gpu-node-1-{i}", index=i, type="NVIDIA-Tesla T4",
+                      memory=15360, numa=0, links={}) for i in range(3)]
+        await client.publish(inventory_subject("gpu-node-1"), encode(Inventory(
+            schema=SCHEMA_VERSION, node="gpu-node-1", agent_version="test", instance="new",
+            sequence=1, timestamp=time.time(), reason="start", heartbeat_interval=10.0,
+            cards=cards)))
+        await client.flush()
+        vanished = await pods.pending_with("pinned", "CardVanished")
+        message = next(e["message"] for e in vanished["events"] if e["reason"] == "CardVanished")
+        assert "GPU-gpu-node-1-3" in message
+
+        async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+            text = await response.text()
+        assert 'pyhami_inventory_messages_total{result="rejected"} 2.0' in text
+        assert "pyhami_allocations_on_vanished_cards 1.0" in text
+        # The daemon still answers, and still places pods on the cards that remain.
+        await pods.submit_and_place(lab_pod("after"))
+    finally:
+        await client.close()
+        await daemon.stop()
+        await node.halt()
+
+
+async def test_metrics_show_hami_device_gauges_and_latencies(
+    jetstream_server: LocalNatsServer, http: aiohttp.ClientSession,
+) -> None:
+    metrics_port = free_port()
+    node = SimulatedAgent.start("gpu-node-1", jetstream_server.url)
+    daemon = await RunningDaemon(standalone_config(jetstream_server.url,
+                                        metrics=("127.0.0.1", metrics_port))).start()
+    try:
+        await PodClient(http, daemon.url).submit_and_place(lab_pod("p", limits={
+            "nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 30}))
+        async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+            assert response.status == 200
+            text = await response.text()
+        card0 = ('{deviceidx="0",devicetype="NVIDIA-Tesla T4",deviceuuid="GPU-gpu-node-1-0",'
+                 'node="gpu-node-1"}')
+        assert f"hami_gpu_memory_allocated_bytes{card0} 1.048576e+09" in text
+        assert f"hami_gpu_memory_limit_bytes{card0} 1.610612736e+10" in text
+        assert f"hami_gpu_shared_count{card0} 1.0" in text
+        assert f"hami_gpu_core_allocated_ratio{card0} 0.3" in text
+        assert "pyhami_filter_seconds_count 1.0" in text
+        assert "pyhami_bind_seconds_count 1.0" in text
+        assert 'pyhami_decisions_total{outcome="scheduled",reason="",verb="filter"} 1.0' in text
+        assert 'pyhami_node_seconds_since_heard{node="gpu-node-1"}' in text
+    finally:
+        await daemon.stop()
+        await node.halt()
