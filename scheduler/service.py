@@ -156,6 +156,8 @@ class SchedulerService:
             return None
         self.metrics.inventory.labels("accepted").inc()
         self.inventory_accepted += 1
+        if not result.news:
+            return inventory, set()
         self._changed_nodes.add(inventory.node)
         for uuid, usage in result.vanished.items():
             logger.error("node %s: card %s left the inventory while allocations hold it "

@@ -36,6 +36,8 @@ class IngestResult:
     accepted: bool
     vanished: dict[str, Usage] = field(default_factory=dict)
     """Cards that left the inventory while allocations still hold them."""
+    news: bool = False
+    """The node is new, was stale, or its cards changed: pending pods may fit now."""
 
 
 class LiveState:
@@ -57,12 +59,15 @@ class LiveState:
             inventory.sequence <= clock.sequence
         ):
             return IngestResult(accepted=False)
+        was_stale = clock is None or now - clock.heard > self.node_timeout
         self._clocks[inventory.node] = NodeClock(inventory.instance, inventory.sequence, now)
         self._clocks.move_to_end(inventory.node)
         node = inventory.to_node()
+        if not was_stale and node == self.fleet.node(node.name):
+            return IngestResult(accepted=True)  # a heartbeat: nothing changed
         vanished = self._vanished(node)
         self.fleet.upsert_node(node)
-        return IngestResult(accepted=True, vanished=vanished)
+        return IngestResult(accepted=True, vanished=vanished, news=True)
 
     def _vanished(self, node: Node) -> dict[str, Usage]:
         before = self.fleet.node(node.name)

@@ -1,0 +1,72 @@
+"""The daemon's live state on its own: ordering of agent messages, freshness, reservations."""
+
+from __future__ import annotations
+
+import msgspec
+
+from agent.simulated import profile_cards
+from common.core import parse_pod
+from common.wire import SCHEMA_VERSION, Inventory
+from pyhami.sandbox import DEFAULTS
+from scheduler.state import LiveState
+from tests.builders import manifest
+
+
+def inventory(sequence: int, instance: str = "a", processes: int = 0) -> Inventory:
+    cards = profile_cards("t4x4", "n")
+    cards[0] = msgspec.structs.replace(cards[0], processes=processes)
+    return Inventory(schema=SCHEMA_VERSION, node="n", agent_version="t", instance=instance,
+                     sequence=sequence, timestamp=0.0, reason="change",
+                     heartbeat_interval=10.0, cards=cards)
+
+
+def test_an_older_message_of_the_same_agent_is_dropped() -> None:
+    state = LiveState(node_timeout=30, reservation_ttl=60)
+    assert state.ingest(inventory(2, processes=1), now=0).accepted
+    assert not state.ingest(inventory(1, processes=0), now=1).accepted
+    assert state.fleet.node("n").devices[0].processes == 1  # type: ignore[union-attr]
+    # A restarted agent (new instance) starts again at 1 and is believed.
+    assert state.ingest(inventory(1, instance="b", processes=0), now=2).accepted
+    assert state.fleet.node("n").devices[0].processes == 0  # type: ignore[union-attr]
+
+
+def test_only_a_change_or_a_return_is_news() -> None:
+    state = LiveState(node_timeout=30, reservation_ttl=60)
+    assert state.ingest(inventory(1), now=0).news
+    assert not state.ingest(inventory(2), now=5).news  # a heartbeat
+    assert state.ingest(inventory(3, processes=1), now=6).news
+    assert state.ingest(inventory(4, processes=1), now=100).news  # back from stale
+
+
+def test_a_node_goes_stale_after_the_timeout() -> None:
+    state = LiveState(node_timeout=30, reservation_ttl=60)
+    state.ingest(inventory(1), now=0)
+    assert state.stale_nodes(now=30) == {}
+    assert list(state.stale_nodes(now=31)) == ["n"]
+    decision = state.filter(parse_pod(manifest(), DEFAULTS), ["n"], now=31)
+    assert decision.node is None
+    assert (decision.failed_nodes or {})["n"].startswith("NodeInventoryStale: ")
+
+
+def test_an_unconfirmed_reservation_expires_and_a_confirmed_one_stays() -> None:
+    state = LiveState(node_timeout=1000, reservation_ttl=60)
+    state.ingest(inventory(1), now=0)
+    first = state.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
+    second = state.filter(parse_pod(manifest("b"), DEFAULTS), None, now=10)
+    assert first.node == second.node == "n"
+    state.confirm("default/b")
+    assert list(state.expire(now=59)) == []
+    assert list(state.expire(now=60)) == ["default/a"]
+    assert state.fleet.allocation("default/a") is None
+    assert state.fleet.allocation("default/b") is not None
+    assert list(state.expire(now=1000)) == []
+
+
+def test_filtering_a_pod_again_replaces_its_reservation() -> None:
+    state = LiveState(node_timeout=1000, reservation_ttl=60)
+    state.ingest(inventory(1), now=0)
+    request = parse_pod(manifest("a", policy="binpack"), DEFAULTS)
+    state.filter(request, None, now=0)
+    state.filter(request, None, now=1)
+    card = state.fleet.usage("n", "GPU-n-0")
+    assert card.tenants == 1
