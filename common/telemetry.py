@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-from common.core import Decision
+from common.core import Decision, ExplainRow
 
 SCHEMA_VERSION = 1
 DECISIONS_SUBJECT = "pyhami.decisions"
@@ -29,17 +29,6 @@ class ChosenCard(msgspec.Struct, frozen=True):
     usedcores: int
 
 
-class ExplainEntry(msgspec.Struct, frozen=True):
-    node: str
-    index: int
-    uuid: str
-    used: int
-    score: float
-    filtered_by: str | None
-    rank: int | None
-    chosen: bool
-
-
 class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
     schema: int = SCHEMA_VERSION
     pod: str
@@ -50,7 +39,7 @@ class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
     failed_nodes: dict[str, str]
     ignored_policies: list[str]
     reason: str | None
-    explain: list[ExplainEntry]
+    explain: list[ExplainRow]
     timestamp: float
     duration_ms: float
 
@@ -64,8 +53,7 @@ class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
                    for cards in decision.cards],
             failed_nodes=dict(decision.failed_nodes or {}),
             ignored_policies=list(decision.ignored_policies), reason=decision.reason,
-            explain=[ExplainEntry(r.node, r.index, r.uuid, r.used, r.score, r.filtered_by,
-                                  r.rank, r.chosen) for r in decision.explain or ()],
+            explain=list(decision.explain or ()),
             timestamp=timestamp, duration_ms=duration_ms,
         )
 

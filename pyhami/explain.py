@@ -12,16 +12,8 @@ import aiohttp
 from rich.console import Console
 
 from common.arguments import Subcommands, add_policy_defaults, defaults_from
-from common.core import (
-    ClusterError,
-    PodRejected,
-    decide,
-    decision_document,
-    fleet_from_cluster,
-    parse_pod,
-    rejected,
-)
-from common.files import InputFileError, load_cluster, load_pod
+from common.files import InputFileError
+from pyhami.decide import decide_files
 from pyhami.demo import selection_path
 
 
@@ -49,26 +41,13 @@ async def _from_daemon(url: str, pod: Path) -> dict[str, Any]:
         return document
 
 
-def _from_cluster(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        fleet = fleet_from_cluster(load_cluster(args.cluster))
-    except ClusterError as error:
-        raise InputFileError(f"{args.cluster}: {error}") from None
-    manifest = load_pod(args.pod)
-    try:
-        request = parse_pod(manifest, defaults_from(args))
-    except PodRejected as error:
-        return decision_document(rejected(manifest.key, str(error)))
-    return decision_document(decide(fleet, request, explain=True))
-
-
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
     out = console or Console()
     try:
         if args.daemon is not None:
             document = asyncio.run(_from_daemon(args.daemon, args.pod))
         else:
-            document = _from_cluster(args)
+            document = decide_files(args.cluster, args.pod, defaults_from(args), explain=True)
     except InputFileError as error:
         print(f"pyhami explain: {error}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from common.core.annotations import (
@@ -45,8 +46,7 @@ class PlacedCard:
     cores: int
 
 
-@dataclass(frozen=True, slots=True)
-class ExplainRow:
+class ExplainRow(msgspec.Struct, frozen=True):
     """One card of one node as the pod's first GPU container sees it."""
 
     node: str
