@@ -74,6 +74,7 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
     client = await connect(config.nats, "pyhami-scheduler")
     runners: list[web.AppRunner] = []
     tasks: list[asyncio.Task[None]] = []
+    service: SchedulerService | None = None
     try:
         standalone: StandaloneCluster | None = None
         cluster: Cluster
@@ -115,5 +116,7 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
                 await task
         for runner in runners:
             await runner.cleanup()
+        if service is not None:
+            await service.settle()
         with contextlib.suppress(Exception):
             await client.drain()

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Literal
 
@@ -89,6 +89,7 @@ class SchedulerService:
         self._manifests: dict[str, PodManifest] = {}
         self._changed_nodes: set[str] = set()
         self._wakeups: list[asyncio.Event] = []
+        self._reporting: set[asyncio.Task[None]] = set()
 
     # Start-up ----------------------------------------------------------------
 
@@ -180,7 +181,7 @@ class SchedulerService:
         except PodRejected as error:
             decision = rejected(args.pod.key, str(error))
             self._count("filter", decision)
-            await self._after_filter(args.pod, decision, started)
+            self._in_background(self._after_filter(args.pod, decision, started))
             unresolvable = {name: f"PodRejected: {error}" for name in names}
             return ExtenderFilterResult(failed_and_unresolvable_nodes=unresolvable)
         if not request.wants_gpu:
@@ -191,7 +192,7 @@ class SchedulerService:
             self._changed_nodes.add(decision.node)
         self._count("filter", decision)
         self.metrics.filter_seconds.observe(time.perf_counter() - started)
-        await self._after_filter(args.pod, decision, started, request)
+        self._in_background(self._after_filter(args.pod, decision, started, request))
         failed = dict(decision.failed_nodes or {})
         if decision.node is None:
             return ExtenderFilterResult(node_names=[] if args.node_names is not None else None,
@@ -399,6 +400,22 @@ class SchedulerService:
                     usedmem=usage.memory, memory=device.memory, usedcores=usage.cores,
                     cores=device.cores, count=device.count, health=device.health))
             await self._publish(UsageEvent(node=name, timestamp=self._wall_clock(), cards=cards))
+
+    def _in_background(self, report: Coroutine[None, None, None]) -> None:
+        """Events and telemetry go out after the answer, never delaying kube-scheduler."""
+        task = asyncio.get_running_loop().create_task(report)
+        self._reporting.add(task)
+        task.add_done_callback(self._reported)
+
+    async def settle(self, timeout: float = 5.0) -> None:
+        """Let the reports already under way go out (before shutting down)."""
+        if self._reporting:
+            await asyncio.wait(self._reporting, timeout=timeout)
+
+    def _reported(self, task: asyncio.Task[None]) -> None:
+        self._reporting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("reporting a decision failed", exc_info=task.exception())
 
     def _wake(self) -> None:
         for event in self._wakeups:
