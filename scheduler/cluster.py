@@ -15,6 +15,10 @@ from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
+
+def cordon_list(text: str) -> frozenset[str]:
+    return frozenset(entry.strip() for entry in text.split(",") if entry.strip())
+
 EventType = Literal["Normal", "Warning"]
 
 
@@ -74,6 +78,10 @@ class Cluster(Protocol):
         ...
 
     async def get_pod(self, namespace: str, name: str) -> ClusterPod | None: ...
+
+    async def device_cordons(self) -> dict[str, frozenset[str]]:
+        """Per node, the card UUIDs its ``hami.io/device-cordon`` annotation lists."""
+        ...
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    annotations: Mapping[str, str]) -> None:

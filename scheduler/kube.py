@@ -31,10 +31,11 @@ from common.core import PodManifest
 from common.core.annotations import (
     ALLOCATED_ANNOTATION,
     BIND_PHASE_ANNOTATION,
+    CORDON_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
 from common.core.pod import ObjectMeta, PodSpec
-from scheduler.cluster import ClusterError, ClusterPod, EventType, PodChange
+from scheduler.cluster import ClusterError, ClusterPod, EventType, PodChange, cordon_list
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,9 @@ class _CoreApi(Protocol):
         resource_version: str | None = None, timeout_seconds: int | None = None,
         _preload_content: bool, _request_timeout: _Timeout,
     ) -> urllib3.BaseHTTPResponse: ...
+
+    def list_node(self, *, _preload_content: bool,
+                  _request_timeout: _Timeout) -> urllib3.BaseHTTPResponse: ...
 
     def read_namespaced_pod(self, name: str, namespace: str, *, _preload_content: bool,
                             _request_timeout: _Timeout) -> urllib3.BaseHTTPResponse: ...
@@ -124,6 +128,14 @@ class _ListMeta(msgspec.Struct):
 class _PodList(msgspec.Struct):
     metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
     items: list[_Pod] = []
+
+
+class _Node(msgspec.Struct):
+    metadata: _Metadata = msgspec.field(default_factory=_Metadata)
+
+
+class _NodeList(msgspec.Struct):
+    items: list[_Node] = []
 
 
 class _WatchEvent(msgspec.Struct):
@@ -333,6 +345,19 @@ class KubernetesCluster:
                 f"reading pod {namespace}/{name} failed: {describe_failure(error)}") from error
         self._remember_uid(pod.key, pod.uid)
         return pod
+
+    async def device_cordons(self) -> dict[str, frozenset[str]]:
+        try:
+            data = await asyncio.to_thread(self._list_nodes)
+            nodes = msgspec.json.decode(data, type=_NodeList).items
+        except _API_FAILURES as error:
+            raise ClusterError(f"listing nodes failed: {describe_failure(error)}") from error
+        return {node.metadata.name: cordon_list((node.metadata.annotations or {}).get(
+                    CORDON_ANNOTATION, "")) for node in nodes}
+
+    def _list_nodes(self) -> bytes:
+        return _drain(self._core.list_node(_preload_content=False,
+                                           _request_timeout=_REQUEST_TIMEOUT))
 
     def _read_pod(self, namespace: str, name: str) -> bytes:
         return _drain(self._core.read_namespaced_pod(

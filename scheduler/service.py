@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 Publish = Callable[[DecisionEvent | UsageEvent], Awaitable[None]]
 MAX_PRIORITY = 10
+CORDON_REFRESH_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,7 @@ class SchedulerService:
             if allocation is not None:
                 restored.append((pod.key, allocation))
         self.state.restore(restored)
+        await self.refresh_cordons()
         self._changed_nodes.update(a.node for _, a in restored)
         logger.info("ledger rebuilt from %d pods holding cards", len(restored))
         self.ready = True
@@ -359,6 +361,25 @@ class SchedulerService:
             self.state.restore([(pod.key, allocation)])
             self._changed_nodes.add(allocation.node)
             await self._publish_usage()
+
+    async def refresh_cordons(self) -> None:
+        """Read the nodes' ``hami.io/device-cordon`` annotations into the live state."""
+        try:
+            cordons = await self.cluster.device_cordons()
+        except ClusterError as error:
+            logger.warning("node cordons not refreshed, keeping the last ones: %s", error)
+            return
+        changed = self.state.set_cluster_cordons(cordons)
+        if changed:
+            logger.info("device cordons changed on %s", ", ".join(sorted(changed)))
+            self._changed_nodes.update(changed)
+            await self._publish_usage()
+            self._wake()
+
+    async def follow_cordons(self, period: float = CORDON_REFRESH_S) -> None:
+        while True:
+            await asyncio.sleep(period)
+            await self.refresh_cordons()
 
     async def expire_reservations(self, period: float = 1.0) -> None:
         while True:

@@ -112,6 +112,10 @@ class StandaloneCluster:
         pod = self._pods.get(_key(namespace, name))
         return pod.cluster_pod() if pod is not None else None
 
+    async def device_cordons(self) -> dict[str, frozenset[str]]:
+        """Standalone has no Node objects: cards are cordoned by their agent (--cordon)."""
+        return {}
+
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    annotations: Mapping[str, str]) -> None:
         key = _key(namespace, name)

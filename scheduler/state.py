@@ -8,10 +8,14 @@ requests on the event loop can never book the same capacity twice.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+import msgspec
+
 from common.core import Allocation, Decision, Fleet, Node, PodRequest, Usage, decide
+from common.core.annotations import CORDON_ANNOTATION
+from common.core.fleet import cordoned_uuids
 from common.wire import Inventory
 
 NODE_UNKNOWN = "NodeUnknown"
@@ -47,6 +51,8 @@ class LiveState:
         self.reservation_ttl = reservation_ttl
         self.reservations: dict[str, Reservation] = {}
         self.bound: set[str] = set()
+        self._reported: dict[str, Node] = {}
+        self._cluster_cordons: dict[str, frozenset[str]] = {}
         # Least recently heard first, so finding the stale nodes stops at the first fresh one.
         self._clocks: OrderedDict[str, NodeClock] = OrderedDict()
 
@@ -62,12 +68,34 @@ class LiveState:
         was_stale = clock is None or now - clock.heard > self.node_timeout
         self._clocks[inventory.node] = NodeClock(inventory.instance, inventory.sequence, now)
         self._clocks.move_to_end(inventory.node)
-        node = inventory.to_node()
+        self._reported[inventory.node] = reported = inventory.to_node()
+        node = self._with_cluster_cordons(reported)
         if not was_stale and node == self.fleet.node(node.name):
             return IngestResult(accepted=True)  # a heartbeat: nothing changed
         vanished = self._vanished(node)
         self.fleet.upsert_node(node)
         return IngestResult(accepted=True, vanished=vanished, news=True)
+
+    def set_cluster_cordons(self, cordons: Mapping[str, frozenset[str]]) -> set[str]:
+        """Cards cordoned by the nodes' annotations; returns the nodes whose set changed."""
+        none: frozenset[str] = frozenset()
+        changed = {name for name in set(cordons) | set(self._cluster_cordons)
+                   if cordons.get(name, none) != self._cluster_cordons.get(name, none)}
+        self._cluster_cordons = {name: cards for name, cards in cordons.items() if cards}
+        for name in changed:
+            reported = self._reported.get(name)
+            if reported is not None:
+                self.fleet.upsert_node(self._with_cluster_cordons(reported))
+        return changed
+
+    def _with_cluster_cordons(self, node: Node) -> Node:
+        """The agent's report with the node annotation's cordons added to its own."""
+        extra = self._cluster_cordons.get(node.name)
+        if not extra:
+            return node
+        cordoned = ",".join(sorted(cordoned_uuids(node) | extra))
+        return msgspec.structs.replace(node, annotations={**node.annotations,
+                                                          CORDON_ANNOTATION: cordoned})
 
     def _vanished(self, node: Node) -> dict[str, Usage]:
         before = self.fleet.node(node.name)

@@ -230,6 +230,7 @@ class StubApiServer:
     binding_status: int = 201
     event_status: int = 201
     get_status: int = 200
+    nodes: list[dict[str, Any]] = field(default_factory=list)
     requests: list[Recorded] = field(default_factory=list)
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     _lists_served: int = 0
@@ -238,6 +239,7 @@ class StubApiServer:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._record])
         app.router.add_get("/api/v1/pods", self._pods)
+        app.router.add_get("/api/v1/nodes", self._nodes)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get)
         app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", self._binding)
@@ -290,6 +292,10 @@ class StubApiServer:
             await self.closing.wait()
         await response.write_eof()
         return response
+
+    async def _nodes(self, _: web.Request) -> web.Response:
+        return web.json_response({"kind": "NodeList", "apiVersion": "v1", "metadata": {},
+                                  "items": self.nodes})
 
     async def _get(self, request: web.Request) -> web.Response:
         key = f"{request.match_info['ns']}/{request.match_info['name']}"
@@ -394,6 +400,16 @@ async def test_get_pod_reads_the_pod_or_none_when_absent(harness: Harness) -> No
     assert pod is not None
     assert (pod.uid, pod.node) == ("u-p", "n1")
     assert await harness.cluster.get_pod("ml", "absent") is None
+
+
+async def test_device_cordons_come_from_the_node_annotation(harness: Harness) -> None:
+    harness.api.nodes = [
+        {"metadata": {"name": "n1", "annotations": {
+            "hami.io/device-cordon": " GPU-a, GPU-b ,", "other": "x"}}},
+        {"metadata": {"name": "n2"}},
+    ]
+    assert await harness.cluster.device_cordons() == {
+        "n1": frozenset({"GPU-a", "GPU-b"}), "n2": frozenset()}
 
 
 async def test_get_pod_reports_other_failures(harness: Harness) -> None:

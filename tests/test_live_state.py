@@ -70,3 +70,18 @@ def test_filtering_a_pod_again_replaces_its_reservation() -> None:
     state.filter(request, None, now=1)
     card = state.fleet.usage("n", "GPU-n-0")
     assert card.tenants == 1
+
+
+def test_the_node_annotation_cordons_cards_beside_the_agents_own() -> None:
+    state = LiveState(node_timeout=1000, reservation_ttl=60)
+    state.ingest(inventory(1), now=0)
+    request = parse_pod(manifest("a", policy="binpack"), DEFAULTS)
+    assert state.set_cluster_cordons({"n": frozenset({"GPU-n-0", "GPU-n-1"})}) == {"n"}
+    decision = state.preview(request, None, now=1)
+    assert [c.index for c in decision.cards[0]] == [2]
+    # A later inventory from the agent keeps the annotation's cordons.
+    state.ingest(inventory(2, processes=1), now=2)
+    assert [c.index for c in state.preview(request, None, now=3).cards[0]] == [2]
+    assert state.set_cluster_cordons({"n": frozenset({"GPU-n-0", "GPU-n-1"})}) == set()
+    assert state.set_cluster_cordons({}) == {"n"}
+    assert [c.index for c in state.preview(request, None, now=4).cards[0]] == [0]
