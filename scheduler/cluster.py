@@ -14,6 +14,9 @@ from common.core import Allocation, AnnotationError, PodManifest, decode_devices
 from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+# Changing a pending pod makes kube-scheduler try it again at once; pyhami stamps
+# this annotation on the pods it refused whenever cards are freed.
+CAPACITY_FREED_ANNOTATION = "pyhami.io/capacity-freed"
 
 
 def cordon_list(text: str) -> frozenset[str]:
@@ -94,6 +97,13 @@ class Cluster(Protocol):
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:
         """Best effort: an event that cannot be written is logged, not raised."""
+        ...
+
+    async def nudge(self, namespace: str, name: str, stamp: str) -> None:
+        """Ask the scheduler to try a waiting pod again, now that cards were freed.
+
+        Best effort, like ``record_event``.
+        """
         ...
 
     def changes(self) -> AsyncIterator[PodChange]:

@@ -35,7 +35,14 @@ from common.core.annotations import (
     TO_ALLOCATE_ANNOTATION,
 )
 from common.core.pod import ObjectMeta, PodSpec
-from scheduler.cluster import ClusterError, ClusterPod, EventType, PodChange, cordon_list
+from scheduler.cluster import (
+    CAPACITY_FREED_ANNOTATION,
+    ClusterError,
+    ClusterPod,
+    EventType,
+    PodChange,
+    cordon_list,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +138,8 @@ class _PodList(msgspec.Struct):
 
 
 class _Node(msgspec.Struct):
+    """A Node, or any object read for its metadata alone (a watch bookmark)."""
+
     metadata: _Metadata = msgspec.field(default_factory=_Metadata)
 
 
@@ -398,6 +407,15 @@ class KubernetesCluster:
             name, namespace, patch, _content_type=_MERGE_PATCH, _preload_content=False,
             _request_timeout=_REQUEST_TIMEOUT))
 
+    async def nudge(self, namespace: str, name: str, stamp: str) -> None:
+        patch: JsonObject = {"metadata": {"annotations": {CAPACITY_FREED_ANNOTATION: stamp}}}
+        try:
+            await asyncio.to_thread(self._patch_pod, namespace, name, patch)
+        except _API_FAILURES as error:
+            if not (isinstance(error, ApiException) and error.status == _NOT_FOUND):
+                logger.warning("pod %s/%s not nudged to retry: %s", namespace, name,
+                               describe_failure(error))
+
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:
         # Best effort by contract: whatever goes wrong is logged, never raised.
@@ -568,6 +586,13 @@ class _PodWatcher:
             if status.code == _GONE:
                 raise _Expired
             raise _WatchFailed(f"ERROR event {status.code} {status.reason}: {status.message}")
+        if event.type == "BOOKMARK":
+            # Only moves the resourceVersion on; its object is a pod skeleton
+            # (``spec.containers: null``) that does not decode as a pod.
+            bookmark = msgspec.json.decode(event.object, type=_Node)
+            if bookmark.metadata.resource_version:
+                self._version = bookmark.metadata.resource_version
+            return
         pod = msgspec.json.decode(event.object, type=_Pod)
         if pod.metadata.resource_version:
             self._version = pod.metadata.resource_version
@@ -579,4 +604,3 @@ class _PodWatcher:
             present = _cluster_pod(pod)
             self._known[present.uid] = present
             self._emit(PodChange(present, deleted=False))
-        # BOOKMARK only moves the resourceVersion on.

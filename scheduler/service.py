@@ -91,6 +91,9 @@ class SchedulerService:
         self._changed_nodes: set[str] = set()
         self._wakeups: list[asyncio.Event] = []
         self._reporting: set[asyncio.Task[None]] = set()
+        # Pods /filter refused, to nudge when cards are freed: kube-scheduler may have
+        # retried them a moment before pyhami saw the release, and then waits minutes.
+        self._refused: dict[str, tuple[str, str]] = {}
 
     # Start-up ----------------------------------------------------------------
 
@@ -192,6 +195,10 @@ class SchedulerService:
         decision = self.state.filter(request, names, self._clock(), explain_chosen=True)
         if decision.node is not None:
             self._changed_nodes.add(decision.node)
+            self._refused.pop(request.key, None)
+        else:
+            self._refused[request.key] = (args.pod.metadata.namespace or "default",
+                                          args.pod.metadata.name)
         self._count("filter", decision)
         self.metrics.filter_seconds.observe(time.perf_counter() - started)
         self._in_background(self._after_filter(args.pod, decision, started, request))
@@ -343,6 +350,7 @@ class SchedulerService:
         pod = change.pod
         if change.deleted or pod.finished:
             self._manifests.pop(pod.key, None)
+            self._refused.pop(pod.key, None)
             released = self.state.release(pod.key)
             if released is not None:
                 logger.info("pod %s ended: its cards on %s are free", pod.key, released.node)
@@ -439,8 +447,17 @@ class SchedulerService:
             logger.error("reporting a decision failed", exc_info=task.exception())
 
     def _wake(self) -> None:
+        """Cards were freed or a node changed: pods waiting for capacity may fit now."""
         for event in self._wakeups:
             event.set()
+        if self._refused:
+            waiting, self._refused = list(self._refused.values()), {}
+            stamp = str(self._wall_clock())
+            self._in_background(self._nudge(waiting, stamp))
+
+    async def _nudge(self, waiting: list[tuple[str, str]], stamp: str) -> None:
+        for namespace, name in waiting:
+            await self.cluster.nudge(namespace, name, stamp)
 
     def capacity_changed(self) -> asyncio.Event:
         """An event set whenever cards are freed or inventory changes (for retry loops)."""

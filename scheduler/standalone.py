@@ -140,6 +140,9 @@ class StandaloneCluster:
         events = self._events.setdefault(_key(namespace, name), deque(maxlen=EVENTS_KEPT))
         events.append(PodEvent(kind, reason, message, time.time()))
 
+    async def nudge(self, namespace: str, name: str, stamp: str) -> None:
+        """Nothing to do: the pending loop tries waiting pods whenever cards are freed."""
+
     async def changes(self) -> AsyncIterator[PodChange]:
         while True:
             yield await self._changes.get()

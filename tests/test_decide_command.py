@@ -133,12 +133,12 @@ class TestBadInput:
 
     def test_a_malformed_pod_is_a_decision_not_an_error(self, tmp_path: Path) -> None:
         pod = write(tmp_path / "pod.yaml", EXAMPLES.joinpath("binpack-pod.yaml").read_text()
-                    .replace("nvidia.com/gpumem: 1000", "nvidia.com/gpumem: 1Gi"))
+                    .replace("nvidia.com/gpumem: 1000", "nvidia.com/gpumem: lots"))
         document = decide(EXAMPLES / "lab-cluster.json", pod)
         assert document["scheduled"] is False
         assert document["node"] is None
         assert document["reason"] == (
-            "spec.containers[0].resources.limits[nvidia.com/gpumem]: '1Gi' is not an integer")
+            "spec.containers[0].resources.limits[nvidia.com/gpumem]: 'lots' is not a quantity")
 
     def test_a_bad_default_policy_flag_exits_2(self) -> None:
         done = pyhami("decide", "--cluster", EXAMPLES / "lab-cluster.json", "--pod",

@@ -493,6 +493,23 @@ async def test_a_refused_patch_stops_before_the_binding(harness: Harness) -> Non
     assert api.sent("POST", "/binding") == []
 
 
+async def test_nudge_stamps_the_waiting_pod_and_ignores_a_gone_one(
+    harness: Harness, caplog: pytest.LogCaptureFixture,
+) -> None:
+    await harness.cluster.nudge("ml", "waiting", "1700000000.5")
+    patches = harness.api.sent("PATCH", "/namespaces/ml/pods/waiting")
+    assert [p.body for p in patches] == [
+        {"metadata": {"annotations": {"pyhami.io/capacity-freed": "1700000000.5"}}}]
+    assert patches[0].content_type == "application/merge-patch+json"
+    harness.api.patch_statuses = [404, 500]
+    with caplog.at_level(logging.WARNING, logger="scheduler.kube"):
+        await harness.cluster.nudge("ml", "gone", "1")  # deleted: nothing to retry
+        assert not caplog.records
+        await harness.cluster.nudge("ml", "stuck", "1")
+    assert [r.getMessage() for r in caplog.records] == [
+        "pod ml/stuck not nudged to retry: HTTP 500 InternalError: etcd is down"]
+
+
 async def test_an_event_is_attached_to_the_pod_by_uid(harness: Harness) -> None:
     api = harness.api
     api.pods["ml/p"] = pod_json("p", namespace="ml", uid="u-p")
@@ -564,8 +581,10 @@ async def test_the_watch_resumes_and_lists_again_when_expired(harness: Harness) 
     api.watches = [
         [watch_event("ADDED", pod_json("c", version="101"))],  # then the stream ends
         [watch_event("MODIFIED", pod_json("a", phase="Running", version="102")),
+         # As the API server sends it: a pod skeleton with null containers.
          {"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
-                                         "metadata": {"resourceVersion": "150"}}},
+                                         "metadata": {"resourceVersion": "150"},
+                                         "spec": {"containers": None}, "status": {}}},
          watch_event("DELETED", pod_json("b", phase="Succeeded", version="160")),
          EXPIRED],
     ]

@@ -52,12 +52,22 @@ class TestResources:
         assert container_request({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "512"}) == (
             2, 512, 0)
 
+    @pytest.mark.parametrize(("written", "value"), [
+        ("1k", 1000), ("2k", 2000), ("1Ki", 1024), ("1.5k", 1500), ("4e3", 4000),
+        ("1E3", 1000), ("+7", 7), ("8000m", 8), (3000.0, 3000),
+    ])
+    def test_kubernetes_canonical_quantities_are_read(self, written: str | float,
+                                                      value: int) -> None:
+        # The API server hands back 1000 as "1k": every form with a whole value is fine.
+        assert container_request({"nvidia.com/gpumem": written})[1] == value  # type: ignore[dict-item]
+
 
 class TestMalformed:
     @pytest.mark.parametrize(
         ("limits", "message"),
         [
-            ({"nvidia.com/gpumem": "1Gi"}, "nvidia.com/gpumem]: '1Gi' is not an integer"),
+            ({"nvidia.com/gpumem": "lots"}, "nvidia.com/gpumem]: 'lots' is not a quantity"),
+            ({"nvidia.com/gpumem": "1500m"}, "nvidia.com/gpumem]: '1500m' is not an integer"),
             ({"nvidia.com/gpu": -1}, "nvidia.com/gpu]: -1 is a negative number"),
             ({"nvidia.com/gpucores": "1.5"}, "nvidia.com/gpucores]: '1.5' is not an integer"),
             ({"nvidia.com/gpumem-percentage": 0}, "0 is outside 1..100"),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 
 import msgspec
 
@@ -116,24 +118,43 @@ class Defaults:
     node_policy: NodePolicy
 
 
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:\d+\.?\d*|\.\d+))"
+    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE](?P<exponent>[+-]?\d+))?"
+)
+_SCALE = {
+    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40), "Pi": Fraction(2**50), "Ei": Fraction(2**60),
+    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
+    "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
+}
+
+
 def _quantity(value: Quantity, where: str) -> int:
+    """A Kubernetes quantity whose value is a whole number.
+
+    The API server stores quantities in canonical form (``1000`` comes back as
+    ``1k``), so suffixes and exponents are read; the value must be an integer.
+    """
     if isinstance(value, bool):
         raise PodRejected(f"{where}: {value!r} is not an integer")
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, float):
-        if not value.is_integer():
-            raise PodRejected(f"{where}: {value!r} is not an integer")
-        number = int(value)
+    if isinstance(value, int | float):
+        exact = Fraction(value)
     else:
-        text = value.strip()
-        digits = text[1:] if text[:1] in "+-" else text
-        if not digits.isascii() or not digits.isdigit():
-            raise PodRejected(f"{where}: {value!r} is not an integer")
-        number = int(text)
-    if number < 0:
+        match = _QUANTITY.fullmatch(value.strip())
+        if match is None:
+            raise PodRejected(f"{where}: {value!r} is not a quantity")
+        exact = Fraction(match["number"])
+        if match["suffix"]:
+            exact *= _SCALE[match["suffix"]]
+        elif match["exponent"]:
+            exact *= Fraction(10) ** int(match["exponent"])
+    if exact.denominator != 1:
+        raise PodRejected(f"{where}: {value!r} is not an integer")
+    if exact < 0:
         raise PodRejected(f"{where}: {value!r} is a negative number")
-    return number
+    return int(exact)
 
 
 def _container_request(container: Container, is_init: bool, position: str) -> ContainerRequest:

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Builds the control plane the end-to-end suite runs: kube-apiserver and
+# kube-scheduler from the k8s.io/kubernetes Go module at a pinned release, and
+# etcd built from go.etcd.io/etcd/server/v3 (v3.6, the series Kubernetes 1.36 is
+# tested with). Debian's etcd-server (3.4.23 on Debian 12) is an option: the
+# API server runs on it but reports "RequestWatchProgress feature is not
+# supported" and its watch cache then logs "Too large resource version"
+# timeouts. Binaries go to a cache outside the repository, keyed by the
+# Kubernetes version; what is already there is not built again (remove the
+# folder to rebuild).
+#
+#   scripts/build-control-plane.sh          # build (or reuse) and print the folder
+#   scripts/build-control-plane.sh --print  # only print the folder
+#
+# Settings (environment):
+#   PYHAMI_K8S_VERSION          Kubernetes release (default v1.36.3)
+#   PYHAMI_ETCD_SOURCE          go (default): build etcd; debian: unpack Debian's etcd-server
+#   PYHAMI_ETCD_VERSION         etcd release built from Go (default v3.6.16)
+#   PYHAMI_CONTROL_PLANE_CACHE  cache root (default ~/.cache/pyhami/control-plane)
+#   GO                          the go command (default: go on PATH, else /usr/local/go/bin/go)
+set -euo pipefail
+
+K8S_VERSION="${PYHAMI_K8S_VERSION:-v1.36.3}"
+ETCD_SOURCE="${PYHAMI_ETCD_SOURCE:-go}"
+ETCD_VERSION="${PYHAMI_ETCD_VERSION:-v3.6.16}"
+CACHE_ROOT="${PYHAMI_CONTROL_PLANE_CACHE:-${HOME}/.cache/pyhami/control-plane}"
+OUT="${CACHE_ROOT}/${K8S_VERSION}"
+
+if [[ "${1:-}" == "--print" ]]; then
+  echo "${OUT}"
+  exit 0
+fi
+
+log() { printf '%s build-control-plane: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+have() { [[ -x "${OUT}/$1" ]]; }
+
+# VERSIONS beside the binaries: the Kubernetes release, then etcd's own version.
+record_versions() {
+  local etcd_version
+  etcd_version="$("${OUT}/etcd" --version | sed -n 's/^etcd Version: *//p' | head -n1)"
+  printf '%s\nv%s\n' "${K8S_VERSION}" "${etcd_version}" >"${OUT}/VERSIONS"
+}
+
+mkdir -p "${OUT}"
+if have kube-apiserver && have kube-scheduler && have etcd; then
+  log "all binaries present, nothing to build"
+  [[ -s "${OUT}/VERSIONS" ]] || record_versions
+  echo "${OUT}"
+  exit 0
+fi
+
+GO="${GO:-$(command -v go || true)}"
+if [[ -z "${GO}" && -x /usr/local/go/bin/go ]]; then
+  GO=/usr/local/go/bin/go
+fi
+if [[ -z "${GO}" ]]; then
+  echo "build-control-plane: no go command found (set GO=/path/to/go)" >&2
+  exit 1
+fi
+
+# Lean, reproducible binaries; one compile job per core (at most four).
+export CGO_ENABLED=0
+export GOFLAGS="-trimpath -mod=mod"
+JOBS="${PYHAMI_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+(( JOBS > 4 )) && JOBS=4
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/pyhami-control-plane.XXXXXX")"
+trap 'rm -rf "${WORK}"' EXIT
+
+start_all=${SECONDS}
+
+if ! have kube-apiserver || ! have kube-scheduler; then
+  log "downloading k8s.io/kubernetes@${K8S_VERSION}"
+  t0=${SECONDS}
+  k8s_dir="$("${GO}" mod download -json "k8s.io/kubernetes@${K8S_VERSION}" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  if [[ -z "${k8s_dir}" || ! -f "${k8s_dir}/go.mod" ]]; then
+    echo "build-control-plane: k8s.io/kubernetes@${K8S_VERSION} not found in the module cache" >&2
+    exit 1
+  fi
+  # The release requires its staging modules at v0.0.0 and replaces them with
+  # ./staging/...; replace directives only apply in the main module, so the
+  # throwaway module states its own: k8s.io/X => k8s.io/X v0.N.P.
+  staging_version="v0.${K8S_VERSION#v1.}"
+  mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\)[[:space:]]*=>[[:space:]]*\./staging/.*#\1#p' \
+    "${k8s_dir}/go.mod" | sort -u)
+  if (( ${#staging[@]} < 10 )); then
+    echo "build-control-plane: found only ${#staging[@]} staging modules in ${k8s_dir}/go.mod" >&2
+    exit 1
+  fi
+  go_line="$(sed -n 's/^go \([0-9.]*\)$/\1/p' "${k8s_dir}/go.mod" | head -n1)"
+  mkdir -p "${WORK}/k8s"
+  {
+    echo "module pyhami.invalid/control-plane"
+    echo
+    echo "go ${go_line:-1.25}"
+    echo
+    echo "require k8s.io/kubernetes ${K8S_VERSION}"
+    echo
+    echo "replace ("
+    for m in "${staging[@]}"; do
+      echo "	${m} => ${m} ${staging_version}"
+    done
+    echo ")"
+  } >"${WORK}/k8s/go.mod"
+  log "${#staging[@]} staging modules replaced at ${staging_version}"
+  (cd "${WORK}/k8s" && "${GO}" mod download k8s.io/kubernetes \
+    && "${GO}" get "k8s.io/kubernetes/cmd/kube-apiserver@${K8S_VERSION}" \
+       "k8s.io/kubernetes/cmd/kube-scheduler@${K8S_VERSION}")
+  log "modules resolved in $((SECONDS - t0)) s"
+
+  t0=${SECONDS}
+  minor="${K8S_VERSION#v1.}"
+  minor="${minor%%.*}"
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X ${pkg}.gitVersion=${K8S_VERSION}"
+    ldflags+=" -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor}"
+    ldflags+=" -X ${pkg}.gitTreeState=clean"
+    ldflags+=" -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+  done
+  log "building kube-apiserver and kube-scheduler (${JOBS} jobs)"
+  mkdir -p "${WORK}/bin"
+  (cd "${WORK}/k8s" && "${GO}" build -p "${JOBS}" -ldflags="${ldflags}" -o "${WORK}/bin/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler)
+  mv -f "${WORK}/bin/kube-apiserver" "${WORK}/bin/kube-scheduler" "${OUT}/"
+  log "kube-apiserver and kube-scheduler built in $((SECONDS - t0)) s"
+fi
+
+# Debian's etcd-server, unpacked: installing it would also start an etcd service.
+etcd_from_debian() {
+  command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null || return 1
+  mkdir -p "${WORK}/deb"
+  chmod 0777 "${WORK}/deb"  # apt-get download runs as the _apt user where it can
+  (cd "${WORK}/deb" && { apt-get download -qq etcd-server >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get download -qq etcd-server >/dev/null 2>&1; }; }) \
+    || return 1
+  local deb
+  deb="$(ls "${WORK}"/deb/etcd-server_*.deb 2>/dev/null | head -n1)"
+  [[ -n "${deb}" ]] || return 1
+  dpkg-deb -x "${deb}" "${WORK}/deb/root" || return 1
+  install -m 0755 "${WORK}/deb/root/usr/bin/etcd" "${OUT}/etcd" || return 1
+  log "etcd from Debian's etcd-server $(dpkg-deb -f "${deb}" Version)"
+}
+
+etcd_from_go() {
+  log "building etcd ${ETCD_VERSION} from go.etcd.io/etcd/server/v3"
+  mkdir -p "${WORK}/etcd" "${WORK}/bin"
+  printf 'module pyhami.invalid/etcd\n\ngo 1.24\n' >"${WORK}/etcd/go.mod"
+  (cd "${WORK}/etcd" && "${GO}" get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" \
+    && "${GO}" build -p "${JOBS}" -ldflags="-s -w" -o "${WORK}/bin/etcd" go.etcd.io/etcd/server/v3)
+  mv -f "${WORK}/bin/etcd" "${OUT}/etcd"
+}
+
+if ! have etcd; then
+  t0=${SECONDS}
+  case "${ETCD_SOURCE}" in
+    go) etcd_from_go ;;
+    debian)
+      if ! etcd_from_debian; then
+        log "Debian's etcd-server is not available here; building etcd instead"
+        etcd_from_go
+      fi ;;
+    *) echo "build-control-plane: PYHAMI_ETCD_SOURCE must be go or debian" >&2; exit 2 ;;
+  esac
+  log "etcd ready in $((SECONDS - t0)) s"
+fi
+
+record_versions
+log "done in $((SECONDS - start_all)) s"
+echo "${OUT}"

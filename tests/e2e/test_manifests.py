@@ -1,0 +1,123 @@
+"""The manifests of ``k8s/``, created for real in the API server and used as shipped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.controlplane import (
+    SCHEDULER_SERVICE_ACCOUNT,
+    SYSTEM_NAMESPACE,
+    ControlPlane,
+    KubeApi,
+    manifests,
+    shipped_scheduler_config,
+    versions,
+)
+
+SCHEDULER_USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{SCHEDULER_SERVICE_ACCOUNT}"
+AGENT_USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:pyhami-agent"
+
+
+def test_every_manifest_is_stored_by_the_api_server(control_plane: ControlPlane) -> None:
+    wanted = manifests()
+    assert len(control_plane.created) == len(wanted), "some k8s/ objects were not created"
+    api = control_plane.api
+    for doc in wanted:
+        name = doc["metadata"]["name"]
+        stored = api.get(api.path(doc["apiVersion"], doc["kind"],
+                                  doc["metadata"].get("namespace"), name))
+        assert stored["metadata"].get("uid"), f"{doc['kind']} {name} has no uid"
+        assert stored["kind"] == doc["kind"], stored
+
+
+def test_the_shipped_images_match_the_tested_kubernetes(control_plane: ControlPlane) -> None:
+    kubernetes_version, _ = versions(control_plane.bin_dir)
+    deployment = control_plane.api.get(
+        f"/apis/apps/v1/namespaces/{SYSTEM_NAMESPACE}/deployments/pyhami-scheduler")
+    pod_spec = deployment["spec"]["template"]["spec"]
+    images = {c["name"]: c["image"] for c in pod_spec["containers"]}
+    assert images["kube-scheduler"].endswith(f":{kubernetes_version}"), images
+    assert pod_spec["serviceAccountName"] == SCHEDULER_SERVICE_ACCOUNT
+
+
+def test_kube_scheduler_runs_the_shipped_configuration(control_plane: ControlPlane) -> None:
+    shipped: dict[str, Any] = yaml.safe_load(shipped_scheduler_config())
+    used = control_plane.scheduler_config
+    assert used["extenders"][0]["urlPrefix"] == control_plane.daemon_url
+    assert used["clientConnection"]["kubeconfig"] == str(control_plane.scheduler_kubeconfig)
+    used["extenders"][0]["urlPrefix"] = shipped["extenders"][0]["urlPrefix"]
+    used["clientConnection"]["kubeconfig"] = shipped["clientConnection"]["kubeconfig"]
+    assert used == shipped, "the suite changed more than the extender URL and the kubeconfig"
+
+
+def _allowed(api: KubeApi, user: str, verb: str, resource: str, *,
+             group: str = "", namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> bool:
+    namespace_of_user = user.split(":")[2]
+    review = api.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user,
+                 "groups": ["system:serviceaccounts",
+                            f"system:serviceaccounts:{namespace_of_user}",
+                            "system:authenticated"],
+                 "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                                        "namespace": namespace, "name": name,
+                                        "subresource": subresource}}})
+    return bool(review["status"].get("allowed"))
+
+
+@pytest.mark.parametrize(("verb", "resource", "group", "namespace", "name", "subresource"), [
+    ("watch", "pods", "", None, None, None),
+    ("patch", "pods", "", "pyhami-e2e", "p", None),
+    ("create", "pods", "", "pyhami-e2e", "p", "binding"),
+    ("list", "nodes", "", None, None, None),
+    ("create", "events", "", "pyhami-e2e", None, None),
+    ("create", "events", "events.k8s.io", "pyhami-e2e", None, None),
+    ("update", "leases", "coordination.k8s.io", SYSTEM_NAMESPACE, "pyhami-scheduler", None),
+    ("get", "configmaps", "", "kube-system", "extension-apiserver-authentication", None),
+])
+def test_scheduler_identity_may(  # noqa: PLR0917 (one parameter per column)
+        control_plane: ControlPlane, verb: str, resource: str, group: str,
+        namespace: str | None, name: str | None, subresource: str | None) -> None:
+    assert _allowed(control_plane.api, SCHEDULER_USER, verb, resource, group=group,
+                    namespace=namespace, name=name, subresource=subresource), (
+        f"{SCHEDULER_USER} may not {verb} {resource}/{subresource or ''} in {namespace}")
+
+
+@pytest.mark.parametrize(("verb", "resource", "group", "namespace", "name"), [
+    ("list", "secrets", "", None, None),
+    ("update", "nodes", "", None, "gpu-node-1"),
+    ("create", "pods", "", "pyhami-e2e", None),
+    ("create", "deployments", "apps", SYSTEM_NAMESPACE, None),
+    ("update", "leases", "coordination.k8s.io", SYSTEM_NAMESPACE, "someone-else"),
+    ("update", "configmaps", "", "kube-system", "extension-apiserver-authentication"),
+])
+def test_scheduler_identity_may_not(  # noqa: PLR0917 (one parameter per column)
+        control_plane: ControlPlane, verb: str, resource: str, group: str,
+        namespace: str | None, name: str | None) -> None:
+    assert not _allowed(control_plane.api, SCHEDULER_USER, verb, resource, group=group,
+                        namespace=namespace, name=name), (
+        f"{SCHEDULER_USER} may {verb} {resource} in {namespace}: more than it needs")
+
+
+def test_agent_identity_has_no_api_access(control_plane: ControlPlane) -> None:
+    for verb, resource in (("list", "pods"), ("get", "nodes"), ("create", "events")):
+        assert not _allowed(control_plane.api, AGENT_USER, verb, resource,
+                            namespace="pyhami-e2e"), f"the agent may {verb} {resource}"
+
+
+def test_kube_scheduler_was_never_forbidden(control_plane: ControlPlane) -> None:
+    """Its RBAC (k8s/rbac.yaml) covers everything kube-scheduler reads and writes."""
+    log = control_plane.process("kube-scheduler").log.read_text(errors="replace")
+    forbidden = [line for line in log.splitlines() if "forbidden" in line.lower()]
+    assert not forbidden, "kube-scheduler was refused:\n" + "\n".join(forbidden[:10])
+
+
+def test_pyhami_daemon_was_never_forbidden(control_plane: ControlPlane) -> None:
+    """The ClusterRole pyhami-scheduler covers every call the daemon makes."""
+    log = control_plane.process("pyhami-scheduler").log.read_text(errors="replace")
+    refused = [line for line in log.splitlines() if "HTTP 403" in line or "Forbidden" in line]
+    assert not refused, "the pyhami daemon was refused:\n" + "\n".join(refused[:10])

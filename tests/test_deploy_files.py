@@ -1,0 +1,245 @@
+"""The deployable files agree with each other and with pyhami's own command line.
+
+docker-compose.yml cannot run here (no container engine), and k8s/ is exercised for real
+by the end-to-end suite; these checks run everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from pyhami.cli import build_parser
+from scheduler.kube import SCHEDULER_NAME
+from tests.e2e.controlplane import SCHEDULER_CONFIG_MAP, manifests, shipped_scheduler_config
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+K8S = REPO / "k8s"
+GPU_RESOURCES = {"nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage",
+                 "nvidia.com/gpucores"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+
+
+def parse_pyhami(command: list[str], where: str) -> argparse.Namespace:
+    assert command and command[0] == "pyhami", f"{where}: command {command} is not pyhami"
+    try:
+        return build_parser().parse_args(command[1:])
+    except SystemExit as error:
+        raise AssertionError(f"{where}: pyhami refuses {command} (exit {error.code})") from None
+
+
+def port_of(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+# docker-compose.yml ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return document
+
+
+def pyhami_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: service for name, service in compose["services"].items()
+            if name != "nats"}
+
+
+def test_compose_has_nats_the_daemon_three_agents_and_the_demo(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == {"nats", "scheduler", "agent-t4", "agent-a100",
+                                        "agent-h100", "demo"}
+
+
+def test_compose_nats_runs_jetstream(compose: dict[str, Any]) -> None:
+    command = compose["services"]["nats"]["command"]
+    assert "--jetstream" in command or "-js" in command, command
+
+
+def test_every_pyhami_service_is_built_from_the_dockerfile(compose: dict[str, Any]) -> None:
+    for name, service in pyhami_services(compose).items():
+        assert service.get("build") == ".", f"service {name} is not built by ./Dockerfile"
+
+
+def test_every_compose_command_parses(compose: dict[str, Any]) -> None:
+    parsed = {name: parse_pyhami(service["command"], f"compose service {name}")
+              for name, service in pyhami_services(compose).items()}
+    assert parsed["scheduler"].command == "scheduler" and parsed["scheduler"].standalone, (
+        "the compose scheduler must be pyhami scheduler --standalone")
+    assert parsed["demo"].command == "demo"
+    agents = {name: args for name, args in parsed.items() if name.startswith("agent-")}
+    assert all(args.command == "agent" for args in agents.values()), agents
+    profiles = {args.inventory.value for args in agents.values()}
+    assert profiles == {"t4x4", "a100x8-nvswitch", "h100x8-islands"}, (
+        f"the simulated agents run the profiles {profiles}")
+    nodes = [args.node for args in agents.values()]
+    assert len(set(nodes)) == len(nodes) == 3, f"agents share node names: {nodes}"
+
+
+def test_compose_urls_and_ports_agree(compose: dict[str, Any]) -> None:
+    nats = compose["services"]["nats"]
+    command = nats["command"]
+    nats_port = int(command[command.index("--port") + 1]) if "--port" in command else 4222
+    for name, service in pyhami_services(compose).items():
+        args = parse_pyhami(service["command"], f"compose service {name}")
+        if args.command == "demo":
+            continue  # offline: the decision core only
+        url = urlsplit(args.nats)
+        assert (url.hostname, url.port or 4222) == ("nats", nats_port), (
+            f"service {name} connects to {args.nats}, NATS listens on nats:{nats_port}")
+        assert "nats" in service.get("depends_on", []), f"service {name} starts before NATS"
+    scheduler = compose["services"]["scheduler"]
+    args = parse_pyhami(scheduler["command"], "compose service scheduler")
+    published = {int(str(mapping).rpartition(":")[2]) for mapping in scheduler["ports"]}
+    assert {args.listen[1], args.metrics[1]} <= published, (
+        f"scheduler listens on {args.listen} and {args.metrics}, publishes {published}")
+    assert args.listen[0] == "0.0.0.0", "the daemon in a container must listen on all addresses"
+
+
+# Dockerfile ---------------------------------------------------------------------------------
+
+
+def test_dockerfile_installs_every_package_of_the_project() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM python:3\.11-slim\b", text, re.M), "not built on python:3.11-slim"
+    assert re.search(r"pip install \.(\s|$)", text), "the image does not pip install ."
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    copied = set(re.findall(r"^COPY (\S+) ", text, re.M))
+    for package in project["tool"]["setuptools"]["packages"]:
+        assert package in copied, f"the Dockerfile does not copy the package {package}"
+    assert "pyproject.toml" in text
+
+
+# k8s/ ----------------------------------------------------------------------------------------
+
+
+def test_every_k8s_document_parses_and_names_itself() -> None:
+    files = sorted(K8S.glob("*.yaml"))
+    assert files, "k8s/ holds no manifests"
+    for path in files:
+        documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+        assert documents, f"{path.name} is empty"
+        for doc in documents:
+            where = f"{path.name}: {doc.get('kind')} {doc.get('metadata', {}).get('name')}"
+            assert isinstance(doc.get("apiVersion"), str) and doc["apiVersion"], where
+            assert isinstance(doc.get("kind"), str) and doc["kind"], where
+            assert doc.get("metadata", {}).get("name"), where
+            if doc["kind"] not in CLUSTER_SCOPED and doc["kind"] != "RoleBinding":
+                assert doc["metadata"].get("namespace") == "pyhami-system", where
+
+
+def _objects() -> dict[tuple[str, str], dict[str, Any]]:
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in manifests()}
+
+
+def test_the_e2e_suite_uses_the_configmaps_scheduler_config() -> None:
+    config_map = yaml.safe_load(SCHEDULER_CONFIG_MAP.read_text())
+    assert config_map["kind"] == "ConfigMap"
+    assert shipped_scheduler_config() == config_map["data"]["config.yaml"]
+    deployment = _objects()[("Deployment", "pyhami-scheduler")]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == config_map["metadata"]["name"]
+
+
+def test_scheduler_config_hands_gpu_resources_to_the_extender() -> None:
+    config = yaml.safe_load(shipped_scheduler_config())
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in config["profiles"]] == [SCHEDULER_NAME]
+    (extender,) = config["extenders"]
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
+        "filter", "prioritize", "bind")
+    assert extender["nodeCacheCapable"] is True and extender["enableHTTPS"] is False
+    assert extender["httpTimeout"] and extender["weight"] >= 1
+    managed = {r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]}
+    assert managed == dict.fromkeys(GPU_RESOURCES, True), (
+        f"managedResources {managed}: every nvidia.com resource, ignoredByScheduler")
+    assert config["leaderElection"]["resourceName"] == SCHEDULER_NAME
+
+
+def test_scheduler_pod_wires_kube_scheduler_to_the_extender() -> None:
+    config = yaml.safe_load(shipped_scheduler_config())
+    deployment = _objects()[("Deployment", "pyhami-scheduler")]
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    args = parse_pyhami(containers["extender"]["command"], "Deployment pyhami-scheduler")
+    assert args.command == "scheduler" and args.in_cluster
+    url = urlsplit(config["extenders"][0]["urlPrefix"])
+    assert url.hostname == "127.0.0.1" and url.port == args.listen[1], (
+        f"kube-scheduler calls {url.geturl()}, the extender listens on {args.listen}")
+    assert url.path.rstrip("/") == args.url_prefix.rstrip("/")
+    ports = {p["containerPort"] for p in containers["extender"]["ports"]}
+    assert args.metrics[1] in ports
+    scheduler_command = containers["kube-scheduler"]["command"]
+    mount = containers["kube-scheduler"]["volumeMounts"][0]["mountPath"]
+    assert f"--config={mount}/config.yaml" in scheduler_command
+
+
+def _nats_service_url() -> tuple[str, int]:
+    service = _objects()[("Service", "pyhami-nats")]
+    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "client")
+    return f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc", port
+
+
+def test_k8s_pyhami_commands_parse_and_reach_the_nats_service() -> None:
+    host, port = _nats_service_url()
+    objects = _objects()
+    pod_specs = {
+        "Deployment pyhami-scheduler": objects[("Deployment", "pyhami-scheduler")],
+        "DaemonSet pyhami-agent": objects[("DaemonSet", "pyhami-agent")],
+    }
+    for where, workload in pod_specs.items():
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            if container["command"][0] != "pyhami":
+                continue
+            args = parse_pyhami(container["command"], where)
+            url = urlsplit(args.nats)
+            assert (url.hostname, url.port) == (host, port), f"{where} connects to {args.nats}"
+
+
+def test_agent_daemonset_reads_its_node_name_and_the_cards() -> None:
+    daemonset = _objects()[("DaemonSet", "pyhami-agent")]
+    spec = daemonset["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    args = parse_pyhami(container["command"], "DaemonSet pyhami-agent")
+    assert args.command == "agent" and args.inventory.kind == "nvml" and args.node is None
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert spec["nodeSelector"], "the agent must run on GPU nodes only"
+
+
+def test_nats_statefulset_runs_jetstream_behind_its_service() -> None:
+    objects = _objects()
+    statefulset = objects[("StatefulSet", "pyhami-nats")]
+    conf = objects[("ConfigMap", "pyhami-nats-config")]["data"]["nats.conf"]
+    assert "jetstream" in conf
+    assert statefulset["spec"]["serviceName"] in {name for kind, name in objects
+                                                 if kind == "Service"}
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    service = objects[("Service", "pyhami-nats")]
+    assert service["spec"]["selector"].items() <= labels.items()
+    _, port = _nats_service_url()
+    assert f"port: {port}" in conf
+
+
+def test_rbac_binds_the_service_accounts_the_workloads_use() -> None:
+    objects = _objects()
+    accounts = {name for kind, name in objects if kind == "ServiceAccount"}
+    for kind, name in (("Deployment", "pyhami-scheduler"), ("DaemonSet", "pyhami-agent")):
+        used = objects[(kind, name)]["spec"]["template"]["spec"]["serviceAccountName"]
+        assert used in accounts, f"{kind} {name} runs as {used}, which k8s/ does not create"
+    bound = {subject["name"] for (kind, _), doc in objects.items()
+             if kind in {"ClusterRoleBinding", "RoleBinding"} for subject in doc["subjects"]}
+    assert bound == {"pyhami-scheduler"}, f"bindings name {bound}"
+    roles = {doc["roleRef"]["name"] for (kind, _), doc in objects.items()
+             if kind in {"ClusterRoleBinding", "RoleBinding"}}
+    assert {"system:kube-scheduler", "system:volume-scheduler",
+            "extension-apiserver-authentication-reader"} <= roles
