@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -52,6 +53,10 @@ class LiveState:
         self.reservations: dict[str, Reservation] = {}
         self.bound: set[str] = set()
         self._reported: dict[str, Node] = {}
+        self._known: set[str] = set()
+        self._last_asked: tuple[list[str], frozenset[str]] = ([], frozenset())
+        self._last_unknown: tuple[frozenset[str] | None, int, frozenset[str]] = (
+            None, 0, frozenset())
         self._cluster_cordons: dict[str, frozenset[str]] = {}
         # Least recently heard first, so finding the stale nodes stops at the first fresh one.
         self._clocks: OrderedDict[str, NodeClock] = OrderedDict()
@@ -68,6 +73,7 @@ class LiveState:
         was_stale = clock is None or now - clock.heard > self.node_timeout
         self._clocks[inventory.node] = NodeClock(inventory.instance, inventory.sequence, now)
         self._clocks.move_to_end(inventory.node)
+        self._known.add(inventory.node)
         self._reported[inventory.node] = reported = inventory.to_node()
         node = self._with_cluster_cordons(reported)
         if not was_stale and node == self.fleet.node(node.name):
@@ -140,17 +146,38 @@ class LiveState:
                 *, explain: bool = False, explain_chosen: bool = False) -> Decision:
         """The decision among the fresh known nodes, booking nothing."""
         stale = self.stale_nodes(now)
-        usable = set(self._clocks) if node_names is None else set(node_names)
-        failed = {name: stale[name] for name in usable.intersection(stale)}
-        usable.difference_update(stale)
-        failed.update((name, f"{NODE_UNKNOWN}: pyhami has no GPU inventory for this node")
-                      for name in usable.difference(self._clocks))
-        usable.intersection_update(self._clocks)
-        decision = decide(self.fleet, request, nodes=usable, explain=explain,
-                          explain_chosen=explain_chosen)
+        asked = self._asked(node_names)
+        usable: AbstractSet[str] = asked
+        failed = {name: stale[name] for name in asked.intersection(stale)}
+        if failed:
+            usable = asked - failed.keys()
+        unknown = self._unknown(asked) if usable is asked else usable - self._known
+        if unknown:
+            failed.update((name, f"{NODE_UNKNOWN}: pyhami has no GPU inventory for this node")
+                          for name in unknown)
+            usable = usable - unknown
+        # Every known node asked and fresh (the usual case): no subset to pick out.
+        everything = not failed and len(usable) == len(self._known)
+        decision = decide(self.fleet, request, nodes=None if everything else usable,
+                          explain=explain, explain_chosen=explain_chosen)
         if failed and decision.failed_nodes is not None:
             return replace(decision, failed_nodes={**failed, **decision.failed_nodes})
         return decision
+
+    def _asked(self, node_names: Collection[str] | None) -> frozenset[str]:
+        """The node names as a set; kube-scheduler sends the same list call after call,
+        so the last one is kept rather than hashed again."""
+        if node_names is None:
+            return frozenset(self._known)
+        if node_names != self._last_asked[0]:
+            self._last_asked = (list(node_names), frozenset(node_names))
+        return self._last_asked[1]
+
+    def _unknown(self, asked: frozenset[str]) -> frozenset[str]:
+        # Nodes are only ever added to ``_known``, so its size tells whether it changed.
+        if self._last_unknown[0] is not asked or self._last_unknown[1] != len(self._known):
+            self._last_unknown = (asked, len(self._known), frozenset(asked - self._known))
+        return self._last_unknown[2]
 
     def reservation(self, key: str) -> Allocation | None:
         held = self.reservations.get(key)

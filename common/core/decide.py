@@ -222,7 +222,7 @@ def decide(
     considered = np.ones(node_count, dtype=np.bool_)
     if nodes is not None:
         wanted = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
-        if not wanted.issuperset(layout.node_position):
+        if not wanted.issuperset(layout.name_set):
             considered[:] = False
             positions = layout.node_position
             considered[[positions[n] for n in wanted if n in positions]] = True

@@ -114,6 +114,7 @@ class Layout:
         ordered = sorted(nodes, key=lambda n: n.name)
         self.node_names: list[str] = [n.name for n in ordered]
         self.node_position: dict[str, int] = {n: i for i, n in enumerate(self.node_names)}
+        self.name_set: frozenset[str] = frozenset(self.node_names)
         self.devices: list[Device] = []
         starts: list[int] = []
         self.topology: list[NodeTopology] = []
