@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -13,6 +16,9 @@ from scheduler.protocol import (
     ExtenderFilterResult,
 )
 from scheduler.service import SchedulerService
+
+Args = TypeVar("Args")
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 _args = msgspec.json.Decoder(ExtenderArgs)
 _binding_args = msgspec.json.Decoder(ExtenderBindingArgs)
@@ -28,38 +34,28 @@ def _json(value: object) -> web.Response:
     return web.Response(body=_encoder.encode(value), content_type=JSON)
 
 
+def _verb(decoder: msgspec.json.Decoder[Args], what: str,
+          answer: Callable[[Args], Awaitable[object]]) -> Handler:
+    """A POST handler: decode the body as ``what``, answer as JSON; 400 when it does not
+    decode."""
+
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            args = decoder.decode(await request.read())
+        except msgspec.DecodeError as error:
+            return _bad_request(what, error)
+        return _json(await answer(args))
+
+    return handle
+
+
 def extender_app(service: SchedulerService, *, url_prefix: str = "",
                  noop: bool = False) -> web.Application:
     """The extender under ``url_prefix`` (as kube-scheduler's ``urlPrefix`` ends)."""
 
-    async def filter_verb(request: web.Request) -> web.Response:
-        try:
-            args = _args.decode(await request.read())
-        except msgspec.DecodeError as error:
-            return _bad_request("ExtenderArgs", error)
-        return _json(await service.filter(args))
-
-    async def prioritize_verb(request: web.Request) -> web.Response:
-        try:
-            args = _args.decode(await request.read())
-        except msgspec.DecodeError as error:
-            return _bad_request("ExtenderArgs", error)
-        return _json(await service.prioritize(args))
-
-    async def bind_verb(request: web.Request) -> web.Response:
-        try:
-            args = _binding_args.decode(await request.read())
-        except msgspec.DecodeError as error:
-            return _bad_request("ExtenderBindingArgs", error)
-        return _json(await service.bind(args))
-
-    async def noop_verb(request: web.Request) -> web.Response:
+    async def answer_at_once(args: ExtenderArgs) -> ExtenderFilterResult:
         """Decodes like /filter and answers at once: the HTTP floor for benchmarks."""
-        try:
-            args = _args.decode(await request.read())
-        except msgspec.DecodeError as error:
-            return _bad_request("ExtenderArgs", error)
-        return _json(ExtenderFilterResult(node_names=(args.node_names or [])[:1]))
+        return ExtenderFilterResult(node_names=(args.node_names or [])[:1])
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -82,16 +78,16 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
     prefix = url_prefix.rstrip("/")
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.add_routes([
-        web.post(f"{prefix}/filter", filter_verb),
-        web.post(f"{prefix}/prioritize", prioritize_verb),
-        web.post(f"{prefix}/bind", bind_verb),
+        web.post(f"{prefix}/filter", _verb(_args, "ExtenderArgs", service.filter)),
+        web.post(f"{prefix}/prioritize", _verb(_args, "ExtenderArgs", service.prioritize)),
+        web.post(f"{prefix}/bind", _verb(_binding_args, "ExtenderBindingArgs", service.bind)),
         web.post(f"{prefix}/explain", explain),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         web.get("/statusz", statusz),
     ])
     if noop:
-        app.add_routes([web.post(f"{prefix}/noop", noop_verb)])
+        app.add_routes([web.post(f"{prefix}/noop", _verb(_args, "ExtenderArgs", answer_at_once))])
     return app
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 import msgspec
@@ -76,15 +78,34 @@ async def test_computer_score_lines_are_logged_at_debug(lab: Lab,
     assert any("card 0 (GPU-gpu-node-1-0): computer score is 0.000000" in line for line in lines)
 
 
-async def test_bad_inventory_is_counted_and_dropped_and_a_vanished_card_reported(
-    jetstream_server: LocalNatsServer, http: aiohttp.ClientSession,
-) -> None:
+@dataclass
+class Metered:
+    """The lab with the daemon's /metrics listener on."""
+
+    nats: LocalNatsServer
+    node: SimulatedAgent
+    pods: PodClient
+    metrics_url: str
+
+
+@pytest.fixture
+async def metered(jetstream_server: LocalNatsServer,
+                  http: aiohttp.ClientSession) -> AsyncIterator[Metered]:
     metrics_port = free_port()
     node = SimulatedAgent.start("gpu-node-1", jetstream_server.url)
-    daemon = await RunningDaemon(standalone_config(jetstream_server.url,
-                                        metrics=("127.0.0.1", metrics_port))).start()
-    pods = PodClient(http, daemon.url)
-    client = await nats.connect(jetstream_server.url)
+    daemon = await RunningDaemon(standalone_config(
+        jetstream_server.url, metrics=("127.0.0.1", metrics_port))).start()
+    yield Metered(jetstream_server, node, PodClient(http, daemon.url),
+                  f"http://127.0.0.1:{metrics_port}/metrics")
+    await daemon.stop()
+    await node.halt()
+
+
+async def test_bad_inventory_is_counted_and_dropped_and_a_vanished_card_reported(
+    metered: Metered, http: aiohttp.ClientSession,
+) -> None:
+    pods, node = metered.pods, metered.node
+    client = await nats.connect(metered.nats.url)
     try:
         await pods.submit_and_place(lab_pod("pinned", {
             "nvidia.com/use-gpuuuid": "GPU-gpu-node-1-3"}))
@@ -104,7 +125,7 @@ async def test_bad_inventory_is_counted_and_dropped_and_a_vanished_card_reported
         message = next(e["message"] for e in vanished["events"] if e["reason"] == "CardVanished")
         assert "GPU-gpu-node-1-3" in message
 
-        async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+        async with http.get(metered.metrics_url) as response:
             text = await response.text()
         assert 'pyhami_inventory_messages_total{result="rejected"} 2.0' in text
         assert "pyhami_allocations_on_vanished_cards 1.0" in text
@@ -112,33 +133,23 @@ async def test_bad_inventory_is_counted_and_dropped_and_a_vanished_card_reported
         await pods.submit_and_place(lab_pod("after"))
     finally:
         await client.close()
-        await daemon.stop()
-        await node.halt()
 
 
 async def test_metrics_show_hami_device_gauges_and_latencies(
-    jetstream_server: LocalNatsServer, http: aiohttp.ClientSession,
+    metered: Metered, http: aiohttp.ClientSession,
 ) -> None:
-    metrics_port = free_port()
-    node = SimulatedAgent.start("gpu-node-1", jetstream_server.url)
-    daemon = await RunningDaemon(standalone_config(jetstream_server.url,
-                                        metrics=("127.0.0.1", metrics_port))).start()
-    try:
-        await PodClient(http, daemon.url).submit_and_place(lab_pod("p", limits={
-            "nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 30}))
-        async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
-            assert response.status == 200
-            text = await response.text()
-        card0 = ('{deviceidx="0",devicetype="NVIDIA-Tesla T4",deviceuuid="GPU-gpu-node-1-0",'
-                 'node="gpu-node-1"}')
-        assert f"hami_gpu_memory_allocated_bytes{card0} 1.048576e+09" in text
-        assert f"hami_gpu_memory_limit_bytes{card0} 1.610612736e+10" in text
-        assert f"hami_gpu_shared_count{card0} 1.0" in text
-        assert f"hami_gpu_core_allocated_ratio{card0} 0.3" in text
-        assert "pyhami_filter_seconds_count 1.0" in text
-        assert "pyhami_bind_seconds_count 1.0" in text
-        assert 'pyhami_decisions_total{outcome="scheduled",reason="",verb="filter"} 1.0' in text
-        assert 'pyhami_node_seconds_since_heard{node="gpu-node-1"}' in text
-    finally:
-        await daemon.stop()
-        await node.halt()
+    await metered.pods.submit_and_place(lab_pod("p", limits={
+        "nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 30}))
+    async with http.get(metered.metrics_url) as response:
+        assert response.status == 200
+        text = await response.text()
+    card0 = ('{deviceidx="0",devicetype="NVIDIA-Tesla T4",deviceuuid="GPU-gpu-node-1-0",'
+             'node="gpu-node-1"}')
+    assert f"hami_gpu_memory_allocated_bytes{card0} 1.048576e+09" in text
+    assert f"hami_gpu_memory_limit_bytes{card0} 1.610612736e+10" in text
+    assert f"hami_gpu_shared_count{card0} 1.0" in text
+    assert f"hami_gpu_core_allocated_ratio{card0} 0.3" in text
+    assert "pyhami_filter_seconds_count 1.0" in text
+    assert "pyhami_bind_seconds_count 1.0" in text
+    assert 'pyhami_decisions_total{outcome="scheduled",reason="",verb="filter"} 1.0' in text
+    assert 'pyhami_node_seconds_since_heard{node="gpu-node-1"}' in text
