@@ -61,6 +61,10 @@ class ServiceSettings:
     reservation_ttl: float = 60.0
 
 
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1e3
+
+
 def _reason_names(failed: dict[str, str]) -> Counter[str]:
     """Reason name -> cards it counted, over every node's ``count/cards Reason`` string."""
     names: Counter[str] = Counter()
@@ -186,7 +190,7 @@ class SchedulerService:
         except PodRejected as error:
             decision = rejected(args.pod.key, str(error))
             self._count("filter", decision)
-            self._in_background(self._after_filter(args.pod, decision, started))
+            self._in_background(self._after_filter(args.pod, decision, _ms_since(started)))
             unresolvable = {name: f"PodRejected: {error}" for name in names}
             return ExtenderFilterResult(failed_and_unresolvable_nodes=unresolvable)
         if not request.wants_gpu:
@@ -201,7 +205,7 @@ class SchedulerService:
                                           args.pod.metadata.name)
         self._count("filter", decision)
         self.metrics.filter_seconds.observe(time.perf_counter() - started)
-        self._in_background(self._after_filter(args.pod, decision, started, request))
+        self._in_background(self._after_filter(args.pod, decision, _ms_since(started), request))
         failed = dict(decision.failed_nodes or {})
         if decision.node is None:
             return ExtenderFilterResult(node_names=[] if args.node_names is not None else None,
@@ -220,7 +224,7 @@ class SchedulerService:
         return ExtenderFilterResult(nodes={"items": list(args.nodes.items or [])}
                                     if args.nodes else None)
 
-    async def _after_filter(self, pod: PodManifest, decision: Decision, started: float,
+    async def _after_filter(self, pod: PodManifest, decision: Decision, duration_ms: float,
                             request: PodRequest | None = None) -> None:
         namespace = pod.metadata.namespace or "default"
         name = pod.metadata.name
@@ -238,8 +242,7 @@ class SchedulerService:
             logger.debug("pod %s node %s card %d (%s): computer score is %.6f%s", decision.pod,
                          row.node, row.index, row.uuid, row.score,
                          f", filtered by {row.filtered_by}" if row.filtered_by else "")
-        elapsed_ms = (time.perf_counter() - started) * 1e3
-        await self._publish(DecisionEvent.of(decision, "filter", self._wall_clock(), elapsed_ms))
+        await self._publish(DecisionEvent.of(decision, "filter", self._wall_clock(), duration_ms))
         await self._publish_usage()
 
     def explain(self, pod: PodManifest) -> dict[str, object]:
