@@ -60,11 +60,13 @@ class Step:
     delete: str | None = None
 
 
-def lab_pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def lab_pod(name: str, annotations: dict[str, str] | None = None,
+            limits: dict[str, int] | None = None) -> dict[str, Any]:
+    """A lab pod: one container asking one card with a 1000 MiB slice, unless ``limits``."""
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
             "spec": {"containers": [{"name": "app", "image": "ubuntu:22.04", "resources": {
-                "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
+                "limits": limits or {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
 
 
 def lab_scenario(first_node: str) -> list[Step]:

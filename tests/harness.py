@@ -24,16 +24,6 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str,
         await asyncio.sleep(0.05)
 
 
-def lab_pod(name: str, annotations: dict[str, str] | None = None,
-            limits: dict[str, int] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
-        "spec": {"containers": [{"name": "app", "image": "ubuntu:22.04", "resources": {
-            "limits": limits or {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]},
-    }
-
-
 class PodClient:
     """The standalone pod API, as the demo and a user would call it."""
 

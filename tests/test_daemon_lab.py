@@ -9,7 +9,8 @@ import re
 import sys
 from pathlib import Path
 
-from tests.harness import Lab, card_of, lab_pod
+from pyhami.demo import lab_pod
+from tests.harness import Lab, card_of
 
 GPU = [f"GPU-gpu-node-1-{i}" for i in range(4)]
 BINPACK = {"hami.io/gpu-scheduler-policy": "binpack"}

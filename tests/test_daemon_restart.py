@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from common.core import Usage
+from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, standalone_config
-from tests.harness import Lab, card_of, lab_pod
+from tests.harness import Lab, card_of
 
 GPU = [f"GPU-gpu-node-1-{i}" for i in range(4)]
 

@@ -15,8 +15,9 @@ import pytest
 from common import telemetry
 from common.natsserver import LocalNatsServer, free_port
 from common.wire import SCHEMA_VERSION, Card, Inventory, encode, inventory_subject
+from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
-from tests.harness import Lab, PodClient, eventually, lab_pod
+from tests.harness import Lab, PodClient, eventually
 
 
 async def test_every_decision_and_usage_change_is_published(lab: Lab) -> None:

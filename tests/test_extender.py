@@ -12,9 +12,10 @@ import msgspec
 import pytest
 
 from common.natsserver import LocalNatsServer
+from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.protocol import ExtenderBindingArgs, ExtenderFilterResult, HostPriority
-from tests.harness import PodClient, eventually, lab_pod
+from tests.harness import PodClient, eventually
 
 
 @dataclass

@@ -14,8 +14,9 @@ import pytest
 
 from common.core import decode_devices
 from common.natsserver import LocalNatsServer
+from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
-from tests.harness import PodClient, eventually, lab_pod
+from tests.harness import PodClient, eventually
 
 NODES = 100
 PODS = 500

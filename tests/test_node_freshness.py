@@ -7,9 +7,10 @@ import time
 import aiohttp
 
 from common.natsserver import LocalNatsServer
+from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service import ServiceSettings
-from tests.harness import PodClient, eventually, lab_pod
+from tests.harness import PodClient, eventually
 
 
 async def test_a_silent_node_gets_no_pods_until_it_reports_again(

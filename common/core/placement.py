@@ -66,13 +66,7 @@ class PodView:
     def scores(self) -> FloatArray:
         """Every card's utilization score under the pod's weights (existing usage only)."""
         if self._scores is None:
-            lay, w = self.layout, self.pod.weights
-            raw = 10 * (
-                w.slot * ratio(lay.used, lay.count)
-                + w.core * ratio(lay.usedcores, lay.cores)
-                + w.memory * ratio(lay.usedmem, lay.memory)
-            )
-            self._scores = round_scores(raw)
+            self._scores = self.node_scores(slice(None))
         return self._scores
 
     def node_scores(self, where: slice) -> FloatArray:
