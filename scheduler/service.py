@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,6 +75,27 @@ def _reason_names(failed: dict[str, str]) -> Counter[str]:
     return names
 
 
+class KeyedLocks:
+    """One lock per key, held only while someone uses it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
 class SchedulerService:
     def __init__(self, settings: ServiceSettings, cluster: Cluster, publish: Publish,
                  clock: Callable[[], float] = time.monotonic,
@@ -98,6 +119,7 @@ class SchedulerService:
         # Pods /filter refused, to nudge when cards are freed: kube-scheduler may have
         # retried them a moment before pyhami saw the release, and then waits minutes.
         self._refused: dict[str, tuple[str, str]] = {}
+        self._binding = KeyedLocks()
 
     # Start-up ----------------------------------------------------------------
 
@@ -290,38 +312,69 @@ class SchedulerService:
         return result
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        """Bind the pod to ``args.node`` with its cards; one bind of a pod runs at a time.
+
+        A repeated bind to the node the pod is bound to answers success and changes
+        nothing; a bind to another node is refused. A failed bind releases only the
+        reservation it used, never a pod's bound cards.
+        """
         started = time.perf_counter()
         key = f"{args.pod_namespace or 'default'}/{args.pod_name}"
         try:
-            allocation = await self._reservation_on(key, args)
-            if isinstance(allocation, str):
-                raise ClusterError(allocation)
-            now = str(int(self._wall_clock()))
-            annotations = dict(Decision(pod=key, scheduled=True, node=args.node,
-                                        allocation=allocation).annotations())
-            annotations.update({TIME_ANNOTATION: now, BIND_PHASE_ANNOTATION: "allocating",
-                                BIND_TIME_ANNOTATION: now})
+            async with self._binding.hold(key):
+                return await self._bind_exclusively(key, args)
+        finally:
+            self.metrics.bind_seconds.observe(time.perf_counter() - started)
+
+    async def _bind_exclusively(self, key: str, args: ExtenderBindingArgs,
+                                ) -> ExtenderBindingResult:
+        if key in self.state.bound:
+            held = self.state.fleet.allocation(key)
+            if held is not None and held.node == args.node:
+                return ExtenderBindingResult()  # a repeat of the bind that placed it
+            where = held.node if held is not None else "another node"
+            return await self._refuse_bind(args, f"pod {key} is already bound to {where}")
+        allocation: Allocation | None = None
+        try:
+            allocation = await self._allocation_on(key, args)
             await self.cluster.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node,
-                                    annotations)
+                                    self._bind_annotations(key, args.node, allocation))
         except ClusterError as error:
-            if self.state.release_reservation(key) is not None:
+            if allocation is not None and self.state.reservation(key) is allocation:
+                self.state.release_reservation(key)
                 self.metrics.released.labels("bind_failed").inc()
                 self._changed_nodes.add(args.node)
                 await self._publish_usage()
                 self._wake()
-            self.metrics.decisions.labels("bind", "failed", "BindingFailed").inc()
-            await self.cluster.record_event(args.pod_namespace, args.pod_name, "Warning",
-                                            "BindingFailed", str(error))
-            return ExtenderBindingResult(error=str(error))
-        finally:
-            self.metrics.bind_seconds.observe(time.perf_counter() - started)
-        self.state.confirm(key)
+            return await self._refuse_bind(args, str(error))
+        if allocation is not None:
+            self.state.confirm(key, allocation)
         self._manifests.pop(key, None)
         self.metrics.decisions.labels("bind", "bound", "").inc()
         return ExtenderBindingResult()
 
-    async def _reservation_on(self, key: str, args: ExtenderBindingArgs) -> Allocation | str:
-        """The pod's cards on the node kube-scheduler chose, deciding again if need be."""
+    async def _refuse_bind(self, args: ExtenderBindingArgs, why: str) -> ExtenderBindingResult:
+        self.metrics.decisions.labels("bind", "failed", "BindingFailed").inc()
+        await self.cluster.record_event(args.pod_namespace, args.pod_name, "Warning",
+                                        "BindingFailed", why)
+        return ExtenderBindingResult(error=why)
+
+    def _bind_annotations(self, key: str, node: str,
+                          allocation: Allocation | None) -> dict[str, str]:
+        """SPEC section 4; nothing for a pod that holds no cards."""
+        if allocation is None:
+            return {}
+        now = str(int(self._wall_clock()))
+        annotations = dict(Decision(pod=key, scheduled=True, node=node,
+                                    allocation=allocation).annotations())
+        annotations.update({TIME_ANNOTATION: now, BIND_PHASE_ANNOTATION: "allocating",
+                            BIND_TIME_ANNOTATION: now})
+        return annotations
+
+    async def _allocation_on(self, key: str, args: ExtenderBindingArgs) -> Allocation | None:
+        """The pod's cards on the node kube-scheduler chose, deciding again if need be;
+        None for a pod that asks for no GPU. Raises ``ClusterError`` when it cannot go there.
+        """
         held = self.state.reservation(key)
         if held is not None and held.node == args.node:
             return held
@@ -329,16 +382,18 @@ class SchedulerService:
         if manifest is None:
             pod = await self.cluster.get_pod(args.pod_namespace, args.pod_name)
             if pod is None:
-                return f"pod {key} no longer exists"
+                raise ClusterError(f"pod {key} no longer exists")
             manifest = pod.manifest
         try:
             request = parse_pod(manifest, self.settings.defaults)
         except PodRejected as error:
-            return str(error)
+            raise ClusterError(str(error)) from None
+        if not request.wants_gpu:
+            return None
         decision = self.state.filter(request, [args.node], self._clock())
         if decision.allocation is None:
             why = (decision.failed_nodes or {}).get(args.node, "no cards fit")
-            return f"node {args.node} cannot hold pod {key}: {why}"
+            raise ClusterError(f"node {args.node} cannot hold pod {key}: {why}")
         self._changed_nodes.add(args.node)
         return decision.allocation
 

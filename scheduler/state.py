@@ -183,9 +183,12 @@ class LiveState:
         held = self.reservations.get(key)
         return held.allocation if held is not None else None
 
-    def confirm(self, key: str) -> None:
-        """The pod is bound: its reservation becomes part of the ledger for good."""
+    def confirm(self, key: str, allocation: Allocation) -> None:
+        """The pod is bound with ``allocation``: it is part of the ledger for good, booked
+        again should its reservation have expired while the bind was under way."""
         self.reservations.pop(key, None)
+        if self.fleet.allocation(key) is not allocation:
+            self.fleet.allocate(key, allocation)
         self.bound.add(key)
 
     def release_reservation(self, key: str) -> Allocation | None:

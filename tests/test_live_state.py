@@ -54,12 +54,24 @@ def test_an_unconfirmed_reservation_expires_and_a_confirmed_one_stays() -> None:
     first = state.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
     second = state.filter(parse_pod(manifest("b"), DEFAULTS), None, now=10)
     assert first.node == second.node == "n"
-    state.confirm("default/b")
+    assert second.allocation is not None
+    state.confirm("default/b", second.allocation)
     assert list(state.expire(now=59)) == []
     assert list(state.expire(now=60)) == ["default/a"]
     assert state.fleet.allocation("default/a") is None
     assert state.fleet.allocation("default/b") is not None
     assert list(state.expire(now=1000)) == []
+
+
+def test_a_bind_that_outlived_its_reservation_books_the_cards_again() -> None:
+    state = LiveState(node_timeout=1000, reservation_ttl=60)
+    state.ingest(inventory(1), now=0)
+    decision = state.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
+    assert decision.allocation is not None
+    assert list(state.expire(now=60)) == ["default/a"]  # while the bind was under way
+    state.confirm("default/a", decision.allocation)
+    assert state.fleet.allocation("default/a") == decision.allocation
+    assert "default/a" in state.bound and state.reservation("default/a") is None
 
 
 def test_filtering_a_pod_again_replaces_its_reservation() -> None:

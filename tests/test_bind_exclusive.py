@@ -1,0 +1,177 @@
+"""Bind is exclusive and idempotent (issue 9, items 3, 4 and 6), against the real daemon.
+
+One pod, one winning bind; a repeated bind changes nothing; a bind that fails books
+nothing and never releases cards a bound pod holds; a pod asking for no GPU is bound
+without any allocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from common.core import Allocation, Usage, decode_devices
+from common.core.annotations import ALLOCATED_ANNOTATION
+from pyhami.demo import lab_pod
+from pyhami.sandbox import RunningDaemon, Sandbox, standalone_config
+from scheduler.service import SchedulerService
+from tests.harness import Lab, PodClient, eventually
+
+NODES = ["n1", "n2", "n3"]
+T4_MEMORY = 15360
+
+
+async def bind(session: aiohttp.ClientSession, url: str, pod: dict[str, Any],
+               node: str) -> str:
+    """POST /bind as kube-scheduler does; returns the answer's Error ("" on success)."""
+    body = {"PodName": pod["name"], "PodNamespace": pod["namespace"], "PodUID": pod["uid"],
+            "Node": node}
+    async with session.post(f"{url}/bind", json=body) as response:
+        assert response.status == 200, await response.text()
+        answer: dict[str, str] = await response.json()
+        return answer.get("Error") or ""
+
+
+def allocations_on_the_pods(pods: list[dict[str, Any]]) -> dict[str, Allocation]:
+    """The ledger as a restart would rebuild it: from the bound pods' annotations."""
+    return {f"{p['namespace']}/{p['name']}": Allocation(
+                p["node"], decode_devices(p["annotations"][ALLOCATED_ANNOTATION]), 0)
+            for p in pods if p["node"] is not None and ALLOCATED_ANNOTATION in p["annotations"]}
+
+
+def assert_no_card_over_its_capacity(service: SchedulerService) -> None:
+    fleet = service.state.fleet
+    for node in fleet.nodes():
+        for device in node.devices:
+            usage = fleet.usage(node.name, device.uuid)
+            assert usage.memory <= device.memory, (node.name, device.uuid, usage)
+            assert usage.tenants <= device.count, (node.name, device.uuid, usage)
+            assert usage.cores <= device.cores, (node.name, device.uuid, usage)
+
+
+def running(daemon: RunningDaemon | None) -> SchedulerService:
+    assert daemon is not None and daemon.service is not None
+    return daemon.service
+
+
+async def restart(lab: Lab) -> SchedulerService:
+    await lab.daemon.stop()
+    lab.daemon = await RunningDaemon(standalone_config(lab.nats.url)).start()
+    lab.pods.url = lab.daemon.url
+    return running(lab.daemon)
+
+
+# Item 3: a repeated bind ---------------------------------------------------------------
+
+
+async def test_a_repeated_bind_of_a_bound_pod_changes_nothing(
+        lab: Lab, http: aiohttp.ClientSession) -> None:
+    allocated = await lab.pods.submit_and_place(lab_pod("first"))
+    card = allocated.split(",", 1)[0]
+    pod = await lab.pods.get("first")
+    service = running(lab.daemon)
+    booked = service.state.fleet.usage("gpu-node-1", card)
+    assert booked == Usage(tenants=1, memory=1000, cores=0)
+
+    for _ in range(3):
+        assert await bind(http, lab.daemon.url, pod, "gpu-node-1") == ""
+    refused = await bind(http, lab.daemon.url, pod, "gpu-node-2")
+    assert refused == "pod default/first is already bound to gpu-node-1"
+
+    assert service.state.fleet.usage("gpu-node-1", card) == booked
+    assert (await lab.pods.get("first"))["annotations"] == pod["annotations"]
+    # The card keeps the first pod's 1000 MiB: a pod asking for the rest of it and more
+    # lands on another card.
+    big = lab_pod("big", {"nvidia.com/use-gpuuuid": card},
+                  limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": T4_MEMORY - 999})
+    await lab.pods.submit(big)
+    waiting = await lab.pods.pending_with("big", "FilteringFailed")
+    assert waiting["node"] is None
+    assert_no_card_over_its_capacity(service)
+
+    restarted = await restart(lab)
+    assert restarted.state.fleet.allocations() == allocations_on_the_pods(await lab.pods.pods())
+    assert restarted.state.fleet.usage("gpu-node-1", card) == booked
+
+
+# Item 6: a pod without GPUs --------------------------------------------------------------
+
+
+async def test_a_pod_asking_for_no_gpu_is_bound_without_an_allocation(lab: Lab) -> None:
+    plain = lab_pod("plain", limits={"cpu": 1})
+    await lab.pods.submit(plain)
+    placed = await lab.pods.placed("plain")
+
+    assert placed["node"] == "gpu-node-1"
+    assert not any(name.startswith("hami.io/") for name in placed["annotations"])
+    assert [e["reason"] for e in placed["events"]] == []
+    service = running(lab.daemon)
+    assert service.state.fleet.allocations() == {}
+    assert "default/plain" not in service.state.bound
+    await asyncio.sleep(1.5)  # three rounds of the pending loop: it is not bound again
+    assert (await lab.pods.get("plain"))["events"] == []
+
+
+# Item 4: concurrent binds -----------------------------------------------------------------
+
+
+@pytest.fixture
+async def three_nodes() -> AsyncIterator[Sandbox]:
+    """Three four-T4 nodes; no pending loop, so only the test's binds place pods."""
+    async with Sandbox([(name, "t4x4") for name in NODES], drive_pending=False) as sandbox:
+        yield sandbox
+
+
+async def test_of_concurrent_binds_of_one_pod_exactly_one_places_it(
+        three_nodes: Sandbox, http: aiohttp.ClientSession) -> None:
+    pods = PodClient(http, three_nodes.url)
+    pod = await pods.submit(lab_pod("contested"))
+    targets = [node for node in NODES for _ in range(3)]
+    answers = await asyncio.gather(*(bind(http, three_nodes.url, pod, node)
+                                     for node in targets))
+
+    placed = await pods.get("contested")
+    assert placed["node"] in NODES
+    winners = [node for node, error in zip(targets, answers, strict=True) if not error]
+    assert winners == [placed["node"]] * 3  # the winner, and the repeats to its node
+    service = running(three_nodes.daemon)
+    assert service.state.fleet.allocations() == allocations_on_the_pods([placed])
+
+
+async def test_many_pods_bound_concurrently_never_overcommit_a_card(
+        three_nodes: Sandbox, http: aiohttp.ClientSession) -> None:
+    pods = PodClient(http, three_nodes.url)
+    # Two fit on a T4: 24 places for 30 pods, so binds also fail for want of room.
+    submitted = [await pods.submit(lab_pod(f"p{i}", limits={"nvidia.com/gpu": 1,
+                                                             "nvidia.com/gpumem": 6000}))
+                 for i in range(30)]
+    targets = [(pod, node) for pod in submitted for node in NODES * 2]
+    answers = await asyncio.gather(*(bind(http, three_nodes.url, pod, node)
+                                     for pod, node in targets))
+
+    final = {p["name"]: p for p in await pods.pods()}
+    for (pod, node), error in zip(targets, answers, strict=True):
+        if not error:
+            assert final[pod["name"]]["node"] == node
+    assert 0 < sum(p["node"] is not None for p in final.values()) <= 24
+    daemon = three_nodes.daemon
+    assert daemon is not None
+    service = running(daemon)
+    assert_no_card_over_its_capacity(service)
+    assert service.state.fleet.allocations() == allocations_on_the_pods(list(final.values()))
+    assert service.state.reservations == {}
+
+    await daemon.stop()
+    three_nodes.daemon = await RunningDaemon(daemon.config).start()
+    restarted = running(three_nodes.daemon)
+
+    async def nodes_back() -> bool:
+        return all(restarted.state.fleet.node(name) is not None for name in NODES)
+
+    await eventually(nodes_back, "the nodes to report again")
+    assert restarted.state.fleet.allocations() == allocations_on_the_pods(list(final.values()))
+    assert_no_card_over_its_capacity(restarted)
