@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +86,16 @@ class LocalNatsServer:
             self._process.kill()
             self._process.wait(timeout=10)
             self._process = None
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open and nothing is answered."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on with what it received meanwhile (SIGCONT)."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
 
     def __enter__(self) -> LocalNatsServer:
         self.start()

@@ -79,7 +79,7 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
         standalone: StandaloneCluster | None = None
         cluster: Cluster
         if config.mode == "standalone":
-            standalone = await StandaloneCluster.open(client.jetstream())
+            standalone = await StandaloneCluster.open(client)
             cluster = standalone
         else:
             cluster = await _kubernetes(config)

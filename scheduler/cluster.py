@@ -29,6 +29,11 @@ class ClusterError(Exception):
     """A cluster operation that failed; the message says which and why."""
 
 
+class StoreUnavailable(ClusterError):
+    """The pod store could not be written: nothing was applied, or what may have reached
+    it is undone once it answers again. The pod API answers 503."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterPod:
     """A pod as the cluster holds it."""
@@ -111,4 +116,5 @@ class Cluster(Protocol):
         ...
 
 
-__all__ = ["AnnotationError", "Cluster", "ClusterError", "ClusterPod", "PodChange"]
+__all__ = ["AnnotationError", "Cluster", "ClusterError", "ClusterPod", "PodChange",
+           "StoreUnavailable"]

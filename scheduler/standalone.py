@@ -14,24 +14,53 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TypeVar
 
 import msgspec
 from aiohttp import web
-from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.aio.client import Client
+from nats.errors import (
+    BadSubjectError,
+    ConnectionClosedError,
+    ConnectionDrainingError,
+    MaxPayloadError,
+    NoRespondersError,
+    OutboundBufferLimitError,
+)
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    InvalidKeyError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+)
 from nats.js.kv import KeyValue
 
 from common.core import PodManifest
 from common.files import InputFileError, parse_pod_manifest
-from scheduler.cluster import ClusterError, ClusterPod, EventType, PodChange
+from scheduler.cluster import (
+    ClusterError,
+    ClusterPod,
+    EventType,
+    PodChange,
+    StoreUnavailable,
+)
 from scheduler.protocol import ExtenderArgs, ExtenderBindingArgs
-from scheduler.service import SchedulerService
+from scheduler.service import KeyedLocks, SchedulerService
 
 logger = logging.getLogger(__name__)
 
 BUCKET = "pyhami-pods"
 EVENTS_KEPT = 20
+SETTLE_ATTEMPTS = 3
+# Failures after which the write surely did not reach the bucket: the server answered
+# (APIError, no responders), or nats-py refused it before sending.
+_NOT_SENT = (APIError, NoRespondersError, OutboundBufferLimitError, ConnectionClosedError,
+             ConnectionDrainingError, MaxPayloadError, BadSubjectError, InvalidKeyError)
+
+T = TypeVar("T")
 
 
 class StoredPod(msgspec.Struct, kw_only=True):
@@ -63,22 +92,40 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(StoredPod)
 
 
-class StandaloneCluster:
-    """Pods in a JetStream key-value bucket; this daemon is their only writer."""
+def _describe(error: BaseException) -> str:
+    return str(error) or type(error).__name__
 
-    def __init__(self, bucket: KeyValue) -> None:
+
+class StandaloneCluster:
+    """Pods in a JetStream key-value bucket, and in memory as this daemon last answered.
+
+    Every write goes to the bucket first and to memory once the bucket confirmed it, so an
+    answered error means nothing changed. Writes are compare-and-set on the revision last
+    read, so a second writer (another daemon) cannot have two binds of one pod succeed.
+    While the NATS connection is down a write is refused at once: nats-py would otherwise
+    buffer it and send it on reconnecting, after its caller was told it failed. A write that
+    got no answer may still land; it is undone (``settle``) once the bucket answers again.
+    """
+
+    def __init__(self, bucket: KeyValue, connection: Client) -> None:
         self._bucket = bucket
+        self._connection = connection
         self._pods: dict[str, StoredPod] = {}
+        self._revisions: dict[str, int] = {}  # the bucket revision of each pod in _pods
+        # Writes that got no answer: the value sent (None for a delete), to be undone.
+        self._unsettled: dict[str, bytes | None] = {}
+        self._writing = KeyedLocks()  # one write of a pod at a time, settling included
         self._events: dict[str, deque[PodEvent]] = {}
         self._changes: asyncio.Queue[PodChange] = asyncio.Queue()
 
     @classmethod
-    async def open(cls, js: JetStreamContext, bucket: str = BUCKET) -> StandaloneCluster:
+    async def open(cls, connection: Client, bucket: str = BUCKET) -> StandaloneCluster:
+        js = connection.jetstream()
         try:
             kv = await js.key_value(bucket)
         except BucketNotFoundError:
             kv = await js.create_key_value(bucket=bucket, history=1)
-        cluster = cls(kv)
+        cluster = cls(kv, connection)
         await cluster._load()
         return cluster
 
@@ -98,10 +145,109 @@ class StandaloneCluster:
                 except msgspec.DecodeError as error:
                     logger.error("bucket %s: entry %s is unreadable (%s); skipped", BUCKET, key,
                                  error)
+                    continue
+                self._revisions[key] = entry.revision or 0
 
-    async def _store(self, key: str, pod: StoredPod) -> None:
-        await self._bucket.put(key, _encoder.encode(pod))
+    # Writing the bucket ----------------------------------------------------------
+
+    async def _write(self, key: str, sent: bytes | None, what: str,
+                     write: Callable[[], Awaitable[T]]) -> T:
+        """One bucket write (``sent``: the value, None for a delete).
+
+        Raises ``StoreUnavailable`` when it was not applied, or may have been (then it is
+        undone by ``settle``), and ``KeyWrongLastSequenceError`` when the pod changed.
+        """
+        if not self._connection.is_connected:
+            raise StoreUnavailable(f"{what}: the NATS connection is down; nothing was written")
+        try:
+            return await write()
+        except KeyWrongLastSequenceError:
+            raise
+        except _NOT_SENT as error:
+            raise StoreUnavailable(f"{what}: the pod store refused the write: "
+                                   f"{_describe(error)}") from None
+        except (Exception, asyncio.CancelledError) as error:
+            self._unsettled[key] = sent
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            raise StoreUnavailable(f"{what}: no answer from the pod store ({_describe(error)}); "
+                                   "the write is undone should it arrive") from None
+
+    async def settle(self) -> None:
+        """Undo the writes that got no answer, where the bucket answers now."""
+        for key in list(self._unsettled):
+            try:
+                async with self._writing.hold(key):
+                    await self._settle(key)
+            except StoreUnavailable as error:
+                logger.debug("pod %s not settled yet: %s", key, error)
+
+    async def _settle(self, key: str) -> None:
+        """Bring the bucket back to what was answered for ``key`` (memory), should a write
+        of unknown outcome have landed; raises ``StoreUnavailable`` while it cannot."""
+        if key not in self._unsettled:
+            return
+        sent = self._unsettled[key]
+        answered = self._pods.get(key)
+        wanted = _encoder.encode(answered) if answered is not None else None
+        what = f"settling pod {key}"
+        if not self._connection.is_connected:
+            raise StoreUnavailable(f"{what}: the NATS connection is down")
+        for _ in range(SETTLE_ATTEMPTS):
+            try:
+                stored, revision = await self._read(key)
+                if stored not in (wanted, sent):
+                    self._adopt(key, stored, revision)  # another writer's: it stands
+                    break
+                # The unanswered write landed (stored == sent), or not yet: writing what
+                # was answered, on the revision just read, undoes it or fences it off.
+                if wanted is None:
+                    await self._bucket.delete(key, last=revision)
+                    self._revisions.pop(key, None)
+                else:
+                    self._revisions[key] = await self._bucket.update(key, wanted, last=revision)
+                break
+            except KeyWrongLastSequenceError:
+                continue  # it landed between the read and the write: read again
+            except Exception as error:
+                raise StoreUnavailable(f"{what}: {_describe(error)}") from None
+        else:
+            raise StoreUnavailable(f"{what}: the pod kept changing")
+        del self._unsettled[key]
+        if stored == sent:
+            logger.warning("pod %s: a write reported failed had reached the store; undone", key)
+
+    async def _read(self, key: str) -> tuple[bytes | None, int]:
+        """The pod's bytes in the bucket (None when absent) and the key's last revision."""
+        try:
+            entry = await self._bucket.get(key)
+        except KeyNotFoundError as gone:
+            deleted = gone.entry
+            return None, (deleted.revision or 0) if deleted is not None else 0
+        return entry.value or None, entry.revision or 0
+
+    def _adopt(self, key: str, stored: bytes | None, revision: int) -> None:
+        """Take the bucket's version of a pod that someone else changed."""
+        if stored is None:
+            gone = self._pods.pop(key, None)
+            self._revisions.pop(key, None)
+            if gone is not None:
+                self._changes.put_nowait(PodChange(gone.cluster_pod(), deleted=True))
+            return
+        try:
+            pod = _decoder.decode(stored)
+        except msgspec.DecodeError as error:
+            logger.error("bucket %s: entry %s is unreadable (%s); skipped", BUCKET, key, error)
+            return
         self._pods[key] = pod
+        self._revisions[key] = revision
+        self._changes.put_nowait(PodChange(pod.cluster_pod(), deleted=False))
+
+    async def _changed_meanwhile(self, key: str, what: str) -> ClusterError:
+        """A compare-and-set write lost: re-read the pod, for the caller to raise."""
+        with contextlib.suppress(Exception):
+            self._adopt(key, *await self._read(key))
+        return ClusterError(f"{what}: the pod changed meanwhile; try again")
 
     # The Cluster port ---------------------------------------------------------
 
@@ -119,20 +265,31 @@ class StandaloneCluster:
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    annotations: Mapping[str, str]) -> None:
         key = _key(namespace, name)
+        what = f"bind {namespace}/{name}"
+        async with self._writing.hold(key):
+            await self._bind(key, what, uid, node, annotations)
+
+    async def _bind(self, key: str, what: str, uid: str, node: str,
+                    annotations: Mapping[str, str]) -> None:
+        await self._settle(key)
         pod = self._pods.get(key)
         if pod is None:
-            raise ClusterError(f"bind {namespace}/{name}: the pod no longer exists")
+            raise ClusterError(f"{what}: the pod no longer exists")
         if uid and pod.uid != uid:
-            raise ClusterError(f"bind {namespace}/{name}: uid {uid} is not the pod's ({pod.uid})")
+            raise ClusterError(f"{what}: uid {uid} is not the pod's ({pod.uid})")
         if pod.node is not None:
-            raise ClusterError(f"bind {namespace}/{name}: already bound to {pod.node}")
+            raise ClusterError(f"{what}: already bound to {pod.node}")
         bound = msgspec.structs.replace(pod, node=node, phase="Running",
                                         annotations={**pod.annotations, **annotations})
+        value = _encoder.encode(bound)
+        last = self._revisions.get(key, 0)
         try:
-            await self._store(key, bound)
-        except Exception as error:
-            raise ClusterError(
-                f"bind {namespace}/{name}: storing the pod failed: {error}") from None
+            revision = await self._write(key, value, what,
+                                         lambda: self._bucket.update(key, value, last=last))
+        except KeyWrongLastSequenceError:
+            raise await self._changed_meanwhile(key, what) from None
+        self._pods[key] = bound
+        self._revisions[key] = revision
         self._changes.put_nowait(PodChange(bound.cluster_pod(), deleted=False))
 
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
@@ -152,6 +309,12 @@ class StandaloneCluster:
     async def submit(self, manifest: PodManifest) -> StoredPod:
         namespace = manifest.metadata.namespace or "default"
         key = _key(namespace, manifest.metadata.name)
+        async with self._writing.hold(key):
+            return await self._submit(key, namespace, manifest)
+
+    async def _submit(self, key: str, namespace: str, manifest: PodManifest) -> StoredPod:
+        what = f"submit {namespace}/{manifest.metadata.name}"
+        await self._settle(key)
         if key in self._pods:
             raise ClusterError(f"pod {namespace}/{manifest.metadata.name} already exists")
         metadata = msgspec.structs.replace(manifest.metadata, namespace=namespace,
@@ -159,15 +322,35 @@ class StandaloneCluster:
         manifest = msgspec.structs.replace(manifest, metadata=metadata)
         pod = StoredPod(manifest=manifest, uid=metadata.uid or "", submitted=time.time(),
                         annotations=dict(manifest.metadata.annotations or {}))
-        await self._store(key, pod)
+        value = _encoder.encode(pod)
+        try:
+            revision = await self._write(key, value, what,
+                                         lambda: self._bucket.create(key, value))
+        except KeyWrongLastSequenceError:
+            await self._changed_meanwhile(key, what)
+            raise ClusterError(
+                f"pod {namespace}/{manifest.metadata.name} already exists") from None
+        self._pods[key] = pod
+        self._revisions[key] = revision
         return pod
 
     async def delete(self, namespace: str, name: str) -> bool:
         key = _key(namespace, name)
-        pod = self._pods.pop(key, None)
+        async with self._writing.hold(key):
+            return await self._delete(key, f"delete {namespace}/{name}")
+
+    async def _delete(self, key: str, what: str) -> bool:
+        await self._settle(key)
+        pod = self._pods.get(key)
         if pod is None:
             return False
-        await self._bucket.delete(key)
+        last = self._revisions.get(key, 0)
+        try:
+            await self._write(key, None, what, lambda: self._bucket.delete(key, last=last))
+        except KeyWrongLastSequenceError:
+            raise await self._changed_meanwhile(key, what) from None
+        del self._pods[key]
+        self._revisions.pop(key, None)
         self._events.pop(key, None)
         self._changes.put_nowait(PodChange(pod.cluster_pod(), deleted=True))
         return True
@@ -206,6 +389,7 @@ class PendingLoop:
     async def schedule_pending(self) -> None:
         if not self._service.ready:
             return
+        await self._cluster.settle()
         for pod in self._cluster.pending():
             nodes = sorted(n.name for n in self._service.state.fleet.nodes())
             result = await self._service.filter(ExtenderArgs(pod=pod.manifest, node_names=nodes))
@@ -243,6 +427,8 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
             return web.Response(status=400, text="request body: metadata.name is required\n")
         try:
             pod = await cluster.submit(manifest)
+        except StoreUnavailable as error:
+            return web.Response(status=503, text=f"{error}\n")
         except ClusterError as error:
             return web.Response(status=409, text=f"{error}\n")
         loop.poke()
@@ -268,7 +454,13 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
     @routes.delete("/api/pods/{namespace}/{name}")
     async def delete_pod(request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        if not await cluster.delete(namespace, name):
+        try:
+            deleted = await cluster.delete(namespace, name)
+        except StoreUnavailable as error:
+            return web.Response(status=503, text=f"{error}\n")
+        except ClusterError as error:
+            return web.Response(status=409, text=f"{error}\n")
+        if not deleted:
             return web.Response(status=404, text=f"pod {namespace}/{name} not found\n")
         return web.Response(status=204)
 

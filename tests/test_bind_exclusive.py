@@ -2,7 +2,8 @@
 
 One pod, one winning bind; a repeated bind changes nothing; a bind that fails books
 nothing and never releases cards a bound pod holds; a pod asking for no GPU is bound
-without any allocation.
+without any allocation. In standalone the store write is compare-and-set, so even two
+daemons sharing one bucket cannot both bind a pod.
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import nats
 import pytest
 
-from common.core import Allocation, Usage, decode_devices
+from common.core import Allocation, PodManifest, Usage, decode_devices
 from common.core.annotations import ALLOCATED_ANNOTATION
+from common.core.pod import ObjectMeta
+from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, Sandbox, standalone_config
+from scheduler.cluster import ClusterError
 from scheduler.service import SchedulerService
+from scheduler.standalone import StandaloneCluster
 from tests.harness import Lab, PodClient, eventually
 
 NODES = ["n1", "n2", "n3"]
@@ -175,3 +181,28 @@ async def test_many_pods_bound_concurrently_never_overcommit_a_card(
     await eventually(nodes_back, "the nodes to report again")
     assert restarted.state.fleet.allocations() == allocations_on_the_pods(list(final.values()))
     assert_no_card_over_its_capacity(restarted)
+
+
+async def test_two_daemons_sharing_the_store_cannot_both_bind_a_pod(
+        jetstream_server: LocalNatsServer) -> None:
+    connections = [await nats.connect(jetstream_server.url) for _ in range(2)]
+    try:
+        first = await StandaloneCluster.open(connections[0])
+        pod = await first.submit(PodManifest(metadata=ObjectMeta(name="shared")))
+        second = await StandaloneCluster.open(connections[1])  # sees the pod pending too
+        outcomes = await asyncio.gather(
+            first.bind("default", "shared", pod.uid, "n1", {"hami.io/vgpu-node": "n1"}),
+            second.bind("default", "shared", pod.uid, "n2", {"hami.io/vgpu-node": "n2"}),
+            return_exceptions=True)
+
+        refused = [o for o in outcomes if isinstance(o, ClusterError)]
+        assert len(refused) == 1, outcomes
+        assert "the pod changed meanwhile" in str(refused[0])
+        winner = "n1" if outcomes[0] is None else "n2"
+        for cluster in (first, second):  # the loser took the winner's version
+            seen = await cluster.get_pod("default", "shared")
+            assert seen is not None
+            assert (seen.node, seen.annotations["hami.io/vgpu-node"]) == (winner, winner)
+    finally:
+        for connection in connections:
+            await connection.close()

@@ -1,0 +1,142 @@
+"""Standalone through a NATS outage (issue 9, item 9): an answered error means nothing
+was applied. No ghost pod, no ghost booking, also after the daemon restarts.
+
+The outages are real: nats-server killed and started again on its port, or frozen
+(SIGSTOP) so that a write leaves the daemon and gets no answer until the server resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import nats
+from nats.js.errors import NoKeysError
+
+from common.core import Allocation, Usage, decode_devices
+from common.core.annotations import ALLOCATED_ANNOTATION
+from pyhami.demo import lab_pod
+from pyhami.sandbox import RunningDaemon, standalone_config
+from scheduler.service import SchedulerService
+from scheduler.standalone import BUCKET
+from tests.harness import Lab, eventually
+
+NODE = "gpu-node-1"
+
+
+async def status_of(http: aiohttp.ClientSession, method: str, url: str,
+                    pod: dict[str, Any] | None = None) -> int:
+    async with http.request(method, url, json=pod) as response:
+        return response.status
+
+
+def service_of(lab: Lab) -> SchedulerService:
+    assert lab.daemon.service is not None
+    return lab.daemon.service
+
+
+def booked(lab: Lab) -> dict[str, Usage]:
+    """The daemon's ledger: the usage of every card that holds something."""
+    fleet = service_of(lab).state.fleet
+    node = fleet.node(NODE)
+    assert node is not None
+    return {d.uuid: fleet.usage(NODE, d.uuid) for d in node.devices
+            if fleet.usage(NODE, d.uuid) != Usage()}
+
+
+def ledger_of_the_pods(pods: list[dict[str, Any]]) -> dict[str, Allocation]:
+    return {f"{p['namespace']}/{p['name']}": Allocation(
+                p["node"], decode_devices(p["annotations"][ALLOCATED_ANNOTATION]), 0)
+            for p in pods if p["node"] is not None}
+
+
+async def stored_pod_names(nats_url: str) -> set[str]:
+    """The pods in the bucket, read with a client of our own."""
+    client = await nats.connect(nats_url)
+    try:
+        bucket = await client.jetstream().key_value(BUCKET)
+        try:
+            keys = await bucket.keys()
+        except NoKeysError:
+            return set()
+        return {key.partition(".")[2] for key in keys}
+    finally:
+        await client.close()
+
+
+async def restart_daemon(lab: Lab) -> SchedulerService:
+    await lab.daemon.stop()
+    lab.daemon = await RunningDaemon(standalone_config(lab.nats.url)).start()
+    lab.pods.url = lab.daemon.url
+    return service_of(lab)
+
+
+async def test_writes_during_an_outage_are_refused_and_never_applied_later(
+        lab: Lab, http: aiohttp.ClientSession) -> None:
+    await lab.pods.submit_and_place(lab_pod("kept"))
+    before = booked(lab)
+    pods_url = f"{lab.daemon.url}/api/pods"
+
+    lab.nats.kill()
+    await asyncio.sleep(0.3)  # the daemon's client sees the connection drop
+    for i in range(5):
+        started = time.monotonic()
+        assert await status_of(http, "POST", pods_url, lab_pod(f"refused-{i}")) == 503
+        assert time.monotonic() - started < 1.0  # refused, not buffered until a timeout
+    assert await status_of(http, "DELETE", f"{pods_url}/default/kept") == 503
+    assert [p["name"] for p in await lab.pods.pods()] == ["kept"]
+    assert booked(lab) == before
+
+    lab.nats.start()
+
+    async def reconnected() -> bool:
+        return await status_of(http, "GET", f"{pods_url}/default/kept") == 200 and (
+            await status_of(http, "POST", pods_url, lab_pod("after")) == 201)
+
+    await eventually(reconnected, "the daemon to write the store again", timeout=30)
+    assert await stored_pod_names(lab.nats.url) == {"kept", "after"}
+    await lab.pods.placed("after")
+
+    restarted = await restart_daemon(lab)
+    pods = await lab.pods.pods()
+    assert sorted(p["name"] for p in pods) == ["after", "kept"]  # no ghost
+    assert restarted.state.fleet.allocations() == ledger_of_the_pods(pods)
+    assert len(booked(lab)) == 2
+
+    await lab.pods.delete("kept")  # and now the delete goes through, freeing its card
+    await lab.pods.delete("after")
+    assert booked(lab) == {}
+
+
+async def test_a_write_that_got_no_answer_is_undone_when_it_lands_late(
+        lab: Lab, http: aiohttp.ClientSession) -> None:
+    await lab.pods.submit_and_place(lab_pod("kept"))
+    before = booked(lab)
+    pods_url = f"{lab.daemon.url}/api/pods"
+
+    lab.nats.pause()  # the writes leave the daemon, and no answer comes
+    try:
+        assert await status_of(http, "POST", pods_url, lab_pod("unanswered")) == 503
+        assert await status_of(http, "DELETE", f"{pods_url}/default/kept") == 503
+    finally:
+        lab.nats.resume()  # both writes land now
+
+    async def settled() -> bool:
+        return await stored_pod_names(lab.nats.url) == {"kept"}
+
+    await eventually(settled, "the late writes to be undone")
+    assert [p["name"] for p in await lab.pods.pods()] == ["kept"]
+    assert booked(lab) == before
+
+    restarted = await restart_daemon(lab)
+    pods = await lab.pods.pods()
+    assert [p["name"] for p in pods] == ["kept"]  # no ghost, and the kept pod is back
+    assert restarted.state.fleet.allocations() == ledger_of_the_pods(pods)
+    assert booked(lab) == before
+    # The client's retry of the submit now succeeds, as a first submit would.
+    assert await status_of(http, "POST", f"{lab.daemon.url}/api/pods",
+                           lab_pod("unanswered")) == 201
+    with_retry = await stored_pod_names(lab.nats.url)
+    assert with_retry == {"kept", "unanswered"}
