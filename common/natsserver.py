@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -45,13 +47,16 @@ class LocalNatsServer:
         self.port = port if port is not None else free_port()
         self.extra_args = tuple(extra_args)
         self.url = f"{scheme}://127.0.0.1:{self.port}"
+        # Other processes on the machine may take a port free_port() chose: the name tells
+        # this server's INFO from another's on the same port.
+        self.name = f"pyhami-test-{uuid.uuid4().hex[:12]}"
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         if self._process is not None:
             raise NatsServerError("nats-server is already running")
         command = [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port),
-                   *self.extra_args]
+                   "-n", self.name, *self.extra_args]
         self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL)
         self._wait_ready()
@@ -64,14 +69,28 @@ class LocalNatsServer:
                 code = self._process.returncode
                 self._process = None
                 raise NatsServerError(f"nats-server exited with code {code} at start")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.02)
+            if self._answering_info() == self.name:
+                return
+            time.sleep(0.02)
         self.kill()
         raise NatsServerError(f"nats-server did not listen on port {self.port} "
                               f"within {READY_TIMEOUT_S:g} s")
+
+    def _answering_info(self) -> str | None:
+        """The server_name in the INFO of whatever listens on the port, if anything does."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as probe:
+                line = probe.makefile("rb").readline(65536)
+        except OSError:
+            return None
+        kind, _, body = line.partition(b" ")
+        if kind != b"INFO":
+            return None
+        try:
+            name = json.loads(body).get("server_name")
+        except ValueError:
+            return None
+        return name if isinstance(name, str) else None
 
     def stop(self) -> None:
         """Graceful: the server closes its clients' connections."""

@@ -58,6 +58,7 @@ async def lab(jetstream_server: LocalNatsServer,
     """The article's lab, live: one simulated four-T4 node, the standalone daemon, its pod API."""
     node = SimulatedAgent.start("gpu-node-1", jetstream_server.url)
     daemon = await RunningDaemon(standalone_config(jetstream_server.url)).start()
-    yield Lab(jetstream_server, node, daemon, PodClient(http, daemon.url))
-    await daemon.stop()
+    lab = Lab(jetstream_server, node, daemon, PodClient(http, daemon.url))
+    yield lab
+    await lab.daemon.stop()  # the one running now: a test may have restarted it
     await node.halt()
