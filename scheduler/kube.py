@@ -61,6 +61,8 @@ _WATCH_REQUEST_TIMEOUT = (10.0, WATCH_TIMEOUT_SECONDS + 30.0)
 _MERGE_PATCH = "application/merge-patch+json"
 _GONE = 410
 _NOT_FOUND = 404
+_CONFLICT = 409
+WITHDRAW_ATTEMPTS = 3
 
 Json: TypeAlias = "str | int | float | bool | Sequence[Json] | Mapping[str, Json] | None"
 JsonObject: TypeAlias = dict[str, Json]
@@ -127,6 +129,19 @@ class _Pod(msgspec.Struct):
     status: _PodStatus = msgspec.field(default_factory=_PodStatus)
 
 
+class _SchedulingSpec(msgspec.Struct, rename="camel"):
+    node_name: str | None = None
+    scheduler_name: str = "default-scheduler"  # the API server's default
+
+
+class PodToBind(msgspec.Struct):
+    """What /bind checks on the pod before writing to it."""
+
+    metadata: _Metadata = msgspec.field(default_factory=_Metadata)
+    spec: _SchedulingSpec = msgspec.field(default_factory=_SchedulingSpec)
+    status: _PodStatus = msgspec.field(default_factory=_PodStatus)
+
+
 class _ListMeta(msgspec.Struct):
     resource_version: str = msgspec.field(default="", name="resourceVersion")
     continue_token: str = msgspec.field(default="", name="continue")
@@ -186,18 +201,43 @@ def _with_uid(fields: JsonObject, uid: str) -> JsonObject:
     return {**fields, "uid": uid} if uid else fields
 
 
-def annotation_patch(uid: str, annotations: Mapping[str, str]) -> JsonObject:
-    """The merge patch that writes the allocation annotations (SPEC section 4)."""
-    return {"metadata": _with_uid({"annotations": dict(annotations)}, uid)}
+def _guarded(fields: JsonObject, uid: str, resource_version: str | None) -> JsonObject:
+    # resourceVersion in a patch is a precondition: the API answers 409 Conflict when the
+    # pod changed since that version was read, rather than writing over the change.
+    fields = _with_uid(fields, uid)
+    return {**fields, "resourceVersion": resource_version} if resource_version else fields
 
 
-def undo_annotation_patch(uid: str) -> JsonObject:
-    """The merge patch that withdraws an allocation whose binding failed (null deletes)."""
-    return {"metadata": _with_uid({"annotations": {
+def annotation_patch(uid: str, resource_version: str | None,
+                     annotations: Mapping[str, str]) -> JsonObject:
+    """The merge patch that writes the allocation annotations (SPEC section 4) on the pod
+    as it was read."""
+    return {"metadata": _guarded({"annotations": dict(annotations)}, uid, resource_version)}
+
+
+def undo_annotation_patch(uid: str, resource_version: str | None) -> JsonObject:
+    """The merge patch that withdraws an allocation whose binding failed (null deletes),
+    only from the pod as this bind left it."""
+    return {"metadata": _guarded({"annotations": {
         BIND_PHASE_ANNOTATION: "failed",
         ALLOCATED_ANNOTATION: None,
         TO_ALLOCATE_ANNOTATION: None,
-    }}, uid)}
+    }}, uid, resource_version)}
+
+
+def bind_refusal(pod: PodToBind, uid: str, scheduler_name: str) -> str | None:
+    """Why /bind must leave this pod alone, or None: only a pending pod of pyhami's
+    scheduler name, on no node yet, is pyhami's to bind."""
+    if uid and pod.metadata.uid != uid:
+        return f"the pod is uid {pod.metadata.uid}, not {uid} (re-created meanwhile)"
+    if pod.spec.node_name:
+        return f"the pod is already on node {pod.spec.node_name}"
+    if pod.status.phase != "Pending":
+        return f"the pod is {pod.status.phase}, not Pending"
+    if pod.spec.scheduler_name != scheduler_name:
+        return (f"the pod is for scheduler {pod.spec.scheduler_name!r}, "
+                f"not {scheduler_name!r}")
+    return None
 
 
 def binding_body(namespace: str, name: str, uid: str, node: str) -> JsonObject:
@@ -381,12 +421,28 @@ class KubernetesCluster:
 
     def _bind(self, namespace: str, name: str, uid: str, node: str,
               annotations: dict[str, str]) -> None:
+        """Read the pod, check it is pyhami's to bind, annotate it as read, bind it."""
         what = f"binding pod {namespace}/{name} to node {node}"
         try:
-            self._patch_pod(namespace, name, annotation_patch(uid, annotations))
+            pod = msgspec.json.decode(self._read_pod(namespace, name), type=PodToBind)
         except _API_FAILURES as error:
-            raise ClusterError(f"{what}: writing the allocation annotations failed: "
+            if isinstance(error, ApiException) and error.status == _NOT_FOUND:
+                raise ClusterError(f"{what}: the pod no longer exists") from error
+            raise ClusterError(f"{what}: reading the pod failed: "
                                f"{describe_failure(error)}") from error
+        refusal = bind_refusal(pod, uid, self.scheduler_name)
+        if refusal is not None:
+            raise ClusterError(f"{what}: {refusal}")
+        uid = uid or pod.metadata.uid or ""
+        version = pod.metadata.resource_version
+        if annotations:
+            try:
+                patched = msgspec.json.decode(self._patch_pod(
+                    namespace, name, annotation_patch(uid, version, annotations)), type=_Pod)
+            except _API_FAILURES as error:
+                raise ClusterError(f"{what}: writing the allocation annotations failed: "
+                                   f"{describe_failure(error)}") from error
+            version = patched.metadata.resource_version
         try:
             # Raw answer: the client fails to decode the Status the API returns for a
             # Binding; a refused binding still raises ApiException.
@@ -395,15 +451,38 @@ class KubernetesCluster:
                 _preload_content=False, _request_timeout=_REQUEST_TIMEOUT))
         except _API_FAILURES as error:
             failure = f"{what}: creating the Binding failed: {describe_failure(error)}"
+            if not annotations:
+                raise ClusterError(failure) from error
             try:
-                self._patch_pod(namespace, name, undo_annotation_patch(uid))
+                outcome = self._withdraw(namespace, name, uid, version,
+                                         annotations[ALLOCATED_ANNOTATION])
             except _API_FAILURES as undo_error:
                 raise ClusterError(f"{failure}; withdrawing the allocation annotations failed "
                                    f"too: {describe_failure(undo_error)}") from error
-            raise ClusterError(f"{failure} (allocation annotations withdrawn)") from error
+            raise ClusterError(f"{failure} ({outcome})") from error
 
-    def _patch_pod(self, namespace: str, name: str, patch: JsonObject) -> None:
-        _drain(self._core.patch_namespaced_pod(
+    def _withdraw(self, namespace: str, name: str, uid: str, version: str | None,
+                  allocated: str) -> str:
+        """Take back the annotations a failed bind wrote, unless the pod moved on since:
+        a Binding that did go through after all, or another bind that placed the pod."""
+        for _ in range(WITHDRAW_ATTEMPTS):
+            try:
+                self._patch_pod(namespace, name, undo_annotation_patch(uid, version))
+                return "allocation annotations withdrawn"
+            except ApiException as error:
+                if error.status == _NOT_FOUND:
+                    return "the pod is gone"
+                if error.status != _CONFLICT:
+                    raise
+            pod = msgspec.json.decode(self._read_pod(namespace, name), type=PodToBind)
+            ours = (pod.metadata.annotations or {}).get(ALLOCATED_ANNOTATION) == allocated
+            if pod.spec.node_name or not ours:
+                return "the pod changed meanwhile; its annotations are left as they are"
+            version = pod.metadata.resource_version
+        return "the pod kept changing; its allocation annotations are left on it unbound"
+
+    def _patch_pod(self, namespace: str, name: str, patch: JsonObject) -> bytes:
+        return _drain(self._core.patch_namespaced_pod(
             name, namespace, patch, _content_type=_MERGE_PATCH, _preload_content=False,
             _request_timeout=_REQUEST_TIMEOUT))
 

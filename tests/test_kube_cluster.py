@@ -4,10 +4,12 @@ against a stub of the Kubernetes API.
 No kube-apiserver can run here, so ``StubApiServer`` (aiohttp on 127.0.0.1) stands in for
 one: it answers the few paths the cluster calls with canned JSON shaped like the API's
 (pod lists in pages, 404 and 409 Status bodies, a chunked newline-delimited watch stream)
-and records every request. The cluster reaches it through a kubeconfig written by the test,
-with token auth, exactly as it would reach a real server. What only a real API server can
-show (its validation of the bodies, resourceVersion semantics, binding preconditions) is
-left to the end-to-end tests.
+and records every request. Pods it holds change as on the API server: a patch merges and
+honours its resourceVersion precondition (409 when the pod changed), a Binding places a
+pod on no node yet, and each change gives a new resourceVersion. The cluster reaches it
+through a kubeconfig written by the test, with token auth, exactly as it would reach a
+real server. What only a real API server can show (its validation of the bodies, the
+watch's resourceVersion semantics) is left to the end-to-end tests.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
@@ -39,8 +42,11 @@ from common.core.annotations import (
 from scheduler import kube
 from scheduler.cluster import ClusterError, PodChange
 from scheduler.kube import (
+    SCHEDULER_NAME,
     KubernetesCluster,
+    PodToBind,
     annotation_patch,
+    bind_refusal,
     binding_body,
     decode_pod,
     describe_failure,
@@ -55,10 +61,11 @@ ALLOCATED = "GPU-init,NVIDIA,2000,0:;GPU-a,NVIDIA,1000,30:GPU-b,NVIDIA,1000,30:;
 
 def pod_json(name: str, *, namespace: str = "default", uid: str | None = None,
              node: str | None = None, phase: str = "Pending",
-             annotations: dict[str, str] | None = None, version: str = "1") -> dict[str, Any]:
+             annotations: dict[str, str] | None = None, version: str = "1",
+             scheduler: str = "default-scheduler") -> dict[str, Any]:
     """A v1.Pod as the API server returns it, with the fields pyhami ignores as well."""
     spec: dict[str, Any] = {
-        "schedulerName": "default-scheduler",
+        "schedulerName": scheduler,
         "initContainers": [{"name": "warmup", "image": "busybox",
                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
         "containers": [{
@@ -130,19 +137,34 @@ def test_a_pod_without_status_or_annotations_decodes() -> None:
         "default/bare", "Unknown", None, {})
 
 
-def test_the_annotation_patch_carries_the_uid_as_a_guard() -> None:
+def test_the_annotation_patch_carries_the_uid_and_the_version_read_as_guards() -> None:
     annotations = {ALLOCATED_ANNOTATION: "GPU-a,NVIDIA,1000,30:;", BIND_PHASE_ANNOTATION:
                    "allocating"}
-    assert annotation_patch("u-1", annotations) == {
-        "metadata": {"annotations": annotations, "uid": "u-1"}}
-    assert annotation_patch("", annotations) == {"metadata": {"annotations": annotations}}
+    assert annotation_patch("u-1", "7", annotations) == {
+        "metadata": {"annotations": annotations, "uid": "u-1", "resourceVersion": "7"}}
+    assert annotation_patch("", None, annotations) == {"metadata": {"annotations": annotations}}
 
 
 def test_the_undo_patch_marks_failure_and_deletes_the_allocation() -> None:
-    patch = undo_annotation_patch("u-1")
-    assert json.loads(json.dumps(patch)) == {"metadata": {"uid": "u-1", "annotations": {
-        BIND_PHASE_ANNOTATION: "failed", ALLOCATED_ANNOTATION: None,
-        TO_ALLOCATE_ANNOTATION: None}}}
+    patch = undo_annotation_patch("u-1", "8")
+    assert json.loads(json.dumps(patch)) == {"metadata": {
+        "uid": "u-1", "resourceVersion": "8", "annotations": {
+            BIND_PHASE_ANNOTATION: "failed", ALLOCATED_ANNOTATION: None,
+            TO_ALLOCATE_ANNOTATION: None}}}
+
+
+@pytest.mark.parametrize(("pod", "refusal"), [
+    (pod_json("p", scheduler=SCHEDULER_NAME), None),
+    (pod_json("p", scheduler=SCHEDULER_NAME, uid="other"),
+     "the pod is uid other, not uid-p (re-created meanwhile)"),
+    (pod_json("p", scheduler=SCHEDULER_NAME, node="n2"), "the pod is already on node n2"),
+    (pod_json("p", scheduler=SCHEDULER_NAME, phase="Failed"), "the pod is Failed, not Pending"),
+    (pod_json("p"), "the pod is for scheduler 'default-scheduler', not 'pyhami-scheduler'"),
+])
+def test_bind_takes_only_a_pending_unplaced_pod_of_its_scheduler_name(
+        pod: dict[str, Any], refusal: str | None) -> None:
+    target = msgspec.json.decode(json.dumps(pod), type=PodToBind)
+    assert bind_refusal(target, "uid-p", SCHEDULER_NAME) == refusal
 
 
 def test_the_binding_targets_the_node() -> None:
@@ -231,6 +253,10 @@ class StubApiServer:
     event_status: int = 201
     get_status: int = 200
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    after_read: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    """Changes made to a pod by someone else right after the n-th GET of it is answered."""
+    after_patch: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    """The same, after the n-th successful PATCH of a pod in ``pods``."""
     requests: list[Recorded] = field(default_factory=list)
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     _lists_served: int = 0
@@ -306,7 +332,10 @@ class StubApiServer:
             return web.json_response(
                 status_json(404, "NotFound", f'pods "{request.match_info["name"]}" not found'),
                 status=404)
-        return web.json_response(self.pods[key])
+        answer = web.json_response(self.pods[key])
+        if self.after_read:
+            change(self.pods[key], self.after_read.pop(0))
+        return answer
 
     async def _patch(self, request: web.Request) -> web.Response:
         status = self.patch_statuses.pop(0) if self.patch_statuses else 200
@@ -316,13 +345,43 @@ class StubApiServer:
         if status != 200:
             return web.json_response(status_json(status, "InternalError", "etcd is down"),
                                      status=status)
-        return web.json_response(pod_json(request.match_info["name"]))
+        name = request.match_info["name"]
+        pod = self.pods.get(f"{request.match_info['ns']}/{name}")
+        if pod is None:
+            return web.json_response(pod_json(name))
+        patch = (await request.json())["metadata"]
+        if patch.get("resourceVersion", pod["metadata"]["resourceVersion"]) != (
+                pod["metadata"]["resourceVersion"]):
+            return web.json_response(status_json(
+                409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": the object '
+                "has been modified; please apply your changes to the latest version and try "
+                "again"), status=409)
+
+        def merge(target: dict[str, Any]) -> None:
+            notes = target["metadata"]["annotations"]
+            for note, value in patch.get("annotations", {}).items():
+                if value is None:
+                    notes.pop(note, None)
+                else:
+                    notes[note] = value
+
+        change(pod, merge)
+        answer = web.json_response(pod)
+        if self.after_patch:
+            change(pod, self.after_patch.pop(0))
+        return answer
 
     async def _binding(self, request: web.Request) -> web.Response:
-        if self.binding_status != 201:
+        name = request.match_info["name"]
+        pod = self.pods.get(f"{request.match_info['ns']}/{name}")
+        assigned = pod["spec"].get("nodeName") if pod is not None else None
+        if self.binding_status != 201 or assigned:
             return web.json_response(
-                status_json(409, "Conflict", f'pod {request.match_info["name"]} is already '
-                            'assigned to node "n9"'), status=self.binding_status)
+                status_json(409, "Conflict", f'pod {name} is already assigned to node '
+                            f'"{assigned or "n9"}"'), status=409)
+        if pod is not None:
+            target = (await request.json())["target"]["name"]
+            change(pod, lambda placed: placed["spec"].update(nodeName=target))
         return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
                                   "status": "Success", "code": 201}, status=201)
 
@@ -331,6 +390,12 @@ class StubApiServer:
             return web.json_response(status_json(403, "Forbidden", "events are forbidden"),
                                      status=self.event_status)
         return web.json_response(await request.json(), status=201)
+
+
+def change(pod: dict[str, Any], how: Callable[[dict[str, Any]], None]) -> None:
+    """Change a stored pod as the API server would: a new resourceVersion."""
+    how(pod)
+    pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 1)
 
 
 def write_kubeconfig(path: Path, port: int, token: str = TOKEN) -> Path:
@@ -437,41 +502,111 @@ ANNOTATIONS = {ALLOCATED_ANNOTATION: "GPU-a,NVIDIA,1000,30:;",
                NODE_ANNOTATION: "n1", BIND_PHASE_ANNOTATION: "allocating"}
 
 
-async def test_bind_annotates_then_binds(harness: Harness) -> None:
+def pending_pod(version: str = "5") -> dict[str, Any]:
+    return pod_json("p", namespace="ml", uid="u-p", scheduler=SCHEDULER_NAME, version=version)
+
+
+async def test_bind_reads_the_pod_annotates_it_as_read_then_binds(harness: Harness) -> None:
     api = harness.api
+    api.pods["ml/p"] = pending_pod(version="5")
     await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
 
     assert [(r.method, r.path) for r in api.requests] == [
+        ("GET", "/api/v1/namespaces/ml/pods/p"),
         ("PATCH", "/api/v1/namespaces/ml/pods/p"),
         ("POST", "/api/v1/namespaces/ml/pods/p/binding"),
     ]
-    patch, binding = api.requests
+    _, patch, binding = api.requests
     assert patch.content_type == "application/merge-patch+json"
-    assert patch.body == {"metadata": {"annotations": ANNOTATIONS, "uid": "u-p"}}
+    assert patch.body == {"metadata": {"annotations": ANNOTATIONS, "uid": "u-p",
+                                       "resourceVersion": "5"}}
     assert binding.body == binding_body("ml", "p", "u-p", "n1")
+    assert api.pods["ml/p"]["spec"]["nodeName"] == "n1"
+    assert api.pods["ml/p"]["metadata"]["annotations"] == ANNOTATIONS
+
+
+async def test_a_pod_without_gpus_is_bound_without_annotations(harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pending_pod()
+    await harness.cluster.bind("ml", "p", "u-p", "n1", {})
+    assert [r.method for r in api.requests] == ["GET", "POST"]
+    assert api.pods["ml/p"]["metadata"]["annotations"] == {}
+
+
+@pytest.mark.parametrize(("pod", "refusal"), [
+    (pod_json("p", namespace="ml", uid="u-p", scheduler=SCHEDULER_NAME, node="n2",
+              phase="Running"), "the pod is already on node n2"),
+    (pod_json("p", namespace="ml", uid="u-p", scheduler=SCHEDULER_NAME, phase="Succeeded"),
+     "the pod is Succeeded, not Pending"),
+    (pod_json("p", namespace="ml", uid="u-p"),
+     "the pod is for scheduler 'default-scheduler', not 'pyhami-scheduler'"),
+    (None, "the pod no longer exists"),
+])
+async def test_bind_leaves_alone_a_pod_that_is_not_pyhamis_to_bind(
+        harness: Harness, pod: dict[str, Any] | None, refusal: str) -> None:
+    api = harness.api
+    if pod is not None:
+        api.pods["ml/p"] = pod
+    with pytest.raises(ClusterError) as raised:
+        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+    assert str(raised.value) == f"binding pod ml/p to node n1: {refusal}"
+    assert [r.method for r in api.requests] == ["GET"]  # nothing written
+
+
+async def test_a_pod_changed_between_the_read_and_the_write_is_not_overwritten(
+        harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pending_pod()
+    api.after_read = [lambda pod: pod["metadata"]["annotations"].update(team="vision")]
+    with pytest.raises(ClusterError) as raised:
+        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+    assert "writing the allocation annotations failed: HTTP 409 Conflict" in str(raised.value)
+    assert api.sent("POST", "/binding") == []
+    assert api.pods["ml/p"]["metadata"]["annotations"] == {"team": "vision"}
 
 
 async def test_a_refused_binding_withdraws_the_annotations(harness: Harness) -> None:
     api = harness.api
+    api.pods["ml/p"] = pending_pod(version="5")
     api.binding_status = 409
     with pytest.raises(ClusterError) as raised:
         await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
 
-    message = str(raised.value)
-    assert message == (
+    assert str(raised.value) == (
         "binding pod ml/p to node n1: creating the Binding failed: HTTP 409 Conflict: "
         'pod p is already assigned to node "n9" (allocation annotations withdrawn)')
     patches = api.sent("PATCH", "/pods/p")
     assert [p.body for p in patches] == [
-        {"metadata": {"annotations": ANNOTATIONS, "uid": "u-p"}},
-        {"metadata": {"uid": "u-p", "annotations": {
+        {"metadata": {"annotations": ANNOTATIONS, "uid": "u-p", "resourceVersion": "5"}},
+        {"metadata": {"uid": "u-p", "resourceVersion": "6", "annotations": {
             BIND_PHASE_ANNOTATION: "failed", ALLOCATED_ANNOTATION: None,
             TO_ALLOCATE_ANNOTATION: None}}},
     ]
+    assert ALLOCATED_ANNOTATION not in api.pods["ml/p"]["metadata"]["annotations"]
+
+
+async def test_the_undo_leaves_the_annotations_of_a_pod_another_bind_placed(
+        harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pending_pod()
+    theirs = {**ANNOTATIONS, ALLOCATED_ANNOTATION: "GPU-z,NVIDIA,2000,0:;", NODE_ANNOTATION: "n2"}
+
+    def placed_by_another_bind(pod: dict[str, Any]) -> None:
+        pod["metadata"]["annotations"] = dict(theirs)
+        pod["spec"]["nodeName"] = "n2"
+
+    api.after_patch = [placed_by_another_bind]
+    with pytest.raises(ClusterError) as raised:
+        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+    assert str(raised.value).endswith(
+        'already assigned to node "n2" (the pod changed meanwhile; its annotations are left '
+        "as they are)")
+    assert api.pods["ml/p"]["metadata"]["annotations"] == theirs
 
 
 async def test_a_failed_undo_is_reported_with_the_binding_failure(harness: Harness) -> None:
     api = harness.api
+    api.pods["ml/p"] = pending_pod()
     api.binding_status = 409
     api.patch_statuses = [200, 500]
     with pytest.raises(ClusterError) as raised:
@@ -484,6 +619,7 @@ async def test_a_failed_undo_is_reported_with_the_binding_failure(harness: Harne
 
 async def test_a_refused_patch_stops_before_the_binding(harness: Harness) -> None:
     api = harness.api
+    api.pods["ml/p"] = pending_pod()
     api.patch_statuses = [422]
     with pytest.raises(ClusterError) as raised:
         await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
