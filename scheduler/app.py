@@ -103,6 +103,8 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
         tasks.append(asyncio.create_task(service.follow_cluster()))
         tasks.append(asyncio.create_task(service.expire_reservations()))
         tasks.append(asyncio.create_task(service.follow_cordons()))
+        if standalone is not None:
+            tasks.append(asyncio.create_task(standalone.keep_settled()))
         if loop is not None and config.drive_pending:
             tasks.append(asyncio.create_task(loop.run()))
         logger.info("pyhami scheduler ready on %s:%d", *config.listen)

@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 BUCKET = "pyhami-pods"
 EVENTS_KEPT = 20
 SETTLE_ATTEMPTS = 3
+SETTLE_PERIOD_S = 1.0
 # Failures after which the write surely did not reach the bucket: the server answered
 # (APIError, no responders), or nats-py refused it before sending.
 _NOT_SENT = (APIError, NoRespondersError, OutboundBufferLimitError, ConnectionClosedError,
@@ -104,7 +105,7 @@ class StandaloneCluster:
     read, so a second writer (another daemon) cannot have two binds of one pod succeed.
     While the NATS connection is down a write is refused at once: nats-py would otherwise
     buffer it and send it on reconnecting, after its caller was told it failed. A write that
-    got no answer may still land; it is undone (``settle``) once the bucket answers again.
+    got no answer may still land; it is undone (``keep_settled``) once the bucket answers again.
     """
 
     def __init__(self, bucket: KeyValue, connection: Client) -> None:
@@ -155,7 +156,7 @@ class StandaloneCluster:
         """One bucket write (``sent``: the value, None for a delete).
 
         Raises ``StoreUnavailable`` when it was not applied, or may have been (then it is
-        undone by ``settle``), and ``KeyWrongLastSequenceError`` when the pod changed.
+        undone by ``keep_settled``), and ``KeyWrongLastSequenceError`` when the pod changed.
         """
         if not self._connection.is_connected:
             raise StoreUnavailable(f"{what}: the NATS connection is down; nothing was written")
@@ -173,14 +174,16 @@ class StandaloneCluster:
             raise StoreUnavailable(f"{what}: no answer from the pod store ({_describe(error)}); "
                                    "the write is undone should it arrive") from None
 
-    async def settle(self) -> None:
-        """Undo the writes that got no answer, where the bucket answers now."""
-        for key in list(self._unsettled):
-            try:
-                async with self._writing.hold(key):
-                    await self._settle(key)
-            except StoreUnavailable as error:
-                logger.debug("pod %s not settled yet: %s", key, error)
+    async def keep_settled(self, period: float = SETTLE_PERIOD_S) -> None:
+        """Undo the writes that got no answer, once the bucket answers; runs forever."""
+        while True:
+            await asyncio.sleep(period)
+            for key in list(self._unsettled):
+                try:
+                    async with self._writing.hold(key):
+                        await self._settle(key)
+                except StoreUnavailable as error:
+                    logger.debug("pod %s not settled yet: %s", key, error)
 
     async def _settle(self, key: str) -> None:
         """Bring the bucket back to what was answered for ``key`` (memory), should a write
@@ -389,7 +392,6 @@ class PendingLoop:
     async def schedule_pending(self) -> None:
         if not self._service.ready:
             return
-        await self._cluster.settle()
         for pod in self._cluster.pending():
             nodes = sorted(n.name for n in self._service.state.fleet.nodes())
             result = await self._service.filter(ExtenderArgs(pod=pod.manifest, node_names=nodes))
