@@ -18,10 +18,10 @@ from nats.js.errors import NoKeysError
 from common.core import Allocation, Usage, decode_devices
 from common.core.annotations import ALLOCATED_ANNOTATION
 from pyhami.demo import lab_pod
-from pyhami.sandbox import RunningDaemon, standalone_config
+from pyhami.sandbox import RunningDaemon, Sandbox, standalone_config
 from scheduler.service import SchedulerService
 from scheduler.standalone import BUCKET
-from tests.harness import Lab, eventually
+from tests.harness import Lab, PodClient, eventually
 
 NODE = "gpu-node-1"
 
@@ -140,3 +140,32 @@ async def test_a_write_that_got_no_answer_is_undone_when_it_lands_late(
                            lab_pod("unanswered")) == 201
     with_retry = await stored_pod_names(lab.nats.url)
     assert with_retry == {"kept", "unanswered"}
+
+
+async def test_a_bind_during_an_outage_is_an_error_that_books_nothing(
+        http: aiohttp.ClientSession) -> None:
+    async with Sandbox([(NODE, "t4x4")]) as sandbox:  # no pending loop: the test binds
+        assert sandbox.nats is not None and sandbox.daemon is not None
+        service = sandbox.daemon.service
+        assert service is not None
+        pod = await PodClient(http, sandbox.url).submit(lab_pod("waiting"))
+        body = {"PodName": "waiting", "PodNamespace": "default", "PodUID": pod["uid"],
+                "Node": NODE}
+
+        sandbox.nats.kill()
+        await asyncio.sleep(0.3)
+        async with http.post(f"{sandbox.url}/bind", json=body) as response:
+            answer = await response.json()
+        assert "the NATS connection is down; nothing was written" in answer["Error"]
+        assert service.state.fleet.allocations() == {}
+        assert service.state.reservations == {}
+
+        sandbox.nats.start()
+
+        async def bound() -> bool:
+            async with http.post(f"{sandbox.url}/bind", json=body) as response:
+                return not (await response.json()).get("Error")
+
+        await eventually(bound, "the bind to go through once NATS is back", timeout=30)
+        placed = await PodClient(http, sandbox.url).get("waiting")
+        assert service.state.fleet.allocations() == ledger_of_the_pods([placed])
