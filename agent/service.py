@@ -59,7 +59,6 @@ class Agent:
                               settings.cordoned)
         self._subject = inventory_subject(settings.node)
         self._connection = Connection(nats, f"pyhami-agent {settings.node}")
-        self._connection.subscribe(RESYNC_SUBJECT, self._on_resync)
         self._connection.when_up(self._on_up)
         self._published_once = False
         self._publishing = asyncio.Lock()
@@ -74,6 +73,7 @@ class Agent:
 
         ``stop`` is obeyed in every state: opening the source, connecting, connected,
         or with NATS gone."""
+        await self._connection.subscribe(RESYNC_SUBJECT, self._on_resync)
         opened = asyncio.create_task(self._open())
         stopping = asyncio.create_task(stop.wait())
         try:

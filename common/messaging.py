@@ -343,9 +343,12 @@ class Connection:
         0 while connected."""
         return 0.0 if self._down_since is None else self._clock() - self._down_since
 
-    def subscribe(self, subject: str, handler: Handler) -> None:
-        """Subscribe every client this connection makes, from the next one on."""
+    async def subscribe(self, subject: str, handler: Handler) -> None:
+        """Subscribe the current client, if connected, and every client made after it."""
         self._subscriptions.append((subject, handler))
+        client = self._client
+        if client is not None and not client.is_closed:
+            await client.subscribe(subject, cb=handler)
 
     def when_up(self, hook: UpHook) -> None:
         """Call ``hook(client, new_client)`` each time the connection is up again:
