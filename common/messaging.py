@@ -434,7 +434,7 @@ class Connection:
 
     async def _disconnected(self) -> None:
         if not self._closing and self._down_since is None:
-            logger.warning("disconnected from NATS; reconnecting")
+            logger.warning("disconnected from NATS")
         self._mark_down()
 
     async def _reconnected(self) -> None:
