@@ -81,13 +81,17 @@ def telemetry_publisher(connection: Connection) -> Callable[
 async def _kubernetes(config: DaemonConfig) -> Cluster:
     from scheduler.kube import KubernetesCluster  # noqa: PLC0415 (heavy; loaded only when used)
 
-    try:
-        if config.mode == "in-cluster":
+    if config.mode == "in-cluster":
+        try:
             return KubernetesCluster.in_cluster()
-        assert config.kubeconfig is not None
+        except ClusterError as error:
+            raise StartupError(f"--in-cluster: {error} (it works only in a pod of the cluster; "
+                               "elsewhere use --kubeconfig)") from None
+    assert config.kubeconfig is not None
+    try:
         return KubernetesCluster.from_kubeconfig(config.kubeconfig)
     except ClusterError as error:
-        raise StartupError(str(error)) from None
+        raise StartupError(f"--kubeconfig: {error}") from None
 
 
 async def _open_bucket(client: Client) -> StandaloneCluster:

@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         uvloop.run(main())
     except StartupError as error:
-        print(f"pyhami scheduler: {error}", file=sys.stderr)
+        one_line = " ".join(str(error).split())  # a YAML error spans several lines
+        print(f"pyhami scheduler: {one_line}", file=sys.stderr)
         return 2
     except OSError as error:
         print(f"pyhami scheduler: {error}", file=sys.stderr)
