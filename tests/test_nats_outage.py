@@ -19,8 +19,10 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
+from agent.simulated import profile_cards
 from common.messaging import MAX_CONTROL_LINE, Connection, NatsSettings
 from common.natsserver import LocalNatsServer
+from common.wire import SCHEMA_VERSION, Inventory, encode, inventory_subject
 from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.standalone import StandaloneCluster
@@ -153,5 +155,37 @@ async def test_the_daemon_and_an_agent_reconnect_after_a_server_error_and_keep_s
         async with http.get(f"{daemon.url}/readyz") as response:
             assert response.status == 200
     finally:
+        await daemon.stop()
+        await node.halt()
+
+
+async def test_a_node_name_too_long_for_a_subject_never_cuts_the_daemon_off(
+        jetstream_server: LocalNatsServer, http: aiohttp.ClientSession,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An inventory naming a 5,000-character node (refused at the door, or accepted and
+    then reported on): its usage subject would exceed the control line. Nothing of it
+    may reach the server."""
+    node = SimulatedAgent.start("gpu-node-1", jetstream_server.url)
+    daemon = await RunningDaemon(standalone_config(jetstream_server.url)).start()
+    pods = PodClient(http, daemon.url)
+    long_name = "n" * 5000
+    sender = await nats.connect(jetstream_server.url)
+    try:
+        await sender.publish(inventory_subject("gpu-node-2"), encode(Inventory(
+            schema=SCHEMA_VERSION, node=long_name, agent_version="t", instance="i", sequence=1,
+            timestamp=0.0, reason="start", heartbeat_interval=10.0,
+            cards=profile_cards("t4x4", long_name))))
+        await sender.flush(timeout=5)
+        for index in range(3):  # every decision publishes the usage of the nodes it changed
+            await pods.submit_and_place(lab_pod(f"pod-{index}"))
+        service = daemon.service
+        assert service is not None
+        if service.state.fleet.node(long_name) is not None:  # accepted: its usage was held back
+            assert any("was not sent (too_large" in r.getMessage() for r in caplog.records)
+        async with http.get(f"{daemon.url}/statusz") as response:
+            nats_status = msgspec.json.decode(await response.read())["nats"]
+        assert nats_status == {"connected": True, "down_for_s": 0.0, "clients_replaced": 0}
+    finally:
+        await sender.close()
         await daemon.stop()
         await node.halt()
