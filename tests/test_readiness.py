@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 import aiohttp
+import msgspec
 import pytest
 
+from common.core import parse_pod
 from common.natsserver import LocalNatsServer
 from common.supervision import Supervisor, restart_delay
-from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
+from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
+from scheduler.cluster import PodChange
+from scheduler.service import SchedulerService, ServiceSettings
+from tests.builders import manifest
 from tests.harness import eventually
+from tests.node_list import NodeList, inventory, silent
 
 
 async def readiness(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:
@@ -136,3 +143,27 @@ async def test_readiness_drops_while_a_background_task_is_down_and_recovers(
     finally:
         await daemon.stop()
         await node.halt()
+
+
+class LostWatch(NodeList):
+    """A cluster whose pod watch fails at once, every time."""
+
+    async def changes(self) -> AsyncIterator[PodChange]:
+        raise RuntimeError("watch lost")
+        yield  # pragma: no cover
+
+
+async def test_following_the_cluster_again_releases_pods_deleted_while_it_was_down() -> None:
+    service = SchedulerService(ServiceSettings(DEFAULTS), LostWatch(set()), silent)
+    service.ingest(msgspec.msgpack.encode(inventory("n", 1)))
+    decision = service.state.filter(parse_pod(manifest("gone"), DEFAULTS), ["n"], now=0)
+    assert decision.allocation is not None
+    service.state.confirm("default/gone")
+    with pytest.raises(RuntimeError):
+        await service.follow_cluster()
+    # The first start follows on from the rebuild.
+    assert service.state.fleet.allocation("default/gone") is not None
+    with pytest.raises(RuntimeError):  # started again: the pod list is read first
+        await service.follow_cluster()
+    assert service.state.fleet.allocation("default/gone") is None
+    assert "default/gone" not in service.state.bound
