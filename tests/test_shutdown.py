@@ -1,5 +1,6 @@
 """SIGTERM and SIGINT end ``pyhami scheduler`` and ``pyhami agent`` within 10 s in every
-state: connecting to an unreachable NATS, connected, and with NATS gone. While it
+state: connecting to an unreachable NATS, connected, with NATS gone, and (the daemon)
+rebuilding while the Kubernetes API is unreachable. While it
 connects, the daemon already answers /healthz (and /readyz says why it is not ready)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -18,6 +20,20 @@ from common.natsserver import LocalNatsServer, free_port
 from tests.harness import eventually
 
 STOP_LIMIT_S = 10.0
+KUBECONFIG_TO_NOWHERE = """\
+apiVersion: v1
+kind: Config
+current-context: lab
+clusters:
+- name: lab
+  cluster: {{server: "http://127.0.0.1:{port}"}}
+users:
+- name: admin
+  user: {{token: secret}}
+contexts:
+- name: lab
+  context: {{cluster: lab, user: admin}}
+"""
 
 
 class Command:
@@ -169,5 +185,21 @@ async def test_the_agent_stops_with_nats_gone(commands: list[Command],
     await command.logged("connected to NATS at")
     nats_server.kill()
     await command.logged("disconnected from NATS")
+    code, seconds = await command.stop(signal.SIGTERM)
+    assert (code, seconds < STOP_LIMIT_S) == (0, True), "".join(command.log)
+
+
+async def test_the_daemon_stops_while_the_kubernetes_api_is_unreachable(
+        commands: list[Command], http: aiohttp.ClientSession, nats_server: LocalNatsServer,
+        tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG_TO_NOWHERE.format(port=free_port()))
+    port = free_port()
+    command = await Command.start("scheduler", "--kubeconfig", str(kubeconfig),
+                                  "--nats", nats_server.url, "--listen", f"127.0.0.1:{port}",
+                                  "--metrics", f"127.0.0.1:{free_port()}", "--resync-wait", "0.2")
+    commands.append(command)
+    await command.logged("rebuilding the ledger failed, trying again")
+    assert await get(http, f"http://127.0.0.1:{port}/readyz") == (503, "rebuilding the ledger\n")
     code, seconds = await command.stop(signal.SIGTERM)
     assert (code, seconds < STOP_LIMIT_S) == (0, True), "".join(command.log)
