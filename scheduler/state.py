@@ -139,9 +139,9 @@ class LiveState:
     def newly_stale(self, now: float) -> dict[str, str]:
         """The nodes that went stale since the last call, with why (to log each once)."""
         stale = self.stale_nodes(now)
-        fresh_news = {name: why for name, why in stale.items() if name not in self._stale}
+        went_stale = {name: why for name, why in stale.items() if name not in self._stale}
         self._stale = set(stale)
-        return fresh_news
+        return went_stale
 
     def silent_beyond_retention(self, now: float) -> dict[str, float]:
         """Nodes silent longer than ``node_retention``, with their seconds of silence."""
