@@ -82,6 +82,10 @@ class StandaloneCluster:
         await cluster._load()
         return cluster
 
+    async def reattach(self, js: JetStreamContext, bucket: str = BUCKET) -> None:
+        """Use the bucket through a new NATS client (the old one was closed for good)."""
+        self._bucket = await js.key_value(bucket)
+
     async def _load(self) -> None:
         try:
             keys = await self._bucket.keys()
