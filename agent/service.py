@@ -9,19 +9,19 @@ connection is back. The pieces that decide what to send live in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from agent.inventory import InventorySource
 from agent.report import Report
-from common.messaging import NatsSettings, connect
+from common.messaging import Connection, NatsSettings
 from common.wire import (
     RESYNC_SUBJECT,
     Reason,
@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL_S = 5.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
-DRAIN_TIMEOUT_S = 5.0
+# Stopping must end within 10 s even while a card read hangs in its thread.
+SOURCE_CLOSE_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -57,39 +58,61 @@ class Agent:
         self._report = Report(settings.node, secrets.token_hex(8), settings.heartbeat_interval,
                               settings.cordoned)
         self._subject = inventory_subject(settings.node)
-        self._client: Client | None = None
+        self._connection = Connection(nats, f"pyhami-agent {settings.node}")
+        self._connection.when_up(self._on_up)
+        self._published_once = False
         self._publishing = asyncio.Lock()
         self._last_publish = time.monotonic()
-        self._closing = False
+
+    @property
+    def connection(self) -> Connection:
+        return self._connection
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set, then drain the connection and close the source."""
-        await asyncio.to_thread(self._source.open)
+        """Serve until ``stop`` is set, then drain the connection and close the source.
+
+        ``stop`` is obeyed in every state: opening the source, connecting, connected,
+        or with NATS gone."""
+        await self._connection.subscribe(RESYNC_SUBJECT, self._on_resync)
+        opened = asyncio.create_task(self._open())
+        stopping = asyncio.create_task(stop.wait())
         try:
-            self._report.observe(await asyncio.to_thread(self._source.read))
-            if unknown := self._report.unknown_cordons():
-                logger.warning("cordoned cards this node does not have: %s", ", ".join(unknown))
-            self._last_publish = time.monotonic()
+            await asyncio.wait({opened, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                return
+            opened.result()  # raises what stopped the source from opening
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self._connect()),
+                tasks = [group.create_task(self._connection.run()),
                          group.create_task(self._poll()),
                          group.create_task(self._heartbeat())]
                 await stop.wait()
                 for task in tasks:
                     task.cancel()
         finally:
-            await self._disconnect()
-            await asyncio.to_thread(self._source.close)
+            stopping.cancel()
+            opened.cancel()  # a read under way in its thread ends on its own
+            await self._connection.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.to_thread(self._source.close),
+                                       SOURCE_CLOSE_TIMEOUT_S)
 
-    async def _connect(self) -> None:
-        client = await connect(self._nats, f"pyhami-agent {self._settings.node}",
-                               on_reconnected=self._on_reconnected,
-                               on_disconnected=self._on_disconnected)
-        self._client = client
-        await client.subscribe(RESYNC_SUBJECT, cb=self._on_resync)
+    async def _open(self) -> None:
+        await asyncio.to_thread(self._source.open)
+        self._report.observe(await asyncio.to_thread(self._source.read))
+        if unknown := self._report.unknown_cordons():
+            logger.warning("cordoned cards this node does not have: %s", ", ".join(unknown))
+        self._last_publish = time.monotonic()
+
+    async def _on_up(self, client: Client, new_client: bool) -> None:
         url = client.connected_url
-        logger.info("connected to NATS at %s", url.netloc if url else "?")
-        await self._publish("start")
+        if not self._published_once:
+            logger.info("connected to NATS at %s", url.netloc if url else "?")
+            await self._publish("start")
+            return
+        logger.info("%s to NATS at %s; publishing the latest inventory",
+                    "connected again" if new_client else "reconnected",
+                    url.netloc if url else "?")
+        await self._publish("reconnect")
 
     async def _poll(self) -> None:
         while True:
@@ -114,17 +137,15 @@ class Agent:
                 await asyncio.sleep(interval)  # not connected: the reconnect publishes
 
     async def _publish(self, reason: Reason) -> bool:
-        """Send the latest observation; False when there is no connection to send it on."""
+        """Send the latest observation; False when it could not go (the connection
+        counts and logs why)."""
         async with self._publishing:
-            client = self._client
-            if client is None or not client.is_connected:
+            if not self._connection.connected:
                 return False
             message = self._report.message(reason, self._clock())
-            try:
-                await client.publish(self._subject, encode(message))
-            except nats.errors.Error as error:
-                logger.warning("publishing the inventory failed, will retry: %s", error)
+            if await self._connection.publish(self._subject, encode(message)) is not None:
                 return False
+            self._published_once = True
             self._report.confirm(message)
             self._last_publish = time.monotonic()
             logger.debug("published %s #%d", reason, message.sequence)
@@ -138,25 +159,3 @@ class Agent:
             request = ResyncRequest()
         if request.includes(self._settings.node):
             await self._publish("resync")
-
-    async def _on_reconnected(self) -> None:
-        logger.info("reconnected to NATS; publishing the latest inventory")
-        await self._publish("reconnect")
-
-    async def _on_disconnected(self) -> None:
-        if not self._closing:
-            logger.warning("disconnected from NATS; still polling, "
-                           "the latest inventory goes out on reconnect")
-
-    async def _disconnect(self) -> None:
-        client = self._client
-        if client is None or client.is_closed:
-            return
-        self._closing = True
-        try:
-            await asyncio.wait_for(client.drain(), DRAIN_TIMEOUT_S)
-            logger.info("NATS connection drained")
-        except (nats.errors.Error, TimeoutError) as error:
-            logger.warning("could not drain the NATS connection (%s); closing it",
-                           str(error) or type(error).__name__)
-            await client.close()

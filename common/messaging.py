@@ -4,22 +4,29 @@ Every setting comes from a flag or, when the flag is absent, from its
 ``PYHAMI_NATS_*`` environment variable (a Kubernetes Secret mounted as
 environment or files). The connection is retried forever: the first one every
 ``INITIAL_RETRY_S`` seconds, a lost one with exponential backoff and jitter.
+``Connection`` keeps one alive for the life of a process, even when the server
+makes nats-py close its client for good.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import importlib.util
 import logging
 import random
 import ssl
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from nats.aio.client import Client, Server
+from nats.aio.msg import Msg
 
 logger = logging.getLogger(__name__)
 
@@ -210,8 +217,10 @@ Callback = Callable[[], Awaitable[None]]
 
 async def connect(settings: NatsSettings, name: str, *,
                   on_reconnected: Callback | None = None,
-                  on_disconnected: Callback | None = None) -> Client:
-    """Connect, waiting as long as it takes; the client then reconnects forever."""
+                  on_disconnected: Callback | None = None,
+                  on_closed: Callback | None = None) -> Client:
+    """Connect, waiting as long as it takes; the client then reconnects after network
+    failures (but nats-py closes it for good on most server errors: see ``Connection``)."""
     rng = random.Random()
 
     def next_server(servers: list[Server], _info: dict[str, Any]) -> tuple[Server | None, float]:
@@ -223,6 +232,8 @@ async def connect(settings: NatsSettings, name: str, *,
 
     async def report_closed() -> None:
         logger.info("NATS connection closed")
+        if on_closed is not None:
+            await on_closed()
 
     client = Client()
     tls = tls_context(settings)
@@ -246,3 +257,231 @@ async def connect(settings: NatsSettings, name: str, *,
         await client.close()
         raise
     return client
+
+
+# nats-server refuses a protocol line longer than this (its default ``max_control_line``)
+# with -ERR, and nats-py then closes the client.
+MAX_CONTROL_LINE = 4096
+# A replacement client that stays up this long resets the backoff.
+STABLE_AFTER_S = 60.0
+# How often a client that nats-py closed without its callback is noticed.
+CLOSE_CHECK_S = 1.0
+LOG_EVERY_S = 60.0
+DRAIN_TIMEOUT_S = 2.0
+
+Handler = Callable[[Msg], Awaitable[None]]
+UpHook = Callable[[Client, bool], Awaitable[None]]
+Unsent = Literal["disconnected", "too_large", "failed"]
+
+
+def fits_control_line(subject: str, payload_size: int) -> bool:
+    """Whether ``PUB <subject> <size>`` stays within the server's control line limit."""
+    return len(f"PUB {subject} {payload_size}\r\n".encode()) <= MAX_CONTROL_LINE
+
+
+class RateLimitedLog:
+    """One warning per kind a minute at most, saying how many were not logged between."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._quiet: Counter[str] = Counter()
+
+    def warning(self, kind: str, message: str, *args: object) -> None:
+        now = self._clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < LOG_EVERY_S:
+            self._quiet[kind] += 1
+            return
+        self._last[kind] = now
+        quiet = self._quiet.pop(kind, 0)
+        suffix = f" ({quiet} more like it not logged)" if quiet else ""
+        logger.warning(message + suffix, *args)
+
+
+class Connection:
+    """One NATS connection for the life of a process, whatever the server does to it.
+
+    nats-py reconnects by itself after network failures, but closes its client
+    for good on most server ``-ERR`` lines (any but stale connection and
+    permission errors: a "maximum control line exceeded", an authorization
+    violation). ``run`` then connects a new client with the same settings, after a
+    backoff, subscribes it again, and tells the ``when_up`` hooks, so that whatever
+    was built on the old client (a JetStream bucket handle) is built again.
+
+    ``publish`` never raises and never sends what the server would refuse.
+    """
+
+    def __init__(self, settings: NatsSettings, name: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._settings = settings
+        self._name = name
+        self._clock = clock
+        self._client: Client | None = None
+        self._subscriptions: list[tuple[str, Handler]] = []
+        self._up_hooks: list[UpHook] = []
+        self._up = asyncio.Event()
+        self._down_since: float | None = clock()
+        self._closing = False
+        self._rng = random.Random()
+        self._log = RateLimitedLog(clock)
+        self.replaced = 0
+        """Clients connected again after nats-py closed the previous one for good."""
+        self.unsent: Counter[Unsent] = Counter()
+
+    @property
+    def client(self) -> Client | None:
+        """The current client; None before the first connection."""
+        return self._client
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None and self._client.is_connected
+
+    def down_for(self) -> float:
+        """Seconds since the connection was lost (or since start, before the first one);
+        0 while connected."""
+        return 0.0 if self._down_since is None else self._clock() - self._down_since
+
+    async def subscribe(self, subject: str, handler: Handler) -> None:
+        """Subscribe the current client, if connected, and every client made after it."""
+        self._subscriptions.append((subject, handler))
+        client = self._client
+        if client is not None and not client.is_closed:
+            await client.subscribe(subject, cb=handler)
+
+    def when_up(self, hook: UpHook) -> None:
+        """Call ``hook(client, new_client)`` each time the connection is up again:
+        ``new_client`` is True for a client just made (the first, or a replacement for
+        one nats-py closed), False when nats-py reconnected the same client."""
+        self._up_hooks.append(hook)
+
+    async def wait_up(self) -> Client:
+        await self._up.wait()
+        assert self._client is not None
+        return self._client
+
+    async def run(self) -> None:
+        """Connect, and connect again whenever nats-py closes the client for good;
+        runs until cancelled or ``close()``."""
+        attempt = 0
+        while not self._closing:
+            closed = asyncio.Event()
+            try:
+                client = await connect(self._settings, self._name,
+                                       on_reconnected=self._reconnected,
+                                       on_disconnected=self._disconnected,
+                                       on_closed=self._closed(closed))
+            except Exception as error:  # e.g. refused credentials: try again, never give up
+                logger.warning("NATS: connecting failed (%s)", str(error) or type(error).__name__)
+                await self._backoff(attempt)
+                attempt += 1
+                continue
+            started = self._clock()
+            if await self._set_up(client):
+                await self._until_closed(client, closed)
+                if self._closing:
+                    return
+                last = client.last_error
+                logger.error("NATS closed the connection for good (%s); connecting a new one",
+                             (str(last) or type(last).__name__) if last else "no error given")
+            self._up.clear()
+            self._mark_down()
+            if self._clock() - started > STABLE_AFTER_S:
+                attempt = 0
+            await self._backoff(attempt)
+            attempt += 1
+            self.replaced += 1
+
+    async def _set_up(self, client: Client) -> bool:
+        """Subscribe a new client and run the hooks; False (the client closed) on failure."""
+        new = self._client is None or self._client is not client
+        try:
+            for subject, handler in self._subscriptions:
+                await client.subscribe(subject, cb=handler)
+            self._client = client
+            self._down_since = None
+            for hook in self._up_hooks:
+                await hook(client, new)
+        except Exception:
+            logger.exception("NATS: setting up the new connection failed; closing it")
+            with contextlib.suppress(Exception):
+                await client.close()
+            return False
+        self._up.set()
+        return True
+
+    async def _until_closed(self, client: Client, closed: asyncio.Event) -> None:
+        # nats-py skips its closed callback when it closes while (re)connecting.
+        while not client.is_closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(closed.wait(), CLOSE_CHECK_S)
+
+    async def _backoff(self, attempt: int) -> None:
+        await asyncio.sleep(reconnect_delay(attempt, self._rng.random(),
+                                            self._settings.reconnect_max_wait,
+                                            base=INITIAL_RETRY_S / 4))
+
+    def _closed(self, closed: asyncio.Event) -> Callback:
+        async def mark() -> None:
+            closed.set()
+
+        return mark
+
+    def _mark_down(self) -> None:
+        if self._down_since is None:
+            self._down_since = self._clock()
+
+    async def _disconnected(self) -> None:
+        if not self._closing and self._down_since is None:
+            logger.warning("disconnected from NATS")
+        self._mark_down()
+
+    async def _reconnected(self) -> None:
+        self._down_since = None
+        client = self._client
+        if client is None:
+            return
+        for hook in self._up_hooks:
+            try:
+                await hook(client, False)
+            except Exception:
+                logger.exception("NATS: a reconnection hook failed")
+
+    async def publish(self, subject: str, payload: bytes) -> Unsent | None:
+        """Send one message; never raises. What could not go is counted, logged at most
+        once a minute, and returned as the reason; None when it went."""
+        client = self._client
+        reason: Unsent | None = None
+        detail = ""
+        if client is None or not client.is_connected:
+            reason = "disconnected"
+        elif len(payload) > client.max_payload or not fits_control_line(subject, len(payload)):
+            reason, detail = "too_large", (f"{len(payload)} bytes on a {len(subject)}-character "
+                                           f"subject (server limit {client.max_payload} bytes, "
+                                           f"{MAX_CONTROL_LINE}-byte control line)")
+        else:
+            try:
+                await client.publish(subject, payload)
+            except Exception as error:  # a closing client, a full reconnect buffer
+                reason, detail = "failed", str(error) or type(error).__name__
+        if reason is not None:
+            self.unsent[reason] += 1
+            self._log.warning(reason, "NATS: a message on %.80s was not sent (%s%s)", subject,
+                              reason, f": {detail}" if detail else "")
+        return reason
+
+    async def close(self) -> None:
+        """Drain (briefly: stopping must stay quick) and close; ``run`` then returns."""
+        self._closing = True
+        client = self._client
+        if client is None or client.is_closed:
+            return
+        try:
+            await asyncio.wait_for(client.drain(), DRAIN_TIMEOUT_S)
+            logger.info("NATS connection drained")
+        except Exception as error:  # a timeout or any client error: close it
+            logger.warning("could not drain the NATS connection (%s); closing it",
+                           str(error) or type(error).__name__)
+        if not client.is_closed:
+            await client.close()

@@ -1,4 +1,10 @@
-"""Running the daemon: NATS in, HTTP in and out, the cluster port chosen at start-up."""
+"""Running the daemon: NATS in, HTTP in and out, the cluster port chosen at start-up.
+
+The order makes stopping and probing work in every state: the CLI installs the
+signal handlers first; then HTTP comes up (``/healthz`` answers, ``/readyz`` says
+why it is not ready); then NATS is connected, the cluster opened and the ledger
+rebuilt, each step abandoned at once when ``stop`` is set.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +13,39 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
+import msgspec
+import nats.errors
+import nats.js.errors
 from aiohttp import web
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from common import telemetry
-from common.messaging import NatsSettings, connect
+from common.messaging import Connection, NatsSettings
+from common.supervision import Supervisor
 from common.wire import INVENTORY_SUBJECTS, RESYNC_SUBJECT, ResyncRequest, encode
-from scheduler.cluster import Cluster
+from scheduler.cluster import Cluster, ClusterError
 from scheduler.http import extender_app, metrics_app
+from scheduler.metrics import ConnectionCollector
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.standalone import PendingLoop, StandaloneCluster, pod_api
 
 logger = logging.getLogger(__name__)
 
 ClusterMode = Literal["kubeconfig", "in-cluster", "standalone"]
+DEFAULT_NATS_GRACE_S = 30.0
+# Stopping must end within 10 s: each step of the shutdown has its share.
+HTTP_SHUTDOWN_S = 2.0
+SETTLE_S = 2.0
+REBUILD_RETRY_S = 2.0
+T = TypeVar("T")
+
+
+class StartupError(Exception):
+    """A setting found unusable at start (a kubeconfig, the in-cluster configuration, a
+    nats-server without JetStream); the CLI prints it on one line and exits 2."""
 
 
 @dataclass(frozen=True)
@@ -40,14 +62,18 @@ class DaemonConfig:
     noop_endpoint: bool = False
     # Standalone: place submitted pods ourselves (off when an outside driver calls the verbs).
     drive_pending: bool = True
+    # /readyz turns 503 once NATS has been gone this long.
+    nats_grace: float = DEFAULT_NATS_GRACE_S
 
 
-def telemetry_publisher(client: Client) -> Callable[
+def telemetry_publisher(connection: Connection) -> Callable[
         [telemetry.DecisionEvent | telemetry.UsageEvent], Awaitable[None]]:
+    """Telemetry never fails a request: what cannot go is counted by the connection."""
+
     async def publish(event: telemetry.DecisionEvent | telemetry.UsageEvent) -> None:
         subject = (telemetry.DECISIONS_SUBJECT if isinstance(event, telemetry.DecisionEvent)
                    else telemetry.usage_subject(event.node))
-        await client.publish(subject, telemetry.encode(event))
+        await connection.publish(subject, telemetry.encode(event))
 
     return publish
 
@@ -56,70 +82,178 @@ async def _kubernetes(config: DaemonConfig) -> Cluster:
     from scheduler.kube import KubernetesCluster  # noqa: PLC0415 (heavy; loaded only when used)
 
     if config.mode == "in-cluster":
-        return KubernetesCluster.in_cluster()
+        try:
+            return KubernetesCluster.in_cluster()
+        except ClusterError as error:
+            raise StartupError(f"--in-cluster: {error} (it works only in a pod of the cluster; "
+                               "elsewhere use --kubeconfig)") from None
     assert config.kubeconfig is not None
-    return KubernetesCluster.from_kubeconfig(config.kubeconfig)
+    try:
+        return KubernetesCluster.from_kubeconfig(config.kubeconfig)
+    except ClusterError as error:
+        raise StartupError(f"--kubeconfig: {error}") from None
+
+
+async def _open_bucket(client: Client) -> StandaloneCluster:
+    try:
+        return await StandaloneCluster.open(client)
+    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+        url = client.connected_url
+        raise StartupError(
+            f"--standalone keeps pods in JetStream, which the nats-server at "
+            f"{url.netloc if url else '?'} does not offer: start nats-server with -js "
+            "(and -sd DIR to keep the pods on disk)") from None
 
 
 async def _serve(app: web.Application, address: tuple[str, int]) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=HTTP_SHUTDOWN_S)
     await runner.setup()
     await web.TCPSite(runner, address[0], address[1]).start()
     return runner
 
 
+def _starting_app(why: Callable[[], list[str]]) -> web.Application:
+    """What the extender's port answers until the daemon is up: alive, not ready."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(status=503, text="; ".join(why()) + "\n")
+
+    async def statusz(_: web.Request) -> web.Response:
+        return web.Response(body=msgspec.json.encode({"ready": False,
+                                                       "not_ready_because": why()}),
+                            content_type="application/json")
+
+    async def starting(_: web.Request) -> web.Response:
+        return web.Response(status=503, text="pyhami is starting: " + "; ".join(why()) + "\n")
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz),
+                    web.get("/statusz", statusz), web.route("*", "/{path:.*}", starting)])
+    return app
+
+
+async def _unless_stopped(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None (``work`` cancelled) when ``stop`` is set first."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+def nats_check(connection: Connection, grace: float) -> Callable[[], str | None]:
+    def check() -> str | None:
+        down = connection.down_for()
+        if down <= grace:
+            return None
+        return f"NATS disconnected for {down:.0f}s (grace {grace:g}s)"
+
+    return check
+
+
 async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
                      started: Callable[[SchedulerService], None] | None = None) -> None:
-    """Run until ``stop`` is set; ``started`` is told once the daemon answers /filter."""
-    client = await connect(config.nats, "pyhami-scheduler")
+    """Run until ``stop`` is set; ``started`` is told once the daemon answers /filter.
+
+    Raises ``StartupError`` for a setting found unusable at start."""
+    kubernetes = await _kubernetes(config) if config.mode != "standalone" else None
+    connection = Connection(config.nats, "pyhami-scheduler")
+    supervisor = Supervisor()
     runners: list[web.AppRunner] = []
-    tasks: list[asyncio.Task[None]] = []
     service: SchedulerService | None = None
+    standalone: StandaloneCluster | None = None
+    phase = ["connecting to NATS"]
+
+    async def when_up(client: Client, new_client: bool) -> None:
+        # A replacement client: what was built on the old one is built again.
+        if new_client and service is not None:
+            if standalone is not None:
+                await standalone.reattach(client)
+            await connection.publish(RESYNC_SUBJECT, encode(ResyncRequest(
+                requested_by="pyhami-scheduler")))
+
+    connection.when_up(when_up)
     try:
-        standalone: StandaloneCluster | None = None
-        cluster: Cluster
-        if config.mode == "standalone":
-            standalone = await StandaloneCluster.open(client)
-            cluster = standalone
-        else:
-            cluster = await _kubernetes(config)
-        service = SchedulerService(config.service, cluster, telemetry_publisher(client))
+        runners.append(await _serve(_starting_app(lambda: phase), config.listen))
+        supervisor.start("nats-connection", connection.run)
+        client = await _unless_stopped(stop, connection.wait_up())
+        if client is None:
+            return
+        if kubernetes is None:
+            phase[0] = "opening the JetStream pod bucket"
+            standalone = await _unless_stopped(stop, _open_bucket(client))
+            if standalone is None:
+                return
+        cluster = standalone or kubernetes
+        assert cluster is not None
+        service = SchedulerService(config.service, cluster, telemetry_publisher(connection))
+        service.readiness_checks.append(nats_check(connection, config.nats_grace))
+        service.readiness_checks.append(lambda: "; ".join(supervisor.problems()) or None)
+        service.status_parts["nats"] = lambda: {"connected": connection.connected,
+                                                "down_for_s": round(connection.down_for(), 1),
+                                                "clients_replaced": connection.replaced}
+        service.status_parts["background_crashes"] = lambda: dict(supervisor.crashes)
+        service.metrics.registry.register(ConnectionCollector(connection))
         app = extender_app(service, url_prefix=config.url_prefix, noop=config.noop_endpoint)
         loop: PendingLoop | None = None
         if standalone is not None:
             loop = PendingLoop(service, standalone, config.retry_period)
             app.add_routes(pod_api(standalone, loop))
+        await runners.pop().cleanup()
         runners.append(await _serve(app, config.listen))
         if config.metrics is not None:
             runners.append(await _serve(metrics_app(service), config.metrics))
 
         async def on_inventory(message: Msg) -> None:
-            await service.receive_inventory(message.data)
+            with supervisor.contained("inventory message"):
+                await service.receive_inventory(message.data)
 
-        await client.subscribe(INVENTORY_SUBJECTS, cb=on_inventory)
-        await client.publish(RESYNC_SUBJECT, encode(ResyncRequest(requested_by="pyhami-scheduler")))
-        await asyncio.sleep(config.resync_wait)
-        await service.rebuild()
-        tasks.append(asyncio.create_task(service.follow_cluster()))
-        tasks.append(asyncio.create_task(service.expire_reservations()))
-        tasks.append(asyncio.create_task(service.follow_cordons()))
+        await connection.subscribe(INVENTORY_SUBJECTS, on_inventory)
+        await connection.publish(RESYNC_SUBJECT,
+                                 encode(ResyncRequest(requested_by="pyhami-scheduler")))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), config.resync_wait)
+        if stop.is_set() or await _unless_stopped(stop, _rebuilt(service)) is None:
+            return
+        supervisor.start("follow-cluster", service.follow_cluster)
+        supervisor.start("expire-reservations", service.expire_reservations)
+        supervisor.start("follow-cordons", service.follow_cordons)
+        supervisor.start("watch-nodes", service.watch_nodes)
         if standalone is not None:
-            tasks.append(asyncio.create_task(standalone.keep_settled()))
+            supervisor.start("settle-pod-store", standalone.keep_settled)
         if loop is not None and config.drive_pending:
-            tasks.append(asyncio.create_task(loop.run()))
+            supervisor.start("pending-loop", loop.run)
         logger.info("pyhami scheduler ready on %s:%d", *config.listen)
         if started is not None:
             started(service)
         await stop.wait()
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await supervisor.stop()
         for runner in runners:
             await runner.cleanup()
         if service is not None:
-            await service.settle()
-        with contextlib.suppress(Exception):
-            await client.drain()
+            await service.settle(SETTLE_S)
+        await connection.close()
+
+
+async def _rebuilt(service: SchedulerService) -> bool:
+    """Rebuild the ledger, trying again while the cluster cannot list its pods."""
+    while True:
+        try:
+            await service.rebuild()
+        except ClusterError as error:
+            logger.warning("rebuilding the ledger failed, trying again in %gs: %s",
+                           REBUILD_RETRY_S, error)
+            await asyncio.sleep(REBUILD_RETRY_S)
+            continue
+        return True

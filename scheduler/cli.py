@@ -20,8 +20,16 @@ from common.arguments import (
     positive_seconds,
 )
 from common.messaging import SettingsError, add_nats_arguments, nats_settings
-from scheduler.app import ClusterMode, DaemonConfig, run_daemon
-from scheduler.service import ServiceSettings
+from scheduler.app import (
+    DEFAULT_NATS_GRACE_S,
+    ClusterMode,
+    DaemonConfig,
+    StartupError,
+    run_daemon,
+)
+from scheduler.service import DEFAULT_NODE_RETENTION_S, ServiceSettings
+
+logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "PYHAMI_"
 
@@ -56,6 +64,15 @@ def register(commands: Subcommands) -> None:
                         node_policy=_env("NODE_SCHEDULER_POLICY", "binpack") or "binpack")
     parser.add_argument("--node-timeout", type=positive_seconds, default=_env("NODE_TIMEOUT", "30"),
                         help="a node silent this long takes no new pods (PYHAMI_NODE_TIMEOUT)")
+    parser.add_argument("--node-retention", type=positive_seconds,
+                        default=_env("NODE_RETENTION", f"{DEFAULT_NODE_RETENTION_S:g}"),
+                        help="standalone: forget a node silent this long; longer than "
+                             "--node-timeout (PYHAMI_NODE_RETENTION; default "
+                             f"{DEFAULT_NODE_RETENTION_S:g})")
+    parser.add_argument("--nats-grace", type=positive_seconds,
+                        default=_env("NATS_GRACE", f"{DEFAULT_NATS_GRACE_S:g}"),
+                        help="/readyz fails once NATS has been gone this long "
+                             f"(PYHAMI_NATS_GRACE; default {DEFAULT_NATS_GRACE_S:g})")
     parser.add_argument("--reservation-ttl", type=positive_seconds,
                         default=_env("RESERVATION_TTL", "60"),
                         help="release cards no bind confirmed after this long "
@@ -90,16 +107,25 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> DaemonC
         raise SettingsError("choose the cluster: --kubeconfig PATH, --in-cluster or --standalone")
     if mode == "kubeconfig" and not os.path.isfile(args.kubeconfig):
         raise SettingsError(f"--kubeconfig: {args.kubeconfig} is not a readable file")
+    node_timeout, node_retention = float(args.node_timeout), float(args.node_retention)
+    if mode == "standalone" and node_retention <= node_timeout:
+        raise SettingsError(f"--node-retention ({node_retention:g}s) must be longer than "
+                            f"--node-timeout ({node_timeout:g}s)")
     defaults = defaults_from(args)
+    kubernetes = mode != "standalone"
     return DaemonConfig(
         nats=nats_settings(args, environ), mode=mode,
-        service=ServiceSettings(defaults, node_timeout=float(args.node_timeout),
-                                reservation_ttl=float(args.reservation_ttl)),
+        # Kubernetes lists its Nodes: a node is forgotten when its Node is deleted.
+        service=ServiceSettings(defaults, node_timeout=node_timeout,
+                                reservation_ttl=float(args.reservation_ttl),
+                                node_retention=None if kubernetes else node_retention,
+                                nodes_listed=kubernetes),
         listen=args.listen if isinstance(args.listen, tuple) else address(args.listen),
         metrics=args.metrics if isinstance(args.metrics, tuple) else address(args.metrics),
         kubeconfig=args.kubeconfig, url_prefix=args.url_prefix,
         resync_wait=float(args.resync_wait), retry_period=float(args.retry_period),
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
+        nats_grace=float(args.nats_grace),
     )
 
 
@@ -114,13 +140,22 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = asyncio.Event()
+
+        def request_stop(received: signal.Signals) -> None:
+            logger.info("%s received: stopping", received.name)
+            stop.set()
+
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        for received in (signal.SIGTERM, signal.SIGINT):  # first, so stopping works in every state
+            loop.add_signal_handler(received, request_stop, received)
         await run_daemon(config, stop)
 
     try:
         uvloop.run(main())
+    except StartupError as error:
+        one_line = " ".join(str(error).split())  # a YAML error spans several lines
+        print(f"pyhami scheduler: {one_line}", file=sys.stderr)
+        return 2
     except OSError as error:
         print(f"pyhami scheduler: {error}", file=sys.stderr)
         return 1

@@ -61,9 +61,9 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
-        if service.ready:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="rebuilding the ledger\n")
+        if not_ready := service.not_ready_because():
+            return web.Response(status=503, text="; ".join(not_ready) + "\n")
+        return web.Response(text="ready\n")
 
     async def explain(request: web.Request) -> web.Response:
         try:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from common.core import Fleet
+from common.messaging import Connection
 
 MIB = 1024 * 1024
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -62,6 +63,26 @@ class _DeviceCollector(Collector):
             "Cards still holding allocations that their node no longer reports")
         orphans.add_metric([], self._orphans())
         yield from (allocated, limit, shared, cores, core_limit, healthy, silence, orphans)
+
+
+class ConnectionCollector(Collector):
+    """The NATS connection's health, read at scrape time."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    def collect(self) -> Iterable[Metric]:
+        connected = GaugeMetricFamily("pyhami_nats_connected", "1 while connected to NATS")
+        connected.add_metric([], 1.0 if self._connection.connected else 0.0)
+        replaced = CounterMetricFamily(
+            "pyhami_nats_clients_replaced",
+            "NATS clients connected again after the server made nats-py close one for good")
+        replaced.add_metric([], self._connection.replaced)
+        unsent = CounterMetricFamily("pyhami_nats_messages_unsent",
+                                     "Messages not sent on NATS, by reason", labels=["reason"])
+        for reason in ("disconnected", "too_large", "failed"):
+            unsent.add_metric([reason], self._connection.unsent[reason])
+        yield from (connected, replaced, unsent)
 
 
 class Metrics:

@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 Publish = Callable[[DecisionEvent | UsageEvent], Awaitable[None]]
 MAX_PRIORITY = 10
 CORDON_REFRESH_S = 15.0
+NODE_WATCH_S = 1.0
+DEFAULT_NODE_RETENTION_S = 600.0
+
+Check = Callable[[], str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,10 @@ class ServiceSettings:
     defaults: Defaults
     node_timeout: float = 30.0
     reservation_ttl: float = 60.0
+    node_retention: float | None = DEFAULT_NODE_RETENTION_S
+    """Forget a node silent this long (standalone); None: never for silence."""
+    nodes_listed: bool = False
+    """The cluster lists its Nodes (Kubernetes): forget a node it no longer lists."""
 
 
 def _ms_since(started: float) -> float:
@@ -102,7 +110,8 @@ class SchedulerService:
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.state = LiveState(node_timeout=settings.node_timeout,
-                               reservation_ttl=settings.reservation_ttl)
+                               reservation_ttl=settings.reservation_ttl,
+                               node_retention=settings.node_retention)
         self.cluster = cluster
         self._publish = publish
         self._clock = clock
@@ -111,7 +120,12 @@ class SchedulerService:
                                lambda: self.state.silence(self._clock()),
                                lambda: len(self.state.fleet.orphans()))
         self.ready = False
+        """The ledger is rebuilt: /filter answers (``not_ready_because`` says the rest)."""
+        self.readiness_checks: list[Check] = []
+        """Each says why the daemon is not ready, or None (NATS, background tasks)."""
+        self.status_parts: dict[str, Callable[[], object]] = {}
         self.inventory_accepted = 0
+        self._followed_cluster = False
         self._manifests: dict[str, PodManifest] = {}
         self._changed_nodes: set[str] = set()
         self._wakeups: list[asyncio.Event] = []
@@ -141,10 +155,19 @@ class SchedulerService:
         logger.info("ledger rebuilt from %d pods holding cards", len(restored))
         self.ready = True
 
+    def not_ready_because(self) -> list[str]:
+        """Why /readyz answers 503; empty when ready."""
+        reasons = [] if self.ready else ["rebuilding the ledger"]
+        reasons.extend(reason for check in self.readiness_checks if (reason := check()))
+        return reasons
+
     def status(self) -> dict[str, object]:
         """A cheap summary for operators and benchmarks (``/statusz``)."""
+        not_ready = self.not_ready_because()
         return {
-            "ready": self.ready,
+            "ready": not not_ready,
+            "not_ready_because": not_ready,
+            **{name: part() for name, part in self.status_parts.items()},
             "nodes": sum(1 for _ in self.state.fleet.nodes()),
             "node_names": sorted(n.name for n in self.state.fleet.nodes()),
             "stale_nodes": sorted(self.state.stale_nodes(self._clock())),
@@ -400,21 +423,30 @@ class SchedulerService:
     # Cluster changes -------------------------------------------------------------
 
     async def follow_cluster(self) -> None:
-        """Release the cards of pods deleted, Failed or Succeeded, for as long as it runs."""
+        """Release the cards of pods deleted, Failed or Succeeded, for as long as it runs.
+
+        Started again after a crash, it first compares the ledger with a fresh list of
+        the pods, for the changes that went by while it was down."""
+        if self._followed_cluster:
+            await self.reconcile()
+        self._followed_cluster = True
         async for change in self.cluster.changes():
             await self.on_pod_change(change)
+
+    async def reconcile(self) -> None:
+        """Bring the ledger in line with a fresh list of the pods: release the pods gone
+        or finished, book those bound that it lacks."""
+        pods = await self.cluster.list_pods()
+        listed = {pod.key for pod in pods}
+        for key in sorted(self.state.bound - listed):
+            await self._pod_ended(key)
+        for pod in pods:
+            await self.on_pod_change(PodChange(pod, deleted=False))
 
     async def on_pod_change(self, change: PodChange) -> None:
         pod = change.pod
         if change.deleted or pod.finished:
-            self._manifests.pop(pod.key, None)
-            self._refused.pop(pod.key, None)
-            released = self.state.release(pod.key)
-            if released is not None:
-                logger.info("pod %s ended: its cards on %s are free", pod.key, released.node)
-                self._changed_nodes.add(released.node)
-                await self._publish_usage()
-                self._wake()
+            await self._pod_ended(pod.key)
             return
         if pod.key in self.state.bound or self.state.reservation(pod.key) is not None:
             return
@@ -428,13 +460,28 @@ class SchedulerService:
             self._changed_nodes.add(allocation.node)
             await self._publish_usage()
 
+    async def _pod_ended(self, key: str) -> None:
+        self._manifests.pop(key, None)
+        self._refused.pop(key, None)
+        released = self.state.release(key)
+        if released is not None:
+            logger.info("pod %s ended: its cards on %s are free", key, released.node)
+            self._changed_nodes.add(released.node)
+            await self._publish_usage()
+            self._wake()
+
     async def refresh_cordons(self) -> None:
-        """Read the nodes' ``hami.io/device-cordon`` annotations into the live state."""
+        """Read the nodes' ``hami.io/device-cordon`` annotations into the live state; where
+        the cluster lists its Nodes, forget the nodes it no longer lists."""
+        listed_since = self._clock()
         try:
             cordons = await self.cluster.device_cordons()
         except ClusterError as error:
             logger.warning("node cordons not refreshed, keeping the last ones: %s", error)
             return
+        if self.settings.nodes_listed:
+            for name in self.state.unlisted(cordons.keys(), listed_since):
+                self._forget(name, "its Node is no longer in the cluster")
         changed = self.state.set_cluster_cordons(cordons)
         if changed:
             logger.info("device cordons changed on %s", ", ".join(sorted(changed)))
@@ -446,6 +493,27 @@ class SchedulerService:
         while True:
             await asyncio.sleep(period)
             await self.refresh_cordons()
+
+    async def watch_nodes(self, period: float = NODE_WATCH_S) -> None:
+        while True:
+            await asyncio.sleep(period)
+            self.check_nodes()
+
+    def check_nodes(self) -> None:
+        """Log each node once as it goes stale; forget those silent beyond the retention."""
+        now = self._clock()
+        for name, why in self.state.newly_stale(now).items():
+            logger.warning("node %s is stale: %s", name, why)
+        for name, quiet in self.state.silent_beyond_retention(now).items():
+            self._forget(name, f"silent for {quiet:.0f}s (retention "
+                               f"{self.settings.node_retention:g}s)")
+
+    def _forget(self, name: str, why: str) -> None:
+        self.state.forget(name)
+        self._changed_nodes.discard(name)
+        held = sum(1 for a in self.state.fleet.allocations().values() if a.node == name)
+        logger.warning("node %s forgotten: %s%s", name, why,
+                       f"; {held} pods still hold its cards" if held else "")
 
     async def expire_reservations(self, period: float = 1.0) -> None:
         while True:

@@ -130,6 +130,11 @@ class StandaloneCluster:
         await cluster._load()
         return cluster
 
+    async def reattach(self, connection: Client, bucket: str = BUCKET) -> None:
+        """Use the bucket through a new NATS client (the old one was closed for good)."""
+        self._bucket = await connection.jetstream().key_value(bucket)
+        self._connection = connection
+
     async def _load(self) -> None:
         try:
             keys = await self._bucket.keys()

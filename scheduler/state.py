@@ -46,17 +46,23 @@ class IngestResult:
 
 
 class LiveState:
-    def __init__(self, *, node_timeout: float, reservation_ttl: float) -> None:
+    def __init__(self, *, node_timeout: float, reservation_ttl: float,
+                 node_retention: float | None = None) -> None:
         self.fleet = Fleet()
         self.node_timeout = node_timeout
         self.reservation_ttl = reservation_ttl
+        self.node_retention = node_retention
         self.reservations: dict[str, Reservation] = {}
         self.bound: set[str] = set()
         self._reported: dict[str, Node] = {}
         self._known: set[str] = set()
+        # Bumped whenever ``_known`` changes (nodes come and are forgotten), for the cache.
+        self._known_version = 0
+        self._first_heard: dict[str, float] = {}
+        self._stale: set[str] = set()
         self._last_asked: tuple[list[str], frozenset[str]] = ([], frozenset())
         self._last_unknown: tuple[frozenset[str] | None, int, frozenset[str]] = (
-            None, 0, frozenset())
+            None, -1, frozenset())
         self._cluster_cordons: dict[str, frozenset[str]] = {}
         # Least recently heard first, so finding the stale nodes stops at the first fresh one.
         self._clocks: OrderedDict[str, NodeClock] = OrderedDict()
@@ -73,7 +79,11 @@ class LiveState:
         was_stale = clock is None or now - clock.heard > self.node_timeout
         self._clocks[inventory.node] = NodeClock(inventory.instance, inventory.sequence, now)
         self._clocks.move_to_end(inventory.node)
-        self._known.add(inventory.node)
+        self._stale.discard(inventory.node)
+        if inventory.node not in self._known:
+            self._known.add(inventory.node)
+            self._known_version += 1
+            self._first_heard[inventory.node] = now
         self._reported[inventory.node] = reported = inventory.to_node()
         node = self._with_cluster_cordons(reported)
         if not was_stale and node == self.fleet.node(node.name):
@@ -126,6 +136,43 @@ class LiveState:
                            f"(limit {self.node_timeout:g}s)")
         return stale
 
+    def newly_stale(self, now: float) -> dict[str, str]:
+        """The nodes that went stale since the last call, with why (to log each once)."""
+        stale = self.stale_nodes(now)
+        went_stale = {name: why for name, why in stale.items() if name not in self._stale}
+        self._stale = set(stale)
+        return went_stale
+
+    def silent_beyond_retention(self, now: float) -> dict[str, float]:
+        """Nodes silent longer than ``node_retention``, with their seconds of silence."""
+        if self.node_retention is None:
+            return {}
+        silent = {}
+        for name, clock in self._clocks.items():
+            quiet = now - clock.heard
+            if quiet <= self.node_retention:
+                break
+            silent[name] = quiet
+        return silent
+
+    def unlisted(self, listed: Collection[str], listed_since: float) -> list[str]:
+        """Known nodes absent from a Node list requested at ``listed_since`` (a node first
+        heard after that moment may be too new for the list)."""
+        return sorted(name for name in self._known
+                      if name not in listed and self._first_heard[name] < listed_since)
+
+    def forget(self, name: str) -> None:
+        """Drop a node entirely. Allocations on its cards stay in the ledger (their pods
+        still hold them) and show as orphans; a node that comes back starts afresh."""
+        self.fleet.remove_node(name)
+        self._reported.pop(name, None)
+        self._clocks.pop(name, None)
+        self._first_heard.pop(name, None)
+        self._stale.discard(name)
+        if name in self._known:
+            self._known.discard(name)
+            self._known_version += 1
+
     # Decisions ---------------------------------------------------------------
 
     def filter(self, request: PodRequest, node_names: Collection[str] | None, now: float,
@@ -174,9 +221,9 @@ class LiveState:
         return self._last_asked[1]
 
     def _unknown(self, asked: frozenset[str]) -> frozenset[str]:
-        # Nodes are only ever added to ``_known``, so its size tells whether it changed.
-        if self._last_unknown[0] is not asked or self._last_unknown[1] != len(self._known):
-            self._last_unknown = (asked, len(self._known), frozenset(asked - self._known))
+        if (self._last_unknown[0] is not asked
+                or self._last_unknown[1] != self._known_version):
+            self._last_unknown = (asked, self._known_version, frozenset(asked - self._known))
         return self._last_unknown[2]
 
     def reservation(self, key: str) -> Allocation | None:

@@ -1,0 +1,80 @@
+"""A setting the daemon cannot start with prints one clear line and exits 2, with no
+traceback: outside a cluster with --in-cluster, an unusable kubeconfig, --standalone
+against a nats-server without JetStream."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.natsserver import LocalNatsServer, free_port
+
+KUBECONFIG_WITHOUT_CONTEXT = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster: {server: "https://127.0.0.1:6443"}
+users:
+- name: admin
+  user: {token: secret}
+contexts:
+- name: lab
+  context: {cluster: lab, user: admin}
+"""
+
+
+def scheduler(*args: str) -> subprocess.CompletedProcess[str]:
+    environment = {name: value for name, value in os.environ.items()
+                   if not name.startswith(("PYHAMI_", "KUBERNETES_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "pyhami.cli", "scheduler", *args,
+         "--listen", f"127.0.0.1:{free_port()}", "--metrics", f"127.0.0.1:{free_port()}"],
+        capture_output=True, text=True, timeout=60, check=False, env=environment)
+
+
+def one_clear_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    # Log lines of the shutdown may come before it; the error is one line, the last.
+    errors = [line for line in done.stderr.splitlines() if line.startswith("pyhami scheduler:")]
+    assert len(errors) == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == errors[0]
+    return errors[0]
+
+
+def test_in_cluster_outside_a_cluster() -> None:
+    line = one_clear_line(scheduler("--in-cluster", "--nats", f"nats://127.0.0.1:{free_port()}"))
+    assert line.startswith("pyhami scheduler: --in-cluster: cannot load the in-cluster "
+                           "configuration: ")
+    assert line.endswith("elsewhere use --kubeconfig)")
+
+
+def test_a_kubeconfig_without_current_context(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG_WITHOUT_CONTEXT)
+    line = one_clear_line(scheduler("--kubeconfig", str(kubeconfig),
+                                    "--nats", f"nats://127.0.0.1:{free_port()}"))
+    assert line.startswith(f"pyhami scheduler: --kubeconfig: cannot load kubeconfig {kubeconfig}")
+    assert "current-context" in line
+
+
+@pytest.mark.parametrize("text", ["clusters: [", "just a string", ""])
+def test_a_kubeconfig_that_is_no_kubeconfig(tmp_path: Path, text: str) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(text)
+    line = one_clear_line(scheduler("--kubeconfig", str(kubeconfig),
+                                    "--nats", f"nats://127.0.0.1:{free_port()}"))
+    assert line.startswith(f"pyhami scheduler: --kubeconfig: cannot load kubeconfig {kubeconfig}")
+
+
+def test_standalone_against_a_nats_server_without_jetstream(
+        nats_server: LocalNatsServer) -> None:
+    line = one_clear_line(scheduler("--standalone", "--nats", nats_server.url))
+    assert line == (f"pyhami scheduler: --standalone keeps pods in JetStream, which the "
+                    f"nats-server at 127.0.0.1:{nats_server.port} does not offer: start "
+                    "nats-server with -js (and -sd DIR to keep the pods on disk)")
