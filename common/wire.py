@@ -14,7 +14,16 @@ from typing import Annotated, Literal
 import msgspec
 
 from common.core.annotations import CORDON_ANNOTATION
-from common.core.model import Device, Node, NonNegative
+from common.core.model import (
+    CARDS_PER_NODE_MAX,
+    Device,
+    MemoryMiB,
+    Node,
+    SmallCount,
+    Uuid,
+    repeated_card,
+)
+from common.core.names import InvalidName, check_subdomain, shown
 
 SCHEMA_VERSION = 1
 
@@ -28,15 +37,32 @@ _DEVICE_FIELDS = len(Device.__struct_fields__)
 Reason = Literal["start", "change", "heartbeat", "resync", "reconnect"]
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
-Seconds = Annotated[float, msgspec.Meta(gt=0)]
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=86400)]
+Label = Annotated[str, msgspec.Meta(max_length=128)]
+Detail = Annotated[str, msgspec.Meta(max_length=1024)]
+Cordoned = Annotated[list[Uuid], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]
 
 
 def inventory_subject(node: str) -> str:
     return f"{INVENTORY_SUBJECT_PREFIX}.{node}"
 
 
+def subject_node(subject: str) -> str:
+    """The node an inventory subject is for: what follows the prefix."""
+    return subject.removeprefix(f"{INVENTORY_SUBJECT_PREFIX}.")
+
+
 class WireError(ValueError):
     """A message that cannot be used; the text says why."""
+
+    result = "rejected"
+    """How the daemon counts the refusal (``pyhami_inventory_messages{result}``)."""
+
+
+class WrongSubject(WireError):
+    """An inventory for another node than the one its subject names."""
+
+    result = "wrong_subject"
 
 
 class Card(Device, frozen=True, forbid_unknown_fields=False):
@@ -47,10 +73,10 @@ class Card(Device, frozen=True, forbid_unknown_fields=False):
     ``SCHEMA_VERSION``.
     """
 
-    sm_count: NonNegative | None = None
-    process_memory: NonNegative = 0
+    sm_count: SmallCount | None = None
+    process_memory: MemoryMiB = 0
     """MiB held by the compute processes running on the card."""
-    health_detail: str = ""
+    health_detail: Detail = ""
     """Why the card is unhealthy; empty while it is healthy."""
 
     def device(self) -> Device:
@@ -58,13 +84,16 @@ class Card(Device, frozen=True, forbid_unknown_fields=False):
         return Device(*msgspec.structs.astuple(self)[:_DEVICE_FIELDS])
 
 
+Cards = Annotated[list[Card], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]
+
+
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     """One node's complete state, as one agent instance saw it at ``timestamp``."""
 
     schema: int
     node: str
-    agent_version: str
-    instance: str
+    agent_version: Label
+    instance: Label
     """Random per agent process: a new instance starts its sequence again at 1."""
     sequence: Positive
     timestamp: float
@@ -73,8 +102,8 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_interval: Seconds
     """The longest the agent stays silent while connected; a receiver may call
     the node stale after a few of these without a message."""
-    cards: list[Card]
-    cordoned: list[str] = []
+    cards: Cards
+    cordoned: Cordoned = []
     """UUIDs the agent reports as cordoned: the scheduler must not use them."""
 
     def to_node(self) -> Node:
@@ -107,8 +136,12 @@ def encode(message: Inventory | ResyncRequest) -> bytes:
     return _encoder.encode(message)
 
 
-def decode_inventory(data: bytes) -> Inventory:
-    """Raises ``WireError`` for a malformed message or another schema version."""
+def decode_inventory(data: bytes, subject: str | None = None) -> Inventory:
+    """Raises ``WireError`` for a malformed message or another schema version.
+
+    Every field is checked within its bounds, the node's name must be a valid
+    one, and, given the ``subject`` the message came on, the node it names.
+    """
     try:
         inventory = _inventory_decoder.decode(data)
     except msgspec.DecodeError as error:
@@ -121,6 +154,16 @@ def decode_inventory(data: bytes) -> Inventory:
         raise WireError(f"malformed inventory message: {error}") from None
     if inventory.schema != SCHEMA_VERSION:
         raise _schema_error(inventory.schema)
+    try:
+        check_subdomain("node", inventory.node)
+    except InvalidName as error:
+        raise WireError(f"inventory refused: {error}") from None
+    if subject is not None and subject_node(subject) != inventory.node:
+        raise WrongSubject(f"inventory refused: node {inventory.node!r} arrived on subject "
+                           f"{shown(subject)}, which is another node's")
+    repeated = repeated_card(inventory.cards)
+    if repeated is not None:
+        raise WireError(f"inventory refused: node {inventory.node!r}: {repeated}")
     return inventory
 
 

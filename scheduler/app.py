@@ -216,7 +216,7 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
 
         async def on_inventory(message: Msg) -> None:
             with supervisor.contained("inventory message"):
-                await service.receive_inventory(message.data)
+                await service.receive_inventory(message.subject, message.data)
 
         await connection.subscribe(INVENTORY_SUBJECTS, on_inventory)
         await connection.publish(RESYNC_SUBJECT,

@@ -46,6 +46,7 @@ from scheduler.protocol import (
     node_name,
 )
 from scheduler.state import LiveState
+from scheduler.throttle import LogThrottle
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ MAX_PRIORITY = 10
 CORDON_REFRESH_S = 15.0
 NODE_WATCH_S = 1.0
 DEFAULT_NODE_RETENTION_S = 600.0
+REFUSAL_LOG_PERIOD_S = 10.0
 
 Check = Callable[[], str | None]
 
@@ -134,6 +136,7 @@ class SchedulerService:
         # retried them a moment before pyhami saw the release, and then waits minutes.
         self._refused: dict[str, tuple[str, str]] = {}
         self._binding = KeyedLocks()
+        self._refusal_log = LogThrottle(REFUSAL_LOG_PERIOD_S, clock)
 
     # Start-up ----------------------------------------------------------------
 
@@ -178,9 +181,9 @@ class SchedulerService:
 
     # Inventory ---------------------------------------------------------------
 
-    async def receive_inventory(self, data: bytes) -> None:
+    async def receive_inventory(self, subject: str, data: bytes) -> None:
         """Ingest one agent message; a card that left while pods hold it is reported on them."""
-        result = self.ingest(data)
+        result = self.ingest(subject, data)
         if result is None:
             return
         inventory, vanished = result
@@ -197,15 +200,21 @@ class SchedulerService:
                     f"node {inventory.node} no longer reports {', '.join(lost)}, which this pod "
                     "holds; the cards stay booked until the pod ends")
 
-    def ingest(self, data: bytes) -> tuple[Inventory, set[str]] | None:
-        """Apply one agent message: the inventory and the cards that left holding allocations."""
+    def ingest(self, subject: str, data: bytes) -> tuple[Inventory, set[str]] | None:
+        """Apply one agent message: the inventory and the cards that left holding allocations.
+
+        A message refused (malformed, out of bounds, on another node's subject, claiming
+        another live node's card) is counted by result and logged at a bounded rate.
+        """
         try:
-            inventory = decode_inventory(data)
+            inventory = decode_inventory(data, subject)
         except WireError as error:
-            self.metrics.inventory.labels("rejected").inc()
-            logger.warning("inventory message dropped: %s", error)
+            self._refuse_inventory(error.result, str(error))
             return None
         result = self.state.ingest(inventory, self._clock())
+        if result.conflict is not None:
+            self._refuse_inventory("card_conflict", f"inventory refused: {result.conflict}")
+            return None
         if not result.accepted:
             self.metrics.inventory.labels("out_of_order").inc()
             return None
@@ -220,6 +229,13 @@ class SchedulerService:
                          inventory.node, uuid, usage.tenants, usage.memory)
         self._wake()
         return inventory, set(result.vanished)
+
+    def _refuse_inventory(self, result: str, why: str) -> None:
+        self.metrics.inventory.labels(result).inc()
+        held_back = self._refusal_log.allow(result)
+        if held_back is not None:
+            more = f" ({held_back} more refused since the last such line)" if held_back else ""
+            logger.warning("%s%s", why, more)
 
     # Extender verbs ------------------------------------------------------------
 

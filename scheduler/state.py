@@ -39,6 +39,8 @@ class NodeClock:
 @dataclass(frozen=True, slots=True)
 class IngestResult:
     accepted: bool
+    conflict: str | None = None
+    """Why the message was refused: it lists a card another live node reports."""
     vanished: dict[str, Usage] = field(default_factory=dict)
     """Cards that left the inventory while allocations still hold them."""
     news: bool = False
@@ -66,16 +68,22 @@ class LiveState:
         self._cluster_cordons: dict[str, frozenset[str]] = {}
         # Least recently heard first, so finding the stale nodes stops at the first fresh one.
         self._clocks: OrderedDict[str, NodeClock] = OrderedDict()
+        # Card uuid -> the node that last reported it; checked against that node's report.
+        self._card_node: dict[str, str] = {}
 
     # Inventory ---------------------------------------------------------------
 
     def ingest(self, inventory: Inventory, now: float) -> IngestResult:
-        """Apply one agent message; an older message of the same agent instance is dropped."""
+        """Apply one agent message; an older message of the same agent instance is dropped,
+        and so is one that lists a card another live node reports."""
         clock = self._clocks.get(inventory.node)
         if clock is not None and clock.instance == inventory.instance and (
             inventory.sequence <= clock.sequence
         ):
             return IngestResult(accepted=False)
+        conflict = self._claimed_elsewhere(inventory, now)
+        if conflict is not None:
+            return IngestResult(accepted=False, conflict=conflict)
         was_stale = clock is None or now - clock.heard > self.node_timeout
         self._clocks[inventory.node] = NodeClock(inventory.instance, inventory.sequence, now)
         self._clocks.move_to_end(inventory.node)
@@ -84,13 +92,38 @@ class LiveState:
             self._known.add(inventory.node)
             self._known_version += 1
             self._first_heard[inventory.node] = now
+        before = self._reported.get(inventory.node)
         self._reported[inventory.node] = reported = inventory.to_node()
+        if reported != before:
+            self._record_card_nodes(before, reported)
         node = self._with_cluster_cordons(reported)
         if not was_stale and node == self.fleet.node(node.name):
             return IngestResult(accepted=True)  # a heartbeat: nothing changed
         vanished = self._vanished(node)
         self.fleet.upsert_node(node)
         return IngestResult(accepted=True, vanished=vanished, news=True)
+
+    def _claimed_elsewhere(self, inventory: Inventory, now: float) -> str | None:
+        """A card of ``inventory`` that a live (not stale) other node reports, as a reason."""
+        for card in inventory.cards:
+            holder = self._card_node.get(card.uuid)
+            if holder is None or holder == inventory.node:
+                continue
+            clock = self._clocks.get(holder)
+            report = self._reported.get(holder)
+            if (clock is not None and now - clock.heard <= self.node_timeout
+                    and report is not None and any(d.uuid == card.uuid for d in report.devices)):
+                return (f"node {inventory.node!r} lists card {card.uuid!r}, which live node "
+                        f"{holder!r} reports")
+        return None
+
+    def _record_card_nodes(self, before: Node | None, reported: Node) -> None:
+        if before is not None:
+            for device in before.devices:
+                if self._card_node.get(device.uuid) == before.name:
+                    del self._card_node[device.uuid]
+        for device in reported.devices:
+            self._card_node[device.uuid] = reported.name
 
     def set_cluster_cordons(self, cordons: Mapping[str, frozenset[str]]) -> set[str]:
         """Cards cordoned by the nodes' annotations; returns the nodes whose set changed."""

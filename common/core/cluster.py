@@ -5,7 +5,7 @@ from __future__ import annotations
 from common.core.annotations import ALLOCATED_ANNOTATION, AnnotationError, decode_devices
 from common.core.fleet import Fleet
 from common.core.ledger import Allocation
-from common.core.model import ClusterFile
+from common.core.model import ClusterFile, repeated_card
 
 
 class ClusterError(ValueError):
@@ -18,12 +18,9 @@ def fleet_from_cluster(cluster: ClusterFile) -> Fleet:
         where = f"nodes[{position}] ({node.name!r})"
         if fleet.node(node.name) is not None:
             raise ClusterError(f"{where}: node name is listed twice")
-        uuids = [d.uuid for d in node.devices]
-        if len(set(uuids)) != len(uuids):
-            raise ClusterError(f"{where}: a device uuid is listed twice")
-        indexes = [d.index for d in node.devices]
-        if len(set(indexes)) != len(indexes):
-            raise ClusterError(f"{where}: a device index is listed twice")
+        repeated = repeated_card(node.devices)
+        if repeated is not None:
+            raise ClusterError(f"{where}: {repeated}")
         fleet.upsert_node(node)
     for position, pod in enumerate(cluster.pods):
         where = f"pods[{position}] ({pod.namespace}/{pod.name})"

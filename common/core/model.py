@@ -2,16 +2,42 @@
 
 These types are the one declaration of the shapes the core consumes; the agent's
 wire messages and the daemon's state are converted into them.
+
+The bounds on a card's fields are far beyond any real GPU, and keep every sum
+the core computes (256 cards a node, 2^24 MiB a card, over any fleet) inside
+int64 and every score finite: a decoded value outside them is refused with the
+field's path, before it reaches a numpy array.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 import msgspec
 
+CARD_MEMORY_MAX_MIB = 2**24
+"""16 TiB a card; the largest card sold holds under 2^19 MiB."""
+CARD_COUNT_MAX = 2**16
+"""Bound on a card's cores, tenant slots, processes, index, NUMA id and link weights."""
+CARDS_PER_NODE_MAX = 256
+"""A node holds at most 16 GPUs today; also the bound on a node's cordon list."""
+LINKS_PER_CARD_MAX = 1024
+"""NVLink peers a card may list (NVLink domains reach 576 GPUs)."""
+UUID_MAX = 128
+"""NVML UUIDs are 40 characters, MIG ones under 100."""
+TYPE_MAX = 128
+"""NVML's model name buffer is 96 bytes."""
+
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-NumaId = Annotated[int, msgspec.Meta(ge=-1)]
+SmallCount = Annotated[int, msgspec.Meta(ge=0, le=CARD_COUNT_MAX)]
+NumaId = Annotated[int, msgspec.Meta(ge=-1, le=CARD_COUNT_MAX)]
+MemoryMiB = Annotated[int, msgspec.Meta(ge=0, le=CARD_MEMORY_MAX_MIB)]
+# The allocation annotation separates cards with ':' and fields with ','; a UUID holds neither.
+Uuid = Annotated[str, msgspec.Meta(min_length=1, max_length=UUID_MAX,
+                                   pattern=r"^[A-Za-z0-9._/-]+$")]
+CardType = Annotated[str, msgspec.Meta(max_length=TYPE_MAX)]
+Links = Annotated[dict[Uuid, SmallCount], msgspec.Meta(max_length=LINKS_PER_CARD_MAX)]
 
 
 class Device(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -21,21 +47,41 @@ class Device(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     when the card has no NVLink peers.
     """
 
-    uuid: str
-    index: NonNegative
-    type: str
-    memory: NonNegative
-    cores: NonNegative = 100
-    count: NonNegative = 10
+    uuid: Uuid
+    index: SmallCount
+    type: CardType
+    memory: MemoryMiB
+    cores: SmallCount = 100
+    count: SmallCount = 10
     numa: NumaId = -1
     health: bool = True
-    links: dict[str, NonNegative] | None = None
-    processes: NonNegative = 0
+    links: Links | None = None
+    processes: SmallCount = 0
+
+
+Devices = Annotated[list[Device], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]
+
+
+def repeated_card(devices: Sequence[Device]) -> str | None:
+    """What is listed twice among one node's cards (a UUID or an index), or None.
+
+    A card listed twice could be given twice to one pod.
+    """
+    uuids: set[str] = set()
+    indexes: set[int] = set()
+    for device in devices:
+        if device.uuid in uuids:
+            return f"card uuid {device.uuid!r} is listed twice"
+        if device.index in indexes:
+            return f"card index {device.index} is listed twice"
+        uuids.add(device.uuid)
+        indexes.add(device.index)
+    return None
 
 
 class Node(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
-    devices: list[Device]
+    devices: Devices
     annotations: dict[str, str] = {}
 
 
