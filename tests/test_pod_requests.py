@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from fractions import Fraction
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from common.core import PodRejected, parse_pod
 from common.core.pod import Container, PodManifest, PodSpec, ResourceRequirements
@@ -112,6 +117,45 @@ class TestMalformed:
         pod = manifest(annotations={"nvidia.com/numa-bind": "yes please"})
         decision = run(fleet_of(node("n", 1)), pod)
         assert decision.reason is not None and "nvidia.com/numa-bind" in decision.reason
+
+    @pytest.mark.parametrize(("written", "message"), [
+        ("1e10000000", "'1e10000000' is above 2^53"),
+        ("-1e10000000", "is a negative number"),
+        ("1e-10000000", "is not an integer"),
+        ("9" * 5000, "a quantity of 5000 characters is not accepted"),
+        ("9007199254740993", "is above 2^53 (9007199254740992)"),
+        ("8Ei", "is above 2^53"),
+        (10**1000, "an integer of 3322 bits is above 2^53"),
+        (1e308, "1e+308 is above 2^53"),
+        (float("inf"), "inf is not a finite number"),
+        (float("nan"), "nan is not a finite number"),
+    ])
+    def test_quantities_take_bounded_work_and_stop_at_2_to_the_53(
+            self, written: str | float, message: str) -> None:
+        started = time.perf_counter()
+        with pytest.raises(PodRejected, match=r"nvidia\.com/gpumem\]") as raised:
+            container_request({"nvidia.com/gpumem": written})  # type: ignore[dict-item]
+        assert time.perf_counter() - started < 0.05  # "1e10000000" used to take seconds
+        assert message in str(raised.value)
+
+    def test_the_largest_quantity_and_a_zero_with_a_huge_exponent_are_read(self) -> None:
+        assert container_request({"nvidia.com/gpumem": 2**53})[1] == 2**53
+        assert container_request({"nvidia.com/gpumem": "0e99999999"})[1] == 0
+
+    @given(digits=st.integers(0, 10**30), point=st.integers(0, 30),
+           exponent=st.integers(-300, 300), negative=st.booleans())
+    def test_quantities_with_exponents_match_exact_arithmetic(
+            self, digits: int, point: int, exponent: int, negative: bool) -> None:
+        text = str(digits).rjust(point + 1, "0")
+        number = f"{'-' if negative else ''}{text[:len(text) - point]}.{text[len(text) - point:]}"
+        exact = Fraction(number) * Fraction(10) ** exponent
+        accepted = exact.denominator == 1 and 0 <= exact <= 2**53
+        try:
+            value = container_request({"nvidia.com/gpumem": f"{number}e{exponent}"})[1]
+        except PodRejected:
+            assert not accepted
+        else:
+            assert accepted and value == exact
 
     def test_a_malformed_pod_books_nothing(self) -> None:
         fleet = fleet_of(node("n", 1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -131,30 +132,61 @@ _SCALE = {
 }
 
 
+QUANTITY_MAX = 2**53
+"""The largest quantity accepted: beyond it a JSON number is no longer exact."""
+QUANTITY_TEXT_MAX = 64
+"""Characters in a quantity string; canonical Kubernetes quantities are far shorter."""
+# A nonzero number of at most 64 characters, scaled by 10**e with e beyond this span, is
+# either above QUANTITY_MAX or not a whole number: decided without computing 10**e.
+_EXPONENT_SPAN = 2 * QUANTITY_TEXT_MAX
+
+
 def _quantity(value: Quantity, where: str) -> int:
-    """A Kubernetes quantity whose value is a whole number.
+    """A Kubernetes quantity whose value is a whole number from 0 to ``QUANTITY_MAX``.
 
     The API server stores quantities in canonical form (``1000`` comes back as
     ``1k``), so suffixes and exponents are read; the value must be an integer.
+    The work is bounded whatever the text: its length is limited and a huge
+    exponent is judged by its sign alone.
     """
     if isinstance(value, bool):
         raise PodRejected(f"{where}: {value!r} is not an integer")
-    if isinstance(value, int | float):
-        exact = Fraction(value)
-    else:
-        match = _QUANTITY.fullmatch(value.strip())
-        if match is None:
-            raise PodRejected(f"{where}: {value!r} is not a quantity")
-        exact = Fraction(match["number"])
-        if match["suffix"]:
-            exact *= _SCALE[match["suffix"]]
-        elif match["exponent"]:
-            exact *= Fraction(10) ** int(match["exponent"])
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PodRejected(f"{where}: {value!r} is not a finite number")
+    exact = Fraction(value) if isinstance(value, int | float) else _quantity_text(value, where)
     if exact.denominator != 1:
-        raise PodRejected(f"{where}: {value!r} is not an integer")
+        raise PodRejected(f"{where}: {_shown(value)} is not an integer")
     if exact < 0:
-        raise PodRejected(f"{where}: {value!r} is a negative number")
+        raise PodRejected(f"{where}: {_shown(value)} is a negative number")
+    if exact > QUANTITY_MAX:
+        raise PodRejected(f"{where}: {_shown(value)} is above 2^53 ({QUANTITY_MAX})")
     return int(exact)
+
+
+def _quantity_text(text: str, where: str) -> Fraction:
+    if len(text) > QUANTITY_TEXT_MAX:
+        raise PodRejected(f"{where}: a quantity of {len(text)} characters is not accepted "
+                          f"(at most {QUANTITY_TEXT_MAX})")
+    match = _QUANTITY.fullmatch(text.strip())
+    if match is None:
+        raise PodRejected(f"{where}: {text!r} is not a quantity")
+    number = Fraction(match["number"])
+    if match["suffix"]:
+        return number * _SCALE[match["suffix"]]
+    exponent = int(match["exponent"] or 0)
+    if number == 0:
+        return number
+    if abs(exponent) <= _EXPONENT_SPAN:
+        return number * Fraction(10) ** exponent
+    if exponent < 0:
+        return Fraction(1, 2)  # a nonzero value below 10**-64: not a whole number
+    return Fraction(QUANTITY_MAX + 1) * (1 if number > 0 else -1)
+
+
+def _shown(value: Quantity) -> str:
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
 
 
 def _container_request(container: Container, is_init: bool, position: str) -> ContainerRequest:
