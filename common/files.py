@@ -6,8 +6,15 @@ from pathlib import Path
 
 import msgspec
 import yaml
+from yaml.constructor import ConstructorError
+from yaml.nodes import Node
 
 from common.core import ClusterFile, PodManifest
+
+try:
+    from yaml import CSafeLoader as _SafeLoader
+except ImportError:  # PyYAML built without libyaml
+    from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
 
 
 class InputFileError(ValueError):
@@ -28,12 +35,32 @@ def load_cluster(path: Path) -> ClusterFile:
         raise InputFileError(f"{path}: {error}") from None
 
 
+class _ManifestLoader(_SafeLoader):
+    """Safe YAML without aliases: a few bytes of aliases can stand for a document of
+    billions of nodes ("billion laughs"). libyaml bounds the nesting at 1,000 levels;
+    the pure-Python loader at the recursion limit."""
+
+    def construct_object(self, node: Node, deep: bool = False) -> object:
+        if node in self.constructed_objects:  # a node met twice is an alias's target
+            raise ConstructorError(None, None, "YAML aliases (*name) are not accepted",
+                                   node.start_mark)
+        return super().construct_object(node, deep)
+
+
 def parse_pod_manifest(text: bytes | str, source: str) -> PodManifest:
-    """A Pod manifest from YAML or JSON text."""
+    """A Pod manifest from YAML or JSON text.
+
+    Any text gives a manifest or ``InputFileError``: aliases, nesting deeper than
+    the parser allows and numbers too long to convert are refused by name.
+    """
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_ManifestLoader)
     except yaml.YAMLError as error:
         raise InputFileError(f"{source}: not YAML or JSON: {error}".replace("\n", " ")) from None
+    except RecursionError:
+        raise InputFileError(f"{source}: nested too deeply") from None
+    except ValueError as error:  # an integer of over 4,300 digits, a date like 2001-13-45
+        raise InputFileError(f"{source}: a value cannot be read: {error}") from None
     if not isinstance(document, dict):
         raise InputFileError(f"{source}: expected a Pod manifest (a mapping)")
     kind = document.get("kind", "Pod")
@@ -43,6 +70,8 @@ def parse_pod_manifest(text: bytes | str, source: str) -> PodManifest:
         return msgspec.convert(document, PodManifest)
     except msgspec.ValidationError as error:
         raise InputFileError(f"{source}: {error}") from None
+    except RecursionError:
+        raise InputFileError(f"{source}: nested too deeply") from None
 
 
 def load_pod(path: Path) -> PodManifest:

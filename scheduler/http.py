@@ -9,11 +9,15 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from common.core.names import InvalidName
 from common.files import InputFileError, parse_pod_manifest
+from scheduler.bodies import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT, read_body
 from scheduler.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderFilterResult,
+    check_binding_args,
+    check_extender_args,
 )
 from scheduler.service import SchedulerService
 
@@ -34,16 +38,21 @@ def _json(value: object) -> web.Response:
     return web.Response(body=_encoder.encode(value), content_type=JSON)
 
 
-def _verb(decoder: msgspec.json.Decoder[Args], what: str,
+def _verb(decoder: msgspec.json.Decoder[Args], what: str, check: Callable[[Args], None],
           answer: Callable[[Args], Awaitable[object]]) -> Handler:
-    """A POST handler: decode the body as ``what``, answer as JSON; 400 when it does not
-    decode."""
+    """A POST handler: decode the body as ``what`` and ``check`` its names, answer as JSON;
+    400 naming the problem when the body does not decode or a name is refused, 413 when
+    it is over the limit."""
 
     async def handle(request: web.Request) -> web.Response:
+        body = await read_body(request, EXTENDER_BODY_LIMIT)
         try:
-            args = decoder.decode(await request.read())
-        except msgspec.DecodeError as error:
+            args = decoder.decode(body)
+            check(args)
+        except (msgspec.DecodeError, InvalidName) as error:
             return _bad_request(what, error)
+        except RecursionError:  # msgspec's depth bound: Python's recursion limit
+            return _bad_request(what, ValueError("JSON nested too deeply"))
         return _json(await answer(args))
 
     return handle
@@ -67,7 +76,7 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
 
     async def explain(request: web.Request) -> web.Response:
         try:
-            pod = parse_pod_manifest(await request.read(), "request body")
+            pod = parse_pod_manifest(await read_body(request, POD_BODY_LIMIT), "request body")
         except InputFileError as error:
             return web.Response(status=400, text=f"{error}\n")
         return _json(service.explain(pod))
@@ -76,18 +85,24 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         return _json(service.status())
 
     prefix = url_prefix.rstrip("/")
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    # Handlers read through read_body with their own limit; this bounds any other reader.
+    app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     app.add_routes([
-        web.post(f"{prefix}/filter", _verb(_args, "ExtenderArgs", service.filter)),
-        web.post(f"{prefix}/prioritize", _verb(_args, "ExtenderArgs", service.prioritize)),
-        web.post(f"{prefix}/bind", _verb(_binding_args, "ExtenderBindingArgs", service.bind)),
+        web.post(f"{prefix}/filter",
+                 _verb(_args, "ExtenderArgs", check_extender_args, service.filter)),
+        web.post(f"{prefix}/prioritize",
+                 _verb(_args, "ExtenderArgs", check_extender_args, service.prioritize)),
+        web.post(f"{prefix}/bind",
+                 _verb(_binding_args, "ExtenderBindingArgs", check_binding_args, service.bind)),
         web.post(f"{prefix}/explain", explain),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         web.get("/statusz", statusz),
     ])
     if noop:
-        app.add_routes([web.post(f"{prefix}/noop", _verb(_args, "ExtenderArgs", answer_at_once))])
+        app.add_routes([web.post(f"{prefix}/noop",
+                                 _verb(_args, "ExtenderArgs", check_extender_args,
+                                       answer_at_once))])
     return app
 
 

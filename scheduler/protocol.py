@@ -5,9 +5,12 @@ The JSON keys are the Go field names, since those types carry no json tags.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from common.core import PodManifest
+from common.core.names import InvalidName, check_label, check_subdomain
 
 
 class NodeMeta(msgspec.Struct):
@@ -47,7 +50,8 @@ class HostPriority(msgspec.Struct, rename="pascal"):
 class ExtenderBindingArgs(msgspec.Struct, rename="pascal"):
     pod_name: str
     pod_namespace: str
-    pod_uid: str = msgspec.field(default="", name="PodUID")
+    pod_uid: Annotated[str, msgspec.Meta(max_length=128)] = msgspec.field(default="",
+                                                                         name="PodUID")
     node: str = ""
 
 
@@ -60,3 +64,30 @@ _node_name = msgspec.json.Decoder(NamedNode)
 
 def node_name(raw: msgspec.Raw) -> str:
     return _node_name.decode(raw).metadata.name
+
+
+def check_pod_names(pod: PodManifest, where: str) -> None:
+    """Raises ``InvalidName`` unless the pod's name (required) and namespace (when given)
+    are names Kubernetes accepts: they become keys in the ledger and the pod store."""
+    check_subdomain(f"{where}metadata.name", pod.metadata.name)
+    if pod.metadata.namespace:
+        check_label(f"{where}metadata.namespace", pod.metadata.namespace)
+
+
+def check_extender_args(args: ExtenderArgs) -> None:
+    """Raises ``InvalidName`` for a pod name or namespace Kubernetes would refuse, or
+    for a node object in ``Nodes`` whose name does not decode."""
+    check_pod_names(args.pod, "Pod.")
+    if args.node_names is None and args.nodes is not None:
+        for position, item in enumerate(args.nodes.items or ()):
+            try:
+                node_name(item)
+            except msgspec.DecodeError as error:
+                raise InvalidName(f"Nodes.items[{position}]: {error}") from None
+
+
+def check_binding_args(args: ExtenderBindingArgs) -> None:
+    """Raises ``InvalidName`` naming the field that Kubernetes would refuse."""
+    check_subdomain("PodName", args.pod_name)
+    check_label("PodNamespace", args.pod_namespace)
+    check_subdomain("Node", args.node)

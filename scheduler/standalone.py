@@ -39,7 +39,9 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 
 from common.core import PodManifest
+from common.core.names import InvalidName, check_label, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
+from scheduler.bodies import POD_BODY_LIMIT, read_body
 from scheduler.cluster import (
     ClusterError,
     ClusterPod,
@@ -47,7 +49,7 @@ from scheduler.cluster import (
     PodChange,
     StoreUnavailable,
 )
-from scheduler.protocol import ExtenderArgs, ExtenderBindingArgs
+from scheduler.protocol import ExtenderArgs, ExtenderBindingArgs, check_pod_names
 from scheduler.service import KeyedLocks, SchedulerService
 
 logger = logging.getLogger(__name__)
@@ -85,7 +87,9 @@ class PodEvent(msgspec.Struct):
 
 
 def _key(namespace: str, name: str) -> str:
-    # Namespaces hold no dots, so the first dot separates the two.
+    # The pod API lets in only names Kubernetes accepts: a namespace (a DNS-1123 label)
+    # holds no dot, so the first dot separates the two and no two pods share a key; both
+    # hold only characters NATS accepts in a key, 317 of them at most.
     return f"{namespace}.{name}"
 
 
@@ -416,8 +420,22 @@ def _pod_view(pod: StoredPod, events: list[PodEvent]) -> dict[str, object]:
     }
 
 
+def _path_names(request: web.Request) -> tuple[str, str]:
+    """The namespace and name in the URL; 400 naming the one Kubernetes would refuse."""
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    try:
+        check_label("namespace", namespace)
+        check_subdomain("name", name)
+    except InvalidName as error:
+        raise web.HTTPBadRequest(text=f"{error}\n") from None
+    return namespace, name
+
+
 def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
-    """``/api/pods``: submit (POST a Pod manifest, YAML or JSON), list, get, delete."""
+    """``/api/pods``: submit (POST a Pod manifest, YAML or JSON), list, get, delete.
+
+    Names are checked as Kubernetes checks them; a body over ``POD_BODY_LIMIT`` is a 413.
+    """
     routes = web.RouteTableDef()
     encode = msgspec.json.encode
 
@@ -427,11 +445,14 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
     @routes.post("/api/pods")
     async def submit(request: web.Request) -> web.Response:
         try:
-            manifest = parse_pod_manifest(await request.read(), "request body")
+            manifest = parse_pod_manifest(await read_body(request, POD_BODY_LIMIT),
+                                          "request body")
         except InputFileError as error:
             return web.Response(status=400, text=f"{error}\n")
-        if not manifest.metadata.name:
-            return web.Response(status=400, text="request body: metadata.name is required\n")
+        try:
+            check_pod_names(manifest, "")
+        except InvalidName as error:
+            return web.Response(status=400, text=f"request body: {error}\n")
         try:
             pod = await cluster.submit(manifest)
         except StoreUnavailable as error:
@@ -451,7 +472,7 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
 
     @routes.get("/api/pods/{namespace}/{name}")
     async def get_pod(request: web.Request) -> web.Response:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        namespace, name = _path_names(request)
         found = next((p for p in cluster.pods() if p.manifest.metadata.namespace == namespace
                       and p.manifest.metadata.name == name), None)
         if found is None:
@@ -460,7 +481,7 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
 
     @routes.delete("/api/pods/{namespace}/{name}")
     async def delete_pod(request: web.Request) -> web.Response:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        namespace, name = _path_names(request)
         try:
             deleted = await cluster.delete(namespace, name)
         except StoreUnavailable as error:
