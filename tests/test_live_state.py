@@ -97,3 +97,31 @@ def test_the_node_annotation_cordons_cards_beside_the_agents_own() -> None:
     assert state.set_cluster_cordons({"n": frozenset({"GPU-n-0", "GPU-n-1"})}) == set()
     assert state.set_cluster_cordons({}) == {"n"}
     assert [c.index for c in state.preview(request, None, now=4).cards[0]] == [0]
+
+
+def node_inventory(node: str, uuids: list[str], sequence: int = 1) -> Inventory:
+    cards = [msgspec.structs.replace(profile_cards("t4x4", node)[0], uuid=uuid, index=i)
+             for i, uuid in enumerate(uuids)]
+    return Inventory(schema=SCHEMA_VERSION, node=node, agent_version="t", instance="a",
+                     sequence=sequence, timestamp=0.0, reason="change",
+                     heartbeat_interval=10.0, cards=cards)
+
+
+def test_a_card_another_live_node_reports_is_refused_until_that_node_goes_stale() -> None:
+    state = LiveState(node_timeout=30, reservation_ttl=60)
+    assert state.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted
+    claim = state.ingest(node_inventory("b", ["GPU-9", "GPU-1"]), now=10)
+    assert not claim.accepted
+    assert claim.conflict == "node 'b' lists card 'GPU-1', which live node 'a' reports"
+    assert state.fleet.node("b") is None
+    # Node a's agent is silent beyond the timeout: the card may have moved to b.
+    assert state.ingest(node_inventory("b", ["GPU-9", "GPU-1"], sequence=2), now=31).accepted
+    returning = state.ingest(node_inventory("a", ["GPU-0", "GPU-1"], sequence=2), now=32)
+    assert returning.conflict == "node 'a' lists card 'GPU-1', which live node 'b' reports"
+
+
+def test_a_card_a_node_stopped_reporting_is_free_for_another_node() -> None:
+    state = LiveState(node_timeout=30, reservation_ttl=60)
+    assert state.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted
+    assert state.ingest(node_inventory("a", ["GPU-0"], sequence=2), now=1).accepted
+    assert state.ingest(node_inventory("b", ["GPU-1"]), now=2).accepted

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import pytest
 
@@ -101,3 +103,75 @@ def test_resync_requests_address_every_agent_or_the_named_nodes() -> None:
 def test_subjects_put_the_node_name_last() -> None:
     node = "ip-10-0-0-1.ec2.internal"
     assert inventory_subject(node) == f"pyhami.inventory.{node}"
+
+
+def _refusal(document: dict[str, object], subject: str | None = None) -> WireError:
+    with pytest.raises(WireError) as raised:
+        decode_inventory(msgspec.msgpack.encode(document), subject)
+    return raised.value
+
+
+@pytest.mark.parametrize(("field", "value", "path"), [
+    ("memory", 2**63, "$.cards[0].memory"),
+    ("memory", 2**24 + 1, "$.cards[0].memory"),
+    ("cores", 2**16 + 1, "$.cards[0].cores"),
+    ("count", 2**16 + 1, "$.cards[0].count"),
+    ("index", -1, "$.cards[0].index"),
+    ("numa", -2, "$.cards[0].numa"),
+    ("processes", 2**32, "$.cards[0].processes"),
+    ("links", {"GPU-b": 2**31}, "$.cards[0].links[...]"),
+    ("links", {"GPU,b": 1}, "key` in `$.cards[0].links"),
+    ("uuid", "GPU-a:0", "$.cards[0].uuid"),
+    ("uuid", "G" * 129, "$.cards[0].uuid"),
+    ("uuid", "", "$.cards[0].uuid"),
+    ("type", "T" * 129, "$.cards[0].type"),
+])
+def test_a_card_field_beyond_its_bound_is_refused_naming_the_field(
+        field: str, value: object, path: str) -> None:
+    document = msgspec.to_builtins(_inventory(CARDS))
+    document["cards"][0][field] = value
+    error = _refusal(document)
+    assert error.result == "rejected"
+    assert path in str(error)
+
+
+def test_a_node_of_more_than_256_cards_or_cordons_is_refused() -> None:
+    document = msgspec.to_builtins(_inventory(CARDS))
+    document["cards"] = [dict(document["cards"][0], uuid=f"GPU-{i}", index=i)
+                         for i in range(257)]
+    assert "length <= 256 - at `$.cards`" in str(_refusal(document))
+    document = msgspec.to_builtins(_inventory(CARDS))
+    document["cordoned"] = ["GPU-a"] * 257
+    assert "length <= 256 - at `$.cordoned`" in str(_refusal(document))
+
+
+@pytest.mark.parametrize(("node", "problem"), [
+    ("n" * 5000, "node: 'nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn'... (5000 characters) is longer "
+                 "than 253 characters"),
+    ("Node A", "node: 'Node A' is not a valid DNS-1123 subdomain"),
+    ("", "node: must not be empty"),
+])
+def test_an_inventory_node_name_must_be_a_kubernetes_node_name(node: str, problem: str) -> None:
+    document = msgspec.to_builtins(_inventory(CARDS))
+    document["node"] = node
+    assert problem in str(_refusal(document))
+
+
+def test_an_inventory_must_come_on_its_own_nodes_subject() -> None:
+    data = encode(_inventory(CARDS))
+    assert decode_inventory(data, inventory_subject("node-a")).node == "node-a"
+    with pytest.raises(WireError, match=re.escape(
+            "node 'node-a' arrived on subject 'pyhami.inventory.node-b'")) as raised:
+        decode_inventory(data, inventory_subject("node-b"))
+    assert raised.value.result == "wrong_subject"
+
+
+@pytest.mark.parametrize(("second", "problem"), [
+    ({"uuid": "GPU-a", "index": 1}, "card uuid 'GPU-a' is listed twice"),
+    ({"uuid": "GPU-b", "index": 0}, "card index 0 is listed twice"),
+])
+def test_a_card_listed_twice_in_one_inventory_is_refused(second: dict[str, object],
+                                                         problem: str) -> None:
+    document = msgspec.to_builtins(_inventory(CARDS))
+    document["cards"][1].update(second)
+    assert problem in str(_refusal(document))
