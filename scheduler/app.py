@@ -105,8 +105,14 @@ async def _open_bucket(client: Client) -> StandaloneCluster:
             "(and -sd DIR to keep the pods on disk)") from None
 
 
+# After a 413, aiohttp reads and drops the rest of the body for this long, so the client
+# can still read the answer; its default of 10 s held a stopping daemon that long.
+LINGER_S = 1.0
+
+
 async def _serve(app: web.Application, address: tuple[str, int]) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=HTTP_SHUTDOWN_S)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=HTTP_SHUTDOWN_S,
+                           lingering_time=LINGER_S)
     await runner.setup()
     await web.TCPSite(runner, address[0], address[1]).start()
     return runner
