@@ -120,7 +120,7 @@ def _refusal(document: dict[str, object], subject: str | None = None) -> WireErr
     ("numa", -2, "$.cards[0].numa"),
     ("processes", 2**32, "$.cards[0].processes"),
     ("links", {"GPU-b": 2**31}, "$.cards[0].links[...]"),
-    ("links", {"GPU,b": 1}, "key` in `$.cards[0].links"),
+    ("links", {"G" * 129: 1}, "key` in `$.cards[0].links"),
     ("uuid", "GPU-a:0", "$.cards[0].uuid"),
     ("uuid", "G" * 129, "$.cards[0].uuid"),
     ("uuid", "", "$.cards[0].uuid"),

@@ -37,7 +37,9 @@ MemoryMiB = Annotated[int, msgspec.Meta(ge=0, le=CARD_MEMORY_MAX_MIB)]
 Uuid = Annotated[str, msgspec.Meta(min_length=1, max_length=UUID_MAX,
                                    pattern=r"^[A-Za-z0-9._/-]+$")]
 CardType = Annotated[str, msgspec.Meta(max_length=TYPE_MAX)]
-Links = Annotated[dict[Uuid, SmallCount], msgspec.Meta(max_length=LINKS_PER_CARD_MAX)]
+# A peer is only looked up among the node's cards: its length is bounded, not its alphabet.
+PeerUuid = Annotated[str, msgspec.Meta(max_length=UUID_MAX)]
+Links = Annotated[dict[PeerUuid, SmallCount], msgspec.Meta(max_length=LINKS_PER_CARD_MAX)]
 
 
 class Device(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
