@@ -7,6 +7,7 @@ Each test is named by the behaviour it protects; the issue's item is in its docs
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from pyhami.sandbox import DEFAULTS
 from scheduler.bodies import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT
 from scheduler.service import SchedulerService
 from scheduler.standalone import _key
+from scheduler.throttle import LogThrottle
 from tests.builders import manifest
 from tests.harness import Lab, eventually
 
@@ -113,6 +115,31 @@ async def test_an_inventory_on_another_nodes_subject_is_refused(lab: Lab, bus: C
     await bus.flush()
     await until_refused(lab, "wrong_subject")
     assert service(lab).state.fleet.node("gpu-node-2") is None
+
+
+async def test_refused_inventories_are_each_counted_but_logged_at_a_bounded_rate(
+        lab: Lab, bus: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """Items 1 and 2: a flood of bad messages costs a counter each, not a log line each."""
+    caplog.set_level(logging.WARNING, logger="scheduler.service")
+    bad = encode(inventory("gpu-node-2", [t4("GPU-gpu-node-2-0", 0, memory=2**63)]))
+    for _ in range(50):
+        await bus.publish(inventory_subject("gpu-node-2"), bad)
+    await bus.flush()
+    await until_refused(lab, "rejected", 50)
+    lines = [r.getMessage() for r in caplog.records if "inventory" in r.getMessage()]
+    assert len(lines) == 1
+    assert "Expected `int` <= 16777216 - at `$.cards[0].memory`" in lines[0]
+
+
+def test_the_log_throttle_tells_how_many_lines_it_held_back() -> None:
+    now = [0.0]
+    throttle = LogThrottle(10.0, lambda: now[0])
+    assert throttle.allow("rejected") == 0
+    assert [throttle.allow("rejected") for _ in range(3)] == [None] * 3
+    assert throttle.allow("card_conflict") == 0  # each kind has its own budget
+    now[0] = 10.0
+    assert throttle.allow("rejected") == 3
+    assert throttle.allow("rejected") is None
 
 
 # Item 2 -------------------------------------------------------------------------------------
