@@ -47,12 +47,24 @@ class _ManifestLoader(_SafeLoader):
         return super().construct_object(node, deep)
 
 
+class _Kind(msgspec.Struct):
+    kind: str = "Pod"
+
+
+_json_kind = msgspec.json.Decoder(_Kind)
+_json_pod = msgspec.json.Decoder(PodManifest)
+
+
 def parse_pod_manifest(text: bytes | str, source: str) -> PodManifest:
     """A Pod manifest from YAML or JSON text.
 
     Any text gives a manifest or ``InputFileError``: aliases, nesting deeper than
     the parser allows and numbers too long to convert are refused by name.
     """
+    if text[:64].lstrip()[:1] in (b"{", "{"):
+        manifest = _parse_json_pod(text, source)
+        if manifest is not None:
+            return manifest
     try:
         document = yaml.load(text, Loader=_ManifestLoader)
     except yaml.YAMLError as error:
@@ -70,6 +82,24 @@ def parse_pod_manifest(text: bytes | str, source: str) -> PodManifest:
         return msgspec.convert(document, PodManifest)
     except msgspec.ValidationError as error:
         raise InputFileError(f"{source}: {error}") from None
+    except RecursionError:
+        raise InputFileError(f"{source}: nested too deeply") from None
+
+
+def _parse_json_pod(text: bytes | str, source: str) -> PodManifest | None:
+    """JSON, which is YAML too, read by msgspec: a hundred times faster than libyaml.
+
+    None when the text is not JSON (YAML's flow style, ``{a: b}``, may still read it).
+    """
+    try:
+        kind = _json_kind.decode(text).kind
+        if kind != "Pod":
+            raise InputFileError(f"{source}: kind is {kind!r}, expected 'Pod'")
+        return _json_pod.decode(text)
+    except msgspec.ValidationError as error:
+        raise InputFileError(f"{source}: {error}") from None
+    except msgspec.DecodeError:
+        return None
     except RecursionError:
         raise InputFileError(f"{source}: nested too deeply") from None
 
