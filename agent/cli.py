@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -24,14 +23,12 @@ from agent.service import (
 )
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
 from common.arguments import Subcommands, positive_seconds
+from common.core.names import InvalidName, check_subdomain
 from common.messaging import SettingsError, add_nats_arguments, nats_settings
 
 logger = logging.getLogger(__name__)
 
 NODE_NAME_ENV = "NODE_NAME"
-# A Kubernetes node name is a DNS subdomain (RFC 1123).
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_NODE_NAME_MAX = 253
 
 
 class UsageError(ValueError):
@@ -91,9 +88,10 @@ def node_name(flag: str | None, environ: Mapping[str, str]) -> str:
     name = flag if flag is not None else environ.get(NODE_NAME_ENV, "")
     if not name:
         raise UsageError(f"no node name: pass --node or set {NODE_NAME_ENV}")
-    if len(name) > _NODE_NAME_MAX or not _NODE_NAME.fullmatch(name):
-        raise UsageError(f"node name {name!r} is not a Kubernetes node name "
-                         "(lower-case letters, digits, '-' and '.')")
+    try:  # the daemon refuses inventories of any other name
+        check_subdomain("node name", name)
+    except InvalidName as error:
+        raise UsageError(str(error)) from None
     return name
 
 

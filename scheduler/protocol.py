@@ -25,6 +25,7 @@ NODES_MAX = 2**16
 """Nodes in one ExtenderArgs: four times the 15,000 a cluster is sized for. Each node
 not known costs a reason in the answer: 790,000 short names (8 MiB) took 1 s and 53 MB."""
 
+
 class NodeList(msgspec.Struct):
     """A v1.NodeList whose items are kept as sent, to be echoed back unchanged."""
 

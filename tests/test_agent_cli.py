@@ -44,8 +44,9 @@ def _agent(*args: str,
     (["--node", "n", "--frobnicate"], "pyhami: error: unrecognized arguments: --frobnicate"),
     (["--inventory", "sim:t4x4"], "pyhami agent: no node name: pass --node or set NODE_NAME"),
     (["--node", "GPU Node 1", "--inventory", "sim:t4x4"],
-     "pyhami agent: node name 'GPU Node 1' is not a Kubernetes node name "
-     "(lower-case letters, digits, '-' and '.')"),
+     "pyhami agent: node name: 'GPU Node 1' is not a valid DNS-1123 subdomain: lower-case "
+     "letters, digits, '-' and '.', each dot-separated part starting and ending with a "
+     "letter or digit"),
     (["--node", "n", "--inventory", "sim:t4x4", "--nats", "http://nats:4222"],
      "pyhami agent: --nats (PYHAMI_NATS_URL): 'http://nats:4222' is not a NATS URL "
      "(expected nats|tls|ws|wss://HOST[:PORT])"),
