@@ -282,8 +282,10 @@ def fits_control_line(subject: str, payload_size: int) -> bool:
 class RateLimitedLog:
     """One warning per kind a minute at most, saying how many were not logged between."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 log: logging.Logger = logger) -> None:
         self._clock = clock
+        self._logger = log
         self._last: dict[str, float] = {}
         self._quiet: Counter[str] = Counter()
 
@@ -296,7 +298,7 @@ class RateLimitedLog:
         self._last[kind] = now
         quiet = self._quiet.pop(kind, 0)
         suffix = f" ({quiet} more like it not logged)" if quiet else ""
-        logger.warning(message + suffix, *args)
+        self._logger.warning(message + suffix, *args)
 
 
 class Connection:

@@ -33,6 +33,7 @@ from common.core.annotations import (
     BIND_TIME_ANNOTATION,
     TIME_ANNOTATION,
 )
+from common.messaging import RateLimitedLog
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
 from common.wire import Inventory, WireError, decode_inventory
 from scheduler.cluster import Cluster, ClusterError, PodChange
@@ -46,7 +47,6 @@ from scheduler.protocol import (
     node_name,
 )
 from scheduler.state import LiveState
-from scheduler.throttle import LogThrottle
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ MAX_PRIORITY = 10
 CORDON_REFRESH_S = 15.0
 NODE_WATCH_S = 1.0
 DEFAULT_NODE_RETENTION_S = 600.0
-REFUSAL_LOG_PERIOD_S = 10.0
 
 Check = Callable[[], str | None]
 
@@ -136,7 +135,7 @@ class SchedulerService:
         # retried them a moment before pyhami saw the release, and then waits minutes.
         self._refused: dict[str, tuple[str, str]] = {}
         self._binding = KeyedLocks()
-        self._refusal_log = LogThrottle(REFUSAL_LOG_PERIOD_S, clock)
+        self._refusals = RateLimitedLog(clock, logger)
 
     # Start-up ----------------------------------------------------------------
 
@@ -232,10 +231,7 @@ class SchedulerService:
 
     def _refuse_inventory(self, result: str, why: str) -> None:
         self.metrics.inventory.labels(result).inc()
-        held_back = self._refusal_log.allow(result)
-        if held_back is not None:
-            more = f" ({held_back} more refused since the last such line)" if held_back else ""
-            logger.warning("%s%s", why, more)
+        self._refusals.warning(result, "%s", why)
 
     # Extender verbs ------------------------------------------------------------
 

@@ -118,12 +118,16 @@ class LiveState:
         return None
 
     def _record_card_nodes(self, before: Node | None, reported: Node) -> None:
-        if before is not None:
-            for device in before.devices:
-                if self._card_node.get(device.uuid) == before.name:
-                    del self._card_node[device.uuid]
+        self._drop_card_nodes(before)
         for device in reported.devices:
             self._card_node[device.uuid] = reported.name
+
+    def _drop_card_nodes(self, node: Node | None) -> None:
+        if node is None:
+            return
+        for device in node.devices:
+            if self._card_node.get(device.uuid) == node.name:
+                del self._card_node[device.uuid]
 
     def set_cluster_cordons(self, cordons: Mapping[str, frozenset[str]]) -> set[str]:
         """Cards cordoned by the nodes' annotations; returns the nodes whose set changed."""
@@ -198,7 +202,7 @@ class LiveState:
         """Drop a node entirely. Allocations on its cards stay in the ledger (their pods
         still hold them) and show as orphans; a node that comes back starts afresh."""
         self.fleet.remove_node(name)
-        self._reported.pop(name, None)
+        self._drop_card_nodes(self._reported.pop(name, None))
         self._clocks.pop(name, None)
         self._first_heard.pop(name, None)
         self._stale.discard(name)

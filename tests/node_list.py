@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 
+import msgspec
+
 from agent.simulated import profile_cards
-from common.wire import SCHEMA_VERSION, Inventory
+from common.wire import SCHEMA_VERSION, Inventory, inventory_subject
 from scheduler.cluster import ClusterPod, EventType, PodChange
 
 
@@ -14,6 +16,11 @@ def inventory(node: str, sequence: int, instance: str = "a") -> Inventory:
     return Inventory(schema=SCHEMA_VERSION, node=node, agent_version="t", instance=instance,
                      sequence=sequence, timestamp=0.0, reason="change",
                      heartbeat_interval=10.0, cards=profile_cards("t4x4", node))
+
+
+def inventory_message(node: str, sequence: int) -> tuple[str, bytes]:
+    """The subject and body of ``inventory(node, sequence)``, as the daemon receives them."""
+    return inventory_subject(node), msgspec.msgpack.encode(inventory(node, sequence))
 
 
 class NodeList:

@@ -30,7 +30,6 @@ from pyhami.sandbox import DEFAULTS
 from scheduler.bodies import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT
 from scheduler.service import SchedulerService
 from scheduler.standalone import _key
-from scheduler.throttle import LogThrottle
 from tests.builders import manifest
 from tests.harness import Lab, eventually
 
@@ -130,17 +129,6 @@ async def test_refused_inventories_are_each_counted_but_logged_at_a_bounded_rate
     lines = [r.getMessage() for r in caplog.records if "inventory" in r.getMessage()]
     assert len(lines) == 1
     assert "Expected `int` <= 16777216 - at `$.cards[0].memory`" in lines[0]
-
-
-def test_the_log_throttle_tells_how_many_lines_it_held_back() -> None:
-    now = [0.0]
-    throttle = LogThrottle(10.0, lambda: now[0])
-    assert throttle.allow("rejected") == 0
-    assert [throttle.allow("rejected") for _ in range(3)] == [None] * 3
-    assert throttle.allow("card_conflict") == 0  # each kind has its own budget
-    now[0] = 10.0
-    assert throttle.allow("rejected") == 3
-    assert throttle.allow("rejected") is None
 
 
 # Item 2 -------------------------------------------------------------------------------------

@@ -125,3 +125,10 @@ def test_a_card_a_node_stopped_reporting_is_free_for_another_node() -> None:
     assert state.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted
     assert state.ingest(node_inventory("a", ["GPU-0"], sequence=2), now=1).accepted
     assert state.ingest(node_inventory("b", ["GPU-1"]), now=2).accepted
+
+
+def test_a_forgotten_nodes_cards_are_free_for_another_node_at_once() -> None:
+    state = LiveState(node_timeout=30, reservation_ttl=60)
+    assert state.ingest(node_inventory("a", ["GPU-0"]), now=0).accepted
+    state.forget("a")
+    assert state.ingest(node_inventory("b", ["GPU-0"]), now=1).accepted

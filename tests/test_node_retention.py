@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 
-import msgspec
 import pytest
 
 from common.core import parse_pod
@@ -13,7 +12,7 @@ from pyhami.sandbox import DEFAULTS
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.state import NODE_UNKNOWN, LiveState
 from tests.builders import manifest
-from tests.node_list import NodeList, inventory, silent
+from tests.node_list import NodeList, inventory, inventory_message, silent
 
 
 class Clock:
@@ -68,13 +67,13 @@ async def test_standalone_forgets_a_node_silent_beyond_the_retention(
     clock = Clock()
     service = service_with(NodeList(set()), ServiceSettings(DEFAULTS, node_timeout=30,
                                                             node_retention=600), clock)
-    service.ingest(msgspec.msgpack.encode(inventory("quiet", 1)))
-    service.ingest(msgspec.msgpack.encode(inventory("chatty", 1)))
+    service.ingest(*inventory_message("quiet", 1))
+    service.ingest(*inventory_message("chatty", 1))
     assert 'node="quiet"' in exposition(service)
     caplog.set_level(logging.INFO, logger="scheduler.service")
     for second in range(31, 700, 10):
         clock.now = second
-        service.ingest(msgspec.msgpack.encode(inventory("chatty", second)))
+        service.ingest(*inventory_message("chatty", second))
         service.check_nodes()
     assert service.state.fleet.node("quiet") is None
     assert service.state.fleet.node("chatty") is not None
@@ -92,8 +91,8 @@ async def test_kubernetes_forgets_a_node_deleted_from_the_cluster(
     cluster = NodeList({"kept", "deleted"})
     service = service_with(cluster, ServiceSettings(DEFAULTS, node_retention=None,
                                                     nodes_listed=True), clock)
-    service.ingest(msgspec.msgpack.encode(inventory("kept", 1)))
-    service.ingest(msgspec.msgpack.encode(inventory("deleted", 1)))
+    service.ingest(*inventory_message("kept", 1))
+    service.ingest(*inventory_message("deleted", 1))
     clock.now = 1
     await service.refresh_cordons()
     assert service.state.fleet.node("deleted") is not None
@@ -120,7 +119,7 @@ async def test_a_node_first_heard_while_the_node_list_was_read_is_kept() -> None
     async def list_while_a_node_joins() -> dict[str, frozenset[str]]:
         listed = await real_list()
         clock.now = 5
-        service.ingest(msgspec.msgpack.encode(inventory("new", 1)))
+        service.ingest(*inventory_message("new", 1))
         return listed
 
     cluster.device_cordons = list_while_a_node_joins  # type: ignore[method-assign]

@@ -8,7 +8,6 @@ import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
-import msgspec
 import pytest
 
 from common.core import parse_pod
@@ -19,7 +18,7 @@ from scheduler.cluster import PodChange
 from scheduler.service import SchedulerService, ServiceSettings
 from tests.builders import manifest
 from tests.harness import eventually
-from tests.node_list import NodeList, inventory, silent
+from tests.node_list import NodeList, inventory_message, silent
 
 
 async def readiness(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:
@@ -155,7 +154,7 @@ class LostWatch(NodeList):
 
 async def test_following_the_cluster_again_releases_pods_deleted_while_it_was_down() -> None:
     service = SchedulerService(ServiceSettings(DEFAULTS), LostWatch(set()), silent)
-    service.ingest(msgspec.msgpack.encode(inventory("n", 1)))
+    service.ingest(*inventory_message("n", 1))
     decision = service.state.filter(parse_pod(manifest("gone"), DEFAULTS), ["n"], now=0)
     assert decision.allocation is not None
     service.state.confirm("default/gone", decision.allocation)
