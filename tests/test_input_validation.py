@@ -21,17 +21,22 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 
 from common.core import Fleet, Node, decide, parse_pod
+from common.core.annotations import ALLOCATED_ANNOTATION
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB, CARDS_PER_NODE_MAX, Device
 from common.core.names import InvalidName, check_label, check_subdomain
+from common.core.pod import ObjectMeta, PodManifest
 from common.files import InputFileError, parse_pod_manifest
 from common.wire import SCHEMA_VERSION, Card, Inventory, encode, inventory_subject
 from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS
 from scheduler.bodies import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT
-from scheduler.service import SchedulerService
+from scheduler.cluster import ClusterPod, PodChange
+from scheduler.protocol import ExtenderArgs, HostPriority
+from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.standalone import _key
 from tests.builders import manifest
 from tests.harness import Lab, eventually
+from tests.node_list import NodeList, inventory_message, silent
 
 NODE = "gpu-node-1"  # the lab's simulated node: four T4s, GPU-gpu-node-1-0..3
 
@@ -164,6 +169,26 @@ def test_cards_at_every_bound_keep_the_decision_finite() -> None:
     assert decision.node == "a"
     assert decision.explain is not None
     assert all(0 <= row.score < float("inf") for row in decision.explain)
+
+
+@pytest.mark.parametrize("grant", [
+    "GPU-n-0,NVIDIA,99999999999999999999,0:;",  # once an int64 overflow in every score
+    "GPU-n-0,NVIDIA," + "9" * 5000 + ",0:;",  # once a ValueError out of int()
+    "GPU-n-0,NVIDIA,1000,²:;",
+])
+async def test_an_allocation_annotation_beyond_the_bounds_is_not_counted_and_scoring_goes_on(
+        grant: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Item 2: anyone who may create a pod may write the annotation the ledger is rebuilt
+    from; a number in it must not overflow the ledger's sums."""
+    service = SchedulerService(ServiceSettings(DEFAULTS), NodeList(set()), silent)
+    service.ingest(*inventory_message("n", 1))
+    crafted = ClusterPod(manifest=PodManifest(metadata=ObjectMeta(name="crafted")), uid="u",
+                         node="n", phase="Running", annotations={ALLOCATED_ANNOTATION: grant})
+    await service.on_pod_change(PodChange(crafted, deleted=False))
+    assert service.state.fleet.allocation("default/crafted") is None
+    assert "hami.io/vgpu-devices-allocated: card 'GPU-n-0,NVIDIA," in caplog.text
+    scores = await service.prioritize(ExtenderArgs(pod=manifest(), node_names=["n"]))
+    assert scores == [HostPriority("n", 0)]
 
 
 # Item 5 -------------------------------------------------------------------------------------

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB
+from common.core.names import shown
+
 ALLOCATED_ANNOTATION = "hami.io/vgpu-devices-allocated"
 TO_ALLOCATE_ANNOTATION = "hami.io/vgpu-devices-to-allocate"
 NODE_ANNOTATION = "hami.io/vgpu-node"
@@ -42,7 +45,7 @@ def encode_devices(containers: Sequence[Sequence[CardGrant]]) -> str:
 
 def decode_devices(text: str) -> Containers:
     if text and not text.endswith(";"):
-        raise AnnotationError(f"{ALLOCATED_ANNOTATION}: {text!r} does not end with ';'")
+        raise AnnotationError(f"{ALLOCATED_ANNOTATION}: {shown(text)} does not end with ';'")
     containers: list[tuple[CardGrant, ...]] = []
     for segment in text.split(";")[:-1] if text else ():
         grants: list[CardGrant] = []
@@ -52,14 +55,25 @@ def decode_devices(text: str) -> Containers:
             fields = card.split(",")
             if len(fields) != 4:
                 raise AnnotationError(
-                    f"{ALLOCATED_ANNOTATION}: card {card!r} is not UUID,TYPE,MEMORY,CORES"
+                    f"{ALLOCATED_ANNOTATION}: card {shown(card)} is not UUID,TYPE,MEMORY,CORES"
                 )
             uuid, _vendor, memory, cores = (field.strip() for field in fields)
-            if not uuid or not memory.isdigit() or not cores.isdigit():
+            memory_mib = _amount(memory, CARD_MEMORY_MAX_MIB)
+            core_share = _amount(cores, CARD_COUNT_MAX)
+            if not uuid or memory_mib is None or core_share is None:
                 raise AnnotationError(
-                    f"{ALLOCATED_ANNOTATION}: card {card!r} needs a UUID and "
-                    "non-negative integer memory and cores"
+                    f"{ALLOCATED_ANNOTATION}: card {shown(card)} needs a UUID, memory of "
+                    f"0..{CARD_MEMORY_MAX_MIB} MiB and cores of 0..{CARD_COUNT_MAX}"
                 )
-            grants.append(CardGrant(uuid, int(memory), int(cores)))
+            grants.append(CardGrant(uuid, memory_mib, core_share))
         containers.append(tuple(grants))
     return tuple(containers)
+
+
+def _amount(text: str, bound: int) -> int | None:
+    """``text`` as an integer of 0..``bound``, or None. Anyone who may create a pod may
+    write this annotation: its numbers must fit the ledger's int64 sums."""
+    if not (text.isascii() and text.isdigit()) or len(text) > len(str(bound)):
+        return None
+    value = int(text)
+    return value if value <= bound else None
