@@ -139,7 +139,8 @@ async def run(args: argparse.Namespace) -> int:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "pyhami.cli", "scheduler", "--standalone", "--nats",
              server.url, "--listen", f"127.0.0.1:{port}", "--metrics",
-             f"127.0.0.1:{metrics_port}", "--node-timeout", "3600", "--resync-wait", "0.1",
+             f"127.0.0.1:{metrics_port}", "--node-timeout", "3600", "--node-retention", "7200",
+             "--resync-wait", "0.1",
              "--log-level", "warning", "--noop-endpoint", "--no-pending-loop"])
         try:
             result = await measure(args, f"http://127.0.0.1:{port}", server.url)
