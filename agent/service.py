@@ -38,6 +38,7 @@ DEFAULT_POLL_INTERVAL_S = 5.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
 # Stopping must end within 10 s even while a card read hangs in its thread.
 SOURCE_CLOSE_TIMEOUT_S = 3.0
+TASKS_STOP_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -75,23 +76,29 @@ class Agent:
         or with NATS gone."""
         await self._connection.subscribe(RESYNC_SUBJECT, self._on_resync)
         opened = asyncio.create_task(self._open())
+        tasks: list[asyncio.Task[None]] = []
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({opened, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if stop.is_set():
                 return
             opened.result()  # raises what stopped the source from opening
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self._connection.run()),
-                         group.create_task(self._poll()),
-                         group.create_task(self._heartbeat())]
-                await stop.wait()
-                for task in tasks:
-                    task.cancel()
+            tasks = [asyncio.create_task(self._connection.run()),
+                     asyncio.create_task(self._poll()),
+                     asyncio.create_task(self._heartbeat())]
+            await asyncio.wait({stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            for task in tasks:
+                if task.done() and not task.cancelled():
+                    task.result()  # these loops end only by crashing: raise it
         finally:
             stopping.cancel()
             opened.cancel()  # a read under way in its thread ends on its own
+            for task in tasks:
+                task.cancel()
             await self._connection.close()
+            if tasks:
+                # Bounded: a loop whose cancellation nats-py swallowed must not hold the stop.
+                await asyncio.wait(tasks, timeout=TASKS_STOP_TIMEOUT_S)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.to_thread(self._source.close),
                                        SOURCE_CLOSE_TIMEOUT_S)

@@ -414,10 +414,15 @@ class Connection:
         return True
 
     async def _until_closed(self, client: Client, closed: asyncio.Event) -> None:
-        # nats-py skips its closed callback when it closes while (re)connecting.
-        while not client.is_closed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(closed.wait(), CLOSE_CHECK_S)
+        # nats-py skips its closed callback when it closes while (re)connecting, so the
+        # client is looked at too; ``close()`` ends the wait even if a cancellation of this
+        # task was lost (nats-py swallows one that arrives while it flushes).
+        ended = asyncio.ensure_future(closed.wait())
+        try:
+            while not (client.is_closed or self._closing or ended.done()):
+                await asyncio.wait({ended}, timeout=CLOSE_CHECK_S)
+        finally:
+            ended.cancel()
 
     async def _backoff(self, attempt: int) -> None:
         await asyncio.sleep(reconnect_delay(attempt, self._rng.random(),

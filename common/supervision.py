@@ -31,6 +31,7 @@ class Supervisor:
     def __init__(self, *, stable_after: float = 60.0) -> None:
         self._stable_after = stable_after
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self.down: dict[str, str] = {}
         """Tasks waiting to restart after a crash, with the crash."""
         self.crashes: dict[str, int] = {}
@@ -42,15 +43,20 @@ class Supervisor:
 
     async def _keep(self, name: str, loop: Loop) -> None:
         in_a_row = 0
-        while True:
+        while not self._stopping:
             started = asyncio.get_running_loop().time()
             try:
                 await loop()
-                why = "it returned, and it should run for ever"
-                logger.error("background task %s ended: %s", name, why)
             except Exception as error:
+                if self._stopping:
+                    return
                 why = f"{type(error).__name__}: {error}"
                 logger.exception("background task %s crashed", name)
+            else:
+                if self._stopping:
+                    return
+                why = "it returned, and it should run for ever"
+                logger.error("background task %s ended: %s", name, why)
             if asyncio.get_running_loop().time() - started > self._stable_after:
                 in_a_row = 0
             in_a_row += 1
@@ -75,9 +81,14 @@ class Supervisor:
         return sorted(self.down.values())
 
     async def stop(self) -> None:
+        self._stopping = True  # a task that outlives its cancellation is not started again
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(task, STOP_TIMEOUT_S)
+        # asyncio.wait, not wait_for: wait_for waits on for a task that ignored its
+        # cancellation, and stopping must end in bounded time.
+        if self._tasks:
+            _, still_running = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
+            for task in still_running:
+                logger.error("background task %s did not stop within %gs; left behind",
+                             task.get_name(), STOP_TIMEOUT_S)
         self._tasks = []

@@ -53,8 +53,14 @@ class RunningDaemon:
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(run_daemon(self.config, self._stop, started))
         waiter = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait({waiter, self._task}, timeout=START_TIMEOUT_S,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({waiter, self._task}, timeout=START_TIMEOUT_S,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # Interrupted while starting: the daemon must not outlive its caller.
+            waiter.cancel()
+            await self.stop()
+            raise
         if waiter not in done:
             waiter.cancel()
             if self._task in done:
