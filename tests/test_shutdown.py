@@ -104,6 +104,17 @@ async def scheduler(commands: list[Command], nats_url: str) -> tuple[Command, st
     return command, f"http://127.0.0.1:{port}"
 
 
+async def ready_scheduler(commands: list[Command], http: aiohttp.ClientSession,
+                          nats_url: str) -> Command:
+    command, url = await scheduler(commands, nats_url)
+
+    async def ready() -> bool:
+        return (await get(http, f"{url}/readyz"))[0] == 200
+
+    await until(ready, "the daemon to be ready")
+    return command
+
+
 def unreachable_nats() -> str:
     return f"nats://127.0.0.1:{free_port()}"
 
@@ -132,12 +143,7 @@ async def test_the_daemon_serves_health_and_stops_while_nats_is_unreachable(
 async def test_the_daemon_stops_when_ready(
         commands: list[Command], http: aiohttp.ClientSession,
         jetstream_server: LocalNatsServer) -> None:
-    command, url = await scheduler(commands, jetstream_server.url)
-
-    async def ready() -> bool:
-        return (await get(http, f"{url}/readyz"))[0] == 200
-
-    await until(ready, "the daemon to be ready")
+    command = await ready_scheduler(commands, http, jetstream_server.url)
     code, seconds = await command.stop(signal.SIGTERM)
     assert (code, seconds < STOP_LIMIT_S) == (0, True), "".join(command.log)
 
@@ -145,12 +151,7 @@ async def test_the_daemon_stops_when_ready(
 async def test_the_daemon_stops_with_nats_gone(
         commands: list[Command], http: aiohttp.ClientSession,
         jetstream_server: LocalNatsServer) -> None:
-    command, url = await scheduler(commands, jetstream_server.url)
-
-    async def ready() -> bool:
-        return (await get(http, f"{url}/readyz"))[0] == 200
-
-    await until(ready, "the daemon to be ready")
+    command = await ready_scheduler(commands, http, jetstream_server.url)
     jetstream_server.kill()
     await command.logged("disconnected from NATS")
     code, seconds = await command.stop(signal.SIGTERM)
