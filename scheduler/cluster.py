@@ -63,11 +63,14 @@ class ClusterPod:
     def allocation(self) -> Allocation | None:
         """The cards the pod holds, from its annotations; None when it holds none.
 
-        Only a bound, unfinished pod holds cards. Raises ``AnnotationError``.
+        Only a bound, unfinished pod that asks for a GPU holds cards: an allocation
+        annotation its author wrote on a pod without GPUs books nothing. Raises
+        ``AnnotationError``.
         """
         text = self.annotations.get(ALLOCATED_ANNOTATION)
         node = self.node or self.annotations.get(NODE_ANNOTATION)
-        if not text or self.node is None or node is None or self.finished:
+        if (not text or self.node is None or node is None or self.finished
+                or not self.manifest.asks_for_gpu):
             return None
         containers = decode_devices(text)
         init_count = len(self.manifest.spec.init_containers or ())

@@ -21,6 +21,7 @@ from common.wire import Inventory
 
 NODE_UNKNOWN = "NodeUnknown"
 NODE_STALE = "NodeInventoryStale"
+POD_BOUND = "PodAlreadyBound"
 
 
 @dataclass(slots=True)
@@ -217,7 +218,11 @@ class LiveState:
         """Decide among the fresh known nodes and reserve the cards chosen.
 
         Nodes that are unknown or stale get a reason of their own in ``failed_nodes``.
+        A pod already bound is not decided again: it keeps its cards, on its node.
         """
+        held = self.fleet.allocation(request.key) if request.key in self.bound else None
+        if held is not None:
+            return self._bound_decision(request.key, held, node_names)
         self.release_reservation(request.key)
         decision = self.preview(request, node_names, now, explain_chosen=explain_chosen)
         if decision.allocation is not None:
@@ -225,6 +230,16 @@ class LiveState:
             self.reservations[request.key] = Reservation(decision.allocation,
                                                          now + self.reservation_ttl)
         return decision
+
+    def _bound_decision(self, key: str, held: Allocation,
+                        node_names: Collection[str] | None) -> Decision:
+        asked = self._asked(node_names)
+        failed = {name: f"{POD_BOUND}: the pod already holds cards on node {held.node}"
+                  for name in asked if name != held.node}
+        if held.node not in asked:
+            return Decision(pod=key, scheduled=False, failed_nodes=failed)
+        return Decision(pod=key, scheduled=True, node=held.node, allocation=held,
+                        failed_nodes=failed)
 
     def preview(self, request: PodRequest, node_names: Collection[str] | None, now: float,
                 *, explain: bool = False, explain_chosen: bool = False) -> Decision:

@@ -338,6 +338,22 @@ async def test_a_4100_character_pod_name_is_a_400_and_the_daemon_stays_on_nats(l
     await lab.pods.submit_and_place(lab_pod("after"))
 
 
+@pytest.mark.parametrize("body", [
+    b'{"metadata": {"name": "huge"}, "spec": {"containers": [{"resources": '
+    b'{"limits": {"cpu": 1180591620717411303424}}}]}}',
+    b"metadata: {name: huge}\nspec: {containers: [{resources: "
+    b"{limits: {cpu: 1180591620717411303424}}}]}\n",
+])
+async def test_a_whole_number_too_large_to_store_is_a_400_not_a_500(lab: Lab,
+                                                                     body: bytes) -> None:
+    """A cpu of 2^70 passed the door and failed when the pod was stored (msgpack's range)."""
+    status, text = await post(lab, "/api/pods", data=body)
+    assert status == 400, text
+    assert "spec.containers[0].resources.limits" in text
+    assert await lab.pods.pods() == []
+    await lab.pods.submit_and_place(lab_pod("after"))
+
+
 @pytest.mark.parametrize("path", ["/api/pods/default/my%20pod", "/api/pods/a.b/x"])
 async def test_pod_api_paths_with_names_kubernetes_refuses_are_a_400(lab: Lab, path: str) -> None:
     for method in ("GET", "DELETE"):

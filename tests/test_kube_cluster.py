@@ -131,6 +131,15 @@ def test_a_pending_or_finished_pod_holds_no_cards(node: str | None, phase: str) 
     assert decode_pod(json.dumps(raw).encode()).allocation() is None
 
 
+def test_an_allocation_written_on_a_pod_without_gpus_books_nothing() -> None:
+    raw = pod_json("p", node="n1", phase="Running", annotations={ALLOCATED_ANNOTATION: ALLOCATED})
+    raw["spec"]["initContainers"] = []
+    raw["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    assert decode_pod(json.dumps(raw).encode()).allocation() is None
+    raw["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpumem": "1000"}}
+    assert decode_pod(json.dumps(raw).encode()).allocation() is not None
+
+
 def test_a_pod_without_status_or_annotations_decodes() -> None:
     pod = decode_pod(b'{"metadata": {"name": "bare", "uid": "u"}, "spec": {"containers": []}}')
     assert (pod.key, pod.phase, pod.node, dict(pod.annotations)) == (

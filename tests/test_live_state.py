@@ -12,10 +12,11 @@ from scheduler.state import LiveState
 from tests.builders import manifest
 
 
-def inventory(sequence: int, instance: str = "a", processes: int = 0) -> Inventory:
-    cards = profile_cards("t4x4", "n")
+def inventory(sequence: int, instance: str = "a", processes: int = 0,
+              node: str = "n") -> Inventory:
+    cards = profile_cards("t4x4", node)
     cards[0] = msgspec.structs.replace(cards[0], processes=processes)
-    return Inventory(schema=SCHEMA_VERSION, node="n", agent_version="t", instance=instance,
+    return Inventory(schema=SCHEMA_VERSION, node=node, agent_version="t", instance=instance,
                      sequence=sequence, timestamp=0.0, reason="change",
                      heartbeat_interval=10.0, cards=cards)
 
@@ -72,6 +73,26 @@ def test_a_bind_that_outlived_its_reservation_books_the_cards_again() -> None:
     state.confirm("default/a", decision.allocation)
     assert state.fleet.allocation("default/a") == decision.allocation
     assert "default/a" in state.bound and state.reservation("default/a") is None
+
+
+def test_filtering_a_bound_pod_again_keeps_its_cards_and_books_nothing_more() -> None:
+    state = LiveState(node_timeout=1000, reservation_ttl=60)
+    state.ingest(inventory(1), now=0)
+    state.ingest(inventory(1, node="m"), now=0)
+    request = parse_pod(manifest("a", policy="binpack"), DEFAULTS)
+    first = state.filter(request, None, now=0)
+    assert first.allocation is not None and first.node is not None
+    state.confirm("default/a", first.allocation)
+    other = ({"m", "n"} - {first.node}).pop()
+    again = state.filter(request, [other, first.node], now=1)
+    assert (again.node, again.allocation) == (first.node, first.allocation)
+    assert set(again.failed_nodes or {}) == {other}
+    assert state.reservation("default/a") is None
+    assert list(state.expire(now=1000)) == []  # nothing to expire: the booking stays
+    assert state.fleet.allocation("default/a") == first.allocation
+    elsewhere = state.filter(request, [other], now=2)
+    assert elsewhere.node is None
+    assert "PodAlreadyBound" in (elsewhere.failed_nodes or {})[other]
 
 
 def test_filtering_a_pod_again_replaces_its_reservation() -> None:

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Annotated
 
 import msgspec
 
@@ -21,7 +22,10 @@ from common.core.policy import (
     parse_weights,
 )
 
-Quantity = str | int | float
+# Whole numbers as msgpack stores them (the standalone pod store): a larger one is refused
+# when the manifest is read, with the field named, not when the pod is stored.
+StorableInt = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+Quantity = str | StorableInt | float
 
 RESOURCE_GPU = "nvidia.com/gpu"
 RESOURCE_MEMORY = "nvidia.com/gpumem"
@@ -69,6 +73,17 @@ class PodManifest(msgspec.Struct):
     @property
     def key(self) -> str:
         return f"{self.metadata.namespace or 'default'}/{self.metadata.name}"
+
+    @property
+    def asks_for_gpu(self) -> bool:
+        """Whether any container names an ``nvidia.com/*`` GPU resource (SPEC section 1)."""
+        return any(
+            resource in table
+            for container in [*(self.spec.init_containers or ()), *self.spec.containers]
+            if container.resources is not None
+            for table in (container.resources.limits or {}, container.resources.requests or {})
+            for resource in GPU_RESOURCES
+        )
 
 
 @dataclass(frozen=True, slots=True)
