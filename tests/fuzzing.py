@@ -257,12 +257,14 @@ class FuzzStack:
             if status != 200:
                 problems.append(f"GET {path}: HTTP {status}")
         if not problems:
-            problems += self._normal_pod_problems()
-        if not problems:
             try:
-                problems += settled_violations_sync(self.url)
-            except (OSError, ValueError) as error:
-                problems.append(f"invariants not readable: {error}")
+                problems += self._normal_pod_problems()
+            except (OSError, ValueError, KeyError, http.client.HTTPException) as error:
+                problems.append(f"a normal pod could not be checked: {error!r}")
+        try:
+            problems += settled_violations_sync(self.url)
+        except (OSError, ValueError, http.client.HTTPException) as error:
+            problems.append(f"invariants not readable: {error}")
         problems += [f"logged with a traceback: {record}" for record in self.crashes.records]
         return problems
 
@@ -296,8 +298,7 @@ class FuzzStack:
             if pod.get("node") is None or failed:
                 problems.append(f"a pod asking no GPU was not bound: node {pod.get('node')}, "
                                 f"BindingFailed: {failed[:1]}")
-        if not problems:
-            problems += settled_violations_sync(self.url)
+        problems += settled_violations_sync(self.url)
         for name in (gpu_pod, plain_pod):
             deleted = self.request("DELETE", f"/api/pods/default/{name}")
             if deleted.status >= 500:

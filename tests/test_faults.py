@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -207,14 +208,16 @@ class Load:
             self.busy += 1
             try:
                 if len(mine) >= OUTSTANDING_PER_WORKER or (mine and self._random.random() < 0.3):
-                    await self._delete(mine.pop(0))
+                    name = mine.pop(0)
+                    if not await self._delete(name):
+                        mine.append(name)  # not deleted: try again later
                 else:
                     serial += 1
                     name = f"load-{worker}-{serial}"
                     await self._submit(name, self._random.choice([500, 1000, 2000]),
                                        self._random.choice([0, 10, 20]))
-                    if name in self.book.acknowledged:
-                        mine.append(name)
+                    if name in self.book.acknowledged or name in self.book.uncertain:
+                        mine.append(name)  # a submit without an answer may have landed
             finally:
                 self.busy -= 1
             await asyncio.sleep(0.02)
@@ -230,12 +233,16 @@ class Load:
         else:
             self.book.refused.add(name)
 
-    async def _delete(self, name: str) -> None:
+    async def _delete(self, name: str) -> bool:
+        """True when the pod is gone for sure (204, or 404)."""
         answer = await self._call("delete", "DELETE", f"/api/pods/default/{name}")
         if answer is None:
             self.book.uncertain.add(name)
-        elif answer[0] in (204, 404):
+            return False
+        if answer[0] in (204, 404):
             self.book.deleted.add(name)
+            return True
+        return False
 
     async def _direct(self, worker: int) -> None:
         """Plays kube-scheduler on pods the submitters made: /filter, then /bind, and at
@@ -267,7 +274,8 @@ class Load:
             bound = await self._call("bind", "POST", "/bind", {
                 "PodName": name, "PodNamespace": "default", "Node": node})
             if bound is not None and isinstance(bound[1], dict) and bound[1].get("Error"):
-                self.book.direct_bind_errors[str(bound[1]["Error"]).split(":")[0][:60]] += 1
+                kind = re.sub(r"load-\d+-\d+", "POD", str(bound[1]["Error"]))
+                self.book.direct_bind_errors[re.sub(r"[0-9a-f-]{36}", "UID", kind)[:90]] += 1
 
 
 async def _ready(session: aiohttp.ClientSession, url: str) -> bool:
@@ -344,7 +352,8 @@ async def test_kills_of_nats_the_daemon_and_an_agent_under_load_lose_nothing_and
                 recovery[kind].append(round(seconds, 2))
                 if seconds == float("inf"):
                     problems.append(f"round {round_number}: no recovery within "
-                                    f"{RECOVERY_TIMEOUT_S:g} s after killing the {kind}")
+                                    f"{RECOVERY_TIMEOUT_S:g} s after killing the {kind}: "
+                                    f"{await _why_not(session, stand.url, probe)}")
                 await load.pause()
                 try:
                     found = await settled_violations(session, stand.url, settle_s=10.0)
@@ -380,6 +389,19 @@ async def test_kills_of_nats_the_daemon_and_an_agent_under_load_lose_nothing_and
     print(report)
     assert stand.daemon.alive(), f"the daemon exited; see {tmp_path / 'daemon.log'}"
     assert not problems, "\n".join(problems[:20])
+
+
+async def _why_not(session: aiohttp.ClientSession, url: str, probe: str) -> str:
+    """What the daemon says about a probe that was not scheduled."""
+    parts = []
+    for path in ("/readyz", "/statusz", f"/api/pods/default/{probe}"):
+        try:
+            async with session.get(f"{url}{path}",
+                                   timeout=aiohttp.ClientTimeout(total=5)) as answer:
+                parts.append(f"{path}: HTTP {answer.status} {(await answer.text())[-400:]}")
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            parts.append(f"{path}: no answer ({error!r})")
+    return "; ".join(parts)
 
 
 async def _delete(session: aiohttp.ClientSession, url: str, name: str) -> None:
