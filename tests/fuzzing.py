@@ -42,8 +42,8 @@ PLACE_TIMEOUT_S = 20.0
 RESERVATION_TTL_S = 5.0
 
 # Examples per target and per batch: modest in CI, a campaign with PYHAMI_FUZZ_EXAMPLES.
-CI_EXAMPLES_PER_TARGET = 300
-CI_BATCH = 100
+CI_EXAMPLES_PER_TARGET = 1000
+CI_BATCH = 250
 LONG_BATCH = 1000
 
 
@@ -72,6 +72,8 @@ class Tally:
     failed_batch_checks: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
     offending: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """What the check after the last batch found."""
     seconds: float = 0.0
 
     def answered(self, status: int, what: str) -> None:
@@ -95,7 +97,8 @@ class Tally:
                 "server_errors": self.server_errors, "no_answer": self.no_answer,
                 "invariant_violations": self.invariant_violations,
                 "failed_batch_checks": self.failed_batch_checks, "statuses": self.statuses,
-                "seconds": round(self.seconds, 1), "offending": self.offending}
+                "seconds": round(self.seconds, 1), "offending": self.offending,
+                "problems": [p[:600] for p in self.problems[:20]]}
 
 
 class CrashLog(logging.Handler):

@@ -238,6 +238,7 @@ def campaign(stack: FuzzStack, tally: Tally, strategy: st.SearchStrategy[Any],
             ("GET /", "a normal pod", "a pod asking", "logged", "DELETE")))
         tally.failed_batch_checks += bool(problems)
     tally.seconds = time.monotonic() - started
+    tally.problems = problems
     write_report([tally], tmp_path)
     summary = (f"{tally.target}: {tally.inputs} inputs in {tally.batches} batches, "
                f"{tally.server_errors} server errors, {tally.no_answer} unanswered; "
@@ -485,8 +486,11 @@ class PathModel:
 
 path_names = st.one_of(st.sampled_from([n for _, n in PATH_PODS]), names)
 path_namespaces = st.one_of(st.sampled_from([ns for ns, _ in PATH_PODS]), names)
-path_operations = st.tuples(st.sampled_from(["GET", "GET", "DELETE"]), path_namespaces,
-                            path_names, st.booleans())
+path_operations = st.builds(
+    lambda method, target, quoted: (method, *target, quoted),
+    st.sampled_from(["GET", "GET", "DELETE"]),
+    st.one_of(st.sampled_from(PATH_PODS), st.tuples(path_namespaces, path_names)),
+    st.booleans())
 
 
 def test_fuzzed_pod_paths_never_get_a_server_error_nor_touch_another_pod(
