@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from aiohttp.http_exceptions import HttpProcessingError
 from nats.aio.client import Client
 
 from agent.simulated import uuid_for
@@ -109,6 +110,9 @@ class CrashLog(logging.Handler):
         self.records: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError) and (error.code or 500) < 500:
+            return  # aiohttp refusing a malformed request (a request line too long) with a 4xx
         if record.exc_info and len(self.records) < 20:
             self.records.append(f"{record.name}: {record.getMessage()[:300]}: "
                                 f"{record.exc_info[1]!r}"[:600])
@@ -138,6 +142,8 @@ class FuzzStack:
         self.url = f"http://127.0.0.1:{self.port}"
         self.crashes = CrashLog()
         self._sanity = 0
+        self.invariant_violations = 0
+        """Lines of the invariant check after the last batch."""
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
@@ -265,9 +271,11 @@ class FuzzStack:
             except (OSError, ValueError, KeyError, http.client.HTTPException) as error:
                 problems.append(f"a normal pod could not be checked: {error!r}")
         try:
-            problems += settled_violations_sync(self.url)
+            violations = settled_violations_sync(self.url)
         except (OSError, ValueError, http.client.HTTPException) as error:
-            problems.append(f"invariants not readable: {error}")
+            violations = [f"invariants not readable: {error}"]
+        self.invariant_violations = len(violations)
+        problems += violations
         problems += [f"logged with a traceback: {record}" for record in self.crashes.records]
         return problems
 
