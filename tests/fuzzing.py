@@ -91,7 +91,7 @@ class Tally:
 
     def _offend(self, text: str) -> None:
         if len(self.offending) < 10:
-            self.offending.append(text[:600])
+            self.offending.append(text[:1000])
 
     def as_dict(self) -> dict[str, Any]:
         return {"target": self.target, "inputs": self.inputs, "batches": self.batches,
@@ -225,7 +225,9 @@ class FuzzStack:
     def send(self, tally: Tally, method: str, path: str,
              body: bytes | None = None) -> Answer | None:
         """A fuzz input: counted, its status recorded; None when no answer came."""
-        what = f"{method} {path[:200]} body {(body or b'')[:300]!r} ({len(body or b'')} bytes)"
+        data = body or b""
+        excerpt = repr(data) if len(data) <= 700 else f"{data[:350]!r} ... {data[-250:]!r}"
+        what = f"{method} {path[:200]} body {excerpt} ({len(data)} bytes)"
         try:
             answer = self.request(method, path, body)
         except (OSError, http.client.HTTPException) as error:
