@@ -173,6 +173,10 @@ def agreement_violations(ledger: dict[str, Any], pods: list[dict[str, Any]]) -> 
         if entry["node"] != node or _ledger_containers(entry) != containers:
             problems.append(f"pod {key}: the store says {node} {_text(containers)}, the ledger "
                             f"{entry['node']} {_text(_ledger_containers(entry))}")
+    for key in sorted(ledger["reservations"]):
+        if key in expected or key in bare_bound:
+            problems.append(f"pod {key} is bound in the store yet holds a reservation: its "
+                            "cards are released when that expires")
     for key, entry in sorted(held.items()):
         if entry["bound"] and key not in expected and key not in bare_bound:
             problems.append(f"the ledger holds {key} as bound on {entry['node']} but the store "

@@ -78,6 +78,12 @@ async def test_each_kind_of_breakage_is_reported(lab: Lab, http: aiohttp.ClientS
 
     assert any("reservation of default/ghost" in v for v in broken(stale_reservation))
 
+    def reserved_while_bound(ledger: dict[str, Any], _: Any) -> None:
+        ledger["reservations"]["default/one"] = {"node": "gpu-node-1", "age_s": 1.0,
+                                                 "expires_in_s": 59.0}
+
+    assert any("yet holds a reservation" in v for v in broken(reserved_while_bound))
+
     def same_card_twice(ledger: dict[str, Any], _: Any) -> None:
         ledger["cards"].append(dict(ledger["cards"][0]))
 
