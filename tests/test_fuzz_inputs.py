@@ -231,8 +231,13 @@ ISSUE_PODS = [
 def campaign(stack: FuzzStack, tally: Tally, strategy: st.SearchStrategy[Any],
              send: Callable[[Any], None], *, seeds: list[Any], tmp_path: Path,
              before_batch: Callable[[], None] = lambda: None,
-             batch_problems: Callable[[], list[str]] = list) -> None:
-    """Seeds first, then batches of generated inputs; stop at the first batch that fails."""
+             batch_problems: Callable[[], list[str]] = list) -> list[str]:
+    """Seeds first, then batches of generated inputs; stop at the first batch that fails.
+
+    Returns what the check after the last batch found; ``verdict`` judges it. (Asserting
+    here would make pytest print this frame's arguments: a strategy's repr runs to
+    gigabytes.)
+    """
     started = time.monotonic()
     problems: list[str] = []
     remaining = examples_per_target()
@@ -263,6 +268,11 @@ def campaign(stack: FuzzStack, tally: Tally, strategy: st.SearchStrategy[Any],
     tally.seconds = time.monotonic() - started
     tally.problems = problems
     write_report([tally], tmp_path)
+    return problems
+
+
+def verdict(tally: Tally, problems: list[str]) -> None:
+    """No server error, every input answered, nothing found after the last batch."""
     summary = (f"{tally.target}: {tally.inputs} inputs in {tally.batches} batches, "
                f"{tally.server_errors} server errors, {tally.no_answer} unanswered; "
                f"first offending: {tally.offending[:3]}; after batch {tally.batches}: "
@@ -329,9 +339,10 @@ def test_fuzzed_extender_args_never_get_a_server_error_or_break_the_ledger(
         stack.delete_every_pod()
         seed_bound_pods(stack)
 
-    campaign(stack, tally, extender_bodies,
-             lambda body: stack.send(tally, "POST", f"/{verb}", body),
-             seeds=extender_seeds(), tmp_path=tmp_path, before_batch=fresh_pods)
+    found = campaign(stack, tally, extender_bodies,
+                     lambda body: stack.send(tally, "POST", f"/{verb}", body),
+                     seeds=extender_seeds(), tmp_path=tmp_path, before_batch=fresh_pods)
+    verdict(tally, found)
 
 
 def seed_bound_pods(stack: FuzzStack) -> None:
@@ -371,8 +382,10 @@ def test_fuzzed_binds_never_get_a_server_error_or_break_the_ledger(
         stack.delete_every_pod()
         seed_bound_pods(stack)
 
-    campaign(stack, tally, binding_bodies, lambda body: stack.send(tally, "POST", "/bind", body),
-             seeds=seeds, tmp_path=tmp_path, before_batch=fresh_pods)
+    found = campaign(stack, tally, binding_bodies,
+                     lambda body: stack.send(tally, "POST", "/bind", body),
+                     seeds=seeds, tmp_path=tmp_path, before_batch=fresh_pods)
+    verdict(tally, found)
 
 
 # Pod manifests ---------------------------------------------------------------------------
@@ -449,8 +462,9 @@ def test_fuzzed_pod_manifests_never_get_a_server_error_and_nothing_acknowledged_
     def clean() -> None:
         acknowledged.forget_all()
 
-    campaign(stack, tally, manifest_bodies, acknowledged.submit, seeds=seeds, tmp_path=tmp_path,
-             before_batch=clean, batch_problems=check_then_clean)
+    found = campaign(stack, tally, manifest_bodies, acknowledged.submit, seeds=seeds,
+                     tmp_path=tmp_path, before_batch=clean, batch_problems=check_then_clean)
+    verdict(tally, found)
 
 
 # Pod-API paths ---------------------------------------------------------------------------
@@ -536,8 +550,9 @@ def test_fuzzed_pod_paths_never_get_a_server_error_nor_touch_another_pod(
              ("GET", "default", "ünï", True), ("DELETE", "a", "b.x", True),
              ("GET", "a.b", "x", True), ("DELETE", "default", "a b", True),
              ("GET", "..", "..", False), ("GET", "default", "%00", False)]
-    campaign(stack, tally, path_operations, model.act, seeds=seeds, tmp_path=tmp_path,
-             before_batch=model.seed, batch_problems=model.problems)
+    found = campaign(stack, tally, path_operations, model.act, seeds=seeds, tmp_path=tmp_path,
+                     before_batch=model.seed, batch_problems=model.problems)
+    verdict(tally, found)
 
 
 # Inventory messages on NATS ------------------------------------------------------------------
@@ -629,6 +644,7 @@ def test_fuzzed_inventory_messages_never_break_scheduling_or_the_ledger(
         time.sleep(0.5)  # the daemon digests what was published
         return []
 
-    campaign(stack, tally, inventory_messages,
-             lambda message: stack.publish(tally, message[0], message[1]),
-             seeds=inventory_seeds(), tmp_path=tmp_path, batch_problems=settle)
+    found = campaign(stack, tally, inventory_messages,
+                     lambda message: stack.publish(tally, message[0], message[1]),
+                     seeds=inventory_seeds(), tmp_path=tmp_path, batch_problems=settle)
+    verdict(tally, found)
