@@ -232,23 +232,33 @@ def campaign(stack: FuzzStack, tally: Tally, strategy: st.SearchStrategy[Any],
              send: Callable[[Any], None], *, seeds: list[Any], tmp_path: Path,
              before_batch: Callable[[], None] = lambda: None,
              batch_problems: Callable[[], list[str]] = list) -> list[str]:
-    """Seeds first, then batches of generated inputs; stop at the first batch that fails.
+    """The seeds as a first batch, then batches of generated inputs, each followed by the
+    checks; stop at the first batch that fails.
 
     Returns what the check after the last batch found; ``verdict`` judges it. (Asserting
     here would make pytest print this frame's arguments: a strategy's repr runs to
     gigabytes.)
     """
     started = time.monotonic()
-    problems: list[str] = []
+
+    def check() -> list[str]:
+        tally.batches += 1
+        model_problems = batch_problems()
+        found = model_problems + stack.problems_after_batch()
+        # The invariants of tests.invariants, and the pod API's own (nothing acknowledged lost,
+        # nothing refused or deleted present).
+        tally.invariant_violations += len(model_problems) + stack.invariant_violations
+        tally.failed_batch_checks += bool(found)
+        return found
+
+    before_batch()
+    for seed in seeds:
+        send(seed)
+    problems = check()
     remaining = examples_per_target()
-    first = True
     while remaining > 0 and not problems:
         size = min(batch_size(), remaining)
         before_batch()
-        if first:
-            for seed in seeds:
-                send(seed)
-            first = False
 
         @settings(max_examples=size, database=None, deadline=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck))
@@ -258,13 +268,7 @@ def campaign(stack: FuzzStack, tally: Tally, strategy: st.SearchStrategy[Any],
 
         one_batch()
         remaining -= size
-        tally.batches += 1
-        model_problems = batch_problems()
-        problems = model_problems + stack.problems_after_batch()
-        # The invariants of tests.invariants, and the pod API's own (nothing acknowledged lost,
-        # nothing refused or deleted present).
-        tally.invariant_violations += len(model_problems) + stack.invariant_violations
-        tally.failed_batch_checks += bool(problems)
+        problems = check()
     tally.seconds = time.monotonic() - started
     tally.problems = problems
     write_report([tally], tmp_path)
