@@ -98,6 +98,7 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         web.get("/statusz", statusz),
+        web.get("/ledgerz", ledgerz_handler(service)),
     ])
     if noop:
         app.add_routes([web.post(f"{prefix}/noop",
@@ -117,3 +118,12 @@ def metrics_app(service: SchedulerService) -> web.Application:
     app = web.Application()
     app.add_routes([web.get("/metrics", metrics)])
     return app
+
+
+def ledgerz_handler(service: SchedulerService) -> Handler:
+    """``GET /ledgerz``: the ledger, reservations and per-card usage, read-only."""
+
+    async def ledgerz(_: web.Request) -> web.Response:
+        return _json(service.ledger())
+
+    return ledgerz

@@ -602,3 +602,43 @@ class SchedulerService:
         event = asyncio.Event()
         self._wakeups.append(event)
         return event
+
+    # Read-only view of the ledger ------------------------------------------------
+
+    def ledger(self) -> dict[str, object]:
+        """The ledger as it stands (``GET /ledgerz``), for operators and invariant checks.
+
+        ``pods``: every allocation (bound or reserved) with its cards per container;
+        ``reservations``: unconfirmed ones with their age; ``cards``: each reported
+        card's booked usage beside its capacity; ``orphans``: usage on cards no node
+        reports any more.
+        """
+        now = self._clock()
+        state = self.state
+        fleet = state.fleet
+        pods = {
+            key: {"node": allocation.node, "bound": key in state.bound,
+                  "init_containers": allocation.init_containers,
+                  "containers": [[{"uuid": g.uuid, "memory": g.memory, "cores": g.cores}
+                                  for g in grants] for grants in allocation.containers]}
+            for key, allocation in fleet.allocations().items()}
+        reservations = {
+            key: {"node": held.allocation.node,
+                  "age_s": now - (held.expires - state.reservation_ttl),
+                  "expires_in_s": held.expires - now}
+            for key, held in state.reservations.items()}
+        cards = []
+        for node in fleet.nodes():
+            for device in node.devices:
+                usage = fleet.usage(node.name, device.uuid)
+                cards.append({"node": node.name, "uuid": device.uuid, "index": device.index,
+                              "tenants": usage.tenants, "usedmem": usage.memory,
+                              "usedcores": usage.cores, "memory": device.memory,
+                              "cores": device.cores, "count": device.count,
+                              "processes": device.processes})
+        orphans = [{"node": node, "uuid": uuid, "tenants": usage.tenants,
+                    "usedmem": usage.memory, "usedcores": usage.cores}
+                   for (node, uuid), usage in fleet.orphans().items()]
+        return {"reservation_ttl_s": state.reservation_ttl, "bound": sorted(state.bound),
+                "pods": pods, "reservations": reservations, "cards": cards,
+                "orphans": orphans}
