@@ -95,8 +95,8 @@ class Cluster(Protocol):
         ...
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: Mapping[str, str]) -> None:
-        """Write ``annotations`` on the pod, then bind it to ``node``.
+                   annotations: Mapping[str, str | None]) -> None:
+        """Write ``annotations`` on the pod (None removes one), then bind it to ``node``.
 
         Raises ``ClusterError`` when either step fails.
         """

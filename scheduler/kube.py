@@ -209,7 +209,7 @@ def _guarded(fields: JsonObject, uid: str, resource_version: str | None) -> Json
 
 
 def annotation_patch(uid: str, resource_version: str | None,
-                     annotations: Mapping[str, str]) -> JsonObject:
+                     annotations: Mapping[str, str | None]) -> JsonObject:
     """The merge patch that writes the allocation annotations (SPEC section 4) on the pod
     as it was read."""
     return {"metadata": _guarded({"annotations": dict(annotations)}, uid, resource_version)}
@@ -415,12 +415,12 @@ class KubernetesCluster:
     # Writes --------------------------------------------------------------------------
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: Mapping[str, str]) -> None:
+                   annotations: Mapping[str, str | None]) -> None:
         await asyncio.to_thread(self._bind, namespace, name, uid, node, dict(annotations))
         self._remember_uid(f"{namespace}/{name}", uid)
 
     def _bind(self, namespace: str, name: str, uid: str, node: str,
-              annotations: dict[str, str]) -> None:
+              annotations: dict[str, str | None]) -> None:
         """Read the pod, check it is pyhami's to bind, annotate it as read, bind it."""
         what = f"binding pod {namespace}/{name} to node {node}"
         try:
@@ -435,6 +435,10 @@ class KubernetesCluster:
             raise ClusterError(f"{what}: {refusal}")
         uid = uid or pod.metadata.uid or ""
         version = pod.metadata.resource_version
+        present = pod.metadata.annotations or {}
+        # A removal of an annotation the pod does not carry is no write at all.
+        annotations = {name: value for name, value in annotations.items()
+                       if value is not None or name in present}
         if annotations:
             try:
                 patched = msgspec.json.decode(self._patch_pod(
@@ -451,11 +455,11 @@ class KubernetesCluster:
                 _preload_content=False, _request_timeout=_REQUEST_TIMEOUT))
         except _API_FAILURES as error:
             failure = f"{what}: creating the Binding failed: {describe_failure(error)}"
-            if not annotations:
+            allocated = annotations.get(ALLOCATED_ANNOTATION)
+            if not allocated:
                 raise ClusterError(failure) from error
             try:
-                outcome = self._withdraw(namespace, name, uid, version,
-                                         annotations[ALLOCATED_ANNOTATION])
+                outcome = self._withdraw(namespace, name, uid, version, allocated)
             except _API_FAILURES as undo_error:
                 raise ClusterError(f"{failure}; withdrawing the allocation annotations failed "
                                    f"too: {describe_failure(undo_error)}") from error

@@ -29,9 +29,11 @@ from common.core import (
     rejected,
 )
 from common.core.annotations import (
+    ALLOCATED_ANNOTATION,
     BIND_PHASE_ANNOTATION,
     BIND_TIME_ANNOTATION,
     TIME_ANNOTATION,
+    TO_ALLOCATE_ANNOTATION,
 )
 from common.messaging import RateLimitedLog
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
@@ -395,13 +397,14 @@ class SchedulerService:
         return ExtenderBindingResult(error=why)
 
     def _bind_annotations(self, key: str, node: str,
-                          allocation: Allocation | None) -> dict[str, str]:
-        """SPEC section 4; nothing for a pod that holds no cards."""
+                          allocation: Allocation | None) -> dict[str, str | None]:
+        """SPEC section 4. A pod that holds no cards loses any allocation annotation its
+        author wrote: the pod's annotations are the ledger's durable record."""
         if allocation is None:
-            return {}
+            return {ALLOCATED_ANNOTATION: None, TO_ALLOCATE_ANNOTATION: None}
         now = str(int(self._wall_clock()))
-        annotations = dict(Decision(pod=key, scheduled=True, node=node,
-                                    allocation=allocation).annotations())
+        annotations: dict[str, str | None] = dict(Decision(
+            pod=key, scheduled=True, node=node, allocation=allocation).annotations())
         annotations.update({TIME_ANNOTATION: now, BIND_PHASE_ANNOTATION: "allocating",
                             BIND_TIME_ANNOTATION: now})
         return annotations

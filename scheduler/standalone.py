@@ -275,14 +275,14 @@ class StandaloneCluster:
         return {}
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: Mapping[str, str]) -> None:
+                   annotations: Mapping[str, str | None]) -> None:
         key = _key(namespace, name)
         what = f"bind {namespace}/{name}"
         async with self._writing.hold(key):
             await self._bind(key, what, uid, node, annotations)
 
     async def _bind(self, key: str, what: str, uid: str, node: str,
-                    annotations: Mapping[str, str]) -> None:
+                    annotations: Mapping[str, str | None]) -> None:
         await self._settle(key)
         pod = self._pods.get(key)
         if pod is None:
@@ -291,8 +291,9 @@ class StandaloneCluster:
             raise ClusterError(f"{what}: uid {uid} is not the pod's ({pod.uid})")
         if pod.node is not None:
             raise ClusterError(f"{what}: already bound to {pod.node}")
-        bound = msgspec.structs.replace(pod, node=node, phase="Running",
-                                        annotations={**pod.annotations, **annotations})
+        merged = {**pod.annotations, **annotations}
+        bound = msgspec.structs.replace(pod, node=node, phase="Running", annotations={
+            name: value for name, value in merged.items() if value is not None})
         value = _encoder.encode(bound)
         last = self._revisions.get(key, 0)
         try:

@@ -122,6 +122,18 @@ async def test_a_pod_asking_for_no_gpu_is_bound_without_an_allocation(lab: Lab) 
     assert (await lab.pods.get("plain"))["events"] == []
 
 
+async def test_an_allocation_its_author_wrote_on_a_pod_without_gpus_books_nothing(
+        lab: Lab) -> None:
+    forged = lab_pod("forged", limits={"cpu": 1})
+    whole_card = "GPU-gpu-node-1-0,NVIDIA,15000,100:;"
+    forged["metadata"]["annotations"] = {ALLOCATED_ANNOTATION: whole_card}
+    await lab.pods.submit(forged)
+    placed = await lab.pods.placed("forged")
+    assert ALLOCATED_ANNOTATION not in placed["annotations"]  # the bind removed it
+    restarted = await restart(lab)  # the ledger rebuilt from the store
+    assert restarted.state.fleet.allocations() == {}
+
+
 # Item 4: concurrent binds -----------------------------------------------------------------
 
 
