@@ -403,14 +403,21 @@ class PendingLoop:
         if not self._service.ready:
             return
         for pod in self._cluster.pending():
-            nodes = sorted(n.name for n in self._service.state.fleet.nodes())
-            result = await self._service.filter(ExtenderArgs(pod=pod.manifest, node_names=nodes))
-            if result.error or not result.node_names:
-                continue
-            namespace = pod.manifest.metadata.namespace or "default"
-            await self._service.bind(ExtenderBindingArgs(
-                pod_name=pod.manifest.metadata.name, pod_namespace=namespace, pod_uid=pod.uid,
-                node=result.node_names[0]))
+            try:
+                await self._schedule(pod)
+            except Exception:  # one pod that breaks a rule must not stall every other
+                logger.exception("pending pod %s: scheduling it crashed; it is tried again "
+                                 "in the next round", pod.manifest.key)
+
+    async def _schedule(self, pod: StoredPod) -> None:
+        nodes = sorted(n.name for n in self._service.state.fleet.nodes())
+        result = await self._service.filter(ExtenderArgs(pod=pod.manifest, node_names=nodes))
+        if result.error or not result.node_names:
+            return
+        namespace = pod.manifest.metadata.namespace or "default"
+        await self._service.bind(ExtenderBindingArgs(
+            pod_name=pod.manifest.metadata.name, pod_namespace=namespace, pod_uid=pod.uid,
+            node=result.node_names[0]))
 
 
 def _pod_view(pod: StoredPod, events: list[PodEvent]) -> dict[str, object]:

@@ -93,6 +93,9 @@ class TestMalformed:
             ("slot=0,core=0,memory=0", "all zero"),
             ("slots=1,core=1,memory=1", "'slots=1' is not one of"),
             ("garbage", "'garbage' is not one of"),
+            ("slot=1000001,core=1,memory=1", "slot='1000001' is above 1,000,000"),
+            # Python refuses to convert over 4,300 digits: this crashed the pending loop.
+            ("slot=1,core=1,memory=" + "9" * 5000, "memory='99999"),
         ],
     )
     def test_bad_weights_name_the_annotation(self, weights: str, message: str) -> None:

@@ -13,11 +13,13 @@ import pytest
 from common.core import parse_pod
 from common.natsserver import LocalNatsServer
 from common.supervision import Supervisor, restart_delay
+from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cluster import PodChange
+from scheduler.protocol import ExtenderArgs, ExtenderFilterResult
 from scheduler.service import SchedulerService, ServiceSettings
 from tests.builders import manifest
-from tests.harness import eventually
+from tests.harness import Lab, eventually
 from tests.node_list import NodeList, inventory_message, silent
 
 
@@ -166,3 +168,24 @@ async def test_following_the_cluster_again_releases_pods_deleted_while_it_was_do
         await service.follow_cluster()
     assert service.state.fleet.allocation("default/gone") is None
     assert "default/gone" not in service.state.bound
+
+
+async def test_a_pod_whose_scheduling_crashes_does_not_stall_the_pending_loop(
+        lab: Lab, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    service = lab.daemon.service
+    assert service is not None
+    decide = service.filter
+
+    async def crashing_for_poison(args: ExtenderArgs) -> ExtenderFilterResult:
+        if args.pod.metadata.name == "poison":
+            raise RuntimeError("a bug met by one pod")
+        return await decide(args)
+
+    monkeypatch.setattr(service, "filter", crashing_for_poison)
+    await lab.pods.submit(lab_pod("poison"))
+    await lab.pods.submit_and_place(lab_pod("after-poison"))  # submitted later, placed
+    assert (await lab.pods.get("poison"))["node"] is None
+    crashes = [r for r in caplog.records if "pending pod default/poison" in r.getMessage()]
+    assert crashes and crashes[0].exc_info is not None  # logged with its traceback
+    async with lab.pods.session.get(f"{lab.daemon.url}/readyz") as response:
+        assert response.status == 200

@@ -115,6 +115,9 @@ class Weights:
 
 
 WEIGHTS_ANNOTATION = "hami.io/device-scoring-weights"
+# Scores stay exact to their 6 decimal places far beyond this; a bound also keeps the
+# parse cheap (Python refuses to convert integers of over 4,300 digits).
+WEIGHT_MAX = 1_000_000
 
 
 def parse_weights(text: str) -> Weights:
@@ -133,7 +136,11 @@ def parse_weights(text: str) -> Weights:
             raise PodRejected(f"{WEIGHTS_ANNOTATION}: {key} is given more than once")
         if not value.isascii() or not value.isdigit():
             raise PodRejected(
-                f"{WEIGHTS_ANNOTATION}: {key}={value!r} is not a non-negative integer"
+                f"{WEIGHTS_ANNOTATION}: {key}={value[:40]!r} is not a non-negative integer"
+            )
+        if len(value) > len(str(WEIGHT_MAX)) or int(value) > WEIGHT_MAX:
+            raise PodRejected(
+                f"{WEIGHTS_ANNOTATION}: {key}={value[:40]!r} is above {WEIGHT_MAX:,}"
             )
         values[key] = int(value)
     missing = [key for key in ("slot", "core", "memory") if key not in values]
