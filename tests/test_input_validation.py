@@ -24,7 +24,6 @@ from common.core import Fleet, Node, decide, parse_pod
 from common.core.annotations import ALLOCATED_ANNOTATION
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB, CARDS_PER_NODE_MAX, Device
 from common.core.names import InvalidName, check_label, check_subdomain
-from common.core.pod import ObjectMeta, PodManifest
 from common.files import InputFileError, parse_pod_manifest
 from common.wire import SCHEMA_VERSION, Card, Inventory, encode, inventory_subject
 from pyhami.demo import lab_pod
@@ -182,7 +181,7 @@ async def test_an_allocation_annotation_beyond_the_bounds_is_not_counted_and_sco
     from; a number in it must not overflow the ledger's sums."""
     service = SchedulerService(ServiceSettings(DEFAULTS), NodeList(set()), silent)
     service.ingest(*inventory_message("n", 1))
-    crafted = ClusterPod(manifest=PodManifest(metadata=ObjectMeta(name="crafted")), uid="u",
+    crafted = ClusterPod(manifest=manifest("crafted"), uid="u",  # asks for a GPU: decoded
                          node="n", phase="Running", annotations={ALLOCATED_ANNOTATION: grant})
     await service.on_pod_change(PodChange(crafted, deleted=False))
     assert service.state.fleet.allocation("default/crafted") is None
