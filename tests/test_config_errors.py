@@ -78,3 +78,18 @@ def test_standalone_against_a_nats_server_without_jetstream(
     assert line == (f"pyhami scheduler: --standalone keeps pods in JetStream, which the "
                     f"nats-server at 127.0.0.1:{nats_server.port} does not offer: start "
                     "nats-server with -js (and -sd DIR to keep the pods on disk)")
+
+
+def test_a_node_retention_not_longer_than_the_node_timeout() -> None:
+    line = one_clear_line(scheduler("--standalone", "--nats", f"nats://127.0.0.1:{free_port()}",
+                                    "--node-timeout", "60", "--node-retention", "30"))
+    assert line.startswith("pyhami scheduler: --node-retention (30s) must be longer than")
+
+
+@pytest.mark.parametrize("flag", ["--nats-grace", "--node-retention"])
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_a_new_duration_flag_that_is_no_positive_number(flag: str, value: str) -> None:
+    done = scheduler("--standalone", "--nats", f"nats://127.0.0.1:{free_port()}", flag, value)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert f"argument {flag}: " in done.stderr
