@@ -54,6 +54,11 @@ ENV = {
 }
 
 
+def describe_error(error: BaseException) -> str:
+    """An exception in a line; nats-py raises many with an empty message."""
+    return str(error) or type(error).__name__
+
+
 class SettingsError(ValueError):
     """A NATS setting that cannot be used; the text names the flag or variable."""
 
@@ -228,7 +233,7 @@ async def connect(settings: NatsSettings, name: str, *,
         return server, reconnect_delay(server.reconnects, rng.random(), settings.reconnect_max_wait)
 
     async def report_error(error: Exception) -> None:
-        logger.warning("NATS: %s", str(error) or type(error).__name__)
+        logger.warning("NATS: %s", describe_error(error))
 
     async def report_closed() -> None:
         logger.info("NATS connection closed")
@@ -375,7 +380,7 @@ class Connection:
                                        on_disconnected=self._disconnected,
                                        on_closed=self._closed(closed))
             except Exception as error:  # e.g. refused credentials: try again, never give up
-                logger.warning("NATS: connecting failed (%s)", str(error) or type(error).__name__)
+                logger.warning("NATS: connecting failed (%s)", describe_error(error))
                 await self._backoff(attempt)
                 attempt += 1
                 continue
@@ -386,7 +391,7 @@ class Connection:
                     return
                 last = client.last_error
                 logger.error("NATS closed the connection for good (%s); connecting a new one",
-                             (str(last) or type(last).__name__) if last else "no error given")
+                             describe_error(last) if last else "no error given")
             self._up.clear()
             self._mark_down()
             if self._clock() - started > STABLE_AFTER_S:
@@ -471,7 +476,7 @@ class Connection:
             try:
                 await client.publish(subject, payload)
             except Exception as error:  # a closing client, a full reconnect buffer
-                reason, detail = "failed", str(error) or type(error).__name__
+                reason, detail = "failed", describe_error(error)
         if reason is not None:
             self.unsent[reason] += 1
             self._log.warning(reason, "NATS: a message on %.80s was not sent (%s%s)", subject,
@@ -489,6 +494,6 @@ class Connection:
             logger.info("NATS connection drained")
         except Exception as error:  # a timeout or any client error: close it
             logger.warning("could not drain the NATS connection (%s); closing it",
-                           str(error) or type(error).__name__)
+                           describe_error(error))
         if not client.is_closed:
             await client.close()

@@ -41,6 +41,7 @@ from nats.js.kv import KeyValue
 from common.core import PodManifest
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
+from common.messaging import describe_error
 from scheduler.bodies import POD_BODY_LIMIT, read_body
 from scheduler.cluster import (
     ClusterError,
@@ -95,10 +96,6 @@ def _key(namespace: str, name: str) -> str:
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(StoredPod)
-
-
-def _describe(error: BaseException) -> str:
-    return str(error) or type(error).__name__
 
 
 class StandaloneCluster:
@@ -175,13 +172,14 @@ class StandaloneCluster:
             raise
         except _NOT_SENT as error:
             raise StoreUnavailable(f"{what}: the pod store refused the write: "
-                                   f"{_describe(error)}") from None
+                                   f"{describe_error(error)}") from None
         except (Exception, asyncio.CancelledError) as error:
             self._unsettled[key] = sent
             if isinstance(error, asyncio.CancelledError):
                 raise
-            raise StoreUnavailable(f"{what}: no answer from the pod store ({_describe(error)}); "
-                                   "the write is undone should it arrive") from None
+            raise StoreUnavailable(f"{what}: no answer from the pod store "
+                                   f"({describe_error(error)}); the write is undone should it "
+                                   "arrive") from None
 
     async def keep_settled(self, period: float = SETTLE_PERIOD_S) -> None:
         """Undo the writes that got no answer, once the bucket answers; runs forever."""
@@ -222,7 +220,7 @@ class StandaloneCluster:
             except KeyWrongLastSequenceError:
                 continue  # it landed between the read and the write: read again
             except Exception as error:
-                raise StoreUnavailable(f"{what}: {_describe(error)}") from None
+                raise StoreUnavailable(f"{what}: {describe_error(error)}") from None
         else:
             raise StoreUnavailable(f"{what}: the pod kept changing")
         del self._unsettled[key]
