@@ -85,7 +85,7 @@ class LiveState:
         conflict = self._claimed_elsewhere(inventory, now)
         if conflict is not None:
             return IngestResult(accepted=False, conflict=conflict)
-        was_stale = clock is None or now - clock.heard > self.node_timeout
+        was_stale = clock is None or not self._fresh(clock, now)
         self._clocks[inventory.node] = NodeClock(inventory.instance, inventory.sequence, now)
         self._clocks.move_to_end(inventory.node)
         self._stale.discard(inventory.node)
@@ -104,16 +104,19 @@ class LiveState:
         self.fleet.upsert_node(node)
         return IngestResult(accepted=True, vanished=vanished, news=True)
 
+    def _fresh(self, clock: NodeClock, now: float) -> bool:
+        return now - clock.heard <= self.node_timeout
+
     def _claimed_elsewhere(self, inventory: Inventory, now: float) -> str | None:
-        """A card of ``inventory`` that a live (not stale) other node reports, as a reason."""
+        """A card of ``inventory`` that a live (not stale) other node reports, as a reason.
+
+        ``_card_node`` names, for each card, the node whose latest report lists it."""
         for card in inventory.cards:
             holder = self._card_node.get(card.uuid)
             if holder is None or holder == inventory.node:
                 continue
             clock = self._clocks.get(holder)
-            report = self._reported.get(holder)
-            if (clock is not None and now - clock.heard <= self.node_timeout
-                    and report is not None and any(d.uuid == card.uuid for d in report.devices)):
+            if clock is not None and self._fresh(clock, now):
                 return (f"node {inventory.node!r} lists card {card.uuid!r}, which live node "
                         f"{holder!r} reports")
         return None
