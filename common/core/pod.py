@@ -11,6 +11,7 @@ from typing import Annotated
 
 import msgspec
 
+from common.core.names import shown
 from common.core.policy import (
     WEIGHTS_ANNOTATION,
     Chain,
@@ -201,7 +202,7 @@ def _quantity_text(text: str, where: str) -> Fraction:
 def _shown(value: Quantity) -> str:
     if isinstance(value, int) and value.bit_length() > 64:
         return f"an integer of {value.bit_length()} bits"
-    return repr(value)
+    return shown(value) if isinstance(value, str) else repr(value)
 
 
 def _container_request(container: Container, is_init: bool, position: str) -> ContainerRequest:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from common.core.names import shown
+
 
 class PodRejected(ValueError):
     """The pod itself is malformed; the message names the annotation or resource."""
@@ -136,11 +138,11 @@ def parse_weights(text: str) -> Weights:
             raise PodRejected(f"{WEIGHTS_ANNOTATION}: {key} is given more than once")
         if not value.isascii() or not value.isdigit():
             raise PodRejected(
-                f"{WEIGHTS_ANNOTATION}: {key}={value[:40]!r} is not a non-negative integer"
+                f"{WEIGHTS_ANNOTATION}: {key}={shown(value)} is not a non-negative integer"
             )
         if len(value) > len(str(WEIGHT_MAX)) or int(value) > WEIGHT_MAX:
             raise PodRejected(
-                f"{WEIGHTS_ANNOTATION}: {key}={value[:40]!r} is above {WEIGHT_MAX:,}"
+                f"{WEIGHTS_ANNOTATION}: {key}={shown(value)} is above {WEIGHT_MAX:,}"
             )
         values[key] = int(value)
     missing = [key for key in ("slot", "core", "memory") if key not in values]
