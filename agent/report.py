@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Sequence
 
+from common.version import package_version
 from common.wire import SCHEMA_VERSION, Card, Inventory, Reason
-
-
-def agent_version() -> str:
-    try:
-        return importlib.metadata.version("pyhami")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def describe_changes(before: Sequence[Card], after: Sequence[Card]) -> list[str]:
@@ -45,7 +38,7 @@ class Report:
         self.instance = instance
         self.heartbeat_interval = heartbeat_interval
         self.cordoned = list(cordoned)
-        self.version = version if version is not None else agent_version()
+        self.version = version if version is not None else package_version()
         self.sequence = 0
         self._observed: list[Card] = []
         self._published: list[Card] | None = None

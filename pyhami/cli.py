@@ -7,12 +7,14 @@ import sys
 from collections.abc import Sequence
 
 from agent import cli as agent_cli
+from common.version import package_version
 from pyhami import bench, decide, demo, explain, watch
 from scheduler import cli as scheduler_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyhami", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"pyhami {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (decide, explain, bench, demo, watch, agent_cli, scheduler_cli):
         module.register(commands)
