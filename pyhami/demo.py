@@ -70,7 +70,7 @@ def lab_pod(name: str, annotations: dict[str, str] | None = None,
 
 
 def lab_scenario(first_node: str) -> list[Step]:
-    """The four steps of the article's lab (shared/LAB.md)."""
+    """The four steps of the article's lab (docs/demo.md)."""
     binpack = {GPU_POLICY: "binpack"}
     steps = [Step(title="1. default spread: four pods without a policy")]
     steps += [Step(submit=lab_pod(f"spread-{i}")) for i in range(4)]

@@ -210,7 +210,7 @@ def _guarded(fields: JsonObject, uid: str, resource_version: str | None) -> Json
 
 def annotation_patch(uid: str, resource_version: str | None,
                      annotations: Mapping[str, str | None]) -> JsonObject:
-    """The merge patch that writes the allocation annotations (SPEC section 4) on the pod
+    """The merge patch that writes the allocation annotations (docs/decision-core.md) on the pod
     as it was read."""
     return {"metadata": _guarded({"annotations": dict(annotations)}, uid, resource_version)}
 

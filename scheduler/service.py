@@ -398,8 +398,9 @@ class SchedulerService:
 
     def _bind_annotations(self, key: str, node: str,
                           allocation: Allocation | None) -> dict[str, str | None]:
-        """SPEC section 4. A pod that holds no cards loses any allocation annotation its
-        author wrote: the pod's annotations are the ledger's durable record."""
+        """The allocation annotations (docs/decision-core.md). A pod that holds no cards
+        loses any allocation annotation its author wrote: the pod's annotations are the
+        ledger's durable record."""
         if allocation is None:
             return {ALLOCATED_ANNOTATION: None, TO_ALLOCATE_ANNOTATION: None}
         now = str(int(self._wall_clock()))

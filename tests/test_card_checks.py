@@ -1,4 +1,4 @@
-"""SPEC 3.4: the per-card checks, their order, and the reason each one reports."""
+"""The per-card checks, their order, and the reason each one reports."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC 3.3/3.5/3.6: choosing N cards, numa-bind, topology-aware, and set-level reasons."""
+"""Choosing N cards, numa-bind, topology-aware, and set-level reasons."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC section 3: the policy chain, parsed and evaluated (filters first, keys in order)."""
+"""The policy chain, parsed and evaluated (filters first, keys in order)."""
 
 from __future__ import annotations
 

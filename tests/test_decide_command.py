@@ -1,4 +1,4 @@
-"""SPEC section 7: ``pyhami decide`` as a user runs it, good input and bad."""
+"""``pyhami decide`` as a user runs it, good input and bad."""
 
 from __future__ import annotations
 

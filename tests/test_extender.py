@@ -1,4 +1,4 @@
-"""SPEC section 6: the extender verbs as kube-scheduler calls them, over HTTP."""
+"""The extender verbs as kube-scheduler calls them, over HTTP."""
 
 from __future__ import annotations
 

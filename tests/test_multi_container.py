@@ -1,4 +1,4 @@
-"""SPEC 3.5: containers of one pod placed in order; init containers at their peak."""
+"""Containers of one pod placed in order; init containers at their peak."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC section 5: choosing the node, and the reasons every other node gets."""
+"""Choosing the node, and the reasons every other node gets."""
 
 from __future__ import annotations
 

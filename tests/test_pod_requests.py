@@ -1,4 +1,4 @@
-"""SPEC section 1: what a pod asks for, and malformed pods refused with a named reason."""
+"""What a pod asks for, and malformed pods refused with a named reason."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ class Decision:
     explain: tuple[ExplainRow, ...] | None = None
 
     def annotations(self) -> dict[str, str]:
-        """The allocation annotations of SPEC section 4 that do not depend on the clock."""
+        """The allocation annotations that do not depend on the clock."""
         if self.allocation is None or self.node is None:
             return {}
         devices = encode_devices(self.allocation.containers)

@@ -88,7 +88,7 @@ class PodView:
     def card_codes(
         self, request: ContainerRequest, where: slice, extra: Extra | None = None
     ) -> CodeArray:
-        """Per card, the first failing check of SPEC 3.4 (0 when the card is eligible)."""
+        """Per card, the first failing check of ``CardCheck`` (0 when the card is eligible)."""
         lay = self.layout
         memory, cores = lay.memory[where], lay.cores[where]
         used, usedmem, usedcores = lay.used[where], lay.usedmem[where], lay.usedcores[where]

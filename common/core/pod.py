@@ -77,7 +77,7 @@ class PodManifest(msgspec.Struct):
 
     @property
     def asks_for_gpu(self) -> bool:
-        """Whether any container names an ``nvidia.com/*`` GPU resource (SPEC section 1)."""
+        """Whether any container names an ``nvidia.com/*`` GPU resource."""
         return any(
             resource in table
             for container in [*(self.spec.init_containers or ()), *self.spec.containers]

@@ -1,4 +1,4 @@
-"""A decision as the JSON document ``pyhami decide`` prints (SPEC section 7)."""
+"""A decision as the JSON document ``pyhami decide`` prints (docs/decision-core.md)."""
 
 from __future__ import annotations
 

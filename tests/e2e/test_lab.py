@@ -1,4 +1,4 @@
-"""The article's lab (shared/LAB.md) on a real kube-apiserver and kube-scheduler.
+"""The article's lab (docs/demo.md) on a real kube-apiserver and kube-scheduler.
 
 Pods set ``schedulerName: pyhami-scheduler``; kube-scheduler calls pyhami's /filter and
 /bind; pyhami writes the allocation annotations and creates the Binding. Each step checks
