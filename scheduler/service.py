@@ -231,7 +231,7 @@ class SchedulerService:
             return inventory, set()
         if result.back_after is not None:
             logger.info("node %s is heard from again after %.0fs of silence", inventory.node,
-                           result.back_after)
+                        result.back_after)
         self._changed_nodes.add(inventory.node)
         for uuid, usage in result.vanished.items():
             logger.error("node %s: card %s left the inventory while allocations hold it "
