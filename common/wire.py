@@ -56,7 +56,7 @@ class WireError(ValueError):
     """A message that cannot be used; the text says why."""
 
     result = "rejected"
-    """How the daemon counts the refusal (``pyhami_inventory_messages{result}``)."""
+    """How the daemon counts the refusal (``pyhami_inventory_messages_total{result}``)."""
 
 
 class WrongSubject(WireError):

@@ -125,7 +125,7 @@ async def server_side(metrics_url: str) -> dict[str, float]:
         for line in (await response.text()).splitlines():
             for verb in ("filter", "bind"):
                 for part in ("sum", "count"):
-                    if line.startswith(f"pyhami_{verb}_seconds_{part} "):
+                    if line.startswith(f"pyhami_{verb}_duration_seconds_{part} "):
                         sums[f"{verb}_{part}"] = float(line.split()[-1])
     return {f"server_{verb}_mean_ms": round(sums[f"{verb}_sum"] / sums[f"{verb}_count"] * 1e3, 3)
             for verb in ("filter", "bind") if sums.get(f"{verb}_count")}

@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from common.core.names import InvalidName
 from common.files import InputFileError, parse_pod_manifest
@@ -108,15 +108,11 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
 
 
 def metrics_app(service: SchedulerService) -> web.Application:
-    """Prometheus metrics on their own listener, as ``--metrics`` sets it."""
-
-    async def metrics(_: web.Request) -> web.Response:
-        response = web.Response(body=service.metrics.exposition())
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
-
+    """Prometheus metrics on their own listener, as ``--metrics`` sets it: OpenMetrics for a
+    scraper that asks for it (``Accept: application/openmetrics-text``), the classic text
+    format otherwise, gzip when accepted."""
     app = web.Application()
-    app.add_routes([web.get("/metrics", metrics)])
+    app.add_routes([web.get("/metrics", make_aiohttp_handler(service.metrics.registry))])
     return app
 
 

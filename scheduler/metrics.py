@@ -1,68 +1,163 @@
-"""Prometheus metrics at ``/metrics``: HAMi's device gauges and the daemon's own health."""
+"""Prometheus metrics at ``/metrics``: HAMi's scheduler metrics under HAMi's names, labels
+and scales, and the daemon's own (``pyhami_*``).
+
+Every gauge is read from the live state at scrape time, so none is ever out of date.
+docs/scheduler.md ("Metrics") lists them beside HAMi's definitions.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import importlib.metadata
+import platform
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from common.core import Fleet
-from common.messaging import Connection
+from common.messaging import Connection, Unsent
 
 MIB = 1024 * 1024
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5)
-CARD_LABELS = ["node", "deviceuuid", "deviceidx", "devicetype"]
+# HAMi registers its scheduler collector wrapped with this constant label.
+HAMI_ZONE = "vGPU"
+CARD_LABELS = ["node", "device_uuid", "device_index", "device_type"]
+HAMI_CARD_LABELS = [*CARD_LABELS, "zone"]
+HAMI_CONTAINER_LABELS = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
+INVENTORY_RESULTS = ("accepted", "out_of_order", "rejected", "wrong_subject", "card_conflict")
+RELEASE_CAUSES = ("expired", "bind_failed")
+UNSENT_REASONS: tuple[Unsent, ...] = get_args(Unsent)
 
 
-class _DeviceCollector(Collector):
-    """Reads the live fleet at scrape time, so the gauges are never out of date."""
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("pyhami")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
 
-    def __init__(self, fleet: Callable[[], Fleet], silence: Callable[[], dict[str, float]],
-                 orphans: Callable[[], int]) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """What the collectors read at each scrape."""
+
+    fleet: Callable[[], Fleet]
+    last_heard: Callable[[], dict[str, float]]
+    """Node -> when its agent was last heard from, in seconds since the epoch."""
+    stale: Callable[[], AbstractSet[str]]
+    """The nodes whose inventory is older than the node timeout."""
+    ready: Callable[[], bool]
+    """/readyz would answer 200."""
+
+
+def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=labels)
+
+
+class HamiCollector(Collector):
+    """The gauges of HAMi's scheduler (its ``cmd/scheduler/metrics.go``), legacy names off:
+    per card from the fleet, per container from the ledger."""
+
+    def __init__(self, fleet: Callable[[], Fleet]) -> None:
         self._fleet = fleet
-        self._silence = silence
-        self._orphans = orphans
 
     def collect(self) -> Iterable[Metric]:
-        allocated = GaugeMetricFamily("hami_gpu_memory_allocated_bytes",
-                                      "GPU memory allocated to pods", labels=CARD_LABELS)
-        limit = GaugeMetricFamily("hami_gpu_memory_limit_bytes", "GPU memory of the card",
-                                  labels=CARD_LABELS)
-        shared = GaugeMetricFamily("hami_gpu_shared_count",
-                                   "Tenants sharing the card (allocations or observed processes)",
-                                   labels=CARD_LABELS)
-        cores = GaugeMetricFamily("hami_gpu_core_allocated_ratio",
-                                  "Share of the card's compute allocated (0..1)",
-                                  labels=CARD_LABELS)
-        core_limit = GaugeMetricFamily("hami_gpu_core_limit",
-                                       "Compute units of the card (100 = whole)",
-                                       labels=CARD_LABELS)
-        healthy = GaugeMetricFamily("hami_gpu_healthy", "1 when the card is healthy",
-                                    labels=CARD_LABELS)
+        memory_limit = _gauge("hami_gpu_memory_limit_bytes",
+                              "Device memory limit for a certain GPU", HAMI_CARD_LABELS)
+        core_limit = _gauge("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU",
+                            HAMI_CARD_LABELS)
+        memory_allocated = _gauge(
+            "hami_gpu_memory_allocated_bytes", "Device memory allocated for a certain GPU",
+            ["node", "device_uuid", "device_index", "device_cores", "device_type", "zone"])
+        shared = _gauge("hami_gpu_shared_count", "Number of containers sharing this GPU",
+                        HAMI_CARD_LABELS)
+        core_allocated = _gauge("hami_gpu_core_allocated_ratio",
+                                "Device core allocated for a certain GPU", HAMI_CARD_LABELS)
+        overview = _gauge(
+            "hami_node_gpu_overview", "GPU overview on a certain node",
+            ["node", "device_uuid", "device_index", "device_cores", "device_memory_limit",
+             "device_type", "zone"])
+        memory_ratio = _gauge("hami_node_gpu_memory_allocated_ratio",
+                              "GPU Memory Allocated Percentage on a certain GPU",
+                              HAMI_CARD_LABELS)
         fleet = self._fleet()
         for node in fleet.nodes():
             for device in node.devices:
-                labels = [node.name, device.uuid, str(device.index), device.type]
                 usage = fleet.usage(node.name, device.uuid)
-                allocated.add_metric(labels, usage.memory * MIB)
-                limit.add_metric(labels, device.memory * MIB)
-                shared.add_metric(labels, max(usage.tenants, device.processes))
-                cores.add_metric(labels, usage.cores / device.cores if device.cores else 0.0)
-                core_limit.add_metric(labels, device.cores)
-                healthy.add_metric(labels, 1.0 if device.health else 0.0)
-        silence = GaugeMetricFamily("pyhami_node_seconds_since_heard",
-                                    "Seconds since the node's agent last reported",
-                                    labels=["node"])
-        for name, seconds in sorted(self._silence().items()):
-            silence.add_metric([name], seconds)
+                index, cores, type_ = str(device.index), str(device.cores), device.type
+                card = [node.name, device.uuid, index, type_, HAMI_ZONE]
+                memory_limit.add_metric(card, device.memory * MIB)
+                core_limit.add_metric(card, device.cores)
+                memory_allocated.add_metric(
+                    [node.name, device.uuid, index, cores, type_, HAMI_ZONE], usage.memory * MIB)
+                shared.add_metric(card, usage.tenants)
+                core_allocated.add_metric(card, usage.cores)
+                overview.add_metric([node.name, device.uuid, index, cores, str(device.memory),
+                                     type_, HAMI_ZONE], usage.memory * MIB)
+                if device.memory > 0:
+                    memory_ratio.add_metric(card, usage.memory / device.memory)
+        yield from (memory_limit, core_limit, memory_allocated, shared, core_allocated,
+                    overview, memory_ratio)
+        yield from self._containers(fleet)
+
+    @staticmethod
+    def _containers(fleet: Fleet) -> Iterator[Metric]:
+        """Every pod holding cards, reserved or bound; containers numbered as in the
+        allocation annotation (init containers first), as HAMi numbers them."""
+        memory = _gauge("hami_vgpu_memory_allocated_bytes",
+                        "vGPU memory allocated from a container", HAMI_CONTAINER_LABELS)
+        cores = _gauge("hami_vgpu_core_allocated_ratio", "vGPU core allocated from a container",
+                       HAMI_CONTAINER_LABELS)
+        for key, allocation in sorted(fleet.allocations().items()):
+            namespace, _, pod = key.partition("/")
+            for position, grants in enumerate(allocation.containers):
+                for grant in grants:
+                    series = [namespace, allocation.node, pod, str(position), grant.uuid,
+                              HAMI_ZONE]
+                    memory.add_metric(series, grant.memory * MIB)
+                    cores.add_metric(series, grant.cores)
+        yield from (memory, cores)
+
+
+class DaemonCollector(Collector):
+    """The daemon's own gauges: build, readiness, node freshness, cards, orphans."""
+
+    def __init__(self, sources: Sources) -> None:
+        self._sources = sources
+        self._build = [package_version(), platform.python_version()]
+
+    def collect(self) -> Iterable[Metric]:
+        build = _gauge("pyhami_build_info",
+                       "pyhami's version and Python's, as labels; the value is always 1",
+                       ["version", "python_version"])
+        build.add_metric(self._build, 1.0)
+        ready = GaugeMetricFamily("pyhami_ready", "1 while /readyz would answer 200")
+        ready.add_metric([], 1.0 if self._sources.ready() else 0.0)
+        heard = _gauge("pyhami_node_last_heard_timestamp_seconds",
+                       "When the node's agent last reported, in seconds since the epoch",
+                       ["node"])
+        stale = _gauge("pyhami_node_stale",
+                       "1 while the node's inventory is older than --node-timeout", ["node"])
+        stale_nodes = self._sources.stale()
+        for name, when in sorted(self._sources.last_heard().items()):
+            heard.add_metric([name], when)
+            stale.add_metric([name], 1.0 if name in stale_nodes else 0.0)
+        healthy = _gauge("pyhami_gpu_healthy", "1 while the node's agent reports the card healthy",
+                         CARD_LABELS)
+        fleet = self._sources.fleet()
+        for node in fleet.nodes():
+            for device in node.devices:
+                healthy.add_metric([node.name, device.uuid, str(device.index), device.type],
+                                   1.0 if device.health else 0.0)
         orphans = GaugeMetricFamily(
             "pyhami_allocations_on_vanished_cards",
             "Cards still holding allocations that their node no longer reports")
-        orphans.add_metric([], self._orphans())
-        yield from (allocated, limit, shared, cores, core_limit, healthy, silence, orphans)
+        orphans.add_metric([], len(fleet.orphans()))
+        yield from (build, ready, heard, stale, healthy, orphans)
 
 
 class ConnectionCollector(Collector):
@@ -75,33 +170,41 @@ class ConnectionCollector(Collector):
         connected = GaugeMetricFamily("pyhami_nats_connected", "1 while connected to NATS")
         connected.add_metric([], 1.0 if self._connection.connected else 0.0)
         replaced = CounterMetricFamily(
-            "pyhami_nats_clients_replaced",
+            "pyhami_nats_clients_replaced_total",
             "NATS clients connected again after the server made nats-py close one for good")
         replaced.add_metric([], self._connection.replaced)
-        unsent = CounterMetricFamily("pyhami_nats_messages_unsent",
+        unsent = CounterMetricFamily("pyhami_nats_messages_unsent_total",
                                      "Messages not sent on NATS, by reason", labels=["reason"])
-        for reason in ("disconnected", "too_large", "failed"):
+        for reason in UNSENT_REASONS:
             unsent.add_metric([reason], self._connection.unsent[reason])
         yield from (connected, replaced, unsent)
 
 
 class Metrics:
-    def __init__(self, fleet: Callable[[], Fleet], silence: Callable[[], dict[str, float]],
-                 orphans: Callable[[], int]) -> None:
+    def __init__(self, sources: Sources) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_DeviceCollector(fleet, silence, orphans))
-        self.filter_seconds = Histogram("pyhami_filter_seconds", "Time to answer /filter",
-                                        buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.bind_seconds = Histogram("pyhami_bind_seconds", "Time to answer /bind",
-                                      buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.decisions = Counter("pyhami_decisions", "Decisions by verb, outcome and reason",
+        self.registry.register(HamiCollector(sources.fleet))
+        self.registry.register(DaemonCollector(sources))
+        self.filter_duration = Histogram("pyhami_filter_duration_seconds",
+                                         "Time to answer /filter", buckets=LATENCY_BUCKETS,
+                                         registry=self.registry)
+        self.bind_duration = Histogram("pyhami_bind_duration_seconds", "Time to answer /bind",
+                                       buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.decisions = Counter("pyhami_decisions_total",
+                                 "Decisions by verb, outcome and reason",
                                  ["verb", "outcome", "reason"], registry=self.registry)
-        self.inventory = Counter("pyhami_inventory_messages",
+        self.inventory = Counter("pyhami_inventory_messages_total",
                                  "Inventory messages received, by result", ["result"],
                                  registry=self.registry)
-        self.released = Counter("pyhami_reservations_released",
+        self.released = Counter("pyhami_reservations_released_total",
                                 "Reservations released without a bind, by cause", ["cause"],
                                 registry=self.registry)
+        # Every known label value from the start, so rate() and alerts see a zero first.
+        for result in INVENTORY_RESULTS:
+            self.inventory.labels(result)
+        for cause in RELEASE_CAUSES:
+            self.released.labels(cause)
 
     def exposition(self) -> bytes:
+        """The classic text format (tests and tools that read it directly)."""
         return generate_latest(self.registry)

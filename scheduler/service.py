@@ -39,7 +39,7 @@ from common.messaging import RateLimitedLog
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
 from common.wire import Inventory, WireError, decode_inventory
 from scheduler.cluster import Cluster, ClusterError, PodChange
-from scheduler.metrics import Metrics
+from scheduler.metrics import Metrics, Sources
 from scheduler.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -119,9 +119,10 @@ class SchedulerService:
         self._publish = publish
         self._clock = clock
         self._wall_clock = wall_clock
-        self.metrics = Metrics(lambda: self.state.fleet,
-                               lambda: self.state.silence(self._clock()),
-                               lambda: len(self.state.fleet.orphans()))
+        self.metrics = Metrics(Sources(
+            fleet=lambda: self.state.fleet, last_heard=self._last_heard,
+            stale=lambda: self.state.stale_nodes(self._clock()).keys(),
+            ready=lambda: not self.not_ready_because()))
         self.ready = False
         """The ledger is rebuilt: /filter answers (``not_ready_because`` says the rest)."""
         self.readiness_checks: list[Check] = []
@@ -180,6 +181,11 @@ class SchedulerService:
             "reservations": len(self.state.reservations),
         }
 
+    def _last_heard(self) -> dict[str, float]:
+        """When each node was last heard from, in seconds since the epoch (for metrics)."""
+        now, wall = self._clock(), self._wall_clock()
+        return {name: wall - quiet for name, quiet in self.state.silence(now).items()}
+
     # Inventory ---------------------------------------------------------------
 
     async def receive_inventory(self, subject: str, data: bytes) -> None:
@@ -223,6 +229,9 @@ class SchedulerService:
         self.inventory_accepted += 1
         if not result.news:
             return inventory, set()
+        if result.back_after is not None:
+            logger.info("node %s is heard from again after %.0fs of silence", inventory.node,
+                        result.back_after)
         self._changed_nodes.add(inventory.node)
         for uuid, usage in result.vanished.items():
             logger.error("node %s: card %s left the inventory while allocations hold it "
@@ -263,7 +272,7 @@ class SchedulerService:
             self._refused[request.key] = (args.pod.metadata.namespace or "default",
                                           args.pod.metadata.name)
         self._count("filter", decision)
-        self.metrics.filter_seconds.observe(time.perf_counter() - started)
+        self.metrics.filter_duration.observe(time.perf_counter() - started)
         self._in_background(self._after_filter(args.pod, decision, _ms_since(started), request))
         failed = dict(decision.failed_nodes or {})
         if decision.node is None:
@@ -361,7 +370,7 @@ class SchedulerService:
             async with self._binding.hold(key):
                 return await self._bind_exclusively(key, args)
         finally:
-            self.metrics.bind_seconds.observe(time.perf_counter() - started)
+            self.metrics.bind_duration.observe(time.perf_counter() - started)
 
     async def _bind_exclusively(self, key: str, args: ExtenderBindingArgs,
                                 ) -> ExtenderBindingResult:

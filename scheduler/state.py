@@ -46,6 +46,8 @@ class IngestResult:
     """Cards that left the inventory while allocations still hold them."""
     news: bool = False
     """The node is new, was stale, or its cards changed: pending pods may fit now."""
+    back_after: float | None = None
+    """Seconds of silence of a node that ``newly_stale`` had reported stale, now heard again."""
 
 
 class LiveState:
@@ -86,6 +88,8 @@ class LiveState:
         if conflict is not None:
             return IngestResult(accepted=False, conflict=conflict)
         was_stale = clock is None or not self._fresh(clock, now)
+        back_after = (now - clock.heard if clock is not None and inventory.node in self._stale
+                      else None)
         self._clocks[inventory.node] = NodeClock(inventory.instance, inventory.sequence, now)
         self._clocks.move_to_end(inventory.node)
         self._stale.discard(inventory.node)
@@ -102,7 +106,7 @@ class LiveState:
             return IngestResult(accepted=True)  # a heartbeat: nothing changed
         vanished = self._vanished(node)
         self.fleet.upsert_node(node)
-        return IngestResult(accepted=True, vanished=vanished, news=True)
+        return IngestResult(accepted=True, vanished=vanished, news=True, back_after=back_after)
 
     def _fresh(self, clock: NodeClock, now: float) -> bool:
         return now - clock.heard <= self.node_timeout

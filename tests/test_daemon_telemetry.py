@@ -135,22 +135,3 @@ async def test_bad_inventory_is_counted_and_dropped_and_a_vanished_card_reported
     finally:
         await client.close()
 
-
-async def test_metrics_show_hami_device_gauges_and_latencies(
-    metered: Metered, http: aiohttp.ClientSession,
-) -> None:
-    await metered.pods.submit_and_place(lab_pod("p", limits={
-        "nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 30}))
-    async with http.get(metered.metrics_url) as response:
-        assert response.status == 200
-        text = await response.text()
-    card0 = ('{deviceidx="0",devicetype="NVIDIA-Tesla T4",deviceuuid="GPU-gpu-node-1-0",'
-             'node="gpu-node-1"}')
-    assert f"hami_gpu_memory_allocated_bytes{card0} 1.048576e+09" in text
-    assert f"hami_gpu_memory_limit_bytes{card0} 1.610612736e+10" in text
-    assert f"hami_gpu_shared_count{card0} 1.0" in text
-    assert f"hami_gpu_core_allocated_ratio{card0} 0.3" in text
-    assert "pyhami_filter_seconds_count 1.0" in text
-    assert "pyhami_bind_seconds_count 1.0" in text
-    assert 'pyhami_decisions_total{outcome="scheduled",reason="",verb="filter"} 1.0' in text
-    assert 'pyhami_node_seconds_since_heard{node="gpu-node-1"}' in text

@@ -49,6 +49,19 @@ def test_a_node_goes_stale_after_the_timeout() -> None:
     assert (decision.failed_nodes or {})["n"].startswith("NodeInventoryStale: ")
 
 
+def test_going_stale_and_coming_back_are_each_reported_once() -> None:
+    state = LiveState(node_timeout=30, reservation_ttl=60)
+    state.ingest(inventory(1), now=0)
+    assert state.newly_stale(now=30) == {}
+    assert list(state.newly_stale(now=31)) == ["n"]
+    assert state.newly_stale(now=40) == {}
+    assert state.ingest(inventory(2), now=45).back_after == 45
+    assert state.ingest(inventory(3), now=46).back_after is None
+    assert state.newly_stale(now=47) == {}
+    # Silent past the timeout and heard again before any check saw it: nothing to report.
+    assert state.ingest(inventory(4), now=100).back_after is None
+
+
 def test_an_unconfirmed_reservation_expires_and_a_confirmed_one_stays() -> None:
     state = LiveState(node_timeout=1000, reservation_ttl=60)
     state.ingest(inventory(1), now=0)
