@@ -7,7 +7,6 @@ docs/scheduler.md ("Metrics") lists them beside HAMi's definitions.
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
@@ -20,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from common.core import Fleet
 from common.messaging import Connection, Unsent
+from common.version import package_version
 
 MIB = 1024 * 1024
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -32,13 +32,6 @@ HAMI_CONTAINER_LABELS = ["namespace", "node", "pod", "container_index", "device_
 INVENTORY_RESULTS = ("accepted", "out_of_order", "rejected", "wrong_subject", "card_conflict")
 RELEASE_CAUSES = ("expired", "bind_failed")
 UNSENT_REASONS: tuple[Unsent, ...] = get_args(Unsent)
-
-
-def package_version() -> str:
-    try:
-        return importlib.metadata.version("pyhami")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
-        return "unknown"
 
 
 @dataclass(frozen=True, slots=True)
