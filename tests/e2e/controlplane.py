@@ -41,7 +41,7 @@ K8S_DIR = REPO / "k8s"
 BUILD_SCRIPT = REPO / "scripts" / "build-control-plane.sh"
 SCHEDULER_CONFIG_MAP = K8S_DIR / "scheduler-config.yaml"
 SCHEDULER_CONFIG_KEY = "config.yaml"
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "helm")
 
 SYSTEM_NAMESPACE = "pyhami-system"
 SCHEDULER_SERVICE_ACCOUNT = "pyhami-scheduler"
