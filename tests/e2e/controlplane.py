@@ -218,6 +218,23 @@ class KubeApi:
         return self._resources[(api_version, kind)][1]
 
 
+def allowed(api: KubeApi, user: str, verb: str, resource: str, *,
+            group: str = "", namespace: str | None = None, name: str | None = None,
+            subresource: str | None = None) -> bool:
+    """Whether the ServiceAccount ``user`` may do this, as a SubjectAccessReview answers."""
+    namespace_of_user = user.split(":")[2]
+    review = api.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user,
+                 "groups": ["system:serviceaccounts",
+                            f"system:serviceaccounts:{namespace_of_user}",
+                            "system:authenticated"],
+                 "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                                        "namespace": namespace, "name": name,
+                                        "subresource": subresource}}})
+    return bool(review["status"].get("allowed"))
+
+
 # Processes ------------------------------------------------------------------------------
 
 _PR_SET_PDEATHSIG = 1
