@@ -386,6 +386,39 @@ def test_values_that_cannot_work_are_refused_by_name(helm: Path, settings: list[
     assert done.returncode != 0 and message in done.stderr, done.stderr
 
 
+def test_helm_install_and_uninstall_against_the_api_server(
+        helm: Path, control_plane: ControlPlane, tmp_path: Path) -> None:
+    """What a user runs: helm itself creates the release, and removes every object again."""
+    release = Release("pyhami-helm", "pyhami-chart-helm", None, "pyhami-helm")
+    env = {**os.environ, "KUBECONFIG": str(control_plane.admin_kubeconfig)}
+    for setting in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+        env[setting] = str(tmp_path / setting)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(helm), *args, "--namespace", release.namespace], env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    api = control_plane.api
+    webhook = ("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
+               f"{release.scheduler}")
+    try:
+        done = run("install", release.name, str(CHART), "--create-namespace")
+        assert done.returncode == 0, done.stderr
+        assert "kubectl label node GPU-NODE gpu=on" in done.stdout, "no NOTES"
+        status = json.loads(run("status", release.name, "--output", "json").stdout)
+        assert status["info"]["status"] == "deployed"
+        assert api.get(webhook)["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        done = run("uninstall", release.name)
+        assert done.returncode == 0, done.stderr
+        with pytest.raises(ApiError) as gone:
+            api.get(webhook)
+        assert gone.value.status == HTTPStatus.NOT_FOUND
+    finally:
+        run("uninstall", release.name, "--ignore-not-found")
+        with contextlib.suppress(ApiError):
+            api.delete(f"/api/v1/namespaces/{release.namespace}")
+
+
 def test_k8s_is_the_charts_rendering(helm: Path, tmp_path: Path) -> None:
     done = subprocess.run(["bash", str(RENDER_SCRIPT), "--out", str(tmp_path)],
                           env={**os.environ, "HELM": str(helm)},
