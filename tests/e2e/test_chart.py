@@ -5,7 +5,8 @@ cluster-scoped objects do not meet those of ``k8s/`` the suite already created):
 chart's defaults, and ``ci/custom-values.yaml`` (an existing NATS, the webhook with a
 Secret of its own, the monitoring objects, three replicas, other policies). The API
 server validates every object on creation; nothing runs them (no controllers, no
-kubelet), so only what was stored is checked. ``k8s/`` must be the chart's rendering.
+kubelet), so only what was stored is checked. A third release goes through ``helm
+install`` and ``helm uninstall`` themselves. ``k8s/`` must be the chart's rendering.
 """
 
 from __future__ import annotations
