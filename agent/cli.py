@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from agent.inventory import InventoryError, InventorySource
-from agent.nvml import NvmlSource
+from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
 from agent.service import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_POLL_INTERVAL_S,
@@ -22,7 +22,8 @@ from agent.service import (
     AgentSettings,
 )
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
-from common.arguments import Subcommands, positive_seconds
+from common.arguments import Subcommands, positive_int, positive_seconds
+from common.core.model import CARD_COUNT_MAX
 from common.core.names import InvalidName, check_subdomain
 from common.messaging import SettingsError, add_nats_arguments, nats_settings
 
@@ -58,6 +59,13 @@ def inventory_spec(text: str) -> InventorySpec:
     return InventorySpec("profile", rest)
 
 
+def split_count(text: str) -> int:
+    count = positive_int(text)
+    if count > CARD_COUNT_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {CARD_COUNT_MAX}")
+    return count
+
+
 def uuid_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -76,6 +84,11 @@ def register(commands: Subcommands) -> None:
                         default=DEFAULT_HEARTBEAT_INTERVAL_S, metavar="SECONDS",
                         help="republish after this long without a message "
                              f"(default: {DEFAULT_HEARTBEAT_INTERVAL_S:g})")
+    parser.add_argument("--device-split-count", type=split_count,
+                        default=DEFAULT_SPLIT_COUNT, metavar="N",
+                        help="pods one card may hold at once, as HAMi's deviceSplitCount "
+                             f"(default: {DEFAULT_SPLIT_COUNT}); nvml only: a simulated "
+                             "inventory states its own")
     parser.add_argument("--cordon", type=uuid_list, default=(), metavar="UUID[,UUID...]",
                         help="cards to report as cordoned: the scheduler leaves them alone")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
@@ -95,10 +108,11 @@ def node_name(flag: str | None, environ: Mapping[str, str]) -> str:
     return name
 
 
-def inventory_source(spec: InventorySpec, node: str) -> InventorySource:
+def inventory_source(spec: InventorySpec, node: str,
+                     split: int = DEFAULT_SPLIT_COUNT) -> InventorySource:
     """Raises ``InventoryError`` for a simulation file that cannot be used."""
     if spec.kind == "nvml":
-        return NvmlSource()
+        return NvmlSource(split_count=split)
     if spec.kind == "profile":
         return SimulatedSource(profile_cards(spec.value, node))
     return SimulatedSource(file_cards(Path(spec.value), node))
@@ -108,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         node = node_name(args.node, os.environ)
         nats = nats_settings(args, os.environ)
-        source = inventory_source(args.inventory, node)
+        source = inventory_source(args.inventory, node, args.device_split_count)
     except (UsageError, SettingsError) as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
         return 2

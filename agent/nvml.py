@@ -45,6 +45,8 @@ APPLICATION_XIDS = frozenset({31, 43, 45})
 
 DEFAULT_SYSFS_ROOT = Path("/sys")
 DEFAULT_EVENT_WAIT_MS = 1000
+# Pods one card may hold at once, as HAMi's device plugin splits a card (deviceSplitCount).
+DEFAULT_SPLIT_COUNT = 10
 
 
 class PciInfo(Protocol):
@@ -203,8 +205,10 @@ class NvmlSource:
 
     def __init__(self, library: NvmlLibrary | None = None,
                  sysfs_root: Path = DEFAULT_SYSFS_ROOT,
-                 event_wait_ms: int = DEFAULT_EVENT_WAIT_MS) -> None:
+                 event_wait_ms: int = DEFAULT_EVENT_WAIT_MS,
+                 split_count: int = DEFAULT_SPLIT_COUNT) -> None:
         self._nvml = library if library is not None else _pynvml()
+        self._split_count = split_count
         self._sysfs_root = sysfs_root
         self._event_wait_ms = event_wait_ms
         self._handles: list[object] = []
@@ -368,7 +372,7 @@ class NvmlSource:
         if xid is not None:
             problems.append(f"critical XID {xid}")
         return Card(uuid=identity.uuid, index=identity.index, type=identity.model,
-                    memory=identity.memory, numa=identity.numa,
+                    memory=identity.memory, count=self._split_count, numa=identity.numa,
                     health=not problems, links=self._links.get(identity.uuid),
                     processes=processes, sm_count=identity.sm_count,
                     process_memory=process_memory, health_detail="; ".join(problems))

@@ -7,7 +7,8 @@
 # supported" and its watch cache then logs "Too large resource version"
 # timeouts. Binaries go to a cache outside the repository, keyed by the
 # Kubernetes version; what is already there is not built again (remove the
-# folder to rebuild).
+# folder to rebuild). Helm (helm.sh/helm/v3) is built beside them: the suite renders
+# the chart in charts/ with it.
 #
 #   scripts/build-control-plane.sh          # build (or reuse) and print the folder
 #   scripts/build-control-plane.sh --print  # only print the folder
@@ -16,6 +17,7 @@
 #   PYHAMI_K8S_VERSION          Kubernetes release (default v1.36.3)
 #   PYHAMI_ETCD_SOURCE          go (default): build etcd; debian: unpack Debian's etcd-server
 #   PYHAMI_ETCD_VERSION         etcd release built from Go (default v3.6.16)
+#   PYHAMI_HELM_VERSION         Helm release built from Go (default v3.22.0)
 #   PYHAMI_CONTROL_PLANE_CACHE  cache root (default ~/.cache/pyhami/control-plane)
 #   GO                          the go command (default: go on PATH, else /usr/local/go/bin/go)
 set -euo pipefail
@@ -23,6 +25,7 @@ set -euo pipefail
 K8S_VERSION="${PYHAMI_K8S_VERSION:-v1.36.3}"
 ETCD_SOURCE="${PYHAMI_ETCD_SOURCE:-go}"
 ETCD_VERSION="${PYHAMI_ETCD_VERSION:-v3.6.16}"
+HELM_VERSION="${PYHAMI_HELM_VERSION:-v3.22.0}"
 CACHE_ROOT="${PYHAMI_CONTROL_PLANE_CACHE:-${HOME}/.cache/pyhami/control-plane}"
 OUT="${CACHE_ROOT}/${K8S_VERSION}"
 
@@ -35,17 +38,19 @@ log() { printf '%s build-control-plane: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 have() { [[ -x "${OUT}/$1" ]]; }
 
-# VERSIONS beside the binaries: the Kubernetes release, then etcd's own version.
+# VERSIONS beside the binaries, one a line: the Kubernetes release, etcd's own
+# version, then Helm's.
 record_versions() {
-  local etcd_version
+  local etcd_version helm_version
   etcd_version="$("${OUT}/etcd" --version | sed -n 's/^etcd Version: *//p' | head -n1)"
-  printf '%s\nv%s\n' "${K8S_VERSION}" "${etcd_version}" >"${OUT}/VERSIONS"
+  helm_version="$("${OUT}/helm" version --template '{{.Version}}')"
+  printf '%s\nv%s\n%s\n' "${K8S_VERSION}" "${etcd_version}" "${helm_version}" >"${OUT}/VERSIONS"
 }
 
 mkdir -p "${OUT}"
-if have kube-apiserver && have kube-scheduler && have etcd; then
+if have kube-apiserver && have kube-scheduler && have etcd && have helm; then
   log "all binaries present, nothing to build"
-  [[ -s "${OUT}/VERSIONS" ]] || record_versions
+  [[ "$(wc -l <"${OUT}/VERSIONS" 2>/dev/null || echo 0)" -ge 3 ]] || record_versions
   echo "${OUT}"
   exit 0
 fi
@@ -165,6 +170,34 @@ if ! have etcd; then
     *) echo "build-control-plane: PYHAMI_ETCD_SOURCE must be go or debian" >&2; exit 2 ;;
   esac
   log "etcd ready in $((SECONDS - t0)) s"
+fi
+
+helm_from_go() {
+  log "building helm ${HELM_VERSION} from helm.sh/helm/v3"
+  mkdir -p "${WORK}/helm" "${WORK}/bin"
+  printf 'module pyhami.invalid/helm\n\ngo 1.24\n' >"${WORK}/helm/go.mod"
+  (cd "${WORK}/helm" && "${GO}" get "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}")
+  # As Helm's Makefile: its version, and the Kubernetes version `helm template` assumes
+  # (.Capabilities.KubeVersion) taken from the client-go it is built with.
+  local client_go major minor ldflags
+  client_go="$(cd "${WORK}/helm" && "${GO}" list -f '{{.Version}}' -m k8s.io/client-go)"
+  client_go="${client_go#v0.}"
+  major=1
+  minor="${client_go%%.*}"
+  ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+  ldflags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    ldflags+=" -X ${pkg}.k8sVersionMajor=${major} -X ${pkg}.k8sVersionMinor=${minor}"
+  done
+  (cd "${WORK}/helm" && "${GO}" build -p "${JOBS}" -ldflags="${ldflags}" -o "${WORK}/bin/helm" \
+    helm.sh/helm/v3/cmd/helm)
+  mv -f "${WORK}/bin/helm" "${OUT}/helm"
+}
+
+if ! have helm; then
+  t0=${SECONDS}
+  helm_from_go
+  log "helm ready in $((SECONDS - t0)) s"
 fi
 
 record_versions

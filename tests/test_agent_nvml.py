@@ -171,8 +171,9 @@ def _bus(slot: int) -> str:
     return f"00000000:{slot:02X}:00.0"
 
 
-def _read(library: NvmlStandIn, sysfs: Path | None = None) -> list[Card]:
-    source = NvmlSource(library, sysfs_root=sysfs or Path("/nonexistent"), event_wait_ms=20)
+def _read(library: NvmlStandIn, sysfs: Path | None = None, **options: int) -> list[Card]:
+    source = NvmlSource(library, sysfs_root=sysfs or Path("/nonexistent"), event_wait_ms=20,
+                        **options)
     source.open()
     try:
         return source.read()
@@ -192,6 +193,11 @@ def test_cards_are_read_in_hamis_form_with_their_processes() -> None:
                          sm_count=40, process_memory=1500)
     assert (second.type, second.memory, second.index, second.sm_count, second.processes) == (
         "NVIDIA-NVIDIA A100-SXM4-80GB", 81920, 1, None, 0)
+
+
+def test_every_card_takes_the_split_count_it_is_given() -> None:
+    library = NvmlStandIn([StandInCard("GPU-aaa", _bus(0x3B)), StandInCard("GPU-bbb", _bus(0x86))])
+    assert [card.count for card in _read(library, split_count=4)] == [4, 4]
 
 
 def test_direct_nvlink_peers_resolve_to_uuids_with_lanes_summed() -> None:

@@ -41,7 +41,7 @@ K8S_DIR = REPO / "k8s"
 BUILD_SCRIPT = REPO / "scripts" / "build-control-plane.sh"
 SCHEDULER_CONFIG_MAP = K8S_DIR / "scheduler-config.yaml"
 SCHEDULER_CONFIG_KEY = "config.yaml"
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "helm")
 
 SYSTEM_NAMESPACE = "pyhami-system"
 SCHEDULER_SERVICE_ACCOUNT = "pyhami-scheduler"
@@ -216,6 +216,23 @@ class KubeApi:
     def namespaced(self, api_version: str, kind: str) -> bool:
         self.path(api_version, kind)
         return self._resources[(api_version, kind)][1]
+
+
+def allowed(api: KubeApi, user: str, verb: str, resource: str, *,
+            group: str = "", namespace: str | None = None, name: str | None = None,
+            subresource: str | None = None) -> bool:
+    """Whether the ServiceAccount ``user`` may do this, as a SubjectAccessReview answers."""
+    namespace_of_user = user.split(":")[2]
+    review = api.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user,
+                 "groups": ["system:serviceaccounts",
+                            f"system:serviceaccounts:{namespace_of_user}",
+                            "system:authenticated"],
+                 "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
+                                        "namespace": namespace, "name": name,
+                                        "subresource": subresource}}})
+    return bool(review["status"].get("allowed"))
 
 
 # Processes ------------------------------------------------------------------------------

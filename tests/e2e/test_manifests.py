@@ -11,7 +11,7 @@ from tests.e2e.controlplane import (
     SCHEDULER_SERVICE_ACCOUNT,
     SYSTEM_NAMESPACE,
     ControlPlane,
-    KubeApi,
+    allowed,
     manifests,
     shipped_scheduler_config,
     versions,
@@ -53,22 +53,6 @@ def test_kube_scheduler_runs_the_shipped_configuration(control_plane: ControlPla
     assert used == shipped, "the suite changed more than the extender URL and the kubeconfig"
 
 
-def _allowed(api: KubeApi, user: str, verb: str, resource: str, *,
-             group: str = "", namespace: str | None = None, name: str | None = None,
-             subresource: str | None = None) -> bool:
-    namespace_of_user = user.split(":")[2]
-    review = api.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
-        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-        "spec": {"user": user,
-                 "groups": ["system:serviceaccounts",
-                            f"system:serviceaccounts:{namespace_of_user}",
-                            "system:authenticated"],
-                 "resourceAttributes": {"verb": verb, "group": group, "resource": resource,
-                                        "namespace": namespace, "name": name,
-                                        "subresource": subresource}}})
-    return bool(review["status"].get("allowed"))
-
-
 @pytest.mark.parametrize(("verb", "resource", "group", "namespace", "name", "subresource"), [
     ("watch", "pods", "", None, None, None),
     ("patch", "pods", "", "pyhami-e2e", "p", None),
@@ -82,7 +66,7 @@ def _allowed(api: KubeApi, user: str, verb: str, resource: str, *,
 def test_scheduler_identity_may(  # noqa: PLR0917 (one parameter per column)
         control_plane: ControlPlane, verb: str, resource: str, group: str,
         namespace: str | None, name: str | None, subresource: str | None) -> None:
-    assert _allowed(control_plane.api, SCHEDULER_USER, verb, resource, group=group,
+    assert allowed(control_plane.api, SCHEDULER_USER, verb, resource, group=group,
                     namespace=namespace, name=name, subresource=subresource), (
         f"{SCHEDULER_USER} may not {verb} {resource}/{subresource or ''} in {namespace}")
 
@@ -98,14 +82,14 @@ def test_scheduler_identity_may(  # noqa: PLR0917 (one parameter per column)
 def test_scheduler_identity_may_not(  # noqa: PLR0917 (one parameter per column)
         control_plane: ControlPlane, verb: str, resource: str, group: str,
         namespace: str | None, name: str | None) -> None:
-    assert not _allowed(control_plane.api, SCHEDULER_USER, verb, resource, group=group,
+    assert not allowed(control_plane.api, SCHEDULER_USER, verb, resource, group=group,
                         namespace=namespace, name=name), (
         f"{SCHEDULER_USER} may {verb} {resource} in {namespace}: more than it needs")
 
 
 def test_agent_identity_has_no_api_access(control_plane: ControlPlane) -> None:
     for verb, resource in (("list", "pods"), ("get", "nodes"), ("create", "events")):
-        assert not _allowed(control_plane.api, AGENT_USER, verb, resource,
+        assert not allowed(control_plane.api, AGENT_USER, verb, resource,
                             namespace="pyhami-e2e"), f"the agent may {verb} {resource}"
 
 

@@ -1,0 +1,153 @@
+{{/* The release's base name: the release name when it holds the chart's name (release
+pyhami gives pyhami-scheduler, pyhami-agent, ...), else release-chart. */}}
+{{- define "pyhami.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pyhami.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "pyhami.scheduler" -}}{{ include "pyhami.fullname" . }}-scheduler{{- end -}}
+{{- define "pyhami.agent" -}}{{ include "pyhami.fullname" . }}-agent{{- end -}}
+{{- define "pyhami.nats" -}}{{ include "pyhami.fullname" . }}-nats{{- end -}}
+
+{{/* The Secret the daemon keeps its own webhook CA and certificate in. */}}
+{{- define "pyhami.webhookSecret" -}}{{ include "pyhami.scheduler" . }}-webhook-tls{{- end -}}
+
+{{/* The profile kube-scheduler runs and the daemon serves: fixed, as the daemon's. */}}
+{{- define "pyhami.schedulerName" -}}pyhami-scheduler{{- end -}}
+
+{{/* labels: the dict (root, component). */}}
+{{- define "pyhami.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pyhami.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "pyhami.labels" -}}
+{{ include "pyhami.selectorLabels" . }}
+app.kubernetes.io/part-of: pyhami
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "pyhami.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The webhook is served with the daemon's own certificate (no Secret given). */}}
+{{- define "pyhami.webhookSelfManaged" -}}
+{{- if and .Values.webhook.enabled (not .Values.webhook.tls.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The NATS URLs pyhami's pods connect to. */}}
+{{- define "pyhami.natsUrl" -}}
+{{- if .Values.nats.enabled -}}
+nats://{{ include "pyhami.nats" . }}.{{ .Release.Namespace }}.svc:4222
+{{- else -}}
+{{- required "nats.url is required when nats.enabled is false (the NATS pyhami should use)" .Values.nats.url -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pyhami.natsAuthDir" -}}/etc/pyhami/nats-auth{{- end -}}
+{{- define "pyhami.natsTlsDir" -}}/etc/pyhami/nats-tls{{- end -}}
+
+{{/* The NATS flags of `pyhami scheduler` and `pyhami agent`, one list item a line. The
+password and the token travel as variables (PYHAMI_NATS_PASSWORD, PYHAMI_NATS_TOKEN):
+flags show in ps. */}}
+{{- define "pyhami.natsArgs" -}}
+{{- $auth := .Values.nats.auth -}}
+{{- $tls := .Values.nats.tls -}}
+- --nats={{ include "pyhami.natsUrl" . }}
+{{- with $auth.user }}
+- --nats-user={{ . }}
+{{- end }}
+{{- if $auth.credsKey }}
+- --nats-creds={{ include "pyhami.natsAuthDir" . }}/{{ $auth.credsKey }}
+{{- end }}
+{{- if $auth.nkeySeedKey }}
+- --nats-nkey-seed={{ include "pyhami.natsAuthDir" . }}/{{ $auth.nkeySeedKey }}
+{{- end }}
+{{- if $tls.caKey }}
+- --nats-ca={{ include "pyhami.natsTlsDir" . }}/{{ $tls.caKey }}
+{{- end }}
+{{- if $tls.certKey }}
+- --nats-cert={{ include "pyhami.natsTlsDir" . }}/{{ $tls.certKey }}
+{{- end }}
+{{- if $tls.keyKey }}
+- --nats-key={{ include "pyhami.natsTlsDir" . }}/{{ $tls.keyKey }}
+{{- end }}
+{{- end -}}
+
+{{- define "pyhami.natsEnv" -}}
+{{- $auth := .Values.nats.auth -}}
+{{- if $auth.passwordKey }}
+- name: PYHAMI_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $auth.existingSecret }}
+      key: {{ $auth.passwordKey }}
+{{- end }}
+{{- if $auth.tokenKey }}
+- name: PYHAMI_NATS_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $auth.existingSecret }}
+      key: {{ $auth.tokenKey }}
+{{- end }}
+{{- end -}}
+
+{{- define "pyhami.natsMounts" -}}
+{{- if or .Values.nats.auth.credsKey .Values.nats.auth.nkeySeedKey }}
+- name: nats-auth
+  mountPath: {{ include "pyhami.natsAuthDir" . }}
+  readOnly: true
+{{- end }}
+{{- if .Values.nats.tls.existingSecret }}
+- name: nats-tls
+  mountPath: {{ include "pyhami.natsTlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "pyhami.natsVolumes" -}}
+{{- if or .Values.nats.auth.credsKey .Values.nats.auth.nkeySeedKey }}
+- name: nats-auth
+  secret:
+    secretName: {{ .Values.nats.auth.existingSecret }}
+{{- end }}
+{{- if .Values.nats.tls.existingSecret }}
+- name: nats-tls
+  secret:
+    secretName: {{ .Values.nats.tls.existingSecret }}
+{{- end }}
+{{- end -}}
+
+{{/* Refuse settings that cannot work, naming the value. */}}
+{{- define "pyhami.validate" -}}
+{{- $auth := .Values.nats.auth -}}
+{{- $tls := .Values.nats.tls -}}
+{{- if and (or $auth.passwordKey $auth.tokenKey $auth.credsKey $auth.nkeySeedKey) (not $auth.existingSecret) -}}
+{{- fail "nats.auth.existingSecret is required when a key of it (passwordKey, tokenKey, credsKey, nkeySeedKey) is named" -}}
+{{- end -}}
+{{- if and (or $tls.caKey $tls.certKey $tls.keyKey) (not $tls.existingSecret) -}}
+{{- fail "nats.tls.existingSecret is required when a key of it (caKey, certKey, keyKey) is named" -}}
+{{- end -}}
+{{- if ne (empty $tls.certKey) (empty $tls.keyKey) -}}
+{{- fail "nats.tls.certKey and nats.tls.keyKey go together (the client certificate and its key)" -}}
+{{- end -}}
+{{- if and .Values.webhook.enabled .Values.webhook.tls.existingSecret (not .Values.webhook.tls.caBundle) -}}
+{{- fail "webhook.tls.caBundle is required with webhook.tls.existingSecret: the base64 PEM CA that signed its certificate" -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,435 @@
+"""The Helm chart ``charts/pyhami``, rendered by Helm and created in the real API server.
+
+Two releases, each in a namespace of its own and under its own name (so that their
+cluster-scoped objects do not meet those of ``k8s/`` the suite already created): the
+chart's defaults, and ``ci/custom-values.yaml`` (an existing NATS, the webhook with a
+Secret of its own, the monitoring objects, three replicas, other policies). The API
+server validates every object on creation; nothing runs them (no controllers, no
+kubelet), so only what was stored is checked. A third release goes through ``helm
+install`` and ``helm uninstall`` themselves. ``k8s/`` must be the chart's rendering.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.controlplane import (
+    K8S_DIR,
+    REPO,
+    ApiError,
+    ControlPlane,
+    KubeApi,
+    allowed,
+    wait_for,
+)
+
+CHART = REPO / "charts" / "pyhami"
+RENDER_SCRIPT = REPO / "scripts" / "render-k8s.sh"
+KUBE_VERSION = "v1.36.3"
+MONITORING = "monitoring.coreos.com/v1"
+MONITORING_KINDS = {"ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
+OPT_OUT = [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    values: Path | None
+    fullname: str
+
+    @property
+    def scheduler(self) -> str:
+        return f"{self.fullname}-scheduler"
+
+    @property
+    def scheduler_user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.scheduler}"
+
+
+DEFAULTS = Release("pyhami-defaults", "pyhami-chart-defaults", None, "pyhami-defaults")
+CUSTOM = Release("gpu", "pyhami-chart-custom", CHART / "ci" / "custom-values.yaml", "gpu-pyhami")
+
+
+@dataclass
+class Installed:
+    """What one release rendered, and the objects the API server stored for it."""
+
+    release: Release
+    rendered: list[dict[str, Any]]
+    stored: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        return self.stored[(kind, name)]
+
+    def extender_command(self) -> list[str]:
+        command: list[str] = self.container("Deployment", self.release.scheduler,
+                                            "extender")["command"]
+        return command
+
+    def container(self, kind: str, name: str, container: str) -> dict[str, Any]:
+        spec = self.get(kind, name)["spec"]["template"]["spec"]
+        found: dict[str, Any] = next(c for c in spec["containers"] if c["name"] == container)
+        return found
+
+
+def custom_values() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((CHART / "ci" / "custom-values.yaml").read_text())
+    return values
+
+
+def helm_template(helm: Path, release: Release) -> str:
+    command = [str(helm), "template", release.name, str(CHART), "--namespace",
+               release.namespace, "--kube-version", KUBE_VERSION]
+    if release.values is not None:
+        command += ["--values", str(release.values)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, f"helm template {release.name} failed:\n{done.stderr}"
+    return done.stdout
+
+
+def monitoring_crd(kind: str, plural: str) -> dict[str, Any]:
+    """The least CustomResourceDefinition that stores the Prometheus Operator's kind."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com", "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
+                      "listKind": f"{kind}List"},
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                "openAPIV3Schema": {"type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": True}}}],
+        },
+    }
+
+
+def _object_path(api: KubeApi, doc: dict[str, Any]) -> str:
+    return api.path(doc["apiVersion"], doc["kind"], doc["metadata"].get("namespace"),
+                    doc["metadata"]["name"])
+
+
+@pytest.fixture(scope="module")
+def helm(control_plane: ControlPlane) -> Path:
+    """The helm scripts/build-control-plane.sh built beside the control plane."""
+    return control_plane.bin_dir / "helm"
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane: ControlPlane, helm: Path) -> Iterator[dict[Release, Installed]]:
+    api = control_plane.api
+    created: list[str] = []  # object paths, deleted in reverse on the way out
+    try:
+        crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        for kind, plural in MONITORING_KINDS.items():
+            try:
+                api.create(crds, monitoring_crd(kind, plural))
+            except ApiError as error:
+                if error.status != HTTPStatus.CONFLICT:
+                    raise
+                continue  # already there: left to whoever created it
+            created.append(f"{crds}/{plural}.monitoring.coreos.com")
+
+        def served() -> bool:
+            names = {r["name"] for r in api.get(f"/apis/{MONITORING}")["resources"]}
+            return set(MONITORING_KINDS.values()) <= names
+
+        wait_for(served, f"the API server to serve {MONITORING}")
+        releases = {}
+        for release in (DEFAULTS, CUSTOM):
+            api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                              "metadata": {"name": release.namespace}})
+            created.append(f"/api/v1/namespaces/{release.namespace}")
+            rendered = [doc for doc in yaml.safe_load_all(helm_template(helm, release)) if doc]
+            releases[release] = installed_release = Installed(release, rendered)
+            for doc in rendered:
+                path = api.path(doc["apiVersion"], doc["kind"], doc["metadata"].get("namespace"))
+                stored = api.create(path, doc)
+                created.append(_object_path(api, doc))
+                installed_release.stored[(doc["kind"], doc["metadata"]["name"])] = stored
+        yield releases
+    finally:
+        # The webhooks above all: they would keep calling Services that never answer.
+        for path in reversed(created):
+            with contextlib.suppress(ApiError):
+                api.delete(path)
+
+
+@pytest.mark.parametrize("release", [DEFAULTS, CUSTOM], ids=["defaults", "custom"])
+def test_every_rendered_object_is_stored(installed: dict[Release, Installed],
+                                         control_plane: ControlPlane, release: Release) -> None:
+    ours = installed[release]
+    api = control_plane.api
+    assert len(ours.stored) == len(ours.rendered), "two rendered objects share a kind and name"
+    for doc in ours.rendered:
+        stored = api.get(_object_path(api, doc))
+        assert stored["metadata"].get("uid"), f"{doc['kind']} {doc['metadata']['name']}"
+        assert stored["metadata"].get("namespace") in {None, release.namespace, "kube-system"}
+
+
+def test_each_value_set_renders_the_objects_it_asks_for(
+        installed: dict[Release, Installed]) -> None:
+    defaults = {kind for kind, _ in installed[DEFAULTS].stored}
+    custom = {kind for kind, _ in installed[CUSTOM].stored}
+    assert {"StatefulSet", "MutatingWebhookConfiguration", "Deployment", "DaemonSet"} <= defaults
+    assert not defaults & set(MONITORING_KINDS), "monitoring objects are opt-in"
+    assert "StatefulSet" not in custom, "an existing NATS needs no bundled one"
+    assert set(MONITORING_KINDS) | {"MutatingWebhookConfiguration"} <= custom
+    roles = {name for kind, name in installed[CUSTOM].stored if kind == "Role"}
+    assert roles == {f"{CUSTOM.scheduler}-leader-election"}, (
+        "with a webhook Secret given, the daemon needs no access to Secrets")
+
+
+def test_the_scheduler_runs_the_values_replicas_policies_and_extender(
+        installed: dict[Release, Installed]) -> None:
+    for release, replicas, gpu, node in ((DEFAULTS, 1, "spread", "binpack"),
+                                         (CUSTOM, 3, "binpack", "spread")):
+        ours = installed[release]
+        deployment = ours.get("Deployment", release.scheduler)
+        assert deployment["spec"]["replicas"] == replicas
+        command = ours.extender_command()
+        assert command[:3] == ["pyhami", "scheduler", "--in-cluster"]
+        assert f"--gpu-scheduler-policy={gpu}" in command
+        assert f"--node-scheduler-policy={node}" in command
+        config = yaml.safe_load(ours.get("ConfigMap", f"{release.scheduler}-config")
+                                ["data"]["config.yaml"])
+        (extender,) = config["extenders"]
+        listen = next(flag for flag in command if flag.startswith("--listen="))
+        assert extender["urlPrefix"] == "http://" + listen.removeprefix("--listen=")
+        managed = {r["name"] for r in extender["managedResources"] if r["ignoredByScheduler"]}
+        assert "nvidia.com/priority" in managed
+        assert config["leaderElection"] == {"leaderElect": True,
+                                            "resourceNamespace": release.namespace,
+                                            "resourceName": release.scheduler}
+        env = {e["name"]: e for e in ours.container("Deployment", release.scheduler,
+                                                    "extender")["env"]}
+        assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert "--node-timeout=60" in installed[CUSTOM].extender_command()
+    kube_scheduler = installed[CUSTOM].container("Deployment", CUSTOM.scheduler, "kube-scheduler")
+    assert kube_scheduler["image"] == f"registry.k8s.io/kube-scheduler:{KUBE_VERSION}"
+    assert kube_scheduler["command"][-1] == "--v=4"
+
+
+def test_the_webhook_is_registered_as_hamis_users_expect(
+        installed: dict[Release, Installed]) -> None:
+    for release in (DEFAULTS, CUSTOM):
+        ours = installed[release]
+        (webhook,) = ours.get("MutatingWebhookConfiguration", release.scheduler)["webhooks"]
+        assert webhook["name"] == "gpu-pods.pyhami.io"
+        assert webhook["clientConfig"]["service"] == {
+            "name": release.scheduler, "namespace": release.namespace, "path": "/webhook",
+            "port": 443}
+        assert (webhook["failurePolicy"], webhook["sideEffects"]) == ("Ignore", "None")
+        assert webhook["admissionReviewVersions"] == ["v1"]
+        (rule,) = webhook["rules"]
+        assert (rule["operations"], rule["resources"]) == (["CREATE"], ["pods"])
+        assert webhook["namespaceSelector"] == {"matchExpressions": OPT_OUT}
+        service = ours.get("Service", release.scheduler)
+        ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
+        assert ports == {"metrics": (9395, "metrics"), "webhook": (443, "webhook")}
+        extender = ours.container("Deployment", release.scheduler, "extender")
+        assert {"name": "webhook", "containerPort": 8443, "protocol": "TCP"} in extender["ports"]
+        assert "--webhook-listen=0.0.0.0:8443" in extender["command"]
+    # The daemon's own certificate: it gets the CA into caBundle itself.
+    (webhook,) = installed[DEFAULTS].get("MutatingWebhookConfiguration",
+                                         DEFAULTS.scheduler)["webhooks"]
+    assert not webhook["clientConfig"].get("caBundle")
+    assert {f"--webhook-tls-secret={DEFAULTS.scheduler}-webhook-tls",
+            f"--webhook-service={DEFAULTS.scheduler}",
+            f"--webhook-configuration={DEFAULTS.scheduler}"} <= set(
+        installed[DEFAULTS].extender_command())
+    # A Secret of the user's: mounted, handed over as files, its CA in caBundle.
+    custom = installed[CUSTOM]
+    (webhook,) = custom.get("MutatingWebhookConfiguration", CUSTOM.scheduler)["webhooks"]
+    values = custom_values()
+    assert webhook["clientConfig"]["caBundle"] == values["webhook"]["tls"]["caBundle"]
+    base64.b64decode(webhook["clientConfig"]["caBundle"], validate=True)
+    spec = custom.get("Deployment", CUSTOM.scheduler)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["webhook-tls"]["secret"]["secretName"] == values["webhook"]["tls"][
+        "existingSecret"]
+    mounts = {m["name"]: m["mountPath"] for m in custom.container(
+        "Deployment", CUSTOM.scheduler, "extender")["volumeMounts"]}
+    command = custom.extender_command()
+    assert f"--tls-cert-file={mounts['webhook-tls']}/tls.crt" in command
+    assert f"--tls-private-key-file={mounts['webhook-tls']}/tls.key" in command
+    assert not any(flag.startswith("--webhook-tls-secret") for flag in command)
+
+
+@pytest.mark.parametrize(("verb", "resource", "group", "name", "namespace", "expected"), [
+    ("create", "secrets", "", None, DEFAULTS.namespace, True),
+    ("get", "secrets", "", f"{DEFAULTS.scheduler}-webhook-tls", DEFAULTS.namespace, True),
+    ("get", "secrets", "", "someone-elses", DEFAULTS.namespace, False),
+    ("list", "secrets", "", None, DEFAULTS.namespace, False),
+    ("create", "secrets", "", None, "default", False),
+    ("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io",
+     DEFAULTS.scheduler, None, True),
+    ("get", "mutatingwebhookconfigurations", "admissionregistration.k8s.io",
+     DEFAULTS.scheduler, None, True),
+    ("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io",
+     CUSTOM.scheduler, None, False),
+])
+def test_the_daemon_may_manage_its_webhook_certificate_and_no_more(  # noqa: PLR0917 (columns)
+        installed: dict[Release, Installed], control_plane: ControlPlane, verb: str,
+        resource: str, group: str, name: str | None, namespace: str | None,
+        expected: bool) -> None:
+    assert installed[DEFAULTS].stored, "the release was not installed"
+    answer = allowed(control_plane.api, DEFAULTS.scheduler_user, verb, resource, group=group,
+                     namespace=namespace, name=name)
+    assert answer is expected, f"{DEFAULTS.scheduler_user} {verb} {resource} {name}: {answer}"
+
+
+def test_with_its_own_secret_the_daemon_reads_no_secrets(
+        installed: dict[Release, Installed], control_plane: ControlPlane) -> None:
+    assert installed[CUSTOM].stored, "the release was not installed"
+    for verb in ("create", "get"):
+        assert not allowed(control_plane.api, CUSTOM.scheduler_user, verb, "secrets",
+                           namespace=CUSTOM.namespace, name="anything")
+
+
+def test_nats_bundled_or_existing_reaches_both_pods(installed: dict[Release, Installed]) -> None:
+    bundled = f"--nats=nats://{DEFAULTS.fullname}-nats.{DEFAULTS.namespace}.svc:4222"
+    service = installed[DEFAULTS].get("Service", f"{DEFAULTS.fullname}-nats")
+    assert [p["port"] for p in service["spec"]["ports"]] == [4222]
+    values = custom_values()
+    existing = values["nats"]
+    for release, url in ((DEFAULTS, bundled), (CUSTOM, f"--nats={existing['url']}")):
+        ours = installed[release]
+        agent = ours.container("DaemonSet", f"{release.fullname}-agent", "agent")
+        for command in (ours.extender_command(), agent["command"]):
+            assert url in command, command
+    custom = installed[CUSTOM]
+    for container in (custom.container("DaemonSet", f"{CUSTOM.fullname}-agent", "agent"),
+                      custom.container("Deployment", CUSTOM.scheduler, "extender")):
+        env = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}
+        assert env["PYHAMI_NATS_PASSWORD"]["secretKeyRef"] == {
+            "name": existing["auth"]["existingSecret"], "key": existing["auth"]["passwordKey"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert f"--nats-ca={mounts['nats-tls']}/{existing['tls']['caKey']}" in container["command"]
+        assert f"--nats-user={existing['auth']['user']}" in container["command"]
+
+
+def test_the_agent_runs_on_gpu_nodes_with_the_split_count(
+        installed: dict[Release, Installed]) -> None:
+    defaults = installed[DEFAULTS].get("DaemonSet", f"{DEFAULTS.fullname}-agent")
+    spec = defaults["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"gpu": "on"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"]
+    assert "--device-split-count=10" in spec["containers"][0]["command"]
+    custom = installed[CUSTOM].get("DaemonSet", f"{CUSTOM.fullname}-agent")
+    spec = custom["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert spec["runtimeClassName"] == "nvidia"
+    (container,) = spec["containers"]
+    assert "--device-split-count=4" in container["command"]
+    assert container["image"] == "registry.example.com/gpu/pyhami:0.1.0-custom"
+    for ours in installed.values():
+        for kind, name in (("DaemonSet", f"{ours.release.fullname}-agent"),
+                           ("Deployment", ours.release.scheduler)):
+            for c in ours.get(kind, name)["spec"]["template"]["spec"]["containers"]:
+                assert c["resources"].get("requests"), f"{kind} {name}: {c['name']} has none"
+
+
+def test_monitoring_objects_watch_the_metrics_service(installed: dict[Release, Installed]) -> None:
+    custom = installed[CUSTOM]
+    monitor = custom.get("ServiceMonitor", CUSTOM.scheduler)
+    service = custom.get("Service", CUSTOM.scheduler)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"][
+        "labels"].items()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    rules = {rule["alert"]: rule["expr"] for group in custom.get(
+        "PrometheusRule", CUSTOM.scheduler)["spec"]["groups"] for rule in group["rules"]}
+    assert set(rules) == {"PyhamiNodeStale", "PyhamiNatsDisconnected", "PyhamiSchedulerNotReady"}
+    for alert, metric in (("PyhamiNodeStale", "pyhami_node_stale"),
+                          ("PyhamiNatsDisconnected", "pyhami_nats_connected"),
+                          ("PyhamiSchedulerNotReady", "pyhami_ready")):
+        assert metric in rules[alert], rules[alert]
+    dashboard = custom.get("ConfigMap", f"{CUSTOM.fullname}-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = (CHART / "dashboards" / "pyhami.json").read_text()
+    assert json.loads(dashboard["data"]["pyhami.json"]) == json.loads(shipped)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (["nats.enabled=false"], "nats.url is required when nats.enabled is false"),
+    (["webhook.tls.existingSecret=serving"],
+     "webhook.tls.caBundle is required with webhook.tls.existingSecret"),
+    (["nats.auth.passwordKey=password"], "nats.auth.existingSecret is required"),
+    (["nats.tls.existingSecret=tls", "nats.tls.certKey=tls.crt"],
+     "nats.tls.certKey and nats.tls.keyKey go together"),
+    (["scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy=packed"],
+     "at '/scheduler/defaultSchedulerPolicy/nodeSchedulerPolicy': value must be one of "
+     "'binpack', 'spread'"),
+    (["devicePlugin.deviceSplitCount=0"], "at '/devicePlugin/deviceSplitCount': minimum"),
+    (["webhook.tls.existingSecrets=serving"],
+     "at '/webhook/tls': additional properties 'existingSecrets' not allowed"),
+])
+def test_values_that_cannot_work_are_refused_by_name(helm: Path, settings: list[str],
+                                                     message: str) -> None:
+    command = [str(helm), "template", "pyhami", str(CHART), "--kube-version", KUBE_VERSION]
+    for setting in settings:
+        command += ["--set", setting]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_helm_install_and_uninstall_against_the_api_server(
+        helm: Path, control_plane: ControlPlane, tmp_path: Path) -> None:
+    """What a user runs: helm itself creates the release, and removes every object again."""
+    release = Release("pyhami-helm", "pyhami-chart-helm", None, "pyhami-helm")
+    env = {**os.environ, "KUBECONFIG": str(control_plane.admin_kubeconfig)}
+    for setting in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+        env[setting] = str(tmp_path / setting)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(helm), *args, "--namespace", release.namespace], env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    api = control_plane.api
+    webhook = ("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
+               f"{release.scheduler}")
+    try:
+        done = run("install", release.name, str(CHART), "--create-namespace")
+        assert done.returncode == 0, done.stderr
+        assert "kubectl label node GPU-NODE gpu=on" in done.stdout, "no NOTES"
+        status = json.loads(run("status", release.name, "--output", "json").stdout)
+        assert status["info"]["status"] == "deployed"
+        assert api.get(webhook)["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        done = run("uninstall", release.name)
+        assert done.returncode == 0, done.stderr
+        with pytest.raises(ApiError) as gone:
+            api.get(webhook)
+        assert gone.value.status == HTTPStatus.NOT_FOUND
+    finally:
+        run("uninstall", release.name, "--ignore-not-found")
+        with contextlib.suppress(ApiError):
+            api.delete(f"/api/v1/namespaces/{release.namespace}")
+
+
+def test_k8s_is_the_charts_rendering(helm: Path, tmp_path: Path) -> None:
+    done = subprocess.run(["bash", str(RENDER_SCRIPT), "--out", str(tmp_path)],
+                          env={**os.environ, "HELM": str(helm)},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"scripts/render-k8s.sh failed:\n{done.stderr}"
+    rendered = {path.name: path.read_bytes() for path in tmp_path.glob("*.yaml")}
+    generated = {path.name: path.read_bytes() for path in K8S_DIR.glob("*.yaml")
+                 if path.read_bytes().startswith(b"# Generated by scripts/render-k8s.sh")}
+    stale = sorted(name for name in set(generated) | set(rendered)
+                   if generated.get(name) != rendered.get(name))
+    assert not stale, (f"k8s/ is not the chart's rendering (differing: {', '.join(stale)}): "
+                       "run scripts/render-k8s.sh")
+    assert "scheduler-config.yaml" in generated, "the suite's kube-scheduler configuration"
