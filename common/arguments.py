@@ -63,9 +63,7 @@ class Fallback:
             assert callable(convert)  # checked when the rule was applied
             try:
                 value = convert(text)
-            except argparse.ArgumentTypeError:
-                raise
-            except (TypeError, ValueError):
+            except (TypeError, ValueError):  # as argparse words them; ArgumentTypeError passes
                 name = getattr(convert, "__name__", repr(convert))
                 raise argparse.ArgumentTypeError(f"invalid {name} value: {text!r}") from None
         choices = self.action.choices
