@@ -22,9 +22,10 @@ from agent.service import (
     AgentSettings,
 )
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
-from common.arguments import Subcommands, positive_int, positive_seconds
+from common.arguments import Subcommands, positive_int, positive_seconds, variable_for
 from common.core.model import CARD_COUNT_MAX
 from common.core.names import InvalidName, check_subdomain
+from common.logs import add_log_arguments, configure_logging
 from common.messaging import SettingsError, add_nats_arguments, nats_settings
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ def uuid_list(text: str) -> tuple[str, ...]:
 
 def register(commands: Subcommands) -> None:
     parser = commands.add_parser("agent", help="report this node's GPUs to the daemon over NATS")
-    parser.add_argument("--node", help=f"this node's name (default: ${NODE_NAME_ENV})")
+    parser.add_argument("--node", help=f"this node's name (default: ${NODE_NAME_ENV}, which a "
+                                       "DaemonSet sets from spec.nodeName)")
     parser.add_argument("--inventory", type=inventory_spec, default=InventorySpec("nvml"),
                         metavar="nvml|sim:PROFILE|sim:FILE.yaml",
                         help="where the cards come from (default: nvml); profiles: "
@@ -91,8 +93,7 @@ def register(commands: Subcommands) -> None:
                              "inventory states its own")
     parser.add_argument("--cordon", type=uuid_list, default=(), metavar="UUID[,UUID...]",
                         help="cards to report as cordoned: the scheduler leaves them alone")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                        default="info")
+    add_log_arguments(parser)
     add_nats_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -100,7 +101,8 @@ def register(commands: Subcommands) -> None:
 def node_name(flag: str | None, environ: Mapping[str, str]) -> str:
     name = flag if flag is not None else environ.get(NODE_NAME_ENV, "")
     if not name:
-        raise UsageError(f"no node name: pass --node or set {NODE_NAME_ENV}")
+        raise UsageError(f"no node name: pass --node, or set {variable_for('--node')} or "
+                         f"{NODE_NAME_ENV}")
     try:  # the daemon refuses inventories of any other name
         check_subdomain("node name", name)
     except InvalidName as error:
@@ -121,7 +123,7 @@ def inventory_source(spec: InventorySpec, node: str,
 def run(args: argparse.Namespace) -> int:
     try:
         node = node_name(args.node, os.environ)
-        nats = nats_settings(args, os.environ)
+        nats = nats_settings(args)
         source = inventory_source(args.inventory, node, args.device_split_count)
     except (UsageError, SettingsError) as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
@@ -131,8 +133,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = AgentSettings(node=node, poll_interval=args.poll_interval,
                              heartbeat_interval=args.heartbeat_interval, cordoned=args.cordon)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args)
     try:
         asyncio.run(serve(Agent(settings, source, nats)))
     except InventoryError as error:

@@ -1,13 +1,203 @@
-"""Command-line pieces every ``pyhami`` subcommand shares: the subparser type and value types."""
+"""Command-line pieces every ``pyhami`` subcommand shares: the parser class and the
+environment rule it applies, the subparser type and value types."""
 
 from __future__ import annotations
 
 import argparse
-from typing import TypeAlias
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 from common.core import Defaults, NodePolicy, parse_default_chain
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+# The environment rule: every option of every subcommand falls back to PYHAMI_<FLAG>.
+
+ENV_PREFIX = "PYHAMI_"
+TRUE_WORDS = ("true", "1", "yes")
+FALSE_WORDS = ("false", "0", "no")
+# Variables whose name broke the rule and changed with it; still set, they are refused
+# rather than ignored, so that a component does not start with a default instead.
+RENAMED_VARIABLES = {"PYHAMI_NATS_URL": "PYHAMI_NATS"}
+ENVIRONMENT_EPILOG = (
+    f"Every option falls back to the environment variable {ENV_PREFIX}<OPTION>: its long name "
+    "upper-cased, dashes as underscores (--node-timeout: PYHAMI_NODE_TIMEOUT). The command "
+    "line wins over the variable; an empty variable counts as unset. Switches take "
+    f"{'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)} (any case).")
+
+
+def variable_for(flag: str) -> str:
+    """``--node-timeout`` -> ``PYHAMI_NODE_TIMEOUT``."""
+    return ENV_PREFIX + flag.removeprefix("--").upper().replace("-", "_")
+
+
+def switch_value(text: str) -> bool:
+    """A switch's variable: true/1/yes or false/0/no, in any case."""
+    word = text.strip().lower()
+    if word in TRUE_WORDS or word in FALSE_WORDS:
+        return word in TRUE_WORDS
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a switch value (use {'/'.join(TRUE_WORDS)} or "
+        f"{'/'.join(FALSE_WORDS)})")
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """One option and the variable it falls back to."""
+
+    action: argparse.Action
+    flag: str
+    variable: str
+
+    def convert(self, text: str) -> Any:
+        """The variable's text as the option's value; raises ``ArgumentTypeError`` with the
+        message argparse gives for the same text on the command line."""
+        if isinstance(self.action, argparse._StoreTrueAction):
+            return switch_value(text)
+        convert = self.action.type
+        if convert is None:
+            value: Any = text
+        else:
+            assert callable(convert)  # checked when the rule was applied
+            try:
+                value = convert(text)
+            except (TypeError, ValueError):  # as argparse words them; ArgumentTypeError passes
+                name = getattr(convert, "__name__", repr(convert))
+                raise argparse.ArgumentTypeError(f"invalid {name} value: {text!r}") from None
+        choices = self.action.choices
+        if choices is not None and value not in choices:
+            shown = ", ".join(repr(choice) for choice in choices)
+            raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {shown})")
+        return value
+
+    def named(self) -> str:
+        return f"{self.flag} (or {self.variable})"
+
+
+def fallback_for(action: argparse.Action) -> Fallback | None:
+    """The option's fallback; None for positionals, --help, --version and subcommands.
+    Raises ``TypeError`` for an option the rule cannot serve, so that a new flag of such a
+    kind fails every test rather than going without its variable."""
+    if not action.option_strings or isinstance(
+            action, argparse._HelpAction | argparse._VersionAction):
+        return None
+    long_names = [name for name in action.option_strings if name.startswith("--")]
+    if not long_names:
+        raise TypeError(f"{action.option_strings[0]}: an option needs a --long name, which "
+                        "names its environment variable")
+    flag = long_names[0]
+    store = type(action) is argparse._StoreAction and action.nargs is None
+    if not (store or isinstance(action, argparse._StoreTrueAction)):
+        raise TypeError(f"{flag}: the environment rule serves options with one value and "
+                        f"store_true switches, not {type(action).__name__}")
+    if action.type is not None and not callable(action.type):
+        raise TypeError(f"{flag}: type must be a callable")
+    return Fallback(action, flag, variable_for(flag))
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that, once ``use_environment`` has been applied to it, takes
+    every option it lacks on the command line from the option's PYHAMI_<FLAG> variable.
+
+    The variable's value goes through the option's own type and choices, and a bad one
+    gets argparse's error naming the variable. Required options and required groups may
+    be met by a variable; a variable and a command-line option of one mutually exclusive
+    group are refused together, as two command-line options are.
+    """
+
+    environ: Mapping[str, str] | None = None
+    fallbacks: tuple[Fallback, ...] = ()
+    required_options: tuple[Fallback, ...] = ()
+    required_groups: tuple[tuple[Fallback, ...], ...] = ()
+    exclusive_groups: tuple[tuple[Fallback, ...], ...] = ()
+
+    def parse_known_args(
+            self, args: Iterable[str] | None = None, namespace: Any = None,
+    ) -> tuple[Any, list[str]]:
+        if self.environ is None:
+            return super().parse_known_args(args, namespace)
+        # Set before parsing: argparse then skips these defaults, and the command line
+        # overwrites them.
+        seeded = namespace if namespace is not None else argparse.Namespace()
+        for dest, value in self._from_environment(self.environ).items():
+            setattr(seeded, dest, value)
+        parsed, extras = super().parse_known_args(args, seeded)
+        self._check_requirements(parsed)
+        return parsed, extras
+
+    def _from_environment(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        variables = {fallback.variable for fallback in self.fallbacks}
+        for old, new in RENAMED_VARIABLES.items():
+            if environ.get(old) and new in variables:
+                self.error(f"{old} is no longer read: set {new} instead")
+        values: dict[str, Any] = {}
+        for fallback in self.fallbacks:
+            text = environ.get(fallback.variable, "")
+            if not text:
+                continue
+            try:
+                values[fallback.action.dest] = fallback.convert(text)
+            except argparse.ArgumentTypeError as error:
+                self.error(f"{fallback.variable} (for {fallback.flag}): {error}")
+        return values
+
+    def _check_requirements(self, namespace: argparse.Namespace) -> None:
+        def given(fallback: Fallback) -> bool:
+            return bool(getattr(namespace, fallback.action.dest) != fallback.action.default)
+
+        missing = [f.named() for f in self.required_options if not given(f)]
+        if missing:
+            self.error(f"the following arguments are required: {', '.join(missing)}")
+        for group in self.required_groups:
+            if not any(given(f) for f in group):
+                self.error(f"one of the arguments {' '.join(f.flag for f in group)} is "
+                           f"required (or one of {', '.join(f.variable for f in group)})")
+        environ = self.environ or {}
+        for group in self.exclusive_groups:
+            chosen = [f for f in group if given(f)]
+            if len(chosen) > 1:  # two on the command line stopped argparse already
+                shown = [f"{f.flag} (from {f.variable})" if environ.get(f.variable) else f.flag
+                         for f in chosen]
+                self.error(f"{shown[0]}: not allowed with {' and '.join(shown[1:])}")
+
+
+def use_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Apply the environment rule to ``parser`` and every subcommand under it (after they
+    are all registered): each option's help names its variable, and parsing reads them
+    from ``environ``."""
+    if not isinstance(parser, CommandParser):
+        raise TypeError(f"{parser.prog}: build it as a CommandParser")
+    fallbacks = {action: fallback for action in parser._actions
+                 if (fallback := fallback_for(action)) is not None}
+    for fallback in fallbacks.values():
+        action = fallback.action
+        if action.help is not argparse.SUPPRESS:
+            note = f"[{'required; ' if action.required else ''}${fallback.variable}]"
+            action.help = f"{action.help} {note}" if action.help else note
+    required = [f for f in fallbacks.values() if f.action.required]
+    for fallback in required:
+        fallback.action.required = False  # met by the variable too: checked after parsing
+    exclusive, required_groups = [], []
+    for group in parser._mutually_exclusive_groups:
+        members = tuple(fallbacks[a] for a in group._group_actions if a in fallbacks)
+        exclusive.append(members)
+        if group.required:
+            group.required = False
+            required_groups.append(members)
+    parser.environ = environ
+    parser.fallbacks = tuple(fallbacks.values())
+    parser.required_options = tuple(required)
+    parser.required_groups = tuple(required_groups)
+    parser.exclusive_groups = tuple(exclusive)
+    if fallbacks and ENVIRONMENT_EPILOG not in (parser.epilog or ""):
+        parser.epilog = f"{parser.epilog}\n\n{ENVIRONMENT_EPILOG}" if parser.epilog \
+            else ENVIRONMENT_EPILOG
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in dict.fromkeys(action.choices.values()):  # aliases repeat
+                use_environment(subparser, environ)
 
 
 def positive_int(text: str) -> int:

@@ -1,11 +1,12 @@
 """Connecting to NATS as a long-running component must: settings, credentials, TLS, backoff.
 
 Every setting comes from a flag or, when the flag is absent, from its
-``PYHAMI_NATS_*`` environment variable (a Kubernetes Secret mounted as
-environment or files). The connection is retried forever: the first one every
-``INITIAL_RETRY_S`` seconds, a lost one with exponential backoff and jitter.
-``Connection`` keeps one alive for the life of a process, even when the server
-makes nats-py close its client for good.
+environment variable by the rule of ``common.arguments`` (``--nats-ca``:
+``PYHAMI_NATS_CA``; a Kubernetes Secret mounted as environment or files). The
+connection is retried forever: the first one every ``INITIAL_RETRY_S`` seconds,
+a lost one with exponential backoff and jitter. ``Connection`` keeps one alive
+for the life of a process, even when the server makes nats-py close its client
+for good.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import random
 import ssl
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,8 @@ from urllib.parse import urlsplit
 
 from nats.aio.client import Client, Server
 from nats.aio.msg import Msg
+
+from common.arguments import variable_for
 
 logger = logging.getLogger(__name__)
 
@@ -39,20 +42,6 @@ PING_INTERVAL_S = 20
 MAX_OUTSTANDING_PINGS = 3
 
 URL_SCHEMES = ("nats", "tls", "ws", "wss")
-
-ENV = {
-    "url": "PYHAMI_NATS_URL",
-    "user": "PYHAMI_NATS_USER",
-    "password": "PYHAMI_NATS_PASSWORD",
-    "token": "PYHAMI_NATS_TOKEN",
-    "nkey_seed": "PYHAMI_NATS_NKEY_SEED",
-    "creds": "PYHAMI_NATS_CREDS",
-    "ca": "PYHAMI_NATS_CA",
-    "cert": "PYHAMI_NATS_CERT",
-    "key": "PYHAMI_NATS_KEY",
-    "reconnect_max_wait": "PYHAMI_NATS_RECONNECT_MAX_WAIT",
-}
-
 
 def describe_error(error: BaseException) -> str:
     """An exception in a line; nats-py raises many with an empty message."""
@@ -78,31 +67,29 @@ class NatsSettings:
 
 
 def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("NATS connection (each flag falls back to its variable)")
+    group = parser.add_argument_group("NATS connection")
     group.add_argument("--nats", metavar="URL[,URL...]",
-                       help=f"server URLs, nats:// or tls:// ({ENV['url']}; default {DEFAULT_URL})")
-    group.add_argument("--nats-user", metavar="USER", help=f"user name ({ENV['user']})")
+                       help=f"server URLs, nats:// or tls:// (default {DEFAULT_URL})")
+    group.add_argument("--nats-user", metavar="USER", help="user name")
     group.add_argument("--nats-password", metavar="PASSWORD",
-                       help=f"password ({ENV['password']}; prefer the variable: flags show in ps)")
-    group.add_argument("--nats-token", metavar="TOKEN",
-                       help=f"authentication token ({ENV['token']})")
-    group.add_argument("--nats-nkey-seed", metavar="FILE",
-                       help=f"NKey seed file ({ENV['nkey_seed']})")
-    group.add_argument("--nats-creds", metavar="FILE", help=f"credentials file ({ENV['creds']})")
-    group.add_argument("--nats-ca", metavar="FILE", help=f"CA bundle for TLS ({ENV['ca']})")
-    group.add_argument("--nats-cert", metavar="FILE", help=f"client certificate ({ENV['cert']})")
-    group.add_argument("--nats-key", metavar="FILE", help=f"client key ({ENV['key']})")
+                       help="password (prefer the variable: flags show in ps)")
+    group.add_argument("--nats-token", metavar="TOKEN", help="authentication token")
+    group.add_argument("--nats-nkey-seed", metavar="FILE", help="NKey seed file")
+    group.add_argument("--nats-creds", metavar="FILE", help="credentials file")
+    group.add_argument("--nats-ca", metavar="FILE", help="CA bundle for TLS")
+    group.add_argument("--nats-cert", metavar="FILE", help="client certificate")
+    group.add_argument("--nats-key", metavar="FILE", help="client key")
     group.add_argument("--nats-reconnect-max-wait", metavar="SECONDS",
                        help="longest wait between reconnection attempts "
-                            f"({ENV['reconnect_max_wait']}; default {DEFAULT_RECONNECT_MAX_S:g})")
+                            f"(default {DEFAULT_RECONNECT_MAX_S:g})")
 
 
-def nats_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> NatsSettings:
+def nats_settings(args: argparse.Namespace) -> NatsSettings:
     """Raises ``SettingsError`` naming the flag (and its variable) that is wrong."""
 
     def value(field: str) -> str | None:
-        flag: str | None = getattr(args, "nats" if field == "url" else f"nats_{field}")
-        return flag if flag is not None else environ.get(ENV[field]) or None
+        given: str | None = getattr(args, "nats" if field == "url" else f"nats_{field}")
+        return given or None
 
     def existing_file(field: str) -> Path | None:
         text = value(field)
@@ -132,7 +119,7 @@ def nats_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> NatsS
 
 def _name(field: str) -> str:
     flag = "--nats" if field == "url" else "--nats-" + field.replace("_", "-")
-    return f"{flag} ({ENV[field]})"
+    return f"{flag} ({variable_for(flag)})"
 
 
 def _servers(text: str) -> tuple[str, ...]:

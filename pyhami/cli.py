@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from agent import cli as agent_cli
+from common.arguments import CommandParser, use_environment
 from common.version import package_version
 from pyhami import bench, decide, demo, explain, watch
 from scheduler import cli as scheduler_cli
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pyhami", description=__doc__)
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """Every subcommand, each option falling back to its PYHAMI_<FLAG> variable in
+    ``environ`` (default: the process environment)."""
+    parser = CommandParser(prog="pyhami", description=__doc__)
     parser.add_argument("--version", action="version", version=f"pyhami {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (decide, explain, bench, demo, watch, agent_cli, scheduler_cli):
         module.register(commands)
+    use_environment(parser, os.environ if environ is None else environ)
     return parser
 
 

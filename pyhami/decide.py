@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from common.core import (
     rejected,
 )
 from common.files import InputFileError, load_cluster, load_pod
+from pyhami.output import add_output_argument, print_decision, print_json, stdout_console
 
 
 def register(commands: Subcommands) -> None:
@@ -27,8 +27,10 @@ def register(commands: Subcommands) -> None:
     parser.add_argument("--pod", type=Path, required=True, help="Pod manifest (YAML or JSON)")
     parser.add_argument("--explain", action="store_true", help="add the per-card selection path")
     add_policy_defaults(parser)
+    add_output_argument(parser, "json", "json: the decision document; table: as pyhami "
+                                         "explain draws it")
     parser.set_defaults(handler=lambda args: run(args.cluster, args.pod, defaults_from(args),
-                                                 args.explain))
+                                                 args.explain, args.output))
 
 
 def decide_files(cluster_path: Path, pod_path: Path, defaults: Defaults,
@@ -46,11 +48,14 @@ def decide_files(cluster_path: Path, pod_path: Path, defaults: Defaults,
     return decision_document(decide(fleet, request, explain=explain))
 
 
-def run(cluster: Path, pod: Path, defaults: Defaults, explain: bool) -> int:
+def run(cluster: Path, pod: Path, defaults: Defaults, explain: bool, output: str) -> int:
     try:
         document = decide_files(cluster, pod, defaults, explain)
     except InputFileError as error:
         print(f"pyhami decide: {error}", file=sys.stderr)
         return 2
-    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    if output == "table":
+        print_decision(document, stdout_console())
+    else:
+        print_json(document)
     return 0

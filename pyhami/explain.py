@@ -14,7 +14,7 @@ from rich.console import Console
 from common.arguments import Subcommands, add_policy_defaults, defaults_from
 from common.files import InputFileError
 from pyhami.decide import decide_files
-from pyhami.demo import selection_path
+from pyhami.output import add_output_argument, print_decision, print_json, stdout_console
 
 
 def register(commands: Subcommands) -> None:
@@ -24,6 +24,8 @@ def register(commands: Subcommands) -> None:
     source.add_argument("--daemon", metavar="URL", help="a running pyhami scheduler")
     source.add_argument("--cluster", type=Path, help="a cluster file, as pyhami decide reads")
     add_policy_defaults(parser)
+    add_output_argument(parser, "table", "table: the selection path; json: the decision "
+                                          "document, as pyhami decide prints it")
     parser.set_defaults(handler=run)
 
 
@@ -42,7 +44,6 @@ async def _from_daemon(url: str, pod: Path) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
-    out = console or Console()
     try:
         if args.daemon is not None:
             document = asyncio.run(_from_daemon(args.daemon, args.pod))
@@ -54,17 +55,8 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     except aiohttp.ClientError as error:
         print(f"pyhami explain: {args.daemon}: {error}", file=sys.stderr)
         return 1
-    if document.get("reason"):
-        out.print(f"[yellow]not schedulable[/]: {document['reason']}")
-        return 0
-    if document["node"] is None and document["scheduled"]:
-        out.print("the pod asks for no nvidia.com resource: pyhami leaves it to kube-scheduler")
-        return 0
-    out.print(selection_path(document))
-    if document["node"] is not None:
-        cards = ", ".join(f"GPU {c['index']}" for cs in document["devices"] for c in cs)
-        out.print(f"-> [green]{cards} on {document['node']}[/]")
+    if args.output == "json":
+        print_json(document)
     else:
-        for node, reason in sorted(document["failed_nodes"].items()):
-            out.print(f"-> [yellow]Pending[/]: {node}: {reason}")
+        print_decision(document, console or stdout_console())
     return 0

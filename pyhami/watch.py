@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import uvloop
@@ -52,6 +52,7 @@ from common.wire import (
     decode_inventory,
 )
 from common.wire import encode as encode_wire
+from pyhami.output import add_output_argument, print_json, stdout_console
 
 CLIENT_NAME = "pyhami-watch"
 REFRESH_S = 0.25
@@ -60,7 +61,7 @@ SILENT_HEARTBEATS = 3
 MEMORY_BAR_WIDTH = 10
 MEMORY_BARS_MIN_WIDTH = 90
 
-Decoded = TypeVar("Decoded")
+Decoded = TypeVar("Decoded", bound=msgspec.Struct)
 TelemetryEvent = TypeVar("TelemetryEvent", UsageEvent, DecisionEvent)
 
 
@@ -75,6 +76,9 @@ def register(commands: Subcommands) -> None:
                              "(default 2)")
     parser.add_argument("--decisions", type=positive_int, default=10, metavar="N",
                         help="how many recent decisions to show (default 10)")
+    add_output_argument(parser, "table", "table: the live view, or with --once one snapshot; "
+                                         "json: one object per line, for each message heard, "
+                                         "or with --once one snapshot")
     parser.set_defaults(handler=run)
 
 
@@ -179,11 +183,15 @@ class Snapshot:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         model = self.model
-        # Below this width the memory bars would squeeze the other columns out of shape.
-        bars = options.max_width >= MEMORY_BARS_MIN_WIDTH
-        yield nodes_table(model, self.now, bars)
+        # A terminal's width is shared out: long values are cut short, and the memory bars
+        # show only where they do not squeeze the other columns out of shape. Elsewhere
+        # (a pipe, a file) every value is printed whole and the bars, mere pictures of the
+        # numbers beside them, are left out.
+        fit = options.is_terminal
+        bars = fit and options.max_width >= MEMORY_BARS_MIN_WIDTH
+        yield nodes_table(model, self.now, bars, fit)
         yield Text()
-        yield decisions_table(model)
+        yield decisions_table(model, fit)
         if model.last_explained is not None:
             yield Text()
             yield selection_path(model.last_explained)
@@ -196,20 +204,21 @@ def titled_table(title: str) -> Table:
                  show_edge=False, collapse_padding=True)
 
 
-def nodes_table(model: WatchModel, now: float, bars: bool = True) -> RenderableType:
+def nodes_table(model: WatchModel, now: float, bars: bool = True,
+                fit: bool = True) -> RenderableType:
     if not model.nodes:
         return Text("nodes: none heard yet (agents were asked to report)", style="dim")
     table = titled_table("nodes")
     # Only the node column gives way on a narrow terminal: a long name is cut short.
     table.add_column("node", overflow="ellipsis", min_width=12)
     table.add_column("GPU", justify="right", no_wrap=True)
-    table.add_column("type", overflow="ellipsis", no_wrap=True, max_width=22)
+    table.add_column("type", overflow="ellipsis", no_wrap=True, max_width=22 if fit else None)
     table.add_column("tenants", justify="right", no_wrap=True)
     table.add_column("memory MiB", justify="right", no_wrap=True)
     if bars:
         table.add_column("", no_wrap=True)
     table.add_column("cores", justify="right", no_wrap=True)
-    table.add_column("health", overflow="ellipsis", no_wrap=True, max_width=12)
+    table.add_column("health", overflow="ellipsis", no_wrap=True, max_width=12 if fit else None)
     for name in sorted(model.nodes):
         node = model.nodes[name]
         cards = sorted(node.cards.values(), key=lambda c: c.index)
@@ -240,14 +249,23 @@ def card_type(name: str) -> str:
 
 
 def heard(node: NodeView, now: float) -> Text:
-    if node.heard_at is None:
+    ago = heard_ago(node, now)
+    if ago is None:
         return Text("no report", style="dim")
-    # Agent clocks may run a little ahead of ours.
-    ago = max(0.0, now - node.heard_at)
-    interval = node.heartbeat_interval or 0.0
-    if interval and ago > SILENT_HEARTBEATS * interval:
+    if is_silent(node, now):
         return Text(f"silent {ago:.0f}s", style="bold red")
     return Text(f"heard {ago:.0f}s ago", style="dim")
+
+
+def heard_ago(node: NodeView, now: float) -> float | None:
+    if node.heard_at is None:
+        return None
+    return max(0.0, now - node.heard_at)  # agent clocks may run a little ahead of ours
+
+
+def is_silent(node: NodeView, now: float) -> bool:
+    ago, interval = heard_ago(node, now), node.heartbeat_interval
+    return ago is not None and bool(interval) and ago > SILENT_HEARTBEATS * (interval or 0.0)
 
 
 def memory_bar(used: int, total: int) -> Text:
@@ -267,15 +285,15 @@ def health(card: CardView) -> Text:
     return Text("ok", style="green")
 
 
-def decisions_table(model: WatchModel) -> RenderableType:
+def decisions_table(model: WatchModel, fit: bool = True) -> RenderableType:
     if not model.decisions:
         return Text("decisions: none yet", style="dim")
     table = titled_table("recent decisions")
     table.add_column("time", no_wrap=True)
-    table.add_column("pod", overflow="fold", max_width=32)
+    table.add_column("pod", overflow="fold", max_width=32 if fit else None)
     table.add_column("result", overflow="fold")
     table.add_column("ms", justify="right", no_wrap=True)
-    table.add_column("ignored", overflow="fold", max_width=16)
+    table.add_column("ignored", overflow="fold", max_width=16 if fit else None)
     for event in reversed(model.decisions):
         pod = Text(event.pod)
         if event.verb != "filter":
@@ -337,20 +355,81 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+# The view as JSON (``--output json``): one object per line, its kind in "event".
+
+
+def snapshot_document(model: WatchModel, now: float) -> dict[str, Any]:
+    """What the table view shows at ``now``, whole (``--once --output json``)."""
+    return {
+        "event": "snapshot",
+        "time": now,
+        "source": model.source,
+        "connection": model.connection,
+        "nodes": [node_document(model.nodes[name], now) for name in sorted(model.nodes)],
+        "decisions": [msgspec.to_builtins(event) for event in model.decisions],  # oldest first
+        "decisions_seen": model.decisions_seen,
+        "pending_seen": model.pending_seen,
+        "undecodable": model.undecodable,
+    }
+
+
+def node_document(node: NodeView, now: float) -> dict[str, Any]:
+    return {
+        "node": node.name,
+        "heard_at": node.heard_at,
+        "silent": is_silent(node, now),
+        "cards": [card_document(card)
+                  for card in sorted(node.cards.values(), key=lambda c: c.index)],
+    }
+
+
+def card_document(card: CardView) -> dict[str, Any]:
+    usage = card.usage
+    return {
+        "uuid": card.uuid, "index": card.index, "type": card.type, "memory": card.memory,
+        "cores": card.cores, "count": card.count, "health": card.health,
+        "health_detail": card.health_detail, "cordoned": card.cordoned,
+        "usage": None if usage is None else {
+            "tenants": usage.tenants, "used": usage.used, "usedmem": usage.usedmem,
+            "usedcores": usage.usedcores},
+    }
+
+
+def message_document(kind: str, message: msgspec.Struct) -> dict[str, Any]:
+    """A message as heard (``--output json`` without --once): ``usage``, ``decision`` or
+    ``inventory``, then the message's own fields."""
+    fields: dict[str, Any] = msgspec.to_builtins(message)
+    return {"event": kind, **fields}
+
+
 # The async shell.
+
+Emit = Callable[[dict[str, Any]], None]
+"""Prints one JSON line (``--output json``)."""
+Show = Callable[[WatchModel, float], None]
+"""Prints the model as it stands at a time (``--once``)."""
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        settings = nats_settings(args, os.environ)
+        settings = nats_settings(args)
     except SettingsError as error:
         print(f"pyhami watch: {error}", file=sys.stderr)
         return 2
     model = WatchModel(args.decisions, ",".join(settings.servers))
     with connection_errors_into(model):
         if args.once:
-            return uvloop.run(snapshot(settings, model, args.wait, Console()))
-        return uvloop.run(live(settings, model, Console()))
+            return uvloop.run(snapshot(settings, model, args.wait, shown_as(args.output)))
+        if args.output == "json":
+            return uvloop.run(stream(settings, model))
+        return uvloop.run(live(settings, model, stdout_console()))
+
+
+def shown_as(output: str) -> Show:
+    if output == "json":
+        return lambda model, now: print_json(snapshot_document(model, now), indent=None)
+    console = stdout_console()
+    return lambda model, now: console.print(render(model, now))
 
 
 @contextlib.contextmanager
@@ -383,8 +462,7 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-async def snapshot(settings: NatsSettings, model: WatchModel, wait: float,
-                   console: Console) -> int:
+async def snapshot(settings: NatsSettings, model: WatchModel, wait: float, show: Show) -> int:
     stop = stop_on_signals()
     try:
         client = await asyncio.wait_for(listen(settings, model), wait)
@@ -396,7 +474,7 @@ async def snapshot(settings: NatsSettings, model: WatchModel, wait: float,
     try:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), wait)
-        console.print(render(model, time.time()))  # before closing, which reads as a disconnect
+        show(model, time.time())  # before closing, which reads as a disconnect
     finally:
         await client.close()
     return 0
@@ -406,63 +484,115 @@ async def live(settings: NatsSettings, model: WatchModel, console: Console) -> i
     stop = stop_on_signals()
     listening = asyncio.create_task(listen(settings, model))
     try:
-        # Redrawn from this loop rather than Live's own thread, which would read the
-        # model while the message callbacks change it.
-        with Live(console=console, screen=True, auto_refresh=False) as view:
-            while not stop.is_set():
-                if listening.done():
-                    listening.result()  # raises what stopped the listener, if anything did
-                view.update(render(model, time.time()), refresh=True)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), REFRESH_S)
+        if console.is_terminal:
+            # Redrawn from this loop rather than Live's own thread, which would read the
+            # model while the message callbacks change it.
+            with Live(console=console, screen=True, auto_refresh=False) as view:
+                await until_stopped(listening, stop, lambda: view.update(
+                    render(model, time.time()), refresh=True))
+        else:  # no screen to redraw: the view as it stands when stopped
+            await until_stopped(listening, stop)
+            console.print(render(model, time.time()))
     finally:
-        if listening.done() and not listening.cancelled() and listening.exception() is None:
-            await listening.result().close()
-        else:
-            listening.cancel()
-            await asyncio.gather(listening, return_exceptions=True)
+        await close(listening)  # after the last frame, which would read it as a disconnect
     return 0
 
 
-async def listen(settings: NatsSettings, model: WatchModel) -> Client:
-    """Connect (retrying for as long as it takes), subscribe, and ask the agents to report."""
+async def stream(settings: NatsSettings, model: WatchModel) -> int:
+    """A JSON line on stdout for each message heard, until a signal or the reader leaves."""
+    stop = stop_on_signals()
+
+    def emit(document: dict[str, Any]) -> None:
+        if stop.is_set():
+            return
+        try:
+            print_json(document, indent=None)
+        except BrokenPipeError:
+            # The reader is gone (``| head``): stop, and let nothing write there at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            stop.set()
+
+    listening = asyncio.create_task(listen(settings, model, emit))
+    try:
+        await until_stopped(listening, stop)
+    finally:
+        await close(listening)
+    return 0
+
+
+async def until_stopped(listening: asyncio.Task[Client], stop: asyncio.Event,
+                        tick: Callable[[], None] | None = None) -> None:
+    """Wait for ``stop``, calling ``tick`` every REFRESH_S; raise what stopped the listener,
+    if anything did."""
+    while not stop.is_set():
+        if listening.done():
+            listening.result()
+        if tick is not None:
+            tick()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), REFRESH_S)
+
+
+async def close(listening: asyncio.Task[Client]) -> None:
+    """Close the listener's client, or stop it connecting."""
+    if listening.done() and not listening.cancelled() and listening.exception() is None:
+        await listening.result().close()
+    else:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+
+
+async def listen(settings: NatsSettings, model: WatchModel, emit: Emit | None = None) -> Client:
+    """Connect (retrying for as long as it takes), subscribe, and ask the agents to report.
+    With ``emit``, every message heard and every change of the connection is also a line."""
+
+    def connection(state: str) -> None:
+        model.connection = state
+        if emit is not None:
+            emit({"event": "connection", "state": state, "source": model.source})
 
     async def disconnected() -> None:
-        model.connection = "disconnected, reconnecting"
+        connection("disconnected, reconnecting")
 
     async def reconnected() -> None:
-        model.connection = "connected"
+        connection("connected")
 
     client = await connect(settings, CLIENT_NAME, on_disconnected=disconnected,
                            on_reconnected=reconnected)
+    connection("connected")
     try:
-        await client.subscribe(telemetry.USAGE_SUBJECTS,
-                               cb=folding(model, decode_usage, model.apply_usage))
-        await client.subscribe(telemetry.DECISIONS_SUBJECT,
-                               cb=folding(model, decode_decision, model.apply_decision))
-        await client.subscribe(INVENTORY_SUBJECTS,
-                               cb=folding(model, decode_inventory, model.apply_inventory))
+        await client.subscribe(telemetry.USAGE_SUBJECTS, cb=folding(
+            model, "usage", decode_usage, model.apply_usage, emit))
+        await client.subscribe(telemetry.DECISIONS_SUBJECT, cb=folding(
+            model, "decision", decode_decision, model.apply_decision, emit))
+        await client.subscribe(INVENTORY_SUBJECTS, cb=folding(
+            model, "inventory", decode_inventory, model.apply_inventory, emit))
         await client.flush()  # subscribed at the server before the agents answer
         # Usage only goes out on change: the agents' inventories fill the view meanwhile.
         await client.publish(RESYNC_SUBJECT, encode_wire(ResyncRequest(requested_by=CLIENT_NAME)))
     except BaseException:
         await client.close()
         raise
-    model.connection = "connected"
     return client
 
 
-def folding(model: WatchModel, decode: Callable[[bytes], Decoded],
-            apply: Callable[[Decoded], None]) -> Callable[[Msg], Awaitable[None]]:
-    """A subscription callback: decode, fold into the model, count what does not decode."""
+def folding(model: WatchModel, kind: str, decode: Callable[[bytes], Decoded],
+            apply: Callable[[Decoded], None],
+            emit: Emit | None = None) -> Callable[[Msg], Awaitable[None]]:
+    """A subscription callback: decode, fold into the model, count what does not decode;
+    with ``emit``, print each as a JSON line too."""
 
     async def on_message(message: Msg) -> None:
         try:
             event = decode(message.data)
-        except (msgspec.DecodeError, WireError):
+        except (msgspec.DecodeError, WireError) as error:
             model.note_undecodable()
+            if emit is not None:
+                emit({"event": "undecodable", "subject": message.subject, "error": str(error)})
             return
         apply(event)
+        if emit is not None:
+            emit(message_document(kind, event))
 
     return on_message
 

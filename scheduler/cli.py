@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
 
 import uvloop
 
@@ -19,6 +18,7 @@ from common.arguments import (
     defaults_from,
     positive_seconds,
 )
+from common.logs import add_log_arguments, configure_logging
 from common.messaging import SettingsError, add_nats_arguments, nats_settings
 from scheduler.app import (
     DEFAULT_NATS_GRACE_S,
@@ -31,70 +31,52 @@ from scheduler.service import DEFAULT_NODE_RETENTION_S, ServiceSettings
 
 logger = logging.getLogger(__name__)
 
-ENV_PREFIX = "PYHAMI_"
-
-
-def _env(name: str, default: str | None) -> str | None:
-    return os.environ.get(ENV_PREFIX + name, default)
-
-
 def register(commands: Subcommands) -> None:
     parser = commands.add_parser(
-        "scheduler", help="run the decision daemon (kube-scheduler extender)",
-        description="Every flag falls back to its PYHAMI_* environment variable.")
+        "scheduler", help="run the decision daemon (kube-scheduler extender)")
     add_nats_arguments(parser)
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--kubeconfig", default=_env("KUBECONFIG", None),
-                      help="serve a Kubernetes cluster through this kubeconfig "
-                           "(PYHAMI_KUBECONFIG)")
+    mode.add_argument("--kubeconfig",
+                      help="serve a Kubernetes cluster through this kubeconfig")
     mode.add_argument("--in-cluster", action="store_true",
-                      default=_env("IN_CLUSTER", "") == "true",
-                      help="serve the cluster this pod runs in (PYHAMI_IN_CLUSTER=true)")
+                      help="serve the cluster this pod runs in")
     mode.add_argument("--standalone", action="store_true",
-                      default=_env("STANDALONE", "") == "true",
                       help="no Kubernetes: pods in a NATS JetStream bucket, submitted over "
-                           "/api/pods (PYHAMI_STANDALONE=true)")
-    parser.add_argument("--listen", type=address, default=_env("LISTEN", "0.0.0.0:8888"),
-                        help="extender address (PYHAMI_LISTEN; default 0.0.0.0:8888)")
-    parser.add_argument("--metrics", type=address, default=_env("METRICS", "0.0.0.0:9395"),
-                        help="Prometheus /metrics address (PYHAMI_METRICS; default 0.0.0.0:9395)")
-    parser.add_argument("--url-prefix", default=_env("URL_PREFIX", ""),
-                        help="path the extender verbs sit under (PYHAMI_URL_PREFIX)")
-    add_policy_defaults(parser, gpu_policy=_env("GPU_SCHEDULER_POLICY", "spread") or "spread",
-                        node_policy=_env("NODE_SCHEDULER_POLICY", "binpack") or "binpack")
-    parser.add_argument("--node-timeout", type=positive_seconds, default=_env("NODE_TIMEOUT", "30"),
-                        help="a node silent this long takes no new pods (PYHAMI_NODE_TIMEOUT)")
+                           "/api/pods")
+    parser.add_argument("--listen", type=address, default=("0.0.0.0", 8888),
+                        help="extender address (default 0.0.0.0:8888)")
+    parser.add_argument("--metrics", type=address, default=("0.0.0.0", 9395),
+                        help="Prometheus /metrics address (default 0.0.0.0:9395)")
+    parser.add_argument("--url-prefix", default="",
+                        help="path the extender verbs sit under")
+    add_policy_defaults(parser)
+    parser.add_argument("--node-timeout", type=positive_seconds, default=30.0,
+                        help="a node silent this long takes no new pods (default 30)")
     parser.add_argument("--node-retention", type=positive_seconds,
-                        default=_env("NODE_RETENTION", f"{DEFAULT_NODE_RETENTION_S:g}"),
+                        default=DEFAULT_NODE_RETENTION_S,
                         help="standalone: forget a node silent this long; longer than "
-                             "--node-timeout (PYHAMI_NODE_RETENTION; default "
-                             f"{DEFAULT_NODE_RETENTION_S:g})")
-    parser.add_argument("--nats-grace", type=positive_seconds,
-                        default=_env("NATS_GRACE", f"{DEFAULT_NATS_GRACE_S:g}"),
+                             f"--node-timeout (default {DEFAULT_NODE_RETENTION_S:g})")
+    parser.add_argument("--nats-grace", type=positive_seconds, default=DEFAULT_NATS_GRACE_S,
                         help="/readyz fails once NATS has been gone this long "
-                             f"(PYHAMI_NATS_GRACE; default {DEFAULT_NATS_GRACE_S:g})")
-    parser.add_argument("--reservation-ttl", type=positive_seconds,
-                        default=_env("RESERVATION_TTL", "60"),
-                        help="release cards no bind confirmed after this long "
-                             "(PYHAMI_RESERVATION_TTL)")
-    parser.add_argument("--resync-wait", type=positive_seconds, default=_env("RESYNC_WAIT", "2"),
-                        help="how long to collect inventories before answering "
-                             "(PYHAMI_RESYNC_WAIT)")
-    parser.add_argument("--retry-period", type=positive_seconds, default=_env("RETRY_PERIOD", "5"),
+                             f"(default {DEFAULT_NATS_GRACE_S:g})")
+    parser.add_argument("--reservation-ttl", type=positive_seconds, default=60.0,
+                        help="release cards no bind confirmed after this long (default 60)")
+    parser.add_argument("--resync-wait", type=positive_seconds, default=2.0,
+                        help="how long to collect inventories before answering (default 2)")
+    parser.add_argument("--retry-period", type=positive_seconds, default=5.0,
                         help="standalone: try pending pods again at least this often "
-                             "(PYHAMI_RETRY_PERIOD)")
+                             "(default 5)")
     parser.add_argument("--no-pending-loop", action="store_true",
                         help="standalone: only answer the extender verbs, as when another "
                              "program plays kube-scheduler")
     parser.add_argument("--noop-endpoint", action="store_true",
                         help="serve POST /noop, which only decodes ExtenderArgs: the HTTP "
                              "floor for benchmarks")
-    parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
-                        choices=["debug", "info", "warning", "error"])
+    add_log_arguments(parser)
     parser.set_defaults(handler=run)
 
 
-def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> DaemonConfig:
+def config_from(args: argparse.Namespace) -> DaemonConfig:
     """Raises ``SettingsError`` for settings that do not fit together."""
     mode: ClusterMode
     if args.standalone:
@@ -107,36 +89,34 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> DaemonC
         raise SettingsError("choose the cluster: --kubeconfig PATH, --in-cluster or --standalone")
     if mode == "kubeconfig" and not os.path.isfile(args.kubeconfig):
         raise SettingsError(f"--kubeconfig: {args.kubeconfig} is not a readable file")
-    node_timeout, node_retention = float(args.node_timeout), float(args.node_retention)
+    node_timeout, node_retention = args.node_timeout, args.node_retention
     if mode == "standalone" and node_retention <= node_timeout:
         raise SettingsError(f"--node-retention ({node_retention:g}s) must be longer than "
                             f"--node-timeout ({node_timeout:g}s)")
     defaults = defaults_from(args)
     kubernetes = mode != "standalone"
     return DaemonConfig(
-        nats=nats_settings(args, environ), mode=mode,
+        nats=nats_settings(args), mode=mode,
         # Kubernetes lists its Nodes: a node is forgotten when its Node is deleted.
         service=ServiceSettings(defaults, node_timeout=node_timeout,
-                                reservation_ttl=float(args.reservation_ttl),
+                                reservation_ttl=args.reservation_ttl,
                                 node_retention=None if kubernetes else node_retention,
                                 nodes_listed=kubernetes),
-        listen=args.listen if isinstance(args.listen, tuple) else address(args.listen),
-        metrics=args.metrics if isinstance(args.metrics, tuple) else address(args.metrics),
+        listen=args.listen, metrics=args.metrics,
         kubeconfig=args.kubeconfig, url_prefix=args.url_prefix,
-        resync_wait=float(args.resync_wait), retry_period=float(args.retry_period),
+        resync_wait=args.resync_wait, retry_period=args.retry_period,
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
-        nats_grace=float(args.nats_grace),
+        nats_grace=args.nats_grace,
     )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = config_from(args, os.environ)
-    except (SettingsError, argparse.ArgumentTypeError) as error:
+        config = config_from(args)
+    except SettingsError as error:
         print(f"pyhami scheduler: {error}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args)
 
     async def main() -> None:
         stop = asyncio.Event()

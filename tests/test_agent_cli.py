@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -46,13 +47,14 @@ def _agent(*args: str,
     (["--node", "n", "--device-split-count", "65537"],
      "pyhami agent: error: argument --device-split-count: '65537' must be at most 65536"),
     (["--node", "n", "--frobnicate"], "pyhami: error: unrecognized arguments: --frobnicate"),
-    (["--inventory", "sim:t4x4"], "pyhami agent: no node name: pass --node or set NODE_NAME"),
+    (["--inventory", "sim:t4x4"],
+     "pyhami agent: no node name: pass --node, or set PYHAMI_NODE or NODE_NAME"),
     (["--node", "GPU Node 1", "--inventory", "sim:t4x4"],
      "pyhami agent: node name: 'GPU Node 1' is not a valid DNS-1123 subdomain: lower-case "
      "letters, digits, '-' and '.', each dot-separated part starting and ending with a "
      "letter or digit"),
     (["--node", "n", "--inventory", "sim:t4x4", "--nats", "http://nats:4222"],
-     "pyhami agent: --nats (PYHAMI_NATS_URL): 'http://nats:4222' is not a NATS URL "
+     "pyhami agent: --nats (PYHAMI_NATS): 'http://nats:4222' is not a NATS URL "
      "(expected nats|tls|ws|wss://HOST[:PORT])"),
 ])
 def test_a_bad_flag_or_profile_exits_2_with_one_clear_line(args: list[str], message: str) -> None:
@@ -91,7 +93,7 @@ async def test_the_node_name_comes_from_node_name_and_sigterm_drains(
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pyhami.cli", "agent", "--inventory", "sim:h100x8-islands",
         "--poll-interval", "0.2", env=_environment(NODE_NAME="worker-7.example.internal",
-                                                  PYHAMI_NATS_URL=nats_server.url),
+                                                  PYHAMI_NATS=nats_server.url),
         stderr=asyncio.subprocess.PIPE)
     try:
         message = decode_inventory((await subscription.next_msg(timeout=30)).data)
@@ -108,3 +110,27 @@ async def test_the_node_name_comes_from_node_name_and_sigterm_drains(
     log = stderr.decode()
     assert "SIGTERM received: draining" in log
     assert "NATS connection drained" in log
+
+
+async def test_json_logs_are_one_object_per_line(nats_server: LocalNatsServer) -> None:
+    client = await nats.connect(nats_server.url)
+    subscription = await client.subscribe(INVENTORY_SUBJECTS)
+    await client.flush()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pyhami.cli", "agent", "--node", "n1", "--inventory", "sim:t4x4",
+        "--log-format", "json", env=_environment(PYHAMI_NATS=nats_server.url),
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        await subscription.next_msg(timeout=30)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 10)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await client.close()
+    assert process.returncode == 0
+    records = [json.loads(line) for line in stderr.decode().splitlines()]
+    assert all(set(record) >= {"time", "level", "logger", "message"} for record in records)
+    assert {"level": "INFO", "logger": "agent.cli", "message": "SIGTERM received: draining"} in [
+        {key: record[key] for key in ("level", "logger", "message")} for record in records]

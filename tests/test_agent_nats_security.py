@@ -1,9 +1,8 @@
 """The agent reaches a nats-server that demands credentials or mutual TLS, configured as in a
-DaemonSet: through PYHAMI_NATS_* variables."""
+DaemonSet: through PYHAMI_NATS* variables."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import subprocess
 from collections.abc import Callable
@@ -15,7 +14,8 @@ import pytest
 
 from agent.service import Agent, AgentSettings
 from agent.simulated import SimulatedSource, profile_cards
-from common.messaging import add_nats_arguments, nats_settings, tls_context
+from common.arguments import CommandParser, use_environment
+from common.messaging import NatsSettings, add_nats_arguments, nats_settings, tls_context
 from common.natsserver import LocalNatsServer
 from common.wire import INVENTORY_SUBJECTS, Inventory, decode_inventory
 
@@ -45,11 +45,16 @@ def certificates(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _nats_settings(environ: dict[str, str]) -> NatsSettings:
+    parser = CommandParser()
+    add_nats_arguments(parser)
+    use_environment(parser, environ)
+    return nats_settings(parser.parse_args([]))
+
+
 async def _first_inventory(url: str, environ: dict[str, str],
                            subscriber_options: dict[str, Any]) -> Inventory:
-    parser = argparse.ArgumentParser()
-    add_nats_arguments(parser)
-    settings = nats_settings(parser.parse_args([]), {"PYHAMI_NATS_URL": url, **environ})
+    settings = _nats_settings({"PYHAMI_NATS": url, **environ})
     client = await nats.connect(url, **subscriber_options)
     subscription = await client.subscribe(INVENTORY_SUBJECTS)
     await client.flush()
@@ -91,8 +96,6 @@ async def test_mutual_tls_with_a_private_ca(
     environ = {"PYHAMI_NATS_CA": str(certificates / "ca.pem"),
                "PYHAMI_NATS_CERT": str(certificates / "agent.pem"),
                "PYHAMI_NATS_KEY": str(certificates / "agent.key")}
-    parser = argparse.ArgumentParser()
-    add_nats_arguments(parser)
-    subscriber_tls = tls_context(nats_settings(parser.parse_args([]), environ))
+    subscriber_tls = tls_context(_nats_settings(environ))
     message = await _first_inventory(server.url, environ, {"tls": subscriber_tls})
     assert message.node == "secure-node"

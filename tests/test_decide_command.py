@@ -66,7 +66,7 @@ class TestWorkedExample:
                     .read_text().replace("nvidia.com/gpu: 1", "nvidia.com/gpu: 3"))
         document = decide(EXAMPLES / "lab-cluster.json", pod)
         assert document == {
-            "scheduled": False, "node": None, "devices": [], "annotations": {},
+            "scheduled": False, "gpu": True, "node": None, "devices": [], "annotations": {},
             "failed_nodes": {"gpu-node-1": "2/4 AllocatedCardsInsufficientRequest, "
                                            "2/4 ExclusiveDeviceAllocateConflict"},
             "ignored_policies": [],

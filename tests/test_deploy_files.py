@@ -33,7 +33,7 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding",
 def parse_pyhami(command: list[str], where: str) -> argparse.Namespace:
     assert command and command[0] == "pyhami", f"{where}: command {command} is not pyhami"
     try:
-        return build_parser().parse_args(command[1:])
+        return build_parser({}).parse_args(command[1:])
     except SystemExit as error:
         raise AssertionError(f"{where}: pyhami refuses {command} (exit {error.code})") from None
 

@@ -1,13 +1,13 @@
-"""NATS settings from flags and PYHAMI_NATS_* variables, and the reconnection backoff."""
+"""NATS settings from flags and their PYHAMI_NATS* variables, and the reconnection backoff."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from pathlib import Path
 
 import pytest
 
+from common.arguments import CommandParser, use_environment
 from common.messaging import (
     DEFAULT_URL,
     NatsSettings,
@@ -19,9 +19,10 @@ from common.messaging import (
 
 
 def _settings(*flags: str, environ: dict[str, str] | None = None) -> NatsSettings:
-    parser = argparse.ArgumentParser()
+    parser = CommandParser()
     add_nats_arguments(parser)
-    return nats_settings(parser.parse_args(list(flags)), environ or {})
+    use_environment(parser, environ or {})
+    return nats_settings(parser.parse_args(list(flags)))
 
 
 def test_defaults_connect_to_the_local_server_without_credentials() -> None:
@@ -30,7 +31,7 @@ def test_defaults_connect_to_the_local_server_without_credentials() -> None:
 
 def test_variables_fill_in_and_flags_win(tmp_path: Path) -> None:
     settings = _settings("--nats-user", "agent", environ={
-        "PYHAMI_NATS_URL": "nats-0.nats:4222, tls://nats-1.nats:4222",
+        "PYHAMI_NATS": "nats-0.nats:4222, tls://nats-1.nats:4222",
         "PYHAMI_NATS_USER": "ignored",
         "PYHAMI_NATS_PASSWORD": "s3cret",
         "PYHAMI_NATS_RECONNECT_MAX_WAIT": "2.5",
@@ -41,7 +42,7 @@ def test_variables_fill_in_and_flags_win(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("flags", "environ", "problem"), [
-    (["--nats", "http://x:1"], {}, r"--nats \(PYHAMI_NATS_URL\): 'http://x:1' is not a NATS URL"),
+    (["--nats", "http://x:1"], {}, r"--nats \(PYHAMI_NATS\): 'http://x:1' is not a NATS URL"),
     (["--nats-token", "t", "--nats-user", "u", "--nats-password", "p"], {},
      "give one method, not user/password and token"),
     (["--nats-user", "u"], {}, r"--nats-user \(PYHAMI_NATS_USER\) and --nats-password"),

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats
@@ -25,7 +28,8 @@ from common.natsserver import LocalNatsServer, free_port
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
 from common.wire import RESYNC_SUBJECT, Card, Inventory, decode_resync, inventory_subject
 from common.wire import encode as encode_wire
-from pyhami.watch import WatchModel, render
+from pyhami.output import print_json, stdout_console
+from pyhami.watch import WatchModel, render, snapshot_document
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NOW = 1_700_000_000.0
@@ -75,8 +79,10 @@ def pending(pod: str, failed_nodes: dict[str, str], reason: str | None = None) -
 
 
 def text_of(model: WatchModel, width: int = 120, now: float = NOW) -> str:
+    """The view as a terminal of ``width`` columns shows it (colours aside)."""
     out = io.StringIO()
-    Console(file=out, width=width, color_system=None).print(render(model, now))
+    Console(file=out, width=width, color_system=None, force_terminal=True).print(
+        render(model, now))
     return out.getvalue()
 
 
@@ -216,11 +222,88 @@ class TestModel:
         assert "…" not in text
 
 
+class TestPlainOutput:
+    """In a pipe or a file there is no window to fit: every value is whole, nothing is
+    drawn (memory bars) or coloured."""
+
+    def test_every_value_is_whole_and_nothing_is_drawn(self) -> None:
+        node = "gpu-node-in-rack-17-row-b-of-the-second-data-hall"
+        card_type = "NVIDIA-NVIDIA H100 80GB HBM3 with a long marketing suffix"
+        pod = "team-vision-training/resnet-distributed-worker-0-attempt-3"
+        usage = lab_usage()
+        model = WatchModel()
+        model.apply_usage(msgspec.structs.replace(usage, node=node, cards=[
+            msgspec.structs.replace(card, type=card_type) for card in usage.cards]))
+        model.apply_decision(pending(pod, {node: "4/4 CardInsufficientMemory"}))
+        out = io.StringIO()
+        stdout_console(out).print(render(model, NOW))
+        text = out.getvalue()
+        assert node in text
+        assert card_type.removeprefix("NVIDIA-") in line_with(text, "2000/15360")
+        assert f"Pending ({node}: 4/4 CardInsufficientMemory)" in line_with(text, pod)
+        assert "█" not in text and "…" not in text and "\x1b[" not in text
+
+
+def snapshot_of(model: WatchModel) -> dict[str, Any]:
+    """The --once --output json line, printed and read back."""
+    out = io.StringIO()
+    print_json(snapshot_document(model, NOW), out, indent=None)
+    assert out.getvalue().count("\n") == 1
+    document: dict[str, Any] = json.loads(out.getvalue())
+    return document
+
+
+class TestJsonSnapshot:
+    def test_the_snapshot_holds_what_the_table_shows(self) -> None:
+        model = WatchModel(source="nats://n:4222")
+        model.apply_inventory(lab_inventory(unhealthy="XID 79", cordoned=("GPU-2",),
+                                            timestamp=NOW - 45))
+        model.apply_usage(lab_usage(unhealthy=3))
+        model.apply_decision(lab_decision("mutex-binpack-pod.yaml"))
+        model.apply_decision(pending("default/big", {NODE: "4/4 CardInsufficientMemory"}))
+        model.note_undecodable()
+        document = snapshot_of(model)
+        assert {key: document[key] for key in ("event", "time", "source", "connection",
+                                               "decisions_seen", "pending_seen",
+                                               "undecodable")} == {
+            "event": "snapshot", "time": NOW, "source": "nats://n:4222",
+            "connection": "connecting", "decisions_seen": 2, "pending_seen": 1,
+            "undecodable": 1}
+        [node] = document["nodes"]
+        assert (node["node"], node["heard_at"], node["silent"]) == (NODE, NOW - 45, True)
+        assert [card["index"] for card in node["cards"]] == [0, 1, 2, 3]
+        assert node["cards"][0] == {
+            "uuid": "GPU-0", "index": 0, "type": T4, "memory": 15360, "cores": 100,
+            "count": 10, "health": True, "health_detail": "", "cordoned": False,
+            "usage": {"tenants": 2, "used": 2, "usedmem": 2000, "usedcores": 0}}
+        assert node["cards"][2]["cordoned"] is True
+        assert (node["cards"][3]["health"], node["cards"][3]["health_detail"]) == (
+            False, "XID 79")
+        scheduled, refused = document["decisions"]  # oldest first
+        assert (scheduled["pod"], scheduled["node"], scheduled["scheduled"]) == (
+            "default/mutex-binpack", NODE, True)
+        assert [card["index"] for card in scheduled["cards"][0]] == [2]
+        assert any(row["chosen"] for row in scheduled["explain"])
+        assert refused["failed_nodes"] == {NODE: "4/4 CardInsufficientMemory"}
+
+    def test_a_node_not_heard_from_has_no_time_and_cards_without_usage(self) -> None:
+        model = WatchModel()
+        model.apply_inventory(lab_inventory(cards=1, timestamp=NOW - 3))
+        [node] = snapshot_of(model)["nodes"]
+        assert (node["heard_at"], node["silent"]) == (NOW - 3, False)
+        assert node["cards"][0]["usage"] is None
+        model = WatchModel()
+        model.apply_usage(lab_usage((1,)))
+        [node] = snapshot_of(model)["nodes"]
+        assert (node["heard_at"], node["silent"]) == (None, False)
+
+
 async def run_watch(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pyhami.cli", "watch", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "COLUMNS": "120"})
+        env={name: value for name, value in os.environ.items()
+             if not name.startswith("PYHAMI_") and name != "COLUMNS"})
 
 
 async def resync_request(server: LocalNatsServer) -> tuple[Client, asyncio.Future[Msg]]:
@@ -283,12 +366,103 @@ class TestCommand:
         watch = await run_watch("--nats", nats_server.url)
         try:
             await asyncio.wait_for(asked, 10)
+            await client.publish(telemetry.usage_subject(NODE), telemetry.encode(lab_usage()))
+            await client.flush()
+            await asyncio.sleep(0.5)  # folded in: nothing to see before the signal in a pipe
             watch.send_signal(signal.SIGTERM)
-            _, err = await asyncio.wait_for(watch.communicate(), 10)
+            out, err = await asyncio.wait_for(watch.communicate(), 10)
         finally:
             await client.close()
         assert watch.returncode == 0
         assert b"Traceback" not in err
+        # In a pipe the live view prints the view as it stood when stopped, once.
+        text = out.decode()
+        assert "2/10" in line_with(text, NODE, "2000/15360")
+        assert "connected" in line_with(text, nats_server.url)
+
+    async def test_once_in_json_prints_one_snapshot_line(
+            self, nats_server: LocalNatsServer) -> None:
+        client, asked = await resync_request(nats_server)
+        watch = await run_watch("--nats", nats_server.url, "--once", "--wait", "1.5",
+                                "--output", "json")
+        try:
+            await asyncio.wait_for(asked, 10)
+            await client.publish(telemetry.usage_subject(NODE), telemetry.encode(lab_usage()))
+            await client.publish(telemetry.DECISIONS_SUBJECT,
+                                 telemetry.encode(lab_decision("mutex-binpack-pod.yaml")))
+            await client.flush()
+            out, err = await asyncio.wait_for(watch.communicate(), 15)
+        finally:
+            await client.close()
+        assert watch.returncode == 0, err.decode()
+        [line] = out.decode().splitlines()
+        document = json.loads(line)
+        assert (document["event"], document["connection"]) == ("snapshot", "connected")
+        assert document["nodes"][0]["cards"][0]["usage"]["tenants"] == 2
+        assert document["decisions"][0]["pod"] == "default/mutex-binpack"
+
+    async def test_json_is_a_line_for_each_message_heard(
+            self, nats_server: LocalNatsServer) -> None:
+        client, asked = await resync_request(nats_server)
+        watch = await run_watch("--nats", nats_server.url, "-o", "json")
+        assert watch.stdout is not None
+        try:
+            await asyncio.wait_for(asked, 10)
+            await client.publish(telemetry.usage_subject(NODE), telemetry.encode(lab_usage()))
+            await client.publish(inventory_subject(NODE),
+                                 encode_wire(lab_inventory(timestamp=time.time())))
+            await client.publish(telemetry.DECISIONS_SUBJECT, b"\xc1 not msgpack")
+            await client.publish(telemetry.DECISIONS_SUBJECT,
+                                 telemetry.encode(lab_decision("mutex-binpack-pod.yaml")))
+            await client.flush()
+            lines: list[bytes] = []
+            while not lines or json.loads(lines[-1])["event"] != "decision":
+                lines.append(await asyncio.wait_for(watch.stdout.readline(), 10))
+            watch.send_signal(signal.SIGTERM)
+            rest, err = await asyncio.wait_for(watch.communicate(), 10)
+        finally:
+            await client.close()
+        assert watch.returncode == 0, err.decode()
+        events = [json.loads(line) for line in [*lines, *rest.splitlines()]]
+        assert [e["event"] for e in events] == [
+            "connection", "usage", "inventory", "undecodable", "decision"]
+        connection, usage, inventory, undecodable, decision = events
+        assert (connection["state"], connection["source"]) == ("connected", nats_server.url)
+        assert usage["node"] == NODE and usage["cards"][0]["tenants"] == 2
+        assert inventory["node"] == NODE and inventory["reason"] == "heartbeat"
+        assert undecodable["subject"] == telemetry.DECISIONS_SUBJECT and undecodable["error"]
+        assert (decision["pod"], decision["node"], decision["scheduled"]) == (
+            "default/mutex-binpack", NODE, True)
+
+    async def test_json_stops_quietly_when_its_reader_leaves(
+            self, nats_server: LocalNatsServer) -> None:
+        client, asked = await resync_request(nats_server)
+        environment = {name: value for name, value in os.environ.items()
+                       if not name.startswith("PYHAMI_")}
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "pyhami.cli", "watch", "--nats", nats_server.url,
+             "--output", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=environment)
+        assert watch.stdout is not None and watch.stderr is not None
+        try:
+            await asyncio.wait_for(asked, 10)
+            first = await asyncio.to_thread(watch.stdout.readline)
+            assert json.loads(first)["event"] == "connection"
+            watch.stdout.close()  # as `| head -n 1` does
+            for _ in range(3):
+                await client.publish(telemetry.usage_subject(NODE),
+                                     telemetry.encode(lab_usage()))
+            await client.flush()
+            code = await asyncio.to_thread(watch.wait, 15)
+            err = watch.stderr.read().decode()
+        finally:
+            await client.close()
+            if watch.poll() is None:
+                watch.kill()
+                watch.wait()
+            watch.stderr.close()
+        assert code == 0, err
+        assert err == ""
 
     async def test_bad_flags_exit_2(self) -> None:
         watch = await run_watch("--once", "--decisions", "0")

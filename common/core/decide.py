@@ -70,6 +70,9 @@ class Decision:
     ignored_policies: tuple[str, ...] = ()
     reason: str | None = None
     explain: tuple[ExplainRow, ...] | None = None
+    asks_for_gpu: bool = True
+    """False for a pod that asks for no GPU: pyhami passes every node and leaves the
+    choice to kube-scheduler (the decision is ``scheduled`` with no node)."""
 
     def annotations(self) -> dict[str, str]:
         """The allocation annotations that do not depend on the clock."""
@@ -215,7 +218,7 @@ def decide(
     """
     if not pod.wants_gpu:
         return Decision(pod=pod.key, scheduled=True, failed_nodes={},
-                        ignored_policies=pod.ignored_policies)
+                        ignored_policies=pod.ignored_policies, asks_for_gpu=False)
     layout = fleet.layout
     view = PodView(layout, pod)
     node_count = len(layout.node_names)

@@ -7,10 +7,14 @@ from typing import Any
 from common.core.annotations import VENDOR
 from common.core.decide import Decision
 
+NO_GPU_NOTE = ("the pod asks for no GPU: pyhami passes every node and leaves the choice to "
+               "kube-scheduler")
+
 
 def decision_document(decision: Decision) -> dict[str, Any]:
     document: dict[str, Any] = {
         "scheduled": decision.scheduled,
+        "gpu": decision.asks_for_gpu,
         "node": decision.node,
         "devices": [
             [
@@ -24,6 +28,8 @@ def decision_document(decision: Decision) -> dict[str, Any]:
         "failed_nodes": dict(decision.failed_nodes or {}),
         "ignored_policies": list(decision.ignored_policies),
     }
+    if not decision.asks_for_gpu:
+        document["note"] = NO_GPU_NOTE
     if decision.reason is not None:
         document["reason"] = decision.reason
     if decision.explain is not None:
