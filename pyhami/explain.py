@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 from rich.console import Console
+from rich.markup import escape
 
 from common.arguments import Subcommands, add_policy_defaults, defaults_from
 from common.files import InputFileError
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
         print(f"pyhami explain: {args.daemon}: {error}", file=sys.stderr)
         return 1
     if document.get("reason"):
-        out.print(f"[yellow]not schedulable[/]: {document['reason']}")
+        out.print(f"[yellow]not schedulable[/]: {escape(document['reason'])}")
         return 0
     if document["node"] is None and document["scheduled"]:
         out.print("the pod asks for no nvidia.com resource: pyhami leaves it to kube-scheduler")
@@ -65,6 +66,6 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
         cards = ", ".join(f"GPU {c['index']}" for cs in document["devices"] for c in cs)
         out.print(f"-> [green]{cards} on {document['node']}[/]")
     else:
-        for node, reason in sorted(document["failed_nodes"].items()):
-            out.print(f"-> [yellow]Pending[/]: {node}: {reason}")
+        # The sentence of the pod's FilteringFailed Event, word for word.
+        out.print(f"-> [yellow]Pending[/]: {escape(document['message'])}")
     return 0

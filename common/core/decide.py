@@ -37,6 +37,7 @@ from common.core.reasons import (
     CardCheck,
     reason_string,
 )
+from common.core.refusal import refusal_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,9 @@ class Decision:
     failed_nodes: dict[str, str] | None = None
     ignored_policies: tuple[str, ...] = ()
     reason: str | None = None
+    message: str | None = None
+    """For a pod placed nowhere: one sentence on what it asked for and what the nodes have
+    (``common.core.refusal``), or the reason a malformed pod is refused."""
     explain: tuple[ExplainRow, ...] | None = None
 
     def annotations(self) -> dict[str, str]:
@@ -86,7 +90,7 @@ class Decision:
 
 def rejected(key: str, reason: str) -> Decision:
     """The decision for a malformed pod: unschedulable, with the reason naming the input."""
-    return Decision(pod=key, scheduled=False, failed_nodes={}, reason=reason)
+    return Decision(pod=key, scheduled=False, failed_nodes={}, reason=reason, message=reason)
 
 
 def _counted_failure(request: ContainerRequest, view: PodView, node: int,
@@ -168,13 +172,15 @@ def decide(
     explain: bool = False,
     explain_chosen: bool = False,
     exhaustive: bool = False,
+    describe: bool = False,
 ) -> Decision:
     """Choose a node and cards for ``pod`` among ``nodes`` (default: every node).
 
     Nodes are judged from per-card check counts where those suffice; the rest,
     or every node with ``exhaustive`` (the slower reference path), one by one.
     ``explain`` adds the selection path of every node, ``explain_chosen`` that of
-    the chosen node only.
+    the chosen node only. ``describe`` words why a pod placed nowhere fits no node
+    (``Decision.message``).
     """
     if not pod.wants_gpu:
         return Decision(pod=pod.key, scheduled=True, failed_nodes={},
@@ -241,8 +247,9 @@ def decide(
         only_chosen[chosen_node] = True
         rows = _explain(view, codes, only_chosen, chosen_node, placement)
     if chosen_node is None:
+        message = refusal_message(fleet, pod, failed) if describe else None
         return Decision(pod=pod.key, scheduled=False, failed_nodes=failed,
-                        ignored_policies=pod.ignored_policies, explain=rows)
+                        ignored_policies=pod.ignored_policies, message=message, explain=rows)
     return _scheduled(view, chosen_node, placement, failed, rows)
 
 
