@@ -45,7 +45,7 @@ def decide_files(cluster_path: Path, pod_path: Path, defaults: Defaults,
         request = parse_pod(manifest, defaults)
     except PodRejected as error:
         return decision_document(rejected(manifest.key, str(error)))
-    return decision_document(decide(fleet, request, explain=explain))
+    return decision_document(decide(fleet, request, explain=explain, describe=True))
 
 
 def run(cluster: Path, pod: Path, defaults: Defaults, explain: bool, output: str) -> int:

@@ -58,7 +58,5 @@ def print_decision(document: dict[str, Any], console: Console) -> None:
         cards = ", ".join(f"GPU {c['index']}" for cs in document["devices"] for c in cs)
         console.print(Text.assemble("-> ", (f"{cards} on {document['node']}", "green")))
         return
-    failures = sorted(document["failed_nodes"].items()) or [("", "no node holds GPU cards")]
-    for node, reason in failures:
-        console.print(Text.assemble("-> ", ("Pending", "yellow"), ": ",
-                                    f"{node}: {reason}" if node else reason))
+    # The sentence of the pod's FilteringFailed Event, word for word.
+    console.print(Text.assemble("-> ", ("Pending", "yellow"), ": ", document["message"]))

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import socket
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,6 +36,7 @@ from common.core.annotations import (
     CORDON_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.names import SUBDOMAIN_MAX
 from common.core.pod import ObjectMeta, PodSpec
 from scheduler.cluster import (
     CAPACITY_FREED_ANNOTATION,
@@ -43,6 +46,7 @@ from scheduler.cluster import (
     PodChange,
     cordon_list,
 )
+from scheduler.service import KeyedLocks
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +54,8 @@ SCHEDULER_NAME = "pyhami-scheduler"
 LIST_PAGE_SIZE = 500
 WATCH_TIMEOUT_SECONDS = 60
 EVENT_MESSAGE_LIMIT = 1024  # bytes: the API server refuses a longer event message
+EVENT_CACHE_SIZE = 4096  # Events whose count is remembered, as many as client-go's correlator
+EVENT_DIGEST_LENGTH = 16
 RETRY_FIRST_DELAY = 1.0
 RETRY_MAX_DELAY = 30.0
 UID_CACHE_SIZE = 4096
@@ -106,6 +112,13 @@ class _CoreApi(Protocol):
     def create_namespaced_event(self, namespace: str, body: JsonObject, *,
                                 _preload_content: bool,
                                 _request_timeout: _Timeout) -> urllib3.BaseHTTPResponse: ...
+
+    def read_namespaced_event(self, name: str, namespace: str, *, _preload_content: bool,
+                              _request_timeout: _Timeout) -> urllib3.BaseHTTPResponse: ...
+
+    def patch_namespaced_event(self, name: str, namespace: str, body: JsonObject, *,
+                               _content_type: str, _preload_content: bool,
+                               _request_timeout: _Timeout) -> urllib3.BaseHTTPResponse: ...
 
 
 # The API's JSON, decoded to what pyhami reads ------------------------------------------
@@ -165,6 +178,13 @@ class _NodeList(msgspec.Struct):
 class _WatchEvent(msgspec.Struct):
     type: str
     object: msgspec.Raw
+
+
+class _Event(msgspec.Struct, rename="camel"):
+    """What a repeat reads of an Event this daemon wrote before it last started."""
+
+    count: int = 1
+    first_timestamp: str | None = None
 
 
 class _Status(msgspec.Struct):
@@ -258,34 +278,106 @@ def _truncate_utf8(text: str, limit: int) -> str:
     return encoded[:limit - len(marker)].decode(errors="ignore") + marker
 
 
-def event_body(namespace: str, name: str, *, uid: str | None, kind: EventType, reason: str,
-               message: str, component: str, instance: str, now: datetime) -> JsonObject:
-    """A core/v1 Event about the pod, in the style ``kubectl describe pod`` lists.
+def timestamp(now: datetime) -> str:
+    """An Event's firstTimestamp or lastTimestamp: UTC, whole seconds."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    ``eventTime`` stays unset: set, it makes the API server demand the events.k8s.io
-    fields (action and the rest) too, and the client re-serializes it without the
-    microseconds its format requires whenever they happen to be zero.
+
+@dataclass(frozen=True, slots=True)
+class PodEvent:
+    """One Event about a pod, as it is written again each time it recurs.
+
+    Its name is derived from everything that makes two Events the same one, the fields
+    client-go's event correlator compares (the source, the pod with its uid, the type,
+    the reason, the message): a repeat finds it by name, in this process or the next.
     """
-    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    involved: JsonObject = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
-                            "name": name}
-    if uid:
-        involved["uid"] = uid  # kubectl describe matches events on the pod's uid
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{name}.", "namespace": namespace},
-        "involvedObject": involved,
-        "reason": reason,
-        "message": _truncate_utf8(message, EVENT_MESSAGE_LIMIT),
-        "type": kind,
-        "source": {"component": component},
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-        "reportingComponent": component,
-        "reportingInstance": instance,
-    }
+
+    namespace: str
+    pod: str
+    uid: str | None
+    kind: EventType
+    reason: str
+    message: str
+    component: str
+
+    @classmethod
+    def of(cls, namespace: str, pod: str, *, uid: str | None, kind: EventType, reason: str,
+           message: str, component: str) -> PodEvent:
+        return cls(namespace, pod, uid, kind, reason,
+                   _truncate_utf8(message, EVENT_MESSAGE_LIMIT), component)
+
+    @property
+    def name(self) -> str:
+        """``<pod>.<16 hex digits>``: a DNS subdomain, however long the pod's name."""
+        fields = (self.component, self.namespace, self.pod, self.uid or "", self.kind,
+                  self.reason, self.message)
+        digest = hashlib.sha256("\0".join(fields).encode()).hexdigest()[:EVENT_DIGEST_LENGTH]
+        # The pod's name is a DNS subdomain: cut short, it must still end in a letter or digit.
+        base = self.pod[:SUBDOMAIN_MAX - EVENT_DIGEST_LENGTH - 1].rstrip(".-")
+        return f"{base}.{digest}"
+
+    def body(self, *, instance: str, count: int, first: str, last: str) -> JsonObject:
+        """The core/v1 Event, in the style ``kubectl describe pod`` lists.
+
+        ``eventTime`` stays unset: set, it makes the API server demand the events.k8s.io
+        fields (action and the rest) too, and the client re-serializes it without the
+        microseconds its format requires whenever they happen to be zero.
+        """
+        involved: JsonObject = {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace,
+                                "name": self.pod}
+        if self.uid:
+            involved["uid"] = self.uid  # kubectl describe matches events on the pod's uid
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "involvedObject": involved,
+            "reason": self.reason,
+            "message": self.message,
+            "type": self.kind,
+            "source": {"component": self.component},
+            "firstTimestamp": first,
+            "lastTimestamp": last,
+            "count": count,
+            "reportingComponent": self.component,
+            "reportingInstance": instance,
+        }
+
+
+def recurrence_patch(count: int, last: str) -> JsonObject:
+    """The merge patch that counts one more occurrence of an Event."""
+    return {"count": count, "lastTimestamp": last}
+
+
+@dataclass(frozen=True, slots=True)
+class EventSeries:
+    """What the API holds of an Event this daemon wrote: how often, since when."""
+
+    count: int
+    first: str
+
+
+class SeriesCache:
+    """The Events written lately, least recently used first; at most ``size`` of them."""
+
+    def __init__(self, size: int = EVENT_CACHE_SIZE) -> None:
+        self._size = size
+        self._series: OrderedDict[str, EventSeries] = OrderedDict()
+
+    def get(self, key: str) -> EventSeries | None:
+        series = self._series.get(key)
+        if series is not None:
+            self._series.move_to_end(key)
+        return series
+
+    def put(self, key: str, series: EventSeries) -> None:
+        self._series[key] = series
+        self._series.move_to_end(key)
+        if len(self._series) > self._size:
+            self._series.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._series)
 
 
 def describe_failure(error: BaseException) -> str:
@@ -346,6 +438,9 @@ class KubernetesCluster:
         self.instance = (instance or f"{scheduler_name}-{socket.gethostname()}")[:128]
         # Pod uids for events, most recently seen last; touched on the event loop only.
         self._uids: dict[str, str] = {}
+        # Events written, to count their repeats; touched on the event loop only.
+        self._event_series = SeriesCache()
+        self._event_writes = KeyedLocks()
         # The last list_pods(): changes() watches on from it, so nothing in between is lost.
         self._snapshot: _Snapshot | None = None
 
@@ -501,20 +596,64 @@ class KubernetesCluster:
 
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:
+        """Write the Event, or count one more of it when it was written before.
+
+        As client-go's recorder does: an Event with the same source, pod, type, reason and
+        message is patched (``count`` + 1, ``lastTimestamp``) rather than created again.
+        """
         # Best effort by contract: whatever goes wrong is logged, never raised.
         try:
             uid = await self._pod_uid(namespace, name)
-            body = event_body(namespace, name, uid=uid, kind=kind, reason=reason,
-                              message=message, component=self.scheduler_name,
-                              instance=self.instance, now=datetime.now(UTC))
-            await asyncio.to_thread(self._create_event, namespace, body)
+            event = PodEvent.of(namespace, name, uid=uid, kind=kind, reason=reason,
+                                message=message, component=self.scheduler_name)
+            key = f"{namespace}/{event.name}"
+            async with self._event_writes.hold(key):  # one write of an Event at a time
+                series = await asyncio.to_thread(self._write_event, event,
+                                                 self._event_series.get(key),
+                                                 timestamp(datetime.now(UTC)))
+                self._event_series.put(key, series)
         except Exception as error:
             logger.warning("event %s on pod %s/%s not recorded: %s", reason, namespace, name,
                            describe_failure(error))
 
-    def _create_event(self, namespace: str, body: JsonObject) -> None:
+    def _write_event(self, event: PodEvent, known: EventSeries | None, now: str) -> EventSeries:
+        if known is not None:
+            count = known.count + 1
+            try:
+                self._patch_event(event, recurrence_patch(count, now))
+                return EventSeries(count, known.first)
+            except ApiException as error:
+                if error.status != _NOT_FOUND:
+                    raise
+            # Gone (the API server's --event-ttl, or deleted): written anew, its count and
+            # first time carried on, as client-go does.
+            self._create_event(event, event.body(instance=self.instance, count=count,
+                                                 first=known.first, last=now))
+            return EventSeries(count, known.first)
+        try:
+            self._create_event(event, event.body(instance=self.instance, count=1, first=now,
+                                                 last=now))
+            return EventSeries(1, now)
+        except ApiException as error:
+            if error.status != _CONFLICT:
+                raise
+        # Written before this daemon remembered it (a restart, or a series the cache let
+        # go): count on from what the API server holds.
+        held = msgspec.json.decode(_drain(self._core.read_namespaced_event(
+            event.name, event.namespace, _preload_content=False,
+            _request_timeout=_REQUEST_TIMEOUT)), type=_Event)
+        count = held.count + 1
+        self._patch_event(event, recurrence_patch(count, now))
+        return EventSeries(count, held.first_timestamp or now)
+
+    def _create_event(self, event: PodEvent, body: JsonObject) -> None:
         _drain(self._core.create_namespaced_event(
-            namespace, body, _preload_content=False, _request_timeout=_REQUEST_TIMEOUT))
+            event.namespace, body, _preload_content=False, _request_timeout=_REQUEST_TIMEOUT))
+
+    def _patch_event(self, event: PodEvent, patch: JsonObject) -> None:
+        _drain(self._core.patch_namespaced_event(
+            event.name, event.namespace, patch, _content_type=_MERGE_PATCH,
+            _preload_content=False, _request_timeout=_REQUEST_TIMEOUT))
 
     async def _pod_uid(self, namespace: str, name: str) -> str | None:
         uid = self._uids.get(f"{namespace}/{name}")

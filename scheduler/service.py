@@ -301,11 +301,9 @@ class SchedulerService:
                        f"; evaluating {request.chain if request else 'the default'}")
             logger.warning("pod %s: %s", decision.pod, message)
             await self.cluster.record_event(namespace, name, "Warning", "PolicyIgnored", message)
-        if decision.node is None:
-            message = decision.reason or "; ".join(
-                f"{node}: {why}" for node, why in sorted((decision.failed_nodes or {}).items()))
+        if decision.node is None and decision.message is not None:
             await self.cluster.record_event(namespace, name, "Warning", "FilteringFailed",
-                                            message or "no node holds GPU cards")
+                                            decision.message)
         for row in decision.explain or ():
             logger.debug("pod %s node %s card %d (%s): computer score is %.6f%s", decision.pod,
                          row.node, row.index, row.uuid, row.score,
@@ -327,12 +325,14 @@ class SchedulerService:
             held = self.state.fleet.allocation(request.key)
             self.state.fleet.release(request.key)
             try:
-                decision = self.state.preview(request, None, self._clock(), explain=True)
+                decision = self.state.preview(request, None, self._clock(), explain=True,
+                                              describe=True)
             finally:
                 if held is not None:
                     self.state.fleet.allocate(request.key, held)
         else:
-            decision = self.state.preview(request, None, self._clock(), explain=True)
+            decision = self.state.preview(request, None, self._clock(), explain=True,
+                                          describe=True)
         return decision_document(decision)
 
     async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:

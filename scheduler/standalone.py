@@ -81,10 +81,14 @@ class StoredPod(msgspec.Struct, kw_only=True):
 
 
 class PodEvent(msgspec.Struct):
+    """One Event, counted as kubectl shows it: a repeat raises ``count`` and ``last_time``."""
+
     type: str
     reason: str
     message: str
-    time: float
+    count: int
+    first_time: float
+    last_time: float
 
 
 def _key(namespace: str, name: str) -> str:
@@ -306,7 +310,15 @@ class StandaloneCluster:
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:
         events = self._events.setdefault(_key(namespace, name), deque(maxlen=EVENTS_KEPT))
-        events.append(PodEvent(kind, reason, message, time.time()))
+        now = time.time()
+        for event in events:
+            if (event.type, event.reason, event.message) == (kind, reason, message):
+                events.remove(event)  # a repeat: moved to the end, as the latest
+                event.count += 1
+                event.last_time = now
+                events.append(event)
+                return
+        events.append(PodEvent(kind, reason, message, 1, now, now))
 
     async def nudge(self, namespace: str, name: str, stamp: str) -> None:
         """Nothing to do: the pending loop tries waiting pods whenever cards are freed."""

@@ -17,6 +17,7 @@ import msgspec
 from common.core import Allocation, Decision, Fleet, Node, PodRequest, Usage, decide
 from common.core.annotations import CORDON_ANNOTATION
 from common.core.fleet import cordoned_uuids
+from common.core.refusal import refusal_message
 from common.wire import Inventory
 
 NODE_UNKNOWN = "NodeUnknown"
@@ -229,28 +230,32 @@ class LiveState:
         """
         held = self.fleet.allocation(request.key) if request.key in self.bound else None
         if held is not None:
-            return self._bound_decision(request.key, held, node_names)
+            return self._bound_decision(request, held, node_names)
         self.release_reservation(request.key)
-        decision = self.preview(request, node_names, now, explain_chosen=explain_chosen)
+        decision = self.preview(request, node_names, now, explain_chosen=explain_chosen,
+                                describe=True)
         if decision.allocation is not None:
             self.fleet.allocate(request.key, decision.allocation)
             self.reservations[request.key] = Reservation(decision.allocation,
                                                          now + self.reservation_ttl)
         return decision
 
-    def _bound_decision(self, key: str, held: Allocation,
+    def _bound_decision(self, request: PodRequest, held: Allocation,
                         node_names: Collection[str] | None) -> Decision:
         asked = self._asked(node_names)
         failed = {name: f"{POD_BOUND}: the pod already holds cards on node {held.node}"
                   for name in asked if name != held.node}
         if held.node not in asked:
-            return Decision(pod=key, scheduled=False, failed_nodes=failed)
-        return Decision(pod=key, scheduled=True, node=held.node, allocation=held,
+            return Decision(pod=request.key, scheduled=False, failed_nodes=failed,
+                            message=refusal_message(self.fleet, request, {}, failed))
+        return Decision(pod=request.key, scheduled=True, node=held.node, allocation=held,
                         failed_nodes=failed)
 
     def preview(self, request: PodRequest, node_names: Collection[str] | None, now: float,
-                *, explain: bool = False, explain_chosen: bool = False) -> Decision:
-        """The decision among the fresh known nodes, booking nothing."""
+                *, explain: bool = False, explain_chosen: bool = False,
+                describe: bool = False) -> Decision:
+        """The decision among the fresh known nodes, booking nothing; with ``describe``,
+        a pod placed nowhere gets its sentence (``Decision.message``)."""
         stale = self.stale_nodes(now)
         asked = self._asked(node_names)
         usable: AbstractSet[str] = asked
@@ -265,9 +270,14 @@ class LiveState:
         # Every known node asked and fresh (the usual case): no subset to pick out.
         everything = not failed and len(usable) == len(self._known)
         decision = decide(self.fleet, request, nodes=None if everything else usable,
-                          explain=explain, explain_chosen=explain_chosen)
+                          explain=explain, explain_chosen=explain_chosen,
+                          describe=describe and not failed)
         if failed and decision.failed_nodes is not None:
-            return replace(decision, failed_nodes={**failed, **decision.failed_nodes})
+            message = decision.message
+            if describe and not decision.scheduled:
+                message = refusal_message(self.fleet, request, decision.failed_nodes, failed)
+            return replace(decision, failed_nodes={**failed, **decision.failed_nodes},
+                           message=message)
         return decision
 
     def _asked(self, node_names: Collection[str] | None) -> frozenset[str]:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from pyhami.demo import lab_pod
-from tests.harness import Lab, card_of
+from tests.harness import Lab, card_of, eventually
 
 GPU = [f"GPU-gpu-node-1-{i}" for i in range(4)]
 BINPACK = {"hami.io/gpu-scheduler-policy": "binpack"}
@@ -35,7 +35,8 @@ async def test_mutex_waits_for_a_free_card_then_lands_on_it(lab: Lab) -> None:
     pending = await lab.pods.pending_with("mutex", "FilteringFailed")
     assert pending["node"] is None
     failed = [e["message"] for e in pending["events"] if e["reason"] == "FilteringFailed"]
-    assert failed[-1] == "gpu-node-1: 4/4 ExclusiveDeviceAllocateConflict"
+    assert failed == ["asked for 1 card with 1000 MiB; "
+                      "gpu-node-1: 4/4 ExclusiveDeviceAllocateConflict (in use)"]
     await lab.pods.delete("tenant-1")
     placed = await lab.pods.placed("mutex")
     assert card_of(placed["annotations"]["hami.io/vgpu-devices-allocated"]) == GPU[1]
@@ -82,3 +83,34 @@ async def test_explain_against_the_running_daemon_books_nothing(lab: Lab, tmp_pa
     assert lab.daemon.service is not None
     assert lab.daemon.service.state.reservation("default/question") is None
     assert lab.daemon.service.state.fleet.usage("gpu-node-1", GPU[0]).tenants == 1
+
+
+async def test_a_pod_refused_again_and_again_has_one_event_whose_count_rises(
+        lab: Lab, tmp_path: Path) -> None:
+    cards, asked = len(GPU), len(GPU) + 1
+    big = lab_pod("big", limits={"nvidia.com/gpu": asked, "nvidia.com/gpumem": 1000})
+    await lab.pods.submit(big)
+    refusals: list[dict[str, object]] = []
+
+    async def refused_twice() -> bool:
+        nonlocal refusals
+        pod = await lab.pods.get("big")
+        refusals = [e for e in pod["events"] if e["reason"] == "FilteringFailed"]
+        return any(int(str(e["count"])) >= 2 for e in refusals)
+
+    await eventually(refused_twice, "the pending loop to refuse the pod twice")
+    (event,) = refusals
+    sentence = (f"asked for {asked} cards with 1000 MiB each; "
+                f"gpu-node-1 has {cards} cards (NodeInsufficientDevice)")
+    assert event["message"] == sentence
+    assert float(str(event["first_time"])) <= float(str(event["last_time"]))
+
+    pod = tmp_path / "big.json"
+    pod.write_text(json.dumps(big))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pyhami.cli", "explain", str(pod), "--daemon", lab.daemon.url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={"COLUMNS": "500", "PATH": "/usr/bin:/bin"})
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    assert f"-> Pending: {sentence}\n" in out.decode()

@@ -70,6 +70,9 @@ class TestWorkedExample:
             "failed_nodes": {"gpu-node-1": "2/4 AllocatedCardsInsufficientRequest, "
                                            "2/4 ExclusiveDeviceAllocateConflict"},
             "ignored_policies": [],
+            "message": "asked for 3 cards with 1000 MiB each; gpu-node-1: "
+                       "2/4 AllocatedCardsInsufficientRequest (2 cards fit, 3 needed), "
+                       "2/4 ExclusiveDeviceAllocateConflict (in use)",
         }
 
 

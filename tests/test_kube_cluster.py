@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +39,22 @@ from common.core.annotations import (
     NODE_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.names import check_subdomain
 from scheduler import kube
 from scheduler.cluster import ClusterError, PodChange
 from scheduler.kube import (
     SCHEDULER_NAME,
+    EventSeries,
     KubernetesCluster,
+    PodEvent,
     PodToBind,
+    SeriesCache,
     annotation_patch,
     bind_refusal,
     binding_body,
     decode_pod,
     describe_failure,
-    event_body,
+    recurrence_patch,
     undo_annotation_patch,
 )
 
@@ -184,43 +188,77 @@ def test_the_binding_targets_the_node() -> None:
     }
 
 
-NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
+def pod_event(message: str = "0/2 nodes fit", *, pod: str = "train-1",
+              uid: str | None = "u-1") -> PodEvent:
+    return PodEvent.of("ml", pod, uid=uid, kind="Warning", reason="FilteringFailed",
+                       message=message, component="pyhami-scheduler")
 
 
 def test_the_event_names_the_pod_and_the_scheduler() -> None:
-    body = event_body("ml", "train-1", uid="u-1", kind="Warning", reason="FilteringFailed",
-                      message="0/2 nodes fit", component="pyhami-scheduler",
-                      instance="pyhami-scheduler-host", now=NOW)
+    event = pod_event()
+    body = event.body(instance="pyhami-scheduler-host", count=3,
+                      first="2025-03-04T05:06:07Z", last="2025-03-04T05:09:00Z")
     assert body == {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"generateName": "train-1.", "namespace": "ml"},
+        "metadata": {"name": event.name, "namespace": "ml"},
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": "ml",
                            "name": "train-1", "uid": "u-1"},
         "reason": "FilteringFailed", "message": "0/2 nodes fit", "type": "Warning",
         "source": {"component": "pyhami-scheduler"},
-        "firstTimestamp": "2025-03-04T05:06:07Z", "lastTimestamp": "2025-03-04T05:06:07Z",
-        "count": 1,
+        "firstTimestamp": "2025-03-04T05:06:07Z", "lastTimestamp": "2025-03-04T05:09:00Z",
+        "count": 3,
         "reportingComponent": "pyhami-scheduler", "reportingInstance": "pyhami-scheduler-host",
     }
-    without_uid = event_body("ml", "train-1", uid=None, kind="Normal", reason="R", message="m",
-                             component="c", instance="i", now=NOW)
+    without_uid = pod_event(uid=None).body(instance="i", count=1, first="t", last="t")
     assert without_uid["involvedObject"] == {"apiVersion": "v1", "kind": "Pod",
                                              "namespace": "ml", "name": "train-1"}
+    assert recurrence_patch(4, "2025-03-04T05:10:00Z") == {
+        "count": 4, "lastTimestamp": "2025-03-04T05:10:00Z"}
+
+
+def test_the_event_name_is_the_same_for_the_same_event_only() -> None:
+    name = pod_event().name
+    assert name == pod_event().name
+    assert name.startswith("train-1.") and len(name) == len("train-1.") + 16
+    others = {pod_event("another message").name, pod_event(uid="u-2").name,
+              pod_event(uid=None).name, pod_event(pod="train-2").name,
+              PodEvent.of("ml2", "train-1", uid="u-1", kind="Warning",
+                          reason="FilteringFailed", message="0/2 nodes fit",
+                          component="pyhami-scheduler").name,
+              PodEvent.of("ml", "train-1", uid="u-1", kind="Normal", reason="FilteringFailed",
+                          message="0/2 nodes fit", component="pyhami-scheduler").name,
+              PodEvent.of("ml", "train-1", uid="u-1", kind="Warning", reason="BindingFailed",
+                          message="0/2 nodes fit", component="pyhami-scheduler").name}
+    assert name not in others and len(others) == 7
+
+
+@pytest.mark.parametrize("pod", ["a" * 253, "a" * 230 + "-" + "b" * 22, "a" * 235 + ".b" * 9])
+def test_the_event_name_of_a_pod_with_the_longest_name_is_a_valid_name(pod: str) -> None:
+    check_subdomain("pod", pod)
+    name = pod_event(pod=pod).name
+    check_subdomain("event", name)  # raises InvalidName otherwise
+    assert name.startswith(pod[:200])
 
 
 def test_a_long_event_message_is_cut_to_1024_bytes() -> None:
-    message = "é" * 1000  # 2000 bytes of UTF-8
-    body = event_body("ns", "p", uid=None, kind="Warning", reason="R", message=message,
-                      component="c", instance="i", now=NOW)
-    cut = body["message"]
-    assert isinstance(cut, str)
+    cut = pod_event("é" * 1000).message  # 2000 bytes of UTF-8
     assert len(cut.encode()) <= 1024
     assert cut.endswith("...")
     assert cut.startswith("é" * 500)
     exact = "x" * 1024
-    same = event_body("ns", "p", uid=None, kind="Warning", reason="R", message=exact,
-                      component="c", instance="i", now=NOW)
-    assert same["message"] == exact
+    assert pod_event(exact).message == exact
+
+
+def test_the_series_cache_forgets_the_least_recently_used() -> None:
+    cache = SeriesCache(size=2)
+    cache.put("a", EventSeries(1, "t1"))
+    cache.put("b", EventSeries(1, "t2"))
+    assert cache.get("a") == EventSeries(1, "t1")  # a is now the most recent
+    cache.put("c", EventSeries(1, "t3"))
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (
+        EventSeries(1, "t1"), None, EventSeries(1, "t3"))
+    cache.put("a", EventSeries(2, "t1"))
+    assert len(cache) == 2 and cache.get("a") == EventSeries(2, "t1")
 
 
 def test_a_failure_reads_as_the_api_status_not_a_traceback() -> None:
@@ -261,6 +299,8 @@ class StubApiServer:
     binding_status: int = 201
     event_status: int = 201
     get_status: int = 200
+    events: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """"ns/name" -> Event, as created and patched."""
     nodes: list[dict[str, Any]] = field(default_factory=list)
     after_read: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     """Changes made to a pod by someone else right after the n-th GET of it is answered."""
@@ -279,6 +319,8 @@ class StubApiServer:
         app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", self._binding)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._event)
+        app.router.add_get("/api/v1/namespaces/{ns}/events/{name}", self._get_event)
+        app.router.add_patch("/api/v1/namespaces/{ns}/events/{name}", self._patch_event)
         return app
 
     def sent(self, method: str, path_end: str) -> list[Recorded]:
@@ -398,7 +440,33 @@ class StubApiServer:
         if self.event_status != 201:
             return web.json_response(status_json(403, "Forbidden", "events are forbidden"),
                                      status=self.event_status)
-        return web.json_response(await request.json(), status=201)
+        event = await request.json()
+        name = event["metadata"]["name"]
+        key = f"{request.match_info['ns']}/{name}"
+        if key in self.events:
+            return web.json_response(
+                status_json(409, "AlreadyExists", f'events "{name}" already exists'), status=409)
+        self.events[key] = event
+        return web.json_response(event, status=201)
+
+    def _stored_event(self, request: web.Request) -> dict[str, Any] | web.Response:
+        name = request.match_info["name"]
+        event = self.events.get(f"{request.match_info['ns']}/{name}")
+        if event is None:
+            return web.json_response(
+                status_json(404, "NotFound", f'events "{name}" not found'), status=404)
+        return event
+
+    async def _get_event(self, request: web.Request) -> web.Response:
+        event = self._stored_event(request)
+        return event if isinstance(event, web.Response) else web.json_response(event)
+
+    async def _patch_event(self, request: web.Request) -> web.Response:
+        event = self._stored_event(request)
+        if isinstance(event, web.Response):
+            return event
+        event.update(await request.json())
+        return web.json_response(event)
 
 
 def change(pod: dict[str, Any], how: Callable[[dict[str, Any]], None]) -> None:
@@ -421,6 +489,7 @@ def write_kubeconfig(path: Path, port: int, token: str = TOKEN) -> Path:
 class Harness:
     api: StubApiServer
     cluster: KubernetesCluster
+    kubeconfig: Path
 
 
 @asynccontextmanager
@@ -442,8 +511,9 @@ async def serve(api: StubApiServer) -> AsyncIterator[int]:
 async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     api = StubApiServer()
     async with serve(api) as port:
-        cluster = KubernetesCluster.from_kubeconfig(str(write_kubeconfig(tmp_path / "kc", port)))
-        yield Harness(api, cluster)
+        kubeconfig = write_kubeconfig(tmp_path / "kc", port)
+        cluster = KubernetesCluster.from_kubeconfig(str(kubeconfig))
+        yield Harness(api, cluster, kubeconfig)
         cluster.close()
 
 
@@ -663,7 +733,8 @@ async def test_an_event_is_attached_to_the_pod_by_uid(harness: Harness) -> None:
     assert [(r.method, r.path) for r in api.requests] == [
         ("GET", "/api/v1/namespaces/ml/pods/p"), ("POST", "/api/v1/namespaces/ml/events")]
     event = api.requests[1].body
-    assert event["metadata"] == {"generateName": "p.", "namespace": "ml"}
+    assert event["metadata"] == {"name": event["metadata"]["name"], "namespace": "ml"}
+    assert event["metadata"]["name"].startswith("p.")
     assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "ml",
                                        "name": "p", "uid": "u-p"}
     assert (event["reason"], event["message"], event["type"], event["count"]) == (
@@ -676,6 +747,70 @@ async def test_an_event_is_attached_to_the_pod_by_uid(harness: Harness) -> None:
 
     await harness.cluster.record_event("ml", "p", "Normal", "Bound", "bound to n1")
     assert len(api.sent("GET", "/pods/p")) == 1  # the uid is remembered
+
+
+async def test_a_repeated_event_is_one_event_whose_count_rises(harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pod_json("p", namespace="ml", uid="u-p")
+    for _ in range(3):
+        await harness.cluster.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
+    (created,) = api.sent("POST", "/namespaces/ml/events")
+    name = created.body["metadata"]["name"]
+    patches = api.sent("PATCH", f"/namespaces/ml/events/{name}")
+    assert [p.body["count"] for p in patches] == [2, 3]
+    assert {p.content_type for p in patches} == {"application/merge-patch+json"}
+    (stored,) = api.events.values()
+    assert (stored["count"], stored["message"]) == (3, "no fit")
+    assert stored["firstTimestamp"] == created.body["firstTimestamp"]
+    assert stored["lastTimestamp"] >= stored["firstTimestamp"]
+
+    # Another message, another reason, another pod: each an Event of its own.
+    await harness.cluster.record_event("ml", "p", "Warning", "FilteringFailed", "other")
+    await harness.cluster.record_event("ml", "p", "Warning", "BindingFailed", "no fit")
+    await harness.cluster.record_event("ml", "q", "Warning", "FilteringFailed", "no fit")
+    assert sorted(e["count"] for e in api.events.values()) == [1, 1, 1, 3]
+
+
+async def test_concurrent_repeats_are_all_counted(harness: Harness) -> None:
+    harness.api.pods["ml/p"] = pod_json("p", namespace="ml", uid="u-p")
+    await asyncio.gather(*(harness.cluster.record_event(
+        "ml", "p", "Warning", "FilteringFailed", "no fit") for _ in range(6)))
+    (stored,) = harness.api.events.values()
+    assert stored["count"] == 6
+
+
+async def test_an_event_gone_from_the_api_is_written_anew_counting_on(
+        harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pod_json("p", namespace="ml", uid="u-p")
+    await harness.cluster.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
+    (first,) = api.events.values()
+    api.events.clear()  # expired (the API server's --event-ttl) or deleted by someone
+    await harness.cluster.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
+    (again,) = api.events.values()
+    assert again["metadata"]["name"] == first["metadata"]["name"]
+    assert (again["count"], again["firstTimestamp"]) == (2, first["firstTimestamp"])
+    assert len(api.sent("POST", "/events")) == 2
+    await harness.cluster.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
+    assert again["count"] == 3
+
+
+async def test_a_restarted_daemon_counts_on_from_the_event_the_api_holds(
+        harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pod_json("p", namespace="ml", uid="u-p")
+    for _ in range(2):
+        await harness.cluster.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
+    restarted = KubernetesCluster.from_kubeconfig(str(harness.kubeconfig))
+    try:
+        await restarted.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
+        await restarted.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
+    finally:
+        restarted.close()
+    (stored,) = api.events.values()
+    assert stored["count"] == 4
+    name = stored["metadata"]["name"]
+    assert len(api.sent("GET", f"/events/{name}")) == 1  # then it is remembered again
 
 
 async def test_an_event_that_cannot_be_written_is_only_logged(

@@ -34,8 +34,8 @@ async def test_a_silent_node_gets_no_pods_until_it_reports_again(
         await pods.submit(lab_pod("during"))
         pending = await pods.pending_with("during", "FilteringFailed")
         message = next(e["message"] for e in pending["events"] if e["reason"] == "FilteringFailed")
-        assert message.startswith("gpu-node-1: NodeInventoryStale: no inventory from the "
-                                  "node's agent for ")
+        assert message.startswith("asked for 1 card with 1000 MiB; gpu-node-1: "
+                                  "NodeInventoryStale: no inventory from the node's agent for ")
         assert message.endswith("(limit 1s)")
         assert pending["node"] is None
 

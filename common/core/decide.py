@@ -20,11 +20,12 @@ from common.core.fleet import BoolArray, Fleet, FloatArray, IntArray
 from common.core.ledger import Allocation
 from common.core.placement import (
     CodeArray,
-    Extra,
+    NodeFailure,
+    Placement,
     PodView,
     card_reason_counts,
-    choose_cards,
     node_level_failure,
+    place_pod,
 )
 from common.core.pod import ContainerRequest, PodRequest
 from common.core.policy import NodePolicy
@@ -36,6 +37,7 @@ from common.core.reasons import (
     CardCheck,
     reason_string,
 )
+from common.core.refusal import refusal_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,9 @@ class Decision:
     failed_nodes: dict[str, str] | None = None
     ignored_policies: tuple[str, ...] = ()
     reason: str | None = None
+    message: str | None = None
+    """For a pod placed nowhere: one sentence on what it asked for and what the nodes have
+    (``common.core.refusal``), or the reason a malformed pod is refused."""
     explain: tuple[ExplainRow, ...] | None = None
     asks_for_gpu: bool = True
     """False for a pod that asks for no GPU: pyhami passes every node and leaves the
@@ -88,45 +93,7 @@ class Decision:
 
 def rejected(key: str, reason: str) -> Decision:
     """The decision for a malformed pod: unschedulable, with the reason naming the input."""
-    return Decision(pod=key, scheduled=False, failed_nodes={}, reason=reason)
-
-
-Placement = list[list[int]]
-
-
-def _place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | Counter[str]:
-    """Place every GPU container on one node in order, or return why the node fails."""
-    layout, pod = view.layout, view.pod
-    where = layout.node_slice(node)
-    cards = where.stop - where.start
-    topology = layout.topology[node]
-    numa = layout.numa[where].tolist()
-    memory = layout.memory[where]
-    taken = Extra(*(np.zeros(cards, dtype=np.int64) for _ in range(3)))
-    placement: Placement = []
-    for position, request in enumerate(pod.gpu_containers):
-        failure = node_level_failure(request, cards, topology, pod.chain.topology_aware)
-        if failure is not None:
-            return failure
-        if position == 0:
-            codes = first_codes
-        else:
-            codes = view.card_codes(request, where, None if request.is_init else taken)
-        eligible = np.flatnonzero(codes == CardCheck.ELIGIBLE).tolist()
-        ranked = view.rank(node, eligible)
-        aware = pod.chain.topology_aware and request.cards > 1
-        chosen = choose_cards(ranked, request.cards, numa, topology if aware else None,
-                              pod.numa_bind)
-        if isinstance(chosen, Counter):
-            by_code = np.bincount(codes, minlength=CHECK_COUNT).tolist()
-            return card_reason_counts(by_code) + chosen
-        placement.append(chosen)
-        if not request.is_init:
-            for card in chosen:
-                taken.tenants[card] += 1
-                taken.memory[card] += request.memory_slice(int(memory[card]))
-                taken.cores[card] += request.cores
-    return placement
+    return Decision(pod=key, scheduled=False, failed_nodes={}, reason=reason, message=reason)
 
 
 def _counted_failure(request: ContainerRequest, view: PodView, node: int,
@@ -208,13 +175,15 @@ def decide(
     explain: bool = False,
     explain_chosen: bool = False,
     exhaustive: bool = False,
+    describe: bool = False,
 ) -> Decision:
     """Choose a node and cards for ``pod`` among ``nodes`` (default: every node).
 
     Nodes are judged from per-card check counts where those suffice; the rest,
     or every node with ``exhaustive`` (the slower reference path), one by one.
     ``explain`` adds the selection path of every node, ``explain_chosen`` that of
-    the chosen node only.
+    the chosen node only. ``describe`` words why a pod placed nowhere fits no node
+    (``Decision.message``).
     """
     if not pod.wants_gpu:
         return Decision(pod=pod.key, scheduled=True, failed_nodes={},
@@ -255,9 +224,10 @@ def decide(
     if one_by_one.any():
         view.scores()
     for node in np.flatnonzero(one_by_one).tolist():
-        result = _place_pod(view, node, codes[layout.node_slice(node)])
-        if isinstance(result, Counter):
-            failed[layout.node_names[node]] = reason_string(result, int(layout.node_cards[node]))
+        result = place_pod(view, node, codes[layout.node_slice(node)])
+        if isinstance(result, NodeFailure):
+            failed[layout.node_names[node]] = reason_string(result.reasons,
+                                                            int(layout.node_cards[node]))
         else:
             placements[node] = result
             fits[node] = True
@@ -267,8 +237,8 @@ def decide(
     if chosen_node is not None:
         found = placements.get(chosen_node)
         if found is None:
-            result = _place_pod(view, chosen_node, codes[layout.node_slice(chosen_node)])
-            assert not isinstance(result, Counter), "a node that fits places the pod"
+            result = place_pod(view, chosen_node, codes[layout.node_slice(chosen_node)])
+            assert not isinstance(result, NodeFailure), "a node that fits places the pod"
             found = result
         placement = found
 
@@ -280,8 +250,9 @@ def decide(
         only_chosen[chosen_node] = True
         rows = _explain(view, codes, only_chosen, chosen_node, placement)
     if chosen_node is None:
+        message = refusal_message(fleet, pod, failed) if describe else None
         return Decision(pod=pod.key, scheduled=False, failed_nodes=failed,
-                        ignored_policies=pod.ignored_policies, explain=rows)
+                        ignored_policies=pod.ignored_policies, message=message, explain=rows)
     return _scheduled(view, chosen_node, placement, failed, rows)
 
 

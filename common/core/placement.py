@@ -228,3 +228,53 @@ def choose_cards(
         return Counter({TOPOLOGY_NOT_FIT: len(ranked)})
     best = next((groups[numa[c]] for c in ranked if numa[c] >= 0), [])
     return Counter({INSUFFICIENT_CARDS: len(best), NUMA_NOT_FIT: len(ranked) - len(best)})
+
+
+Placement = list[list[int]]
+"""The node-local card positions chosen for each GPU container, in order."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFailure:
+    """Why one node cannot take the pod, and where that was found."""
+
+    reasons: Counter[str]
+    container: int
+    """The failing container's position among the pod's GPU containers."""
+    codes: CodeArray | None
+    """Its card checks on the node; None when the node failed before any card was checked."""
+    taken: Extra | None
+    """What the pod's earlier containers put on the node's cards, as the checks counted it."""
+
+
+def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | NodeFailure:
+    """Place every GPU container on one node in order, or return why the node fails."""
+    layout, pod = view.layout, view.pod
+    where = layout.node_slice(node)
+    cards = where.stop - where.start
+    topology = layout.topology[node]
+    numa = layout.numa[where].tolist()
+    memory = layout.memory[where]
+    taken = Extra(*(np.zeros(cards, dtype=np.int64) for _ in range(3)))
+    placement: Placement = []
+    for position, request in enumerate(pod.gpu_containers):
+        failure = node_level_failure(request, cards, topology, pod.chain.topology_aware)
+        if failure is not None:
+            return NodeFailure(failure, position, None, None)
+        extra = None if position == 0 or request.is_init else taken
+        codes = first_codes if position == 0 else view.card_codes(request, where, extra)
+        eligible = np.flatnonzero(codes == CardCheck.ELIGIBLE).tolist()
+        ranked = view.rank(node, eligible)
+        aware = pod.chain.topology_aware and request.cards > 1
+        chosen = choose_cards(ranked, request.cards, numa, topology if aware else None,
+                              pod.numa_bind)
+        if isinstance(chosen, Counter):
+            by_code = np.bincount(codes, minlength=CHECK_COUNT).tolist()
+            return NodeFailure(card_reason_counts(by_code) + chosen, position, codes, extra)
+        placement.append(chosen)
+        if not request.is_init:
+            for card in chosen:
+                taken.tenants[card] += 1
+                taken.memory[card] += request.memory_slice(int(memory[card]))
+                taken.cores[card] += request.cores
+    return placement

@@ -32,6 +32,8 @@ def decision_document(decision: Decision) -> dict[str, Any]:
         document["note"] = NO_GPU_NOTE
     if decision.reason is not None:
         document["reason"] = decision.reason
+    if decision.message is not None:
+        document["message"] = decision.message
     if decision.explain is not None:
         document["explain"] = [
             {"node": r.node, "index": r.index, "uuid": r.uuid, "used": r.used,

@@ -1,0 +1,109 @@
+"""pyhami's Events as ``kubectl describe pod`` shows them, on the real control plane.
+
+A pod asking for more cards than the node has is retried by kube-scheduler on its backoff
+(at most ``--pod-max-in-unschedulable-pods-duration=10s`` apart, the Deployment's flag).
+Each retry is refused by pyhami's /filter; the refusals are one ``FilteringFailed`` Event
+whose count rises, its message saying what was asked and what the node has, and ``pyhami
+explain`` prints that same sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.controlplane import NODE, ControlPlane, wait_for
+from tests.e2e.pods import EVENTS, Lab, lab_pod
+
+REASON = "FilteringFailed"
+CARDS = 4  # the simulated agent's sim:t4x4
+RETRIES_S = 120.0  # kube-scheduler's backoff and the 10 s flush, several times over
+
+
+@pytest.fixture
+def lab(control_plane: ControlPlane, clean_namespace: None) -> Iterator[Lab]:
+    yield Lab(control_plane)
+
+
+def too_big(name: str) -> dict[str, Any]:
+    pod = lab_pod(name)
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    limits["nvidia.com/gpu"] = str(CARDS + 1)
+    return pod
+
+
+def refusals(lab: Lab, name: str) -> list[dict[str, Any]]:
+    return [e for e in lab.events(name) if e.get("reason") == REASON]
+
+
+def wait_count(lab: Lab, name: str, at_least: int) -> dict[str, Any]:
+    """Until the pod's one FilteringFailed Event counts ``at_least``; fails on a second."""
+
+    def counted() -> dict[str, Any] | None:
+        found = refusals(lab, name)
+        assert len(found) <= 1, f"{len(found)} {REASON} Events on {name}: {found}"
+        return found[0] if found and found[0].get("count", 0) >= at_least else None
+
+    try:
+        return wait_for(counted, f"the {REASON} Event of {name} to count {at_least}",
+                        RETRIES_S, interval=0.5, watch=lab.plane.all_processes())
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nevents on {name}: {lab.events(name)}") from None
+
+
+def explain(plane: ControlPlane, pod: dict[str, Any], tmp_path: Path) -> str:
+    manifest = tmp_path / f"{pod['metadata']['name']}.json"
+    manifest.write_text(json.dumps(pod))
+    done = subprocess.run(
+        [sys.executable, "-m", "pyhami.cli", "explain", str(manifest),
+         "--daemon", plane.daemon_url],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "COLUMNS": "1000"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_repeated_refusals_are_one_event_whose_count_rises(
+        lab: Lab, control_plane: ControlPlane, tmp_path: Path) -> None:
+    pod = too_big("too-big")
+    lab.create_manifest(pod)
+    event = wait_count(lab, "too-big", 2)
+
+    sentence = (f"asked for {CARDS + 1} cards with 1000 MiB each; "
+                f"{NODE} has {CARDS} cards (NodeInsufficientDevice)")
+    assert event["message"] == sentence
+    assert event["type"] == "Warning"
+    assert event["source"]["component"] == "pyhami-scheduler"
+    assert event["involvedObject"]["uid"] == lab.read("too-big")["metadata"]["uid"]
+    assert event["firstTimestamp"] <= event["lastTimestamp"]
+    lab.assert_pending("too-big")
+
+    assert f"-> Pending: {sentence}\n" in explain(control_plane, pod, tmp_path)
+
+
+def test_the_count_goes_on_after_the_event_is_deleted_and_after_a_restart(
+        lab: Lab, control_plane: ControlPlane) -> None:
+    lab.create_manifest(too_big("still-too-big"))
+    first = wait_count(lab, "still-too-big", 2)
+    name = first["metadata"]["name"]
+
+    # Gone from the API (as --event-ttl expires it): the next refusal writes it anew,
+    # under the same name, its count carried on.
+    control_plane.api.delete(f"{EVENTS}/{name}")
+    again = wait_count(lab, "still-too-big", first["count"] + 1)
+    assert again["metadata"]["name"] == name
+    assert again["firstTimestamp"] == first["firstTimestamp"]
+
+    # A new daemon remembers nothing: it finds the Event by its name and counts on.
+    assert control_plane.stop_daemon() == 0
+    control_plane.start_daemon()
+    after = wait_count(lab, "still-too-big", again["count"] + 1)
+    assert after["metadata"]["name"] == name
+    assert after["firstTimestamp"] == first["firstTimestamp"]
