@@ -245,8 +245,10 @@ class TestOutput:
 
         assert table("scheduled") == "-> GPU 2 on gpu-node-1\n"
         document = json.loads(pyhami("decide", "--cluster", LAB, "--pod", pods["pending"]).stdout)
-        reason = document["failed_nodes"]["gpu-node-1"]
-        assert table("pending") == f"-> Pending: gpu-node-1: {reason}\n"
+        # The sentence the pod's FilteringFailed Event would carry, with HAMi's reason in it.
+        assert document["failed_nodes"]["gpu-node-1"] == "4/4 NodeInsufficientDevice"
+        assert "(NodeInsufficientDevice)" in document["message"]
+        assert table("pending") == f"-> Pending: {document['message']}\n"
         # The reason's brackets are text, not markup.
         assert table("rejected") == (
             "not schedulable: spec.containers[0].resources.limits[nvidia.com/gpumem]: 'lots' is "
@@ -265,9 +267,10 @@ class TestOutput:
         path.write_text(json.dumps(cluster))
         done = pyhami("explain", pods["pending"], "--cluster", path)
         assert done.returncode == 0, done.stderr
-        reason = json.loads(pyhami("decide", "--cluster", path, "--pod", pods["pending"])
-                            .stdout)["failed_nodes"][long_name]
-        line = f"-> Pending: {long_name}: {reason}"
+        message = json.loads(pyhami("decide", "--cluster", path, "--pod", pods["pending"])
+                             .stdout)["message"]
+        assert long_name in message
+        line = f"-> Pending: {message}"
         assert line in done.stdout.splitlines()
         assert len(line) > 120
         assert "\x1b[" not in done.stdout  # no colours in a pipe
