@@ -19,15 +19,19 @@ from common.arguments import (
     defaults_from,
     positive_seconds,
 )
+from common.core.names import InvalidName, check_label, check_subdomain
 from common.messaging import SettingsError, add_nats_arguments, nats_settings
 from scheduler.app import (
     DEFAULT_NATS_GRACE_S,
     ClusterMode,
     DaemonConfig,
     StartupError,
+    WebhookConfig,
     run_daemon,
 )
+from scheduler.cluster import SCHEDULER_NAME
 from scheduler.service import DEFAULT_NODE_RETENTION_S, ServiceSettings
+from scheduler.webhook_tls import DEFAULT_CHECK_PERIOD_S
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +95,84 @@ def register(commands: Subcommands) -> None:
                              "floor for benchmarks")
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
                         choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--scheduler-name", metavar="NAME",
+                        default=_env("SCHEDULER_NAME", SCHEDULER_NAME),
+                        help="the schedulerName pyhami serves: the webhook writes it, /bind "
+                             "takes only pods that name it (PYHAMI_SCHEDULER_NAME; default "
+                             f"{SCHEDULER_NAME})")
+    parser.add_argument("--namespace", metavar="NS",
+                        default=_env("NAMESPACE", os.environ.get("POD_NAMESPACE",
+                                                                 "pyhami-system")),
+                        help="the daemon's namespace, where the webhook's Secret is "
+                             "(PYHAMI_NAMESPACE; default: $POD_NAMESPACE, else pyhami-system)")
+    _add_webhook_arguments(parser.add_argument_group(
+        "mutating webhook", "gives pods that ask for nvidia.com/* GPU resources and name no "
+        "scheduler of their own --scheduler-name (docs/scheduler.md, Webhook)"))
     parser.set_defaults(handler=run)
+
+
+def _add_webhook_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--webhook-listen", type=address, metavar="HOST:PORT",
+                       default=_env("WEBHOOK_LISTEN", None),
+                       help="serve the webhook over HTTPS at HOST:PORT, path /webhook "
+                            "(PYHAMI_WEBHOOK_LISTEN; off when unset)")
+    group.add_argument("--tls-cert-file", metavar="FILE", default=_env("TLS_CERT_FILE", None),
+                       help="the webhook's serving certificate (PEM), with "
+                            "--tls-private-key-file; read again when it changes "
+                            "(PYHAMI_TLS_CERT_FILE). Without both, on Kubernetes the daemon "
+                            "makes and keeps its own")
+    group.add_argument("--tls-private-key-file", metavar="FILE",
+                       default=_env("TLS_PRIVATE_KEY_FILE", None),
+                       help="the private key of --tls-cert-file (PEM; "
+                            "PYHAMI_TLS_PRIVATE_KEY_FILE)")
+    group.add_argument("--webhook-tls-secret", metavar="NAME",
+                       default=_env("WEBHOOK_TLS_SECRET", "pyhami-scheduler-webhook-tls"),
+                       help="self-managed: the Secret in --namespace holding the CA and the "
+                            "serving certificate, created if absent (PYHAMI_WEBHOOK_TLS_SECRET; "
+                            "default pyhami-scheduler-webhook-tls)")
+    group.add_argument("--webhook-service", metavar="NAME",
+                       default=_env("WEBHOOK_SERVICE", SCHEDULER_NAME),
+                       help="self-managed: the Service whose DNS names the certificate covers "
+                            f"(PYHAMI_WEBHOOK_SERVICE; default {SCHEDULER_NAME})")
+    group.add_argument("--webhook-configuration", metavar="NAME",
+                       default=_env("WEBHOOK_CONFIGURATION", SCHEDULER_NAME),
+                       help="self-managed: the MutatingWebhookConfiguration whose caBundle the "
+                            "daemon keeps set to its CA (PYHAMI_WEBHOOK_CONFIGURATION; default "
+                            f"{SCHEDULER_NAME})")
+    group.add_argument("--webhook-check-period", type=positive_seconds, metavar="SECONDS",
+                       default=_env("WEBHOOK_CHECK_PERIOD", f"{DEFAULT_CHECK_PERIOD_S:g}"),
+                       help="how often the certificate files, or the configuration's "
+                            "caBundle, are looked at again (PYHAMI_WEBHOOK_CHECK_PERIOD; "
+                            f"default {DEFAULT_CHECK_PERIOD_S:g})")
+
+
+def _webhook_config(args: argparse.Namespace, mode: ClusterMode) -> WebhookConfig | None:
+    """Raises ``SettingsError`` for webhook settings that do not fit together."""
+    cert_file, key_file = args.tls_cert_file or None, args.tls_private_key_file or None
+    if (cert_file is None) != (key_file is None):
+        raise SettingsError("--tls-cert-file and --tls-private-key-file go together")
+    if args.webhook_listen is None:
+        if cert_file is not None:
+            raise SettingsError("--tls-cert-file serves the webhook: set --webhook-listen too")
+        return None
+    if mode == "standalone" and cert_file is None:
+        raise SettingsError("--webhook-listen with --standalone needs --tls-cert-file and "
+                            "--tls-private-key-file: without Kubernetes there is no Secret "
+                            "to keep a certificate of its own in")
+    try:
+        check_label("--namespace", args.namespace)
+        check_label("--webhook-service", args.webhook_service)
+        check_subdomain("--webhook-tls-secret", args.webhook_tls_secret)
+        check_subdomain("--webhook-configuration", args.webhook_configuration)
+    except InvalidName as error:
+        raise SettingsError(str(error)) from None
+    listen = args.webhook_listen
+    return WebhookConfig(
+        listen=listen if isinstance(listen, tuple) else address(listen),
+        cert_file=cert_file, key_file=key_file, namespace=args.namespace,
+        tls_secret=args.webhook_tls_secret, service=args.webhook_service,
+        configuration=args.webhook_configuration,
+        check_period=float(args.webhook_check_period))
 
 
 def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> DaemonConfig:
@@ -111,6 +192,10 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> DaemonC
     if mode == "standalone" and node_retention <= node_timeout:
         raise SettingsError(f"--node-retention ({node_retention:g}s) must be longer than "
                             f"--node-timeout ({node_timeout:g}s)")
+    try:
+        check_subdomain("--scheduler-name", args.scheduler_name)
+    except InvalidName as error:
+        raise SettingsError(str(error)) from None
     defaults = defaults_from(args)
     kubernetes = mode != "standalone"
     return DaemonConfig(
@@ -126,6 +211,7 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> DaemonC
         resync_wait=float(args.resync_wait), retry_period=float(args.retry_period),
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
         nats_grace=float(args.nats_grace),
+        scheduler_name=args.scheduler_name, webhook=_webhook_config(args, mode),
     )
 
 

@@ -40,9 +40,8 @@ from common.core.annotations import (
     TO_ALLOCATE_ANNOTATION,
 )
 from scheduler import kube
-from scheduler.cluster import ClusterError, PodChange
+from scheduler.cluster import SCHEDULER_NAME, ClusterError, PodChange
 from scheduler.kube import (
-    SCHEDULER_NAME,
     KubernetesCluster,
     PodToBind,
     annotation_patch,
