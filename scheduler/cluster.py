@@ -136,14 +136,16 @@ class WebhookCluster(Protocol):
         that name exists already."""
         ...
 
-    async def webhook_ca_bundles(self, configuration: str) -> dict[str, bytes] | None:
-        """Per webhook of the MutatingWebhookConfiguration, its ``clientConfig.caBundle``
-        (empty when unset); None when there is no such configuration."""
+    async def webhook_ca_bundles(self, configuration: str) -> list[tuple[str, bytes]] | None:
+        """Each webhook of the MutatingWebhookConfiguration, in its order, with its
+        ``clientConfig.caBundle`` (empty when unset); None when there is no such
+        configuration."""
         ...
 
-    async def set_webhook_ca_bundle(self, configuration: str, webhooks: Sequence[str],
-                                    ca: bytes) -> None:
-        """Set the ``caBundle`` of these webhooks of the configuration to ``ca``."""
+    async def set_webhook_ca_bundle(self, configuration: str,
+                                    webhooks: Sequence[tuple[int, str]], ca: bytes) -> None:
+        """Set to ``ca`` the ``caBundle`` of these webhooks (position in the configuration,
+        name); nothing changes when the configuration no longer lists them there."""
         ...
 
 

@@ -60,8 +60,7 @@ _REQUEST_TIMEOUT = (10.0, 30.0)
 # connection that died silently.
 _WATCH_REQUEST_TIMEOUT = (10.0, WATCH_TIMEOUT_SECONDS + 30.0)
 _MERGE_PATCH = "application/merge-patch+json"
-# Merges the webhooks list by name: a webhook the patch does not name is left as it is.
-_STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+_JSON_PATCH = "application/json-patch+json"
 _GONE = 410
 _NOT_FOUND = 404
 _CONFLICT = 409
@@ -126,7 +125,7 @@ class _AdmissionApi(Protocol):
     ) -> urllib3.BaseHTTPResponse: ...
 
     def patch_mutating_webhook_configuration(
-        self, name: str, body: JsonObject, *, _content_type: str, _preload_content: bool,
+        self, name: str, body: list[Json], *, _content_type: str, _preload_content: bool,
         _request_timeout: _Timeout,
     ) -> urllib3.BaseHTTPResponse: ...
 
@@ -340,11 +339,18 @@ def tls_secret_body(name: str, data: Mapping[str, bytes]) -> JsonObject:
     }
 
 
-def ca_bundle_patch(webhooks: Sequence[str], ca: bytes) -> JsonObject:
-    """The strategic merge patch that sets the ``caBundle`` of these webhooks."""
+def ca_bundle_patch(webhooks: Sequence[tuple[int, str]], ca: bytes) -> list[Json]:
+    """The JSON patch that sets the ``caBundle`` of these webhooks (position, name) where
+    they are. Mutating webhooks run in the order listed, so the list is never rewritten;
+    each position is tested first, so a list changed meanwhile fails the patch (422)."""
     encoded = base64.b64encode(ca).decode()
-    return {"webhooks": [{"name": name, "clientConfig": {"caBundle": encoded}}
-                         for name in webhooks]}
+    operations: list[Json] = []
+    for index, name in webhooks:
+        operations += [
+            {"op": "test", "path": f"/webhooks/{index}/name", "value": name},
+            {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": encoded},
+        ]
+    return operations
 
 
 def describe_failure(error: BaseException) -> str:
@@ -621,7 +627,7 @@ class KubernetesCluster:
                                f"{describe_failure(error)}") from error
         return True
 
-    async def webhook_ca_bundles(self, configuration: str) -> dict[str, bytes] | None:
+    async def webhook_ca_bundles(self, configuration: str) -> list[tuple[str, bytes]] | None:
         try:
             data = await asyncio.to_thread(lambda: _drain(
                 self._admission.read_mutating_webhook_configuration(
@@ -632,15 +638,15 @@ class KubernetesCluster:
                 return None
             raise ClusterError(f"reading MutatingWebhookConfiguration {configuration} "
                                f"failed: {describe_failure(error)}") from error
-        return {webhook.name: webhook.client_config.ca_bundle for webhook in webhooks}
+        return [(webhook.name, webhook.client_config.ca_bundle) for webhook in webhooks]
 
-    async def set_webhook_ca_bundle(self, configuration: str, webhooks: Sequence[str],
-                                    ca: bytes) -> None:
+    async def set_webhook_ca_bundle(self, configuration: str,
+                                    webhooks: Sequence[tuple[int, str]], ca: bytes) -> None:
         patch = ca_bundle_patch(webhooks, ca)
         try:
             await asyncio.to_thread(lambda: _drain(
                 self._admission.patch_mutating_webhook_configuration(
-                    configuration, patch, _content_type=_STRATEGIC_MERGE_PATCH,
+                    configuration, patch, _content_type=_JSON_PATCH,
                     _preload_content=False, _request_timeout=_REQUEST_TIMEOUT)))
         except _API_FAILURES as error:
             raise ClusterError(f"patching the caBundle of MutatingWebhookConfiguration "

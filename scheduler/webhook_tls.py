@@ -299,12 +299,13 @@ class CaBundleKeeper:
             if self._missing:
                 logger.info("%s found", what)
             self._missing = False
-            stale = sorted(name for name, ca in bundles.items() if ca != self._ca)
+            stale = [(index, name) for index, (name, ca) in enumerate(bundles)
+                     if ca != self._ca]
             if stale:
                 await self._cluster.set_webhook_ca_bundle(self._configuration, stale,
                                                           self._ca)
                 logger.info("%s: caBundle of %s set to the daemon's CA", what,
-                            ", ".join(stale))
+                            ", ".join(name for _, name in stale))
         except ClusterError as error:
             logger.warning("%s: caBundle not checked: %s", what, error)
             self.state = f"check failed: {error}"
