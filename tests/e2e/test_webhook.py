@@ -335,6 +335,11 @@ def test_the_daemon_makes_its_certificate_and_keeps_the_ca_bundle(
         assert not blanked["webhooks"][1]["clientConfig"].get("caBundle"), blanked
         wait_for(lambda: ca_bundles(control_plane) == expected,
                  "the daemon to put the caBundle back", watch=[daemon.process])
+        status = json.loads(http_get(f"http://127.0.0.1:{daemon.port}/statusz")[1])
+        assert status["webhook"] == {
+            "listen": f"127.0.0.1:{daemon.webhook_port}", "scheduler_name": SCHEDULER_NAME,
+            "certificate": f"Secret {SYSTEM_NAMESPACE}/{SELF_SECRET}",
+            "configuration": SELF_CONFIGURATION, "ca_bundle": "caBundle in place"}
 
         # The listener serves the Secret's certificate at the Service's name.
         answer = review_through_tls(daemon.webhook_port, data["ca.crt"])
