@@ -2,18 +2,21 @@
 
 The order makes stopping and probing work in every state: the CLI installs the
 signal handlers first; then HTTP comes up (``/healthz`` answers, ``/readyz`` says
-why it is not ready); then NATS is connected, the cluster opened and the ledger
-rebuilt, each step abandoned at once when ``stop`` is set.
+why it is not ready); then the webhook, when asked for, once it has its certificate;
+then NATS is connected, the cluster opened and the ledger rebuilt, each step abandoned
+at once when ``stop`` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import msgspec
 import nats.errors
@@ -26,11 +29,25 @@ from common import telemetry
 from common.messaging import Connection, NatsSettings
 from common.supervision import Supervisor
 from common.wire import INVENTORY_SUBJECTS, RESYNC_SUBJECT, ResyncRequest, encode
-from scheduler.cluster import Cluster, ClusterError
+from scheduler.cluster import SCHEDULER_NAME, ClusterError, WebhookCluster
 from scheduler.http import extender_app, metrics_app
 from scheduler.metrics import ConnectionCollector
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.standalone import PendingLoop, StandaloneCluster, pod_api
+from scheduler.webhook import WEBHOOK_PATH, webhook_app
+from scheduler.webhook_tls import (
+    DEFAULT_CHECK_PERIOD_S,
+    CaBundleKeeper,
+    CertificateFiles,
+    ServingTls,
+    TlsError,
+    context_for,
+    self_managed,
+    service_names,
+)
+
+if TYPE_CHECKING:
+    from scheduler.kube import KubernetesCluster
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +66,22 @@ class StartupError(Exception):
 
 
 @dataclass(frozen=True)
+class WebhookConfig:
+    """The mutating webhook's listener and certificate (``--webhook-*``, ``--tls-*``)."""
+
+    listen: tuple[str, int]
+    # Both or neither; neither: the certificate is self-managed in ``tls_secret``.
+    cert_file: str | None = None
+    key_file: str | None = None
+    namespace: str = "pyhami-system"
+    tls_secret: str = "pyhami-scheduler-webhook-tls"
+    service: str = "pyhami-scheduler"
+    configuration: str = "pyhami-scheduler"
+    # How often the certificate files, or the configuration's caBundle, are looked at.
+    check_period: float = DEFAULT_CHECK_PERIOD_S
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     nats: NatsSettings
     mode: ClusterMode
@@ -64,6 +97,9 @@ class DaemonConfig:
     drive_pending: bool = True
     # /readyz turns 503 once NATS has been gone this long.
     nats_grace: float = DEFAULT_NATS_GRACE_S
+    # The schedulerName the webhook writes and /bind requires.
+    scheduler_name: str = SCHEDULER_NAME
+    webhook: WebhookConfig | None = None
 
 
 def telemetry_publisher(connection: Connection) -> Callable[
@@ -78,18 +114,19 @@ def telemetry_publisher(connection: Connection) -> Callable[
     return publish
 
 
-async def _kubernetes(config: DaemonConfig) -> Cluster:
+async def _kubernetes(config: DaemonConfig) -> KubernetesCluster:
     from scheduler.kube import KubernetesCluster  # noqa: PLC0415 (heavy; loaded only when used)
 
     if config.mode == "in-cluster":
         try:
-            return KubernetesCluster.in_cluster()
+            return KubernetesCluster.in_cluster(scheduler_name=config.scheduler_name)
         except ClusterError as error:
             raise StartupError(f"--in-cluster: {error} (it works only in a pod of the cluster; "
                                "elsewhere use --kubeconfig)") from None
     assert config.kubeconfig is not None
     try:
-        return KubernetesCluster.from_kubeconfig(config.kubeconfig)
+        return KubernetesCluster.from_kubeconfig(config.kubeconfig,
+                                                 scheduler_name=config.scheduler_name)
     except ClusterError as error:
         raise StartupError(f"--kubeconfig: {error}") from None
 
@@ -110,12 +147,79 @@ async def _open_bucket(client: Client) -> StandaloneCluster:
 LINGER_S = 1.0
 
 
-async def _serve(app: web.Application, address: tuple[str, int]) -> web.AppRunner:
+async def _serve(app: web.Application, address: tuple[str, int],
+                 tls: ssl.SSLContext | None = None) -> web.AppRunner:
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=HTTP_SHUTDOWN_S,
                            lingering_time=LINGER_S)
     await runner.setup()
-    await web.TCPSite(runner, address[0], address[1]).start()
+    await web.TCPSite(runner, address[0], address[1], ssl_context=tls).start()
     return runner
+
+
+def _certificate_files(config: WebhookConfig | None) -> CertificateFiles | None:
+    """The webhook's certificate files, read at once: a bad one stops the start."""
+    if config is None or config.cert_file is None or config.key_file is None:
+        return None
+    try:
+        return CertificateFiles(config.cert_file, config.key_file, config.check_period)
+    except TlsError as error:
+        raise StartupError(str(error)) from None
+
+
+async def _self_managed_tls(config: WebhookConfig, cluster: WebhookCluster) -> ServingTls:
+    """The certificate in the Secret, made first if need be; tried again while the API
+    fails, refused (``StartupError``) when the Secret holds nothing servable."""
+    names = service_names(config.service, config.namespace)
+    while True:
+        try:
+            return await self_managed(cluster, config.namespace, config.tls_secret, names,
+                                      datetime.datetime.now(datetime.UTC))
+        except ClusterError as error:
+            logger.warning("webhook certificate not obtained, trying again in %gs: %s",
+                           REBUILD_RETRY_S, error)
+            await asyncio.sleep(REBUILD_RETRY_S)
+        except TlsError as error:
+            raise StartupError(f"--webhook-tls-secret: {error}; delete the Secret to have "
+                               "the daemon make a new one") from None
+
+
+@dataclass
+class _Webhook:
+    runner: web.AppRunner
+    status: Callable[[], dict[str, object]]
+
+
+async def _start_webhook(config: DaemonConfig, files: CertificateFiles | None,
+                         kubernetes: KubernetesCluster | None, supervisor: Supervisor,
+                         phase: list[str]) -> _Webhook:
+    webhook = config.webhook
+    assert webhook is not None
+    status: dict[str, object] = {"listen": f"{webhook.listen[0]}:{webhook.listen[1]}",
+                                 "scheduler_name": config.scheduler_name}
+    if files is not None:
+        context = files.context
+        status["certificate"] = f"files {webhook.cert_file}, {webhook.key_file}"
+        supervisor.start("webhook-certificate-files", files.follow)
+        keeper = None
+    else:
+        assert kubernetes is not None, "checked by the CLI: standalone needs the files"
+        phase[0] = (f"reading the webhook certificate from Secret "
+                    f"{webhook.namespace}/{webhook.tls_secret}")
+        tls = await _self_managed_tls(webhook, kubernetes)
+        context = context_for(tls)
+        status["certificate"] = f"Secret {webhook.namespace}/{webhook.tls_secret}"
+        keeper = CaBundleKeeper(kubernetes, webhook.configuration, tls.ca,
+                                webhook.check_period)
+        supervisor.start("webhook-ca-bundle", keeper.run)
+    runner = await _serve(webhook_app(config.scheduler_name), webhook.listen, context)
+    logger.info("webhook on https://%s:%d%s", *webhook.listen, WEBHOOK_PATH)
+
+    def report() -> dict[str, object]:
+        if keeper is None:
+            return status
+        return {**status, "configuration": webhook.configuration, "ca_bundle": keeper.state}
+
+    return _Webhook(runner, report)
 
 
 def _starting_app(why: Callable[[], list[str]]) -> web.Application:
@@ -173,6 +277,7 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
 
     Raises ``StartupError`` for a setting found unusable at start."""
     kubernetes = await _kubernetes(config) if config.mode != "standalone" else None
+    certificate_files = _certificate_files(config.webhook)
     connection = Connection(config.nats, "pyhami-scheduler")
     supervisor = Supervisor()
     runners: list[web.AppRunner] = []
@@ -189,8 +294,17 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
                 requested_by="pyhami-scheduler")))
 
     connection.when_up(when_up)
+    webhook: _Webhook | None = None
     try:
-        runners.append(await _serve(_starting_app(lambda: phase), config.listen))
+        starting = await _serve(_starting_app(lambda: phase), config.listen)
+        runners.append(starting)
+        if config.webhook is not None:
+            webhook = await _unless_stopped(stop, _start_webhook(
+                config, certificate_files, kubernetes, supervisor, phase))
+            if webhook is None:
+                return
+            runners.append(webhook.runner)
+            phase[0] = "connecting to NATS"
         supervisor.start("nats-connection", connection.run)
         client = await _unless_stopped(stop, connection.wait_up())
         if client is None:
@@ -209,13 +323,16 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
                                                 "down_for_s": round(connection.down_for(), 1),
                                                 "clients_replaced": connection.replaced}
         service.status_parts["background_crashes"] = lambda: dict(supervisor.crashes)
+        if webhook is not None:
+            service.status_parts["webhook"] = webhook.status
         service.metrics.registry.register(ConnectionCollector(connection))
         app = extender_app(service, url_prefix=config.url_prefix, noop=config.noop_endpoint)
         loop: PendingLoop | None = None
         if standalone is not None:
             loop = PendingLoop(service, standalone, config.retry_period)
             app.add_routes(pod_api(standalone, loop))
-        await runners.pop().cleanup()
+        runners.remove(starting)
+        await starting.cleanup()
         runners.append(await _serve(app, config.listen))
         if config.metrics is not None:
             runners.append(await _serve(metrics_app(service), config.metrics))

@@ -8,6 +8,10 @@ are 3.84 MB; the Pod beside them is at most 1.5 MiB in etcd and, as JSON, under
 
 ``POD_BODY_LIMIT`` bounds a lone Pod manifest (the pod API, /explain): the API
 server's 3 MiB limit on a request body.
+
+``ADMISSION_BODY_LIMIT`` bounds an AdmissionReview: the object and, on an update, the old
+object, each a Pod under 3 MiB as JSON, plus the request's few other fields (the user's
+name and groups among them), well under 1 MiB.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from aiohttp import web
 
 EXTENDER_BODY_LIMIT = 8 * 1024 * 1024
 POD_BODY_LIMIT = 3 * 1024 * 1024
+ADMISSION_BODY_LIMIT = 2 * POD_BODY_LIMIT + 1024 * 1024
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

@@ -18,6 +18,7 @@ from common.arguments import (
     defaults_from,
     positive_seconds,
 )
+from common.core.names import InvalidName, check_label, check_subdomain
 from common.logs import add_log_arguments, configure_logging
 from common.messaging import SettingsError, add_nats_arguments, nats_settings
 from scheduler.app import (
@@ -25,11 +26,17 @@ from scheduler.app import (
     ClusterMode,
     DaemonConfig,
     StartupError,
+    WebhookConfig,
     run_daemon,
 )
+from scheduler.cluster import SCHEDULER_NAME
 from scheduler.service import DEFAULT_NODE_RETENTION_S, ServiceSettings
+from scheduler.webhook_tls import DEFAULT_CHECK_PERIOD_S
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE = "pyhami-system"
+
 
 def register(commands: Subcommands) -> None:
     parser = commands.add_parser(
@@ -73,7 +80,76 @@ def register(commands: Subcommands) -> None:
                         help="serve POST /noop, which only decodes ExtenderArgs: the HTTP "
                              "floor for benchmarks")
     add_log_arguments(parser)
+    parser.add_argument("--scheduler-name", metavar="NAME", default=SCHEDULER_NAME,
+                        help="the schedulerName pyhami serves: the webhook writes it, /bind "
+                             f"takes only pods that name it (default {SCHEDULER_NAME})")
+    parser.add_argument("--namespace", metavar="NS",
+                        help="the daemon's namespace, where the webhook's Secret is "
+                             f"(default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})")
+    _add_webhook_arguments(parser.add_argument_group(
+        "mutating webhook", "gives pods that ask for nvidia.com/* GPU resources and name no "
+        "scheduler of their own --scheduler-name (docs/scheduler.md, Webhook)"))
     parser.set_defaults(handler=run)
+
+
+def _add_webhook_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--webhook-listen", type=address, metavar="HOST:PORT",
+                       help="serve the webhook over HTTPS at HOST:PORT, path /webhook "
+                            "(off when unset)")
+    group.add_argument("--tls-cert-file", metavar="FILE",
+                       help="the webhook's serving certificate (PEM), with "
+                            "--tls-private-key-file; read again when it changes. Without "
+                            "both, on Kubernetes the daemon makes and keeps its own")
+    group.add_argument("--tls-private-key-file", metavar="FILE",
+                       help="the private key of --tls-cert-file (PEM)")
+    group.add_argument("--webhook-tls-secret", metavar="NAME",
+                       default="pyhami-scheduler-webhook-tls",
+                       help="self-managed: the Secret in --namespace holding the CA and the "
+                            "serving certificate, created if absent (default "
+                            "pyhami-scheduler-webhook-tls)")
+    group.add_argument("--webhook-service", metavar="NAME",
+                       default=SCHEDULER_NAME,
+                       help="self-managed: the Service whose DNS names the certificate covers "
+                            f"(default {SCHEDULER_NAME})")
+    group.add_argument("--webhook-configuration", metavar="NAME",
+                       default=SCHEDULER_NAME,
+                       help="self-managed: the MutatingWebhookConfiguration whose caBundle the "
+                            "daemon keeps set to its CA (default "
+                            f"{SCHEDULER_NAME})")
+    group.add_argument("--webhook-check-period", type=positive_seconds, metavar="SECONDS",
+                       default=DEFAULT_CHECK_PERIOD_S,
+                       help="how often the certificate files, or the configuration's "
+                            f"caBundle, are looked at again (default {DEFAULT_CHECK_PERIOD_S:g})")
+
+
+def _webhook_config(args: argparse.Namespace, mode: ClusterMode) -> WebhookConfig | None:
+    """Raises ``SettingsError`` for webhook settings that do not fit together."""
+    cert_file, key_file = args.tls_cert_file or None, args.tls_private_key_file or None
+    if (cert_file is None) != (key_file is None):
+        raise SettingsError("--tls-cert-file and --tls-private-key-file go together")
+    if args.webhook_listen is None:
+        if cert_file is not None:
+            raise SettingsError("--tls-cert-file serves the webhook: set --webhook-listen too")
+        return None
+    if mode == "standalone" and cert_file is None:
+        raise SettingsError("--webhook-listen with --standalone needs --tls-cert-file and "
+                            "--tls-private-key-file: without Kubernetes there is no Secret "
+                            "to keep a certificate of its own in")
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
+    try:
+        check_label("--namespace", namespace)
+        check_label("--webhook-service", args.webhook_service)
+        check_subdomain("--webhook-tls-secret", args.webhook_tls_secret)
+        check_subdomain("--webhook-configuration", args.webhook_configuration)
+    except InvalidName as error:
+        raise SettingsError(str(error)) from None
+    listen = args.webhook_listen
+    return WebhookConfig(
+        listen=listen if isinstance(listen, tuple) else address(listen),
+        cert_file=cert_file, key_file=key_file, namespace=namespace,
+        tls_secret=args.webhook_tls_secret, service=args.webhook_service,
+        configuration=args.webhook_configuration,
+        check_period=float(args.webhook_check_period))
 
 
 def config_from(args: argparse.Namespace) -> DaemonConfig:
@@ -93,6 +169,10 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
     if mode == "standalone" and node_retention <= node_timeout:
         raise SettingsError(f"--node-retention ({node_retention:g}s) must be longer than "
                             f"--node-timeout ({node_timeout:g}s)")
+    try:
+        check_subdomain("--scheduler-name", args.scheduler_name)
+    except InvalidName as error:
+        raise SettingsError(str(error)) from None
     defaults = defaults_from(args)
     kubernetes = mode != "standalone"
     return DaemonConfig(
@@ -107,6 +187,7 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
         resync_wait=args.resync_wait, retry_period=args.retry_period,
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
         nats_grace=args.nats_grace,
+        scheduler_name=args.scheduler_name, webhook=_webhook_config(args, mode),
     )
 
 

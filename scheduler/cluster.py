@@ -1,18 +1,21 @@
 """The ``Cluster`` port: what the daemon reads from and writes to the cluster it serves.
 
 Two implementations: Kubernetes (``scheduler.kube``) and standalone
-(``scheduler.standalone``, pods kept in a NATS JetStream key-value bucket).
+(``scheduler.standalone``, pods kept in a NATS JetStream key-value bucket). The
+``WebhookCluster`` port, for the webhook's self-managed certificate, only on Kubernetes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from common.core import Allocation, AnnotationError, PodManifest, decode_devices
 from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
 
+SCHEDULER_NAME = "pyhami-scheduler"
+"""The ``schedulerName`` pyhami serves unless ``--scheduler-name`` says otherwise."""
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 # Changing a pending pod makes kube-scheduler try it again at once; pyhami stamps
 # this annotation on the pods it refused whenever cards are freed.
@@ -119,5 +122,32 @@ class Cluster(Protocol):
         ...
 
 
+class WebhookCluster(Protocol):
+    """What the daemon reads and writes to serve its webhook with a certificate of its own
+    (``scheduler.webhook_tls``). Every call raises ``ClusterError`` when it fails."""
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        """The Secret's data, decoded; None when there is no such Secret."""
+        ...
+
+    async def create_tls_secret(self, namespace: str, name: str,
+                                data: Mapping[str, bytes]) -> bool:
+        """Create a ``kubernetes.io/tls`` Secret holding ``data``; False when a Secret of
+        that name exists already."""
+        ...
+
+    async def webhook_ca_bundles(self, configuration: str) -> list[tuple[str, bytes]] | None:
+        """Each webhook of the MutatingWebhookConfiguration, in its order, with its
+        ``clientConfig.caBundle`` (empty when unset); None when there is no such
+        configuration."""
+        ...
+
+    async def set_webhook_ca_bundle(self, configuration: str,
+                                    webhooks: Sequence[tuple[int, str]], ca: bytes) -> None:
+        """Set to ``ca`` the ``caBundle`` of these webhooks (position in the configuration,
+        name); nothing changes when the configuration no longer lists them there."""
+        ...
+
+
 __all__ = ["AnnotationError", "Cluster", "ClusterError", "ClusterPod", "PodChange",
-           "StoreUnavailable"]
+           "StoreUnavailable", "WebhookCluster"]

@@ -13,6 +13,7 @@ work on every list page and watch event, for fields that are thrown away.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import logging
@@ -40,6 +41,7 @@ from common.core.names import SUBDOMAIN_MAX
 from common.core.pod import ObjectMeta, PodSpec
 from scheduler.cluster import (
     CAPACITY_FREED_ANNOTATION,
+    SCHEDULER_NAME,
     ClusterError,
     ClusterPod,
     EventType,
@@ -50,7 +52,6 @@ from scheduler.service import KeyedLocks
 
 logger = logging.getLogger(__name__)
 
-SCHEDULER_NAME = "pyhami-scheduler"
 LIST_PAGE_SIZE = 500
 WATCH_TIMEOUT_SECONDS = 60
 EVENT_MESSAGE_LIMIT = 1024  # bytes: the API server refuses a longer event message
@@ -65,6 +66,7 @@ _REQUEST_TIMEOUT = (10.0, 30.0)
 # connection that died silently.
 _WATCH_REQUEST_TIMEOUT = (10.0, WATCH_TIMEOUT_SECONDS + 30.0)
 _MERGE_PATCH = "application/merge-patch+json"
+_JSON_PATCH = "application/json-patch+json"
 _GONE = 410
 _NOT_FOUND = 404
 _CONFLICT = 409
@@ -120,6 +122,26 @@ class _CoreApi(Protocol):
                                _content_type: str, _preload_content: bool,
                                _request_timeout: _Timeout) -> urllib3.BaseHTTPResponse: ...
 
+    def read_namespaced_secret(self, name: str, namespace: str, *, _preload_content: bool,
+                               _request_timeout: _Timeout) -> urllib3.BaseHTTPResponse: ...
+
+    def create_namespaced_secret(self, namespace: str, body: JsonObject, *,
+                                 _preload_content: bool,
+                                 _request_timeout: _Timeout) -> urllib3.BaseHTTPResponse: ...
+
+
+class _AdmissionApi(Protocol):
+    """The calls of ``client.AdmissionregistrationV1Api`` used here, as ``_CoreApi``."""
+
+    def read_mutating_webhook_configuration(
+        self, name: str, *, _preload_content: bool, _request_timeout: _Timeout,
+    ) -> urllib3.BaseHTTPResponse: ...
+
+    def patch_mutating_webhook_configuration(
+        self, name: str, body: list[Json], *, _content_type: str, _preload_content: bool,
+        _request_timeout: _Timeout,
+    ) -> urllib3.BaseHTTPResponse: ...
+
 
 # The API's JSON, decoded to what pyhami reads ------------------------------------------
 
@@ -173,6 +195,23 @@ class _Node(msgspec.Struct):
 
 class _NodeList(msgspec.Struct):
     items: list[_Node] = []
+
+
+class _Secret(msgspec.Struct):
+    data: dict[str, bytes] | None = None  # base64 on the wire
+
+
+class _ClientConfig(msgspec.Struct, rename="camel"):
+    ca_bundle: bytes = b""  # base64 on the wire
+
+
+class _Webhook(msgspec.Struct, rename="camel"):
+    name: str
+    client_config: _ClientConfig = msgspec.field(default_factory=_ClientConfig)
+
+
+class _WebhookConfiguration(msgspec.Struct):
+    webhooks: list[_Webhook] | None = None
 
 
 class _WatchEvent(msgspec.Struct):
@@ -380,6 +419,32 @@ class SeriesCache:
         return len(self._series)
 
 
+def tls_secret_body(name: str, data: Mapping[str, bytes]) -> JsonObject:
+    """A ``kubernetes.io/tls`` Secret holding ``data`` (``tls.crt``, ``tls.key``, ...)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "pyhami",
+                                              "app.kubernetes.io/component": "webhook"}},
+        "type": "kubernetes.io/tls",
+        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+    }
+
+
+def ca_bundle_patch(webhooks: Sequence[tuple[int, str]], ca: bytes) -> list[Json]:
+    """The JSON patch that sets the ``caBundle`` of these webhooks (position, name) where
+    they are. Mutating webhooks run in the order listed, so the list is never rewritten;
+    each position is tested first, so a list changed meanwhile fails the patch (422)."""
+    encoded = base64.b64encode(ca).decode()
+    operations: list[Json] = []
+    for index, name in webhooks:
+        operations += [
+            {"op": "test", "path": f"/webhooks/{index}/name", "value": name},
+            {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": encoded},
+        ]
+    return operations
+
+
 def describe_failure(error: BaseException) -> str:
     """One line for a failed API call: the HTTP status with the API's reason and message."""
     if isinstance(error, ApiException):
@@ -434,6 +499,7 @@ class KubernetesCluster:
                  scheduler_name: str = SCHEDULER_NAME, instance: str | None = None) -> None:
         self._api_client = api_client
         self._core = cast(_CoreApi, client.CoreV1Api(api_client))
+        self._admission = cast(_AdmissionApi, client.AdmissionregistrationV1Api(api_client))
         self.scheduler_name = scheduler_name
         self.instance = (instance or f"{scheduler_name}-{socket.gethostname()}")[:128]
         # Pod uids for events, most recently seen last; touched on the event loop only.
@@ -673,6 +739,57 @@ class KubernetesCluster:
         self._uids[key] = uid
         if len(self._uids) > UID_CACHE_SIZE:
             del self._uids[next(iter(self._uids))]
+
+    # The webhook's certificate (the WebhookCluster port) --------------------------------
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        try:
+            data = await asyncio.to_thread(lambda: _drain(self._core.read_namespaced_secret(
+                name, namespace, _preload_content=False, _request_timeout=_REQUEST_TIMEOUT)))
+            return msgspec.json.decode(data, type=_Secret).data or {}
+        except _API_FAILURES as error:
+            if isinstance(error, ApiException) and error.status == _NOT_FOUND:
+                return None
+            raise ClusterError(f"reading Secret {namespace}/{name} failed: "
+                               f"{describe_failure(error)}") from error
+
+    async def create_tls_secret(self, namespace: str, name: str,
+                                data: Mapping[str, bytes]) -> bool:
+        body = tls_secret_body(name, data)
+        try:
+            await asyncio.to_thread(lambda: _drain(self._core.create_namespaced_secret(
+                namespace, body, _preload_content=False, _request_timeout=_REQUEST_TIMEOUT)))
+        except _API_FAILURES as error:
+            if isinstance(error, ApiException) and error.status == _CONFLICT:
+                return False
+            raise ClusterError(f"creating Secret {namespace}/{name} failed: "
+                               f"{describe_failure(error)}") from error
+        return True
+
+    async def webhook_ca_bundles(self, configuration: str) -> list[tuple[str, bytes]] | None:
+        try:
+            data = await asyncio.to_thread(lambda: _drain(
+                self._admission.read_mutating_webhook_configuration(
+                    configuration, _preload_content=False, _request_timeout=_REQUEST_TIMEOUT)))
+            webhooks = msgspec.json.decode(data, type=_WebhookConfiguration).webhooks or []
+        except _API_FAILURES as error:
+            if isinstance(error, ApiException) and error.status == _NOT_FOUND:
+                return None
+            raise ClusterError(f"reading MutatingWebhookConfiguration {configuration} "
+                               f"failed: {describe_failure(error)}") from error
+        return [(webhook.name, webhook.client_config.ca_bundle) for webhook in webhooks]
+
+    async def set_webhook_ca_bundle(self, configuration: str,
+                                    webhooks: Sequence[tuple[int, str]], ca: bytes) -> None:
+        patch = ca_bundle_patch(webhooks, ca)
+        try:
+            await asyncio.to_thread(lambda: _drain(
+                self._admission.patch_mutating_webhook_configuration(
+                    configuration, patch, _content_type=_JSON_PATCH,
+                    _preload_content=False, _request_timeout=_REQUEST_TIMEOUT)))
+        except _API_FAILURES as error:
+            raise ClusterError(f"patching the caBundle of MutatingWebhookConfiguration "
+                               f"{configuration} failed: {describe_failure(error)}") from error
 
     # Changes -------------------------------------------------------------------------
 

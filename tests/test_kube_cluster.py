@@ -41,9 +41,8 @@ from common.core.annotations import (
 )
 from common.core.names import check_subdomain
 from scheduler import kube
-from scheduler.cluster import ClusterError, PodChange
+from scheduler.cluster import SCHEDULER_NAME, ClusterError, PodChange
 from scheduler.kube import (
-    SCHEDULER_NAME,
     EventSeries,
     KubernetesCluster,
     PodEvent,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Annotated
@@ -78,13 +78,19 @@ class PodManifest(msgspec.Struct):
     @property
     def asks_for_gpu(self) -> bool:
         """Whether any container names an ``nvidia.com/*`` GPU resource."""
-        return any(
-            resource in table
-            for container in [*(self.spec.init_containers or ()), *self.spec.containers]
-            if container.resources is not None
-            for table in (container.resources.limits or {}, container.resources.requests or {})
-            for resource in GPU_RESOURCES
-        )
+        return names_gpu_resource([*(self.spec.init_containers or ()), *self.spec.containers])
+
+
+def names_gpu_resource(containers: Iterable[Container]) -> bool:
+    """Whether one of ``containers`` names a GPU resource pyhami manages, in its limits or
+    its requests, whatever the quantity."""
+    return any(
+        resource in table
+        for container in containers
+        if container.resources is not None
+        for table in (container.resources.limits or {}, container.resources.requests or {})
+        for resource in GPU_RESOURCES
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from urllib.parse import quote, urlencode
 import yaml
 
 from common.natsserver import free_port, nats_server_binary
+from tests.certs import ServerFiles, server_files
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "k8s"
@@ -389,6 +390,9 @@ class ControlPlane:
     scheduler_port: int = 0
     daemon_port: int = 0
     metrics_port: int = 0
+    webhook_port: int = 0
+    # The webhook's serving certificate, for 127.0.0.1: no Service routes here.
+    webhook_tls: ServerFiles | None = None
     admin_kubeconfig: Path = Path()
     scheduler_kubeconfig: Path = Path()
     scheduler_config: dict[str, Any] = field(default_factory=dict)
@@ -404,6 +408,10 @@ class ControlPlane:
     @property
     def daemon_url(self) -> str:
         return f"http://127.0.0.1:{self.daemon_port}"
+
+    @property
+    def webhook_url(self) -> str:
+        return f"https://127.0.0.1:{self.webhook_port}/webhook"
 
     @property
     def ca_file(self) -> Path:
@@ -573,22 +581,29 @@ class ControlPlane:
 
         wait_for(listening, "nats-server to listen", START_TIMEOUT_S, watch=[nats])
 
-    def _pyhami(self) -> list[str]:
+    def pyhami_command(self) -> list[str]:
         beside = Path(sys.executable).parent / "pyhami"
         return [str(beside)] if beside.exists() else [sys.executable, "-m", "pyhami.cli"]
 
     def start_agent(self) -> None:
-        self._run("agent", [*self._pyhami(), "agent", "--node", NODE, "--nats", self.nats_url,
-                            "--inventory", "sim:t4x4"])
+        self._run("agent", [*self.pyhami_command(), "agent", "--node", NODE,
+                            "--nats", self.nats_url, "--inventory", "sim:t4x4"])
 
     def start_daemon(self) -> None:
-        """``pyhami scheduler`` with the scheduler's ServiceAccount; waits until it is ready."""
+        """``pyhami scheduler`` with the scheduler's ServiceAccount, serving the webhook too
+        (called only once a test registers it); waits until it is ready."""
         if not self.daemon_port:
             self.daemon_port, self.metrics_port = free_port(), free_port()
+            self.webhook_port = free_port()
+            self.webhook_tls = server_files(self.data / "webhook-tls")
+        assert self.webhook_tls is not None
         daemon = self._run("pyhami-scheduler", [
-            *self._pyhami(), "scheduler", "--kubeconfig", str(self.scheduler_kubeconfig),
+            *self.pyhami_command(), "scheduler", "--kubeconfig", str(self.scheduler_kubeconfig),
             "--nats", self.nats_url, "--listen", f"127.0.0.1:{self.daemon_port}",
-            "--metrics", f"127.0.0.1:{self.metrics_port}", "--resync-wait", "1"])
+            "--metrics", f"127.0.0.1:{self.metrics_port}", "--resync-wait", "1",
+            "--webhook-listen", f"127.0.0.1:{self.webhook_port}",
+            "--tls-cert-file", str(self.webhook_tls.cert),
+            "--tls-private-key-file", str(self.webhook_tls.key)])
 
         def ready() -> bool:
             if http_get(f"{self.daemon_url}/readyz")[0] != 200:

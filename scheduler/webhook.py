@@ -1,0 +1,145 @@
+"""The mutating admission webhook: an AdmissionReview in, the pod's ``schedulerName`` out.
+
+``POST /webhook`` on its own HTTPS listener (``--webhook-listen``). The rule is the core's
+(``common.core.admission``); here is the wire. Every pod is allowed, and a JSONPatch is
+sent only when the rule changes the pod. A body that is no AdmissionReview, or a Pod that
+does not decode, is answered 400 naming what is wrong: the API server then admits the pod
+unchanged under ``failurePolicy: Ignore``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from aiohttp import web
+
+from common.core.admission import AdmittedPod, admit
+from scheduler.bodies import ADMISSION_BODY_LIMIT, read_body
+
+logger = logging.getLogger(__name__)
+
+WEBHOOK_PATH = "/webhook"
+REVIEW_KIND = "AdmissionReview"
+# The API server sends the first version of the configuration's admissionReviewVersions
+# it speaks and expects the answer in that version; both carry the same fields.
+REVIEW_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+JSON_PATCH = "JSONPatch"
+
+
+# AdmissionReview, as much of it as the webhook reads and writes --------------------------
+
+
+class GroupVersionKind(msgspec.Struct):
+    group: str = ""
+    version: str = ""
+    kind: str = ""
+
+
+class AdmissionRequest(msgspec.Struct, rename="camel"):
+    uid: str
+    kind: GroupVersionKind = msgspec.field(default_factory=GroupVersionKind)
+    sub_resource: str = ""
+    name: str = ""
+    namespace: str = ""
+    operation: str = ""
+    # Empty when absent; decoded only for a Pod being created.
+    object: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+
+class AdmissionResponse(msgspec.Struct, rename="camel", omit_defaults=True):
+    uid: str
+    allowed: bool
+    patch_type: str | None = None
+    patch: bytes | None = None  # base64 on the wire, as msgspec writes bytes
+    warnings: list[str] | None = None
+
+
+class AdmissionReview(msgspec.Struct, rename="camel", omit_defaults=True):
+    api_version: str = ""
+    kind: str = ""
+    request: AdmissionRequest | None = None
+    response: AdmissionResponse | None = None
+
+
+class PatchOperation(msgspec.Struct):
+    """One RFC 6902 operation."""
+
+    op: str
+    path: str
+    value: str
+
+
+_review = msgspec.json.Decoder(AdmissionReview)
+_pod = msgspec.json.Decoder(AdmittedPod)
+_encoder = msgspec.json.Encoder()
+
+
+class BadReview(ValueError):
+    """A body the API server would not send; the message says what is wrong."""
+
+
+def read_review(body: bytes) -> tuple[str, AdmissionRequest]:
+    """The review's apiVersion (the answer's) and its request. Raises ``BadReview``."""
+    try:
+        review = _review.decode(body)
+    except msgspec.DecodeError as error:
+        raise BadReview(f"not an AdmissionReview: {error}") from None
+    except RecursionError:  # msgspec's depth bound: Python's recursion limit
+        raise BadReview("not an AdmissionReview: JSON nested too deeply") from None
+    if review.kind != REVIEW_KIND or review.api_version not in REVIEW_VERSIONS:
+        raise BadReview(f"kind {review.kind!r} apiVersion {review.api_version!r} is not "
+                        f"{REVIEW_KIND} {' or '.join(REVIEW_VERSIONS)}")
+    if review.request is None or not review.request.uid:
+        raise BadReview("the AdmissionReview has no request.uid")
+    return review.api_version, review.request
+
+
+def respond(request: AdmissionRequest, scheduler_name: str) -> AdmissionResponse:
+    """Allowed; with a patch setting ``spec.schedulerName`` when a new Pod is pyhami's.
+
+    Anything but the creation of a Pod is let through untouched. Raises ``BadReview`` when
+    the Pod does not decode."""
+    allowed = AdmissionResponse(uid=request.uid, allowed=True)
+    if ((request.kind.group, request.kind.kind) != ("", "Pod") or request.sub_resource
+            or request.operation != "CREATE"):
+        return allowed
+    if not request.object or bytes(request.object) == b"null":
+        raise BadReview("request.object: a Pod CREATE carries the Pod")
+    try:
+        pod = _pod.decode(request.object)
+    except msgspec.DecodeError as error:
+        raise BadReview(f"request.object is not a Pod: {error}") from None
+    except RecursionError:
+        raise BadReview("request.object is not a Pod: JSON nested too deeply") from None
+    admission = admit(pod, scheduler_name)
+    name = pod.metadata.name or request.name or "(name to be generated)"
+    where = f"pod {request.namespace or pod.metadata.namespace or 'default'}/{name}"
+    log = logger.info if admission.redirect or admission.warning else logger.debug
+    log("%s: %s", where, admission.reason)
+    if not admission.redirect:
+        return AdmissionResponse(uid=request.uid, allowed=True, warnings=(
+            [admission.warning] if admission.warning else None))
+    # "add" sets the member whether the API server filled it in or not.
+    patch = [PatchOperation("add", "/spec/schedulerName", scheduler_name)]
+    return AdmissionResponse(uid=request.uid, allowed=True, patch_type=JSON_PATCH,
+                             patch=_encoder.encode(patch))
+
+
+def webhook_app(scheduler_name: str) -> web.Application:
+    """``POST /webhook``, for the webhook's HTTPS listener."""
+
+    async def review(http: web.Request) -> web.Response:
+        body = await read_body(http, ADMISSION_BODY_LIMIT)
+        try:
+            version, request = read_review(body)
+            response = respond(request, scheduler_name)
+        except BadReview as error:
+            return web.Response(status=400, text=f"malformed AdmissionReview: {error}\n")
+        answer = AdmissionReview(api_version=version, kind=REVIEW_KIND, response=response)
+        return web.Response(body=_encoder.encode(answer), content_type="application/json")
+
+    # The handler reads through read_body with its own limit; this bounds any other reader.
+    app = web.Application(client_max_size=ADMISSION_BODY_LIMIT)
+    app.add_routes([web.post(WEBHOOK_PATH, review)])
+    return app

@@ -1,0 +1,318 @@
+"""The webhook's serving certificate: from files, or made and kept by the daemon itself.
+
+From files (``--tls-cert-file``, ``--tls-private-key-file``, e.g. a mounted
+``kubernetes.io/tls`` Secret that cert-manager renews): read at start, and read again
+whenever the files change, so a renewed certificate is served without a restart.
+
+Self-managed (on Kubernetes, without the files): the daemon reads the Secret
+``--webhook-tls-secret``; when there is none it makes a CA and a serving certificate for
+the Service's DNS names, valid ``CERT_VALIDITY``, and creates the Secret (type
+``kubernetes.io/tls`` plus ``ca.crt``). A 409 means another replica created it first:
+theirs is read and served, so every replica serves one certificate. The CA's private key
+is not kept: nothing is signed with it again. ``CaBundleKeeper`` then keeps the
+MutatingWebhookConfiguration's ``caBundle`` equal to that CA, since a ``helm upgrade``
+puts back the chart's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import ssl
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from scheduler.cluster import ClusterError, WebhookCluster
+
+logger = logging.getLogger(__name__)
+
+CERT_VALIDITY = datetime.timedelta(days=3650)
+# Valid from a little before now: the API server's clock may run behind the daemon's.
+BACKDATE = datetime.timedelta(hours=1)
+SECRET_CERT = "tls.crt"
+SECRET_KEY = "tls.key"
+SECRET_CA = "ca.crt"
+DEFAULT_CHECK_PERIOD_S = 10.0
+
+
+class TlsError(Exception):
+    """A certificate or key that cannot be served; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServingTls:
+    """PEM texts: the CA the API server trusts, the serving certificate and its key."""
+
+    ca: bytes
+    cert: bytes
+    key: bytes
+
+
+def service_names(service: str, namespace: str) -> tuple[str, ...]:
+    """The DNS names of a Service; the API server calls a webhook at ``<svc>.<ns>.svc``."""
+    return (service, f"{service}.{namespace}", f"{service}.{namespace}.svc")
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def issue(names: Sequence[str], now: datetime.datetime) -> ServingTls:
+    """A new CA and a certificate for ``names`` signed by it, both valid ``CERT_VALIDITY``."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{names[0]}-webhook-ca")])
+    start, end = now - BACKDATE, now + CERT_VALIDITY
+    ca = (x509.CertificateBuilder()
+          .subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(start).not_valid_after(end)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(
+              digital_signature=False, content_commitment=False, key_encipherment=False,
+              data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+              encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                         critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[-1])]))
+            .issuer_name(ca_name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(end)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return ServingTls(ca=ca.public_bytes(serialization.Encoding.PEM),
+                      cert=cert.public_bytes(serialization.Encoding.PEM), key=_pem_key(key))
+
+
+def _certificates(pem: bytes, what: str) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        raise TlsError(f"{what} holds no PEM certificate") from None
+
+
+def _check_pair(cert_pem: bytes, key_pem: bytes, cert_what: str, key_what: str,
+                now: datetime.datetime) -> x509.Certificate:
+    """The leaf certificate, once it is known to match the key and be valid ``now``."""
+    leaf = _certificates(cert_pem, cert_what)[0]
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise TlsError(f"{key_what} holds no unencrypted PEM private key") from None
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    if (key.public_key().public_bytes(serialization.Encoding.PEM, public)
+            != leaf.public_key().public_bytes(serialization.Encoding.PEM, public)):
+        raise TlsError(f"{key_what} is not the private key of the certificate in {cert_what}")
+    if now < leaf.not_valid_before_utc:
+        raise TlsError(f"the certificate in {cert_what} is valid only from "
+                       f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
+    if now >= leaf.not_valid_after_utc:
+        raise TlsError(f"the certificate in {cert_what} expired on "
+                       f"{leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    return leaf
+
+
+def check(tls: ServingTls, names: Sequence[str], now: datetime.datetime,
+          where: str) -> None:
+    """Raises ``TlsError`` unless ``tls`` can be served for ``names`` ``now``: the key is
+    the certificate's, the CA signed it, it is valid and names every one of ``names``.
+    ``where`` names the Secret in the message."""
+    leaf = _check_pair(tls.cert, tls.key, f"{where} {SECRET_CERT}", f"{where} {SECRET_KEY}",
+                       now)
+    ca = _certificates(tls.ca, f"{where} {SECRET_CA}")[0]
+    try:
+        leaf.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise TlsError(f"the certificate in {where} {SECRET_CERT} is not signed by the CA "
+                       f"in {SECRET_CA}") from None
+    try:
+        covered = set(leaf.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName))
+    except x509.ExtensionNotFound:
+        covered = set()
+    missing = [name for name in names if name not in covered]
+    if missing:
+        raise TlsError(f"the certificate in {where} {SECRET_CERT} does not name "
+                       f"{', '.join(missing)}")
+
+
+def _context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+def context_for(tls: ServingTls) -> ssl.SSLContext:
+    """A server context serving ``tls`` (already ``check``ed)."""
+    # The ssl module loads a certificate only from files: they live as long as this call.
+    with tempfile.TemporaryDirectory(prefix="pyhami-webhook-") as directory:
+        cert_file, key_file = Path(directory, SECRET_CERT), Path(directory, SECRET_KEY)
+        cert_file.write_bytes(tls.cert)
+        key_file.touch(mode=0o600)
+        key_file.write_bytes(tls.key)
+        return _context(str(cert_file), str(key_file))
+
+
+def _read(path: str, flag: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise TlsError(f"{flag}: cannot read {path}: {error.strerror or error}") from None
+
+
+class CertificateFiles:
+    """The serving context from ``--tls-cert-file`` and ``--tls-private-key-file``,
+    loaded again by ``follow`` when the files change."""
+
+    def __init__(self, cert_file: str, key_file: str, period: float) -> None:
+        self._cert_file, self._key_file, self._period = cert_file, key_file, period
+        self._seen = self._stamp()
+        self.context = self._load(datetime.datetime.now(datetime.UTC))
+
+    def _stamp(self) -> tuple[float, ...]:
+        stamps: list[float] = []
+        for path in (self._cert_file, self._key_file):
+            try:
+                stamps.append(os.stat(path).st_mtime)
+            except OSError:
+                stamps.append(-1.0)
+        return tuple(stamps)
+
+    def _load(self, now: datetime.datetime) -> ssl.SSLContext:
+        """Raises ``TlsError`` naming the file and what is wrong with it."""
+        cert_pem = _read(self._cert_file, "--tls-cert-file")
+        key_pem = _read(self._key_file, "--tls-private-key-file")
+        _check_pair(cert_pem, key_pem, f"--tls-cert-file {self._cert_file}",
+                    f"--tls-private-key-file {self._key_file}", now)
+        try:
+            return _context(self._cert_file, self._key_file)
+        except (OSError, ssl.SSLError) as error:
+            raise TlsError(f"--tls-cert-file {self._cert_file} with --tls-private-key-file "
+                           f"{self._key_file}: {error}") from None
+
+    def reload_if_changed(self, now: datetime.datetime) -> bool:
+        """Serve the files again if they changed since last read; True when they were.
+
+        New connections get the new certificate; a pair that does not load (a renewal
+        half written) is logged and the current one kept until the next change."""
+        stamp = self._stamp()
+        if stamp == self._seen:
+            return False
+        self._seen = stamp
+        try:
+            self._load(now)
+        except TlsError as error:
+            logger.warning("webhook certificate files changed but cannot be served, "
+                           "keeping the current ones: %s", error)
+            return False
+        self.context.load_cert_chain(self._cert_file, self._key_file)
+        logger.info("webhook certificate reloaded from %s", self._cert_file)
+        return True
+
+    async def follow(self) -> None:
+        while True:
+            await asyncio.sleep(self._period)
+            self.reload_if_changed(datetime.datetime.now(datetime.UTC))
+
+
+def from_secret(data: Mapping[str, bytes], where: str) -> ServingTls:
+    """The three PEM texts of the Secret's data; raises ``TlsError`` naming a missing one."""
+    missing = [key for key in (SECRET_CA, SECRET_CERT, SECRET_KEY) if not data.get(key)]
+    if missing:
+        raise TlsError(f"{where} has no {', '.join(missing)}")
+    return ServingTls(ca=data[SECRET_CA], cert=data[SECRET_CERT], key=data[SECRET_KEY])
+
+
+async def self_managed(cluster: WebhookCluster, namespace: str, secret: str,
+                       names: Sequence[str], now: datetime.datetime) -> ServingTls:
+    """The Secret's certificate, made and stored first when there is none.
+
+    Raises ``ClusterError`` when the API fails (worth trying again) and ``TlsError`` when
+    the Secret holds nothing servable (it is left as it is: deleting it has a new one made).
+    """
+    where = f"Secret {namespace}/{secret}"
+    data = await cluster.read_secret(namespace, secret)
+    if data is None:
+        made = await asyncio.to_thread(issue, names, now)
+        if await cluster.create_tls_secret(namespace, secret, {
+                SECRET_CA: made.ca, SECRET_CERT: made.cert, SECRET_KEY: made.key}):
+            logger.info("webhook certificate for %s made and stored in %s, valid until %s",
+                        ", ".join(names), where, f"{now + CERT_VALIDITY:%Y-%m-%d}")
+            return made
+        # Another replica created it meanwhile: serve theirs.
+        data = await cluster.read_secret(namespace, secret)
+        if data is None:
+            raise ClusterError(f"{where} was created by another replica, then deleted")
+    tls = from_secret(data, where)
+    check(tls, names, now, where)
+    return tls
+
+
+class CaBundleKeeper:
+    """Keeps every webhook of the MutatingWebhookConfiguration trusting the daemon's CA:
+    checked at start, then every ``period`` seconds, patched only when different."""
+
+    def __init__(self, cluster: WebhookCluster, configuration: str, ca: bytes,
+                 period: float) -> None:
+        self._cluster, self._configuration, self._ca = cluster, configuration, ca
+        self._period = period
+        self._missing = False
+        self.state = "not checked yet"
+
+    async def check(self) -> None:
+        """One check; what fails is logged, never raised."""
+        what = f"MutatingWebhookConfiguration {self._configuration}"
+        try:
+            bundles = await self._cluster.webhook_ca_bundles(self._configuration)
+            if bundles is None:
+                if not self._missing:
+                    logger.warning("%s not found: the API server calls no webhook of "
+                                   "pyhami until it exists (looked for again every %gs)",
+                                   what, self._period)
+                self._missing = True
+                self.state = "configuration not found"
+                return
+            if self._missing:
+                logger.info("%s found", what)
+            self._missing = False
+            stale = [(index, name) for index, (name, ca) in enumerate(bundles)
+                     if ca != self._ca]
+            if stale:
+                await self._cluster.set_webhook_ca_bundle(self._configuration, stale,
+                                                          self._ca)
+                logger.info("%s: caBundle of %s set to the daemon's CA", what,
+                            ", ".join(name for _, name in stale))
+        except ClusterError as error:
+            logger.warning("%s: caBundle not checked: %s", what, error)
+            self.state = f"check failed: {error}"
+            return
+        self.state = "caBundle in place"
+
+    async def run(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self._period)

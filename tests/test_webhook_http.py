@@ -1,0 +1,303 @@
+"""The webhook over a real HTTPS listener: AdmissionReview in, JSONPatch out.
+
+Certificates come from the openssl command (``tests.certs``); the client verifies the
+listener against its CA as the API server does against the configuration's caBundle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import datetime
+import json
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from common.natsserver import LocalNatsServer, free_port
+from pyhami.sandbox import RunningDaemon, standalone_config
+from scheduler.app import WebhookConfig
+from scheduler.bodies import ADMISSION_BODY_LIMIT
+from scheduler.webhook import webhook_app
+from scheduler.webhook_tls import CertificateFiles
+from tests.certs import ServerFiles, server_files
+
+OURS = "pyhami-scheduler"
+GPU_LIMITS = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}
+
+
+def pod_json(limits: dict[str, str] | None = None, *, scheduler: str = "default-scheduler",
+             privileged: bool = False) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "app", "image": "cuda:12",
+                                 "resources": {"limits": dict(limits or {})}}
+    if privileged:
+        container["securityContext"] = {"privileged": True}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "trainer", "namespace": "ml"},
+            "spec": {"schedulerName": scheduler, "containers": [container],
+                     "restartPolicy": "Always"}}
+
+
+def review(obj: Any, *, uid: str = "705ab4f5-6393-11e8-b7cc-42010a800002",
+           operation: str = "CREATE", kind: dict[str, str] | None = None,
+           version: str = "admission.k8s.io/v1", sub_resource: str | None = None,
+           ) -> dict[str, Any]:
+    """An AdmissionReview as kube-apiserver sends it for a pod being created."""
+    request: dict[str, Any] = {
+        "uid": uid,
+        "kind": kind or {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": kind or {"group": "", "version": "v1", "kind": "Pod"},
+        "name": "trainer", "namespace": "ml", "operation": operation,
+        "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+        "object": obj, "oldObject": None, "dryRun": False,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+    }
+    if sub_resource is not None:
+        request["subResource"] = sub_resource
+    return {"apiVersion": version, "kind": "AdmissionReview", "request": request}
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> ServerFiles:
+    return server_files(tmp_path_factory.mktemp("webhook-tls"))
+
+
+def client_context(ca: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca))
+
+
+class Webhook:
+    def __init__(self, url: str, session: aiohttp.ClientSession) -> None:
+        self.url = url
+        self.session = session
+
+    async def post(self, body: bytes | dict[str, Any],
+                   headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        async with self.session.post(self.url, data=data, headers=headers or {
+                "Content-Type": "application/json"}) as response:
+            text = await response.text()
+            if response.status == 200:
+                assert response.content_type == "application/json"
+                return response.status, json.loads(text)
+            return response.status, text
+
+
+async def serve_webhook(context: ssl.SSLContext) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(webhook_app(OURS))
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
+    return runner, port
+
+
+@pytest.fixture
+async def webhook(tls: ServerFiles) -> AsyncIterator[Webhook]:
+    runner, port = await serve_webhook(CertificateFiles(str(tls.cert), str(tls.key), 60).context)
+    connector = aiohttp.TCPConnector(ssl=client_context(tls.ca))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        yield Webhook(f"https://127.0.0.1:{port}/webhook", session)
+    await runner.cleanup()
+
+
+def patch_of(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    response = answer["response"]
+    assert response["patchType"] == "JSONPatch", response
+    operations: list[dict[str, Any]] = json.loads(base64.b64decode(response["patch"]))
+    return operations
+
+
+def apply(patch: list[dict[str, Any]], document: dict[str, Any]) -> dict[str, Any]:
+    """RFC 6902 add/replace of object members: the operations the webhook sends."""
+    result = copy.deepcopy(document)
+    for operation in patch:
+        assert operation["op"] in ("add", "replace"), operation
+        *parents, last = operation["path"].lstrip("/").split("/")
+        target = result
+        for part in parents:
+            target = target[part]
+        target[last] = operation["value"]
+    return result
+
+
+async def test_a_gpu_pod_gets_pyhamis_scheduler_name(webhook: Webhook) -> None:
+    pod = pod_json(GPU_LIMITS)
+    status, answer = await webhook.post(review(pod, uid="uid-1"))
+    assert status == 200
+    assert answer["apiVersion"] == "admission.k8s.io/v1"
+    assert answer["kind"] == "AdmissionReview"
+    response = answer["response"]
+    assert response["uid"] == "uid-1"
+    assert response["allowed"] is True
+    assert patch_of(answer) == [{"op": "add", "path": "/spec/schedulerName", "value": OURS}]
+    patched = apply(patch_of(answer), pod)
+    assert patched["spec"]["schedulerName"] == OURS
+    assert patched["spec"]["containers"] == pod["spec"]["containers"]
+
+
+async def test_the_patch_also_adds_a_missing_scheduler_name(webhook: Webhook) -> None:
+    pod = pod_json(GPU_LIMITS)
+    del pod["spec"]["schedulerName"]
+    _, answer = await webhook.post(review(pod))
+    assert apply(patch_of(answer), pod)["spec"]["schedulerName"] == OURS
+
+
+@pytest.mark.parametrize("pod", [
+    pod_json({"cpu": "1"}),
+    pod_json(GPU_LIMITS, scheduler="volcano"),
+    pod_json(GPU_LIMITS, scheduler=OURS),
+], ids=["no-gpu", "another-scheduler", "already-ours"])
+async def test_a_pod_left_alone_is_allowed_without_a_patch(webhook: Webhook,
+                                                           pod: dict[str, Any]) -> None:
+    status, answer = await webhook.post(review(pod, uid="uid-2"))
+    assert status == 200
+    assert answer["response"] == {"uid": "uid-2", "allowed": True}
+
+
+async def test_a_privileged_gpu_pod_is_allowed_with_a_warning(webhook: Webhook) -> None:
+    _, answer = await webhook.post(review(pod_json(GPU_LIMITS, privileged=True)))
+    response = answer["response"]
+    assert response["allowed"] is True
+    assert "patch" not in response
+    (warning,) = response["warnings"]
+    assert "container 'app' is privileged" in warning
+
+
+async def test_a_v1beta1_review_is_answered_in_v1beta1(webhook: Webhook) -> None:
+    _, answer = await webhook.post(review(pod_json(GPU_LIMITS),
+                                          version="admission.k8s.io/v1beta1"))
+    assert answer["apiVersion"] == "admission.k8s.io/v1beta1"
+    assert patch_of(answer)[0]["value"] == OURS
+
+
+@pytest.mark.parametrize(("kind", "operation", "sub_resource"), [
+    ({"group": "apps", "version": "v1", "kind": "Deployment"}, "CREATE", None),
+    ({"group": "", "version": "v1", "kind": "ConfigMap"}, "CREATE", None),
+    ({"group": "", "version": "v1", "kind": "Pod"}, "UPDATE", None),
+    ({"group": "", "version": "v1", "kind": "Pod"}, "CREATE", "ephemeralcontainers"),
+], ids=["deployment", "configmap", "pod-update", "pod-subresource"])
+async def test_anything_but_a_new_pod_is_allowed_untouched(
+        webhook: Webhook, kind: dict[str, str], operation: str,
+        sub_resource: str | None) -> None:
+    # The object would be patched if it were read as a new pod.
+    body = review(pod_json(GPU_LIMITS), uid="uid-3", kind=kind, operation=operation,
+                  sub_resource=sub_resource)
+    status, answer = await webhook.post(body)
+    assert status == 200
+    assert answer["response"] == {"uid": "uid-3", "allowed": True}
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    (b"not json", "not an AdmissionReview"),
+    (b"[1, 2]", "not an AdmissionReview"),
+    (json.dumps({"apiVersion": "v1", "kind": "Pod"}).encode(), "kind 'Pod' apiVersion 'v1'"),
+    (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode(),
+     "no request.uid"),
+    (json.dumps(review(pod_json(GPU_LIMITS), uid="")).encode(), "no request.uid"),
+    (json.dumps(review(None)).encode(), "a Pod CREATE carries the Pod"),
+    (json.dumps(review({"spec": {"containers": "app"}})).encode(),
+     "request.object is not a Pod: Expected `array`, got `str` - at `$.spec.containers`"),
+    (json.dumps(review({"spec": {"containers": [{"resources": {"limits": {
+        "nvidia.com/gpu": True}}}]}})).encode(), "request.object is not a Pod"),
+    (b'{"request": ' * 5000 + b"null" + b"}" * 5000, "not an AdmissionReview"),
+], ids=["not-json", "array", "not-a-review", "no-request", "empty-uid", "no-object",
+        "containers-not-a-list", "quantity-not-a-quantity", "nested-deeply"])
+async def test_a_body_that_cannot_be_read_is_a_400_naming_the_problem(
+        webhook: Webhook, body: bytes, needle: str) -> None:
+    status, text = await webhook.post(body)
+    assert status == 400, text
+    assert text.startswith("malformed AdmissionReview: ")
+    assert needle in text
+
+
+async def test_a_body_over_the_limit_is_refused_before_it_is_read(webhook: Webhook) -> None:
+    status, _ = await webhook.post(b" " * (ADMISSION_BODY_LIMIT + 1))
+    assert status == 413
+
+
+async def test_only_https_is_served(webhook: Webhook) -> None:
+    plain = webhook.url.replace("https://", "http://")
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientError):
+            async with session.post(plain, json=review(pod_json(GPU_LIMITS))) as response:
+                await response.read()
+
+
+async def test_renewed_certificate_files_are_served_without_a_restart(tmp_path: Path) -> None:
+    first = server_files(tmp_path / "first")
+    files = CertificateFiles(str(first.cert), str(first.key), 60)
+    runner, port = await serve_webhook(files.context)
+    url = f"https://127.0.0.1:{port}/webhook"
+    try:
+        async def answered(ca: Path) -> int:
+            connector = aiohttp.TCPConnector(ssl=client_context(ca), force_close=True)
+            async with aiohttp.ClientSession(connector=connector) as session, \
+                    session.post(url, json=review(pod_json(GPU_LIMITS))) as response:
+                return response.status
+
+        assert await answered(first.ca) == 200
+        assert not files.reload_if_changed(now())
+        # What the kubelet does when cert-manager renews the mounted Secret.
+        second = server_files(tmp_path / "second")
+        stamp = time.time() + 5
+        for source, target in ((second.cert, first.cert), (second.key, first.key)):
+            target.write_bytes(source.read_bytes())
+            os.utime(target, (stamp, stamp))
+        assert files.reload_if_changed(now())
+        assert await answered(second.ca) == 200
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await answered(first.ca)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_half_written_renewal_keeps_the_served_certificate(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    first = server_files(tmp_path / "first")
+    files = CertificateFiles(str(first.cert), str(first.key), 60)
+    second = server_files(tmp_path / "second")
+    first.cert.write_bytes(second.cert.read_bytes())  # the key is still the old one
+    stamp = time.time() + 5
+    os.utime(first.cert, (stamp, stamp))
+    assert not files.reload_if_changed(now())
+    assert "cannot be served, keeping the current ones" in caplog.text
+    assert "is not the private key of the certificate" in caplog.text
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+async def test_the_daemon_serves_the_webhook_on_its_own_listener(
+        jetstream_server: LocalNatsServer, tls: ServerFiles) -> None:
+    port = free_port()
+    config = replace(standalone_config(jetstream_server.url), scheduler_name="gpu-team",
+                     webhook=WebhookConfig(listen=("127.0.0.1", port), cert_file=str(tls.cert),
+                                           key_file=str(tls.key)))
+    daemon = await RunningDaemon(config).start()
+    try:
+        connector = aiohttp.TCPConnector(ssl=client_context(tls.ca))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            hook = Webhook(f"https://127.0.0.1:{port}/webhook", session)
+            status, answer = await hook.post(review(pod_json(GPU_LIMITS)))
+            assert status == 200
+            assert patch_of(answer)[0]["value"] == "gpu-team"
+            async with session.get(f"{daemon.url}/statusz") as response:
+                webhook_status = (await response.json())["webhook"]
+        assert webhook_status["listen"] == f"127.0.0.1:{port}"
+        assert webhook_status["scheduler_name"] == "gpu-team"
+        assert webhook_status["certificate"] == f"files {tls.cert}, {tls.key}"
+    finally:
+        await daemon.stop()
+    with pytest.raises(OSError):  # the listener is closed with the daemon
+        await asyncio.open_connection("127.0.0.1", port)
