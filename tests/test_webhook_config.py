@@ -24,7 +24,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> ServerFiles:
 
 
 def parse(*argv: str) -> DaemonConfig:
-    return config_from(build_parser().parse_args(["scheduler", *argv]), {})
+    return config_from(build_parser().parse_args(["scheduler", *argv]))
 
 
 def webhook_of(config: DaemonConfig) -> WebhookConfig:
