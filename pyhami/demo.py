@@ -1,11 +1,12 @@
-"""``pyhami demo``: the article's lab, live, on this machine.
+"""``pyhami demo``: the article's lab, live, on this machine or on a running stack.
 
 It starts a nats-server, simulated nodes (four Tesla T4 by default) and the
-daemon in standalone mode, then plays kube-scheduler's part over the extender
-API: for every pod /filter, then /bind; a pod that fits nowhere waits and is
-tried again whenever a pod is deleted. Each pod's selection path is drawn as a
-table: every card with its tenants and score, the filter that removed it, its
-rank, the chosen card marked.
+daemon in standalone mode (or, with ``--daemon``, drives a standalone daemon
+already running, as the compose stack's), then plays kube-scheduler's part over
+the extender API: for every pod /filter, then /bind; a pod that fits nowhere
+waits and is tried again whenever a pod is deleted. Each pod's selection path is
+drawn as a table: every card with its tenants and score, the filter that removed
+it, its rank, the chosen card marked.
 """
 
 from __future__ import annotations
@@ -24,11 +25,24 @@ from rich.console import Console
 from rich.table import Table
 
 from agent.simulated import PROFILES
-from common.arguments import Subcommands, add_policy_defaults, defaults_from, positive_int
+from common.arguments import (
+    Subcommands,
+    add_policy_defaults,
+    defaults_from,
+    positive_int,
+    positive_seconds,
+)
 from common.natsserver import NatsServerError
 from pyhami.sandbox import Sandbox
 
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
+# The demo's pods name a scheduler of their own: a daemon's standalone loop leaves them
+# to the demo's /filter and /bind, as kube-scheduler leaves other schedulers' pods.
+DEMO_SCHEDULER = "pyhami-demo"
+# On a running daemon every pod of the demo lives here, and what an earlier run left
+# here is deleted first.
+DEMO_NAMESPACE = "pyhami-demo"
+READY_TIMEOUT_S = 120.0
 
 
 def register(commands: Subcommands) -> None:
@@ -40,6 +54,17 @@ def register(commands: Subcommands) -> None:
                         help="play these steps instead of the article's lab (YAML, see docs)")
     parser.add_argument("--port", type=int, help="the daemon's port (default: a free one)")
     parser.add_argument("--nats-port", type=int, help="nats-server's port (default: a free one)")
+    parser.add_argument("--daemon", metavar="URL",
+                        help="drive this running standalone daemon (e.g. the compose stack's "
+                             "http://scheduler:8888) instead of starting one; its pods go to "
+                             f"the namespace {DEMO_NAMESPACE}")
+    parser.add_argument("--lab-node", metavar="NAME",
+                        help="with --daemon: the node the lab runs on, a simulated t4x4 node "
+                             "(default: the first node the daemon knows)")
+    parser.add_argument("--ready-timeout", type=positive_seconds, default=READY_TIMEOUT_S,
+                        metavar="SECONDS",
+                        help="with --daemon: how long to wait for it to be ready and to know "
+                             f"the lab node (default {READY_TIMEOUT_S:g})")
     add_policy_defaults(parser)
     parser.set_defaults(handler=run_command)
 
@@ -65,7 +90,8 @@ def lab_pod(name: str, annotations: dict[str, str] | None = None,
     """A lab pod: one container asking one card with a 1000 MiB slice, unless ``limits``."""
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
-            "spec": {"containers": [{"name": "app", "image": "ubuntu:22.04", "resources": {
+            "spec": {"schedulerName": DEMO_SCHEDULER,
+                     "containers": [{"name": "app", "image": "ubuntu:22.04", "resources": {
                 "limits": limits or {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
 
 
@@ -146,12 +172,20 @@ class Placement:
 
 
 class Driver:
-    """kube-scheduler's part: filter then bind, retrying waiting pods when a pod leaves."""
+    """kube-scheduler's part: filter then bind, retrying waiting pods when a pod leaves.
 
-    def __init__(self, http: aiohttp.ClientSession, url: str, console: Console) -> None:
+    ``nodes`` fixes the node names every /filter offers (default: all the daemon knows);
+    ``namespace`` moves every submitted pod there.
+    """
+
+    def __init__(self, http: aiohttp.ClientSession, url: str, console: Console, *,
+                 nodes: list[str] | None = None, namespace: str | None = None) -> None:
         self.http = http
         self.url = url
         self.console = console
+        self.nodes = nodes
+        self.namespace = namespace
+        self.namespaces: dict[str, str] = {}
         self.waiting: dict[str, dict[str, Any]] = {}
         self.placements: list[Placement] = []
 
@@ -162,15 +196,20 @@ class Driver:
             return await response.json()
 
     async def submit(self, manifest: dict[str, Any]) -> None:
+        if self.namespace is not None:
+            manifest["metadata"]["namespace"] = self.namespace
+        manifest.setdefault("spec", {})["schedulerName"] = DEMO_SCHEDULER
         created = await self._post("/api/pods", manifest)
         manifest["metadata"]["uid"] = created["uid"]
+        self.namespaces[manifest["metadata"]["name"]] = manifest["metadata"]["namespace"]
         await self.schedule(manifest)
 
     async def schedule(self, manifest: dict[str, Any]) -> bool:
         name = manifest["metadata"]["name"]
         policy = manifest["metadata"].get("annotations", {}).get(GPU_POLICY, "default")
         nodes = await self._nodes()
-        path = await self._post("/explain", manifest)
+        only = "?" + "&".join(f"node={n}" for n in self.nodes) if self.nodes else ""
+        path = await self._post(f"/explain{only}", manifest)
         result = await self._post("/filter", {"Pod": manifest, "NodeNames": nodes})
         if result["NodeNames"]:
             node = result["NodeNames"][0]
@@ -199,7 +238,8 @@ class Driver:
             self.placements.append(Placement(name, policy, f"waited ({why})"))
         return False
 
-    async def delete(self, name: str, namespace: str = "default") -> None:
+    async def delete(self, name: str) -> None:
+        namespace = self.namespaces.get(name, self.namespace or "default")
         async with self.http.delete(f"{self.url}/api/pods/{namespace}/{name}") as response:
             if response.status != 204:
                 raise ScenarioError(f"delete {name}: {response.status} {await response.text()}")
@@ -211,10 +251,53 @@ class Driver:
                                    "now placed, without being submitted again[/]")
 
     async def _nodes(self) -> list[str]:
-        async with self.http.get(f"{self.url}/statusz") as response:
-            status = await response.json()
-        nodes: list[str] = status["node_names"]
-        return nodes
+        if self.nodes is not None:
+            return self.nodes
+        return await known_nodes(self.http, self.url)
+
+    async def clear_namespace(self) -> None:
+        """Deletes every pod in the driver's namespace: what an earlier run left there."""
+        async with self.http.get(f"{self.url}/api/pods") as response:
+            pods = await response.json()
+        for pod in pods:
+            if pod["namespace"] != self.namespace:
+                continue
+            where = f"{self.url}/api/pods/{pod['namespace']}/{pod['name']}"
+            async with self.http.delete(where) as response:
+                if response.status not in (204, 404):
+                    raise ScenarioError(f"delete {pod['name']}: {response.status} "
+                                        f"{await response.text()}")
+
+
+async def known_nodes(http: aiohttp.ClientSession, url: str) -> list[str]:
+    async with http.get(f"{url}/statusz") as response:
+        status = await response.json()
+    nodes: list[str] = status["node_names"]
+    return nodes
+
+
+async def wait_for_daemon(http: aiohttp.ClientSession, url: str, node: str | None,
+                          timeout: float = READY_TIMEOUT_S) -> str:
+    """Waits until the daemon is ready and knows ``node`` (or any node); returns the node.
+
+    A stack that has just started answers late, so a refused connection is tried again.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last = "no answer"
+    while loop.time() < deadline:
+        try:
+            async with http.get(f"{url}/readyz") as response:
+                ready, last = response.status == 200, f"/readyz answered {response.status}"
+            if ready:
+                nodes = await known_nodes(http, url)
+                if nodes and (node is None or node in nodes):
+                    return node or nodes[0]
+                last = f"it knows the nodes {nodes}, not {node or 'any'}"
+        except aiohttp.ClientError as error:
+            last = str(error) or type(error).__name__
+        await asyncio.sleep(0.5)
+    raise ScenarioError(f"{url}: not ready for the demo after {timeout:g} s ({last})")
 
 
 def selection_path(document: dict[str, Any]) -> Table:
@@ -243,7 +326,12 @@ def summary(placements: list[Placement]) -> Table:
     return table
 
 
-async def play(steps: list[Step], args: argparse.Namespace, console: Console) -> int:
+async def play(scenario: list[Step] | None, args: argparse.Namespace,
+               console: Console) -> int:
+    """Plays ``scenario`` (default: the lab) on a sandbox, or on ``args.daemon``."""
+    if args.daemon is not None:
+        return await play_on_daemon(scenario, args.daemon.rstrip("/"), args.lab_node,
+                                    args.ready_timeout, console)
     nodes = [(f"gpu-node-{i + 1}", args.profile) for i in range(args.nodes)]
     with console.status(f"starting nats-server, {len(nodes)} simulated node(s) "
                         f"({args.profile}) and the pyhami daemon..."):
@@ -255,17 +343,44 @@ async def play(steps: list[Step], args: argparse.Namespace, console: Console) ->
                       f"{sandbox.nats.url if sandbox.nats else '?'}[/]")
         async with aiohttp.ClientSession() as http:
             driver = Driver(http, sandbox.url, console)
-            for step in steps:
-                if step.title is not None:
-                    console.rule(step.title)
-                elif step.submit is not None:
-                    await driver.submit(step.submit)
-                elif step.delete is not None:
-                    await driver.delete(step.delete)
-            console.print(summary(driver.placements))
+            steps = scenario if scenario is not None else lab_scenario(nodes[0][0])
+            await play_steps(driver, steps)
     finally:
         await sandbox.__aexit__(None, None, None)
     return 0
+
+
+async def play_on_daemon(scenario: list[Step] | None, url: str, lab_node: str | None,
+                         ready_timeout: float, console: Console) -> int:
+    """The steps on a standalone daemon already running, in the namespace of the demo,
+    which is emptied before and after."""
+    async with aiohttp.ClientSession() as http:
+        with console.status(f"waiting for the daemon at {url}..."):
+            node = await wait_for_daemon(http, url, lab_node, ready_timeout)
+        console.print(f"[dim]daemon at {url}; the lab runs on {node}; its pods live in the "
+                      f"namespace {DEMO_NAMESPACE}[/]")
+        driver = Driver(http, url, console, nodes=[node], namespace=DEMO_NAMESPACE)
+        await driver.clear_namespace()
+        try:
+            await play_steps(driver, scenario if scenario is not None else lab_scenario(node))
+        finally:
+            try:
+                await driver.clear_namespace()
+            except (aiohttp.ClientError, ScenarioError) as error:
+                console.print(f"[yellow]pods of the demo left in {DEMO_NAMESPACE} ({error}); "
+                              "the next run deletes them[/]")
+    return 0
+
+
+async def play_steps(driver: Driver, steps: list[Step]) -> None:
+    for step in steps:
+        if step.title is not None:
+            driver.console.rule(step.title)
+        elif step.submit is not None:
+            await driver.submit(step.submit)
+        elif step.delete is not None:
+            await driver.delete(step.delete)
+    driver.console.print(summary(driver.placements))
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -275,8 +390,7 @@ def run_command(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
     out = console or Console()
     try:
-        steps = (load_scenario(args.scenario) if args.scenario is not None
-                 else lab_scenario("gpu-node-1"))
+        scenario = load_scenario(args.scenario) if args.scenario is not None else None
     except ScenarioError as error:
         print(f"pyhami demo: {error}", file=sys.stderr)
         return 2
@@ -287,7 +401,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
-        return await play(steps, args, out)
+        return await play(scenario, args, out)
 
     try:
         return asyncio.run(main())
@@ -296,6 +410,9 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
         return 130
     except NatsServerError as error:
         print(f"pyhami demo: {error}", file=sys.stderr)
+        return 1
+    except aiohttp.ClientError as error:  # before OSError: a refused connection is both
+        print(f"pyhami demo: {args.daemon}: {error}", file=sys.stderr)
         return 1
     except OSError as error:
         print(f"pyhami demo: {error} (is the port taken? choose another with --port or "

@@ -329,7 +329,8 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
         app = extender_app(service, url_prefix=config.url_prefix, noop=config.noop_endpoint)
         loop: PendingLoop | None = None
         if standalone is not None:
-            loop = PendingLoop(service, standalone, config.retry_period)
+            loop = PendingLoop(service, standalone, config.retry_period,
+                               config.scheduler_name)
             app.add_routes(pod_api(standalone, loop))
         runners.remove(starting)
         await starting.cleanup()

@@ -9,7 +9,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from common.core.names import InvalidName
+from common.core.names import InvalidName, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
 from scheduler.bodies import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT, read_body
 from scheduler.protocol import (
@@ -75,11 +75,15 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         return web.Response(text="ready\n")
 
     async def explain(request: web.Request) -> web.Response:
+        # ?node=NAME (repeated) offers only those nodes, as a /filter with NodeNames would.
+        nodes = request.query.getall("node", None)
         try:
+            for node in nodes or ():
+                check_subdomain("node", node)
             pod = parse_pod_manifest(await read_body(request, POD_BODY_LIMIT), "request body")
-        except InputFileError as error:
+        except (InputFileError, InvalidName) as error:
             return web.Response(status=400, text=f"{error}\n")
-        return _json(service.explain(pod))
+        return _json(service.explain(pod, nodes))
 
     async def statusz(_: web.Request) -> web.Response:
         return _json(service.status())

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Literal
 
@@ -311,8 +311,10 @@ class SchedulerService:
         await self._publish(DecisionEvent.of(decision, "filter", self._wall_clock(), duration_ms))
         await self._publish_usage()
 
-    def explain(self, pod: PodManifest) -> dict[str, object]:
-        """What /filter would decide for ``pod`` now, with every card's selection path.
+    def explain(self, pod: PodManifest,
+                node_names: Collection[str] | None = None) -> dict[str, object]:
+        """What /filter would decide for ``pod`` now among ``node_names`` (default: every
+        node), with every card's selection path.
 
         Books nothing: for ``pyhami explain`` and the demo.
         """
@@ -325,13 +327,13 @@ class SchedulerService:
             held = self.state.fleet.allocation(request.key)
             self.state.fleet.release(request.key)
             try:
-                decision = self.state.preview(request, None, self._clock(), explain=True,
-                                              describe=True)
+                decision = self.state.preview(request, node_names, self._clock(),
+                                              explain=True, describe=True)
             finally:
                 if held is not None:
                     self.state.fleet.allocate(request.key, held)
         else:
-            decision = self.state.preview(request, None, self._clock(), explain=True,
+            decision = self.state.preview(request, node_names, self._clock(), explain=True,
                                           describe=True)
         return decision_document(decision)
 

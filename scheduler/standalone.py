@@ -39,11 +39,13 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 
 from common.core import PodManifest
+from common.core.admission import names_no_other_scheduler
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
 from common.messaging import describe_error
 from scheduler.bodies import POD_BODY_LIMIT, read_body
 from scheduler.cluster import (
+    SCHEDULER_NAME,
     ClusterError,
     ClusterPod,
     EventType,
@@ -393,10 +395,11 @@ class PendingLoop:
     """Plays kube-scheduler for standalone pods: filter, then bind, retrying on change."""
 
     def __init__(self, service: SchedulerService, cluster: StandaloneCluster,
-                 retry_period: float = 5.0) -> None:
+                 retry_period: float = 5.0, scheduler_name: str = SCHEDULER_NAME) -> None:
         self._service = service
         self._cluster = cluster
         self._retry_period = retry_period
+        self._scheduler_name = scheduler_name
         self._wake = service.capacity_changed()
 
     def poke(self) -> None:
@@ -413,6 +416,11 @@ class PendingLoop:
         if not self._service.ready:
             return
         for pod in self._cluster.pending():
+            # A pod naming another scheduler waits for that one's /filter and /bind, as
+            # kube-scheduler leaves the pods of other schedulers alone.
+            if not names_no_other_scheduler(pod.manifest.spec.scheduler_name,
+                                            self._scheduler_name):
+                continue
             try:
                 await self._schedule(pod)
             except Exception:  # one pod that breaks a rule must not stall every other

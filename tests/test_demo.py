@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import socket
@@ -10,7 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
+
 from common.natsserver import free_port
+from pyhami.demo import DEMO_NAMESPACE, lab_pod
+from pyhami.sandbox import SimulatedAgent
+from tests.harness import Lab
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -119,3 +125,77 @@ def test_explain_draws_the_selection_path_from_a_cluster_file() -> None:
     assert re.search(r"GPU 0\s+2\s+3\.302083\s+ExclusiveDeviceAllocateConflict", done.stdout)
     assert re.search(r"GPU 2\s+0\s+0\.000000\s+-\s+1\s+<- chosen", done.stdout)
     assert "-> GPU 2 on gpu-node-1" in done.stdout
+
+
+# The demo on a running stack (the compose `demo` service) -----------------------------
+
+
+async def test_the_demo_drives_a_running_daemon_and_leaves_its_pods_alone(
+        lab: Lab, tmp_path: Path) -> None:
+    # A second node the lab must not spill onto, and a user's pod the daemon's own loop
+    # places, as in the compose stack.
+    second = SimulatedAgent.start("sim-a100", lab.nats.url, "a100x8-nvswitch")
+    try:
+        user_pod = lab_pod("users-own", {"nvidia.com/use-gputype": "A100"})
+        user_pod["spec"].pop("schedulerName")
+        await lab.pods.submit(user_pod)
+        assert (await lab.pods.placed("users-own"))["node"] == "sim-a100"
+        # What an aborted run left behind is cleared first.
+        leftover = lab_pod("spread-0")
+        leftover["metadata"]["namespace"] = DEMO_NAMESPACE
+        await lab.pods.submit(leftover)
+
+        done = await asyncio.to_thread(
+            pyhami, "demo", "--daemon", lab.daemon.url, "--lab-node", "gpu-node-1")
+        assert done.returncode == 0, done.stderr
+        out = done.stdout
+        # The lab's results, on the named node only.
+        assert [landed(out, f"spread-{i}") for i in range(4)] == [
+            [f"GPU {i} on gpu-node-1"] for i in range(4)]
+        assert [landed(out, f"binpack-{i}") for i in range(3)] == [["GPU 0 on gpu-node-1"]] * 3
+        assert landed(out, "mutex") == [
+            "Pending (gpu-node-1: 4/4 ExclusiveDeviceAllocateConflict)", "GPU 1 on gpu-node-1"]
+        assert "mutex was waiting and is now placed, without being submitted again" in out
+        assert landed(out, "mutex-binpack") == ["GPU 2 on gpu-node-1"]
+        assert "sim-a100" not in out
+        remaining = await lab.pods.pods()
+        assert [p["name"] for p in remaining if p["namespace"] == DEMO_NAMESPACE] == []
+        assert (await lab.pods.get("users-own"))["node"] == "sim-a100"
+    finally:
+        await second.halt()
+
+
+async def test_the_daemon_leaves_pods_naming_another_scheduler_to_it(lab: Lab) -> None:
+    theirs = lab_pod("theirs")
+    theirs["spec"]["schedulerName"] = "someone-else"
+    ours = lab_pod("ours")
+    ours["spec"]["schedulerName"] = "pyhami-scheduler"
+    await lab.pods.submit(theirs)
+    await lab.pods.submit(ours)
+    # One round of the daemon's loop takes the pending pods in the order they came.
+    await lab.pods.placed("ours")
+    assert (await lab.pods.get("theirs"))["node"] is None
+
+
+def test_a_daemon_that_never_gets_ready_is_named() -> None:
+    port = free_port()
+    done = pyhami("demo", "--daemon", f"http://127.0.0.1:{port}", "--ready-timeout", "1")
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"pyhami demo: http://127.0.0.1:{port}: not ready for the "
+                                  "demo after 1 s (")
+
+
+async def test_explain_offers_only_the_nodes_named_in_the_query(
+        lab: Lab, http: aiohttp.ClientSession) -> None:
+    pod = lab_pod("looker")
+    async with http.post(f"{lab.daemon.url}/explain?node=elsewhere", json=pod) as response:
+        assert response.status == 200
+        document = await response.json()
+    assert document["node"] is None
+    assert list(document["failed_nodes"]) == ["elsewhere"]  # gpu-node-1 was not offered
+    assert document["failed_nodes"]["elsewhere"].startswith("NodeUnknown")
+    async with http.post(f"{lab.daemon.url}/explain?node=gpu-node-1", json=pod) as response:
+        assert (await response.json())["node"] == "gpu-node-1"
+    async with http.post(f"{lab.daemon.url}/explain?node=Not_A_Node", json=pod) as response:
+        assert response.status == 400
+        assert "node" in await response.text()

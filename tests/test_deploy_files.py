@@ -86,6 +86,19 @@ def test_every_compose_command_parses(compose: dict[str, Any]) -> None:
     assert len(set(nodes)) == len(nodes) == 3, f"agents share node names: {nodes}"
 
 
+def test_the_compose_demo_drives_the_stack(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    demo = parse_pyhami(services["demo"]["command"], "compose service demo")
+    scheduler = parse_pyhami(services["scheduler"]["command"], "compose service scheduler")
+    url = urlsplit(demo.daemon)
+    assert (url.hostname, url.port) == ("scheduler", scheduler.listen[1]), (
+        f"the demo drives {demo.daemon}, the daemon listens on scheduler:{scheduler.listen[1]}")
+    t4 = parse_pyhami(services["agent-t4"]["command"], "compose service agent-t4")
+    assert demo.lab_node == t4.node and t4.inventory.value == "t4x4", (
+        "the lab runs on the four-T4 node")
+    assert {"scheduler", "agent-t4"} <= set(services["demo"]["depends_on"])
+
+
 def test_compose_urls_and_ports_agree(compose: dict[str, Any]) -> None:
     nats = compose["services"]["nats"]
     command = nats["command"]
@@ -93,7 +106,7 @@ def test_compose_urls_and_ports_agree(compose: dict[str, Any]) -> None:
     for name, service in pyhami_services(compose).items():
         args = parse_pyhami(service["command"], f"compose service {name}")
         if args.command == "demo":
-            continue  # offline: the decision core only
+            continue  # it speaks to the daemon only (test_the_compose_demo_drives_the_stack)
         url = urlsplit(args.nats)
         assert (url.hostname, url.port or 4222) == ("nats", nats_port), (
             f"service {name} connects to {args.nats}, NATS listens on nats:{nats_port}")

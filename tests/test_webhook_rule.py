@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from common.core.admission import AdmittedPod, admit
+from common.core.admission import AdmittedPod, admit, names_no_other_scheduler
 
 OURS = "pyhami-scheduler"
 
@@ -142,3 +142,12 @@ def test_a_privileged_pod_without_gpus_has_no_warning() -> None:
 def test_a_pod_without_containers_is_left_alone() -> None:
     empty = msgspec.json.decode(b'{"spec": {}}', type=AdmittedPod)
     assert not admit(empty, OURS).redirect
+
+
+@pytest.mark.parametrize(("named", "ours"), [
+    (None, True), ("", True), ("default-scheduler", True), (OURS, True),
+    ("pyhami-demo", False), ("volcano", False)])
+def test_a_pod_is_pyhamis_unless_it_names_another_scheduler(named: str | None,
+                                                              ours: bool) -> None:
+    # The standalone daemon's own loop places the pods this rule gives it.
+    assert names_no_other_scheduler(named, OURS) is ours

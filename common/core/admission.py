@@ -52,6 +52,13 @@ class Admission:
     """Said to whoever creates the pod (``kubectl`` prints it as ``Warning:``)."""
 
 
+def names_no_other_scheduler(named: str | None, scheduler_name: str) -> bool:
+    """Whether a pod whose ``spec.schedulerName`` is ``named`` is for pyhami's scheduler
+    (``scheduler_name``): it names that scheduler, or none (the API server's default
+    counts as none)."""
+    return (named or DEFAULT_SCHEDULER) in (DEFAULT_SCHEDULER, scheduler_name)
+
+
 def admit(pod: AdmittedPod, scheduler_name: str) -> Admission:
     """Whether pyhami's scheduler (``scheduler_name``) takes this new pod over.
 

@@ -58,6 +58,7 @@ class PodSpec(msgspec.Struct, rename="camel"):
     containers: list[Container] = []
     init_containers: list[Container] | None = None
     node_name: str | None = None
+    scheduler_name: str | None = None
 
 
 class ObjectMeta(msgspec.Struct):
