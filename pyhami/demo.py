@@ -33,6 +33,7 @@ from common.arguments import (
     positive_seconds,
 )
 from common.natsserver import NatsServerError
+from pyhami.output import selection_path, stdout_console
 from pyhami.sandbox import Sandbox
 
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
@@ -90,8 +91,7 @@ def lab_pod(name: str, annotations: dict[str, str] | None = None,
     """A lab pod: one container asking one card with a 1000 MiB slice, unless ``limits``."""
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
-            "spec": {"schedulerName": DEMO_SCHEDULER,
-                     "containers": [{"name": "app", "image": "ubuntu:22.04", "resources": {
+            "spec": {"containers": [{"name": "app", "image": "ubuntu:22.04", "resources": {
                 "limits": limits or {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
 
 
@@ -300,23 +300,6 @@ async def wait_for_daemon(http: aiohttp.ClientSession, url: str, node: str | Non
     raise ScenarioError(f"{url}: not ready for the demo after {timeout:g} s ({last})")
 
 
-def selection_path(document: dict[str, Any]) -> Table:
-    """The article's figure as a table: every card, its score, what removed it, its rank."""
-    rows = document.get("explain", ())
-    several_nodes = len({row["node"] for row in rows}) > 1
-    table = Table(show_edge=False, pad_edge=False, box=None, padding=(0, 1, 0, 2))
-    if several_nodes:
-        table.add_column("node", style="dim", no_wrap=True)
-    for column in ("card", "tenants", "score", "filtered by", "rank", ""):
-        table.add_column(column, no_wrap=True)
-    for row in rows:
-        cells = [f"GPU {row['index']}", str(row["used"]), f"{row['score']:.6f}",
-                 row["filtered_by"] or "-", "-" if row["rank"] is None else str(row["rank"]),
-                 "[bold green]<- chosen[/]" if row["chosen"] else ""]
-        table.add_row(*([row["node"]] if several_nodes else []), *cells)
-    return table
-
-
 def summary(placements: list[Placement]) -> Table:
     table = Table(title="summary", title_justify="left")
     for column in ("pod", "policy", "result"):
@@ -388,7 +371,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
-    out = console or Console()
+    out = console or stdout_console()
     try:
         scenario = load_scenario(args.scenario) if args.scenario is not None else None
     except ScenarioError as error:

@@ -14,9 +14,8 @@ import sys
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
-
-from pyhami.demo import selection_path
 
 OUTPUTS = ("table", "json")
 # Wide enough for any line a table holds: rich lays tables out at their natural width.
@@ -60,3 +59,20 @@ def print_decision(document: dict[str, Any], console: Console) -> None:
         return
     # The sentence of the pod's FilteringFailed Event, word for word.
     console.print(Text.assemble("-> ", ("Pending", "yellow"), ": ", document["message"]))
+
+
+def selection_path(document: dict[str, Any]) -> Table:
+    """The article's figure as a table: every card, its score, what removed it, its rank."""
+    rows = document.get("explain", ())
+    several_nodes = len({row["node"] for row in rows}) > 1
+    table = Table(show_edge=False, pad_edge=False, box=None, padding=(0, 1, 0, 2))
+    if several_nodes:
+        table.add_column("node", style="dim", no_wrap=True)
+    for column in ("card", "tenants", "score", "filtered by", "rank", ""):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        cells = [f"GPU {row['index']}", str(row["used"]), f"{row['score']:.6f}",
+                 row["filtered_by"] or "-", "-" if row["rank"] is None else str(row["rank"]),
+                 "[bold green]<- chosen[/]" if row["chosen"] else ""]
+        table.add_row(*([row["node"]] if several_nodes else []), *cells)
+    return table

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from common.natsserver import free_port
-from pyhami.demo import DEMO_NAMESPACE, lab_pod
+from pyhami.demo import DEMO_NAMESPACE, DEMO_SCHEDULER, lab_pod
 from pyhami.sandbox import SimulatedAgent
 from tests.harness import Lab
 
@@ -137,12 +137,12 @@ async def test_the_demo_drives_a_running_daemon_and_leaves_its_pods_alone(
     second = SimulatedAgent.start("sim-a100", lab.nats.url, "a100x8-nvswitch")
     try:
         user_pod = lab_pod("users-own", {"nvidia.com/use-gputype": "A100"})
-        user_pod["spec"].pop("schedulerName")
         await lab.pods.submit(user_pod)
         assert (await lab.pods.placed("users-own"))["node"] == "sim-a100"
         # What an aborted run left behind is cleared first.
         leftover = lab_pod("spread-0")
         leftover["metadata"]["namespace"] = DEMO_NAMESPACE
+        leftover["spec"]["schedulerName"] = DEMO_SCHEDULER
         await lab.pods.submit(leftover)
 
         done = await asyncio.to_thread(
