@@ -1,4 +1,4 @@
-"""The invariants of issue 9, checked over a live daemon from the outside.
+"""The invariants of docs/reliability.md, checked over a live daemon from the outside.
 
 A snapshot is what the daemon says over HTTP: ``GET /ledgerz`` (its ledger,
 reservations and per-card usage beside each card's capacity as its agent

@@ -1,4 +1,4 @@
-"""/bind on a real API server takes only what is pyhami's to bind (issue 9, items 3 and 6).
+"""/bind on a real API server takes only what is pyhami's to bind (docs/reliability.md).
 
 A /bind sent straight to the daemon, as a confused or replayed caller would, for a pod
 that is already bound or that belongs to another scheduler changes nothing on the pod

@@ -17,8 +17,7 @@ from common.natsserver import free_port
 from pyhami.demo import DEMO_NAMESPACE, DEMO_SCHEDULER, lab_pod
 from pyhami.sandbox import SimulatedAgent
 from tests.harness import Lab
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from tests.paths import EXAMPLES
 
 
 def pyhami(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:

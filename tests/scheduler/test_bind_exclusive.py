@@ -1,4 +1,4 @@
-"""Bind is exclusive and idempotent (issue 9, items 3, 4 and 6), against the real daemon.
+"""Bind is exclusive and idempotent (docs/reliability.md), against the real daemon.
 
 One pod, one winning bind; a repeated bind changes nothing; a bind that fails books
 nothing and never releases cards a bound pod holds; a pod asking for no GPU is bound

@@ -29,7 +29,6 @@ from tests.builders import (
 )
 
 NODE = "gpu-node-1"
-HERE = Path(__file__).parent
 
 
 def described(fleet: Fleet, pod: PodManifest) -> Decision:

@@ -1,4 +1,5 @@
-"""Faults on real processes: nats-server, the daemon and an agent killed under load (issue 9).
+"""Faults on real processes: nats-server, the daemon and an agent killed under load
+(docs/reliability.md).
 
 Everything runs as its own process on loopback: nats-server with JetStream on disk,
 ``pyhami scheduler --standalone`` and three ``pyhami agent`` processes. Sixteen clients
@@ -36,6 +37,7 @@ import pytest
 from agent.simulated import uuid_for
 from common.natsserver import LocalNatsServer, free_port
 from tests.invariants import settled_violations
+from tests.paths import REPO
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -48,7 +50,6 @@ OUTAGE_S = 1.0
 RECOVERY_TIMEOUT_S = 60.0
 NODES = ("node-a", "node-b", "node-c")
 VICTIM_NODE = "node-b"
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _environment() -> dict[str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,8 +18,8 @@ import yaml
 from pyhami.cli import build_parser
 from scheduler.kube import SCHEDULER_NAME
 from tests.e2e.controlplane import SCHEDULER_CONFIG_MAP, manifests, shipped_scheduler_config
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 K8S = REPO / "k8s"

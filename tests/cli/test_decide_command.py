@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from tests.paths import EXAMPLES
 
 
 def pyhami(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,5 @@
 """Fuzzing every door of the standalone daemon: no input may cause a server error, a crash,
-or break an invariant (issue 9, "Must show").
+or break an invariant (docs/reliability.md).
 
 Targets: extender bodies (/filter, /prioritize, /bind), pod manifests (POST /api/pods,
 YAML and JSON), pod-API paths (GET/DELETE /api/pods/{ns}/{name}), and inventory messages

@@ -1,4 +1,4 @@
-"""Standalone through a NATS outage (issue 9, item 9): an answered error means nothing
+"""Standalone through a NATS outage (docs/reliability.md): an answered error means nothing
 was applied. No ghost pod, no ghost booking, also after the daemon restarts.
 
 The outages are real: nats-server killed and started again on its port, or frozen

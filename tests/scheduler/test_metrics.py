@@ -11,7 +11,6 @@ import re
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,13 +25,14 @@ from common.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service import SchedulerService, ServiceSettings
 from tests.harness import PodClient, eventually
+from tests.paths import REPO
 
 NODE = "gpu-node-1"
 PROFILE = "t4x4"
 MIB = 1024 * 1024
 # Short, so the stale test is quick; the agent's heartbeat (0.5 s) keeps it well inside.
 NODE_TIMEOUT_S = 3.0
-DASHBOARD = Path(__file__).resolve().parent.parent / "charts/pyhami/dashboards/pyhami.json"
+DASHBOARD = REPO / "charts/pyhami/dashboards/pyhami.json"
 
 # The label names HAMi's scheduler gives each metric (cmd/scheduler/metrics.go), plus the
 # ``zone`` its registry wraps around them all.

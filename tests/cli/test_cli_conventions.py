@@ -27,8 +27,8 @@ from common.natsserver import LocalNatsServer, free_port
 from pyhami.cli import build_parser
 from pyhami.demo import lab_pod
 from tests.harness import Lab
+from tests.paths import EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 LAB = EXAMPLES / "lab-cluster.json"
 
 # Every PYHAMI_ variable the daemon and the agent read before the rule, and that kept its name.

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from common.natsserver import free_port
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 # Generous: pip fetches the dependencies when its cache is cold.

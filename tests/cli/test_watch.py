@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -30,8 +29,8 @@ from common.wire import RESYNC_SUBJECT, Card, Inventory, decode_resync, inventor
 from common.wire import encode as encode_wire
 from pyhami.output import print_json, stdout_console
 from pyhami.watch import WatchModel, render, snapshot_document
+from tests.paths import EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NOW = 1_700_000_000.0
 NODE = "gpu-node-1"
 T4 = "NVIDIA-Tesla T4"
