@@ -32,6 +32,7 @@ from common.arguments import (
     positive_int,
     positive_seconds,
 )
+from common.core.errors import PyhamiError
 from common.natsserver import NatsServerError
 from pyhami.output import selection_path, stdout_console
 from pyhami.sandbox import Sandbox
@@ -73,8 +74,9 @@ def register(commands: Subcommands) -> None:
 # Scenarios -------------------------------------------------------------------
 
 
-class ScenarioError(ValueError):
-    """A scenario file that cannot be played; the message says where."""
+class ScenarioError(PyhamiError):
+    """The demo cannot go on: a scenario file that cannot be played, or a step the daemon
+    refused; the message says where."""
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ from rich.text import Text
 
 from common import telemetry
 from common.arguments import Subcommands, positive_int, positive_seconds
+from common.core.errors import SettingsError
 from common.messaging import (
     NatsSettings,
-    SettingsError,
     add_nats_arguments,
     connect,
     nats_settings,

@@ -18,9 +18,10 @@ from common.arguments import (
     defaults_from,
     positive_seconds,
 )
+from common.core.errors import SettingsError
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.logs import add_log_arguments, configure_logging
-from common.messaging import SettingsError, add_nats_arguments, nats_settings
+from common.messaging import add_nats_arguments, nats_settings
 from scheduler.app import (
     DEFAULT_NATS_GRACE_S,
     ClusterMode,

@@ -13,6 +13,8 @@ from typing import Literal, Protocol
 
 from common.core import Allocation, AnnotationError, PodManifest, decode_devices
 from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
+from common.core.errors import ExternalFailure
+from scheduler.errors import SchedulerError
 
 SCHEDULER_NAME = "pyhami-scheduler"
 """The ``schedulerName`` pyhami serves unless ``--scheduler-name`` says otherwise."""
@@ -28,8 +30,9 @@ def cordon_list(text: str) -> frozenset[str]:
 EventType = Literal["Normal", "Warning"]
 
 
-class ClusterError(Exception):
-    """A cluster operation that failed; the message says which and why."""
+class ClusterError(SchedulerError, ExternalFailure):
+    """A cluster operation that failed or was refused; the message says which and why.
+    The Kubernetes client's and NATS's own errors are mapped to it where they are called."""
 
 
 class StoreUnavailable(ClusterError):

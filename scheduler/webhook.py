@@ -15,7 +15,9 @@ import msgspec
 from aiohttp import web
 
 from common.core.admission import AdmittedPod, admit
+from common.core.errors import InvalidInput
 from scheduler.bodies import ADMISSION_BODY_LIMIT, read_body
+from scheduler.errors import SchedulerError
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ _pod = msgspec.json.Decoder(AdmittedPod)
 _encoder = msgspec.json.Encoder()
 
 
-class BadReview(ValueError):
+class BadReview(SchedulerError, InvalidInput):
     """A body the API server would not send; the message says what is wrong."""
 
 

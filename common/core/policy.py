@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from common.core.errors import InvalidInput, SettingsError
 from common.core.names import shown
 
 
-class PodRejected(ValueError):
+class PodRejected(InvalidInput):
     """The pod itself is malformed; the message names the annotation or resource."""
 
 
@@ -96,7 +97,8 @@ def parse_default_chain(text: str) -> Chain:
     parsed = parse_chain(text, Chain(frozenset(), ()))
     if parsed.ignored or not (parsed.chain.filters or parsed.chain.sort_keys):
         bad = ", ".join(parsed.ignored) or repr(text)
-        raise ValueError(f"gpu scheduler policy {text!r}: unknown or missing policy name ({bad})")
+        raise SettingsError(
+            f"gpu scheduler policy {text!r}: unknown or missing policy name ({bad})")
     return parsed.chain
 
 
