@@ -23,6 +23,7 @@ from agent.service import (
 )
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
 from common.arguments import Subcommands, positive_int, positive_seconds, variable_for
+from common.core.annotations import comma_list
 from common.core.errors import SettingsError
 from common.core.model import CARD_COUNT_MAX
 from common.core.names import InvalidName, check_subdomain
@@ -65,7 +66,7 @@ def split_count(text: str) -> int:
 
 
 def uuid_list(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
+    return tuple(comma_list(text))
 
 
 def register(commands: Subcommands) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from common.core import Allocation, AnnotationError, PodManifest, decode_devices
-from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
+from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION, comma_list
 from common.core.errors import ExternalFailure
 from scheduler.errors import SchedulerError
 
@@ -25,7 +25,7 @@ CAPACITY_FREED_ANNOTATION = "pyhami.io/capacity-freed"
 
 
 def cordon_list(text: str) -> frozenset[str]:
-    return frozenset(entry.strip() for entry in text.split(",") if entry.strip())
+    return frozenset(comma_list(text))
 
 EventType = Literal["Normal", "Warning"]
 

@@ -24,6 +24,11 @@ class AnnotationError(InvalidInput):
     """An allocation annotation that does not decode; the message says where."""
 
 
+def comma_list(text: str) -> list[str]:
+    """The entries of a comma-separated list (a card list annotation or flag), blanks left out."""
+    return [entry.strip() for entry in text.split(",") if entry.strip()]
+
+
 @dataclass(frozen=True, slots=True)
 class CardGrant:
     """One card given to one container: its memory slice (MiB) and core share (%)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from common.core.annotations import comma_list
 from common.core.errors import InvalidInput, SettingsError
 from common.core.names import shown
 
@@ -75,14 +76,14 @@ def parse_chain(text: str, default: Chain) -> ParsedChain:
     sort_keys: list[SortKey] = []
     ignored: list[str] = []
     seen: set[str] = set()
-    for raw in text.split(","):
-        name = raw.strip().lower()
-        if not name or name in seen:
+    for entry in comma_list(text):
+        name = entry.lower()
+        if name in seen:
             continue
         seen.add(name)
         known = _KNOWN.get(name)
         if known is None:
-            ignored.append(raw.strip())
+            ignored.append(entry)
         elif isinstance(known, Filter):
             filters.add(known)
         else:
