@@ -33,6 +33,7 @@ from common.arguments import (
     positive_seconds,
 )
 from common.core.errors import PyhamiError
+from common.core.pod import DEFAULT_NAMESPACE
 from common.natsserver import NatsServerError
 from pyhami.output import selection_path, stdout_console
 from pyhami.sandbox import Sandbox
@@ -92,7 +93,8 @@ def lab_pod(name: str, annotations: dict[str, str] | None = None,
             limits: dict[str, int] | None = None) -> dict[str, Any]:
     """A lab pod: one container asking one card with a 1000 MiB slice, unless ``limits``."""
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
+            "metadata": {"name": name, "namespace": DEFAULT_NAMESPACE,
+                         "annotations": annotations or {}},
             "spec": {"containers": [{"name": "app", "image": "ubuntu:22.04", "resources": {
                 "limits": limits or {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
 
@@ -159,7 +161,7 @@ def _manifest(value: object, where: str) -> dict[str, Any]:
         value["metadata"].get("name")
     ):
         raise ScenarioError(f"{where}: a Pod manifest with metadata.name is needed")
-    value["metadata"].setdefault("namespace", "default")
+    value["metadata"].setdefault("namespace", DEFAULT_NAMESPACE)
     return value
 
 
@@ -241,7 +243,7 @@ class Driver:
         return False
 
     async def delete(self, name: str) -> None:
-        namespace = self.namespaces.get(name, self.namespace or "default")
+        namespace = self.namespaces.get(name, self.namespace or DEFAULT_NAMESPACE)
         async with self.http.delete(f"{self.url}/api/pods/{namespace}/{name}") as response:
             if response.status != 204:
                 raise ScenarioError(f"delete {name}: {response.status} {await response.text()}")

@@ -52,7 +52,7 @@ class ClusterPod:
 
     @property
     def namespace(self) -> str:
-        return self.manifest.metadata.namespace or "default"
+        return self.manifest.namespace
 
     @property
     def name(self) -> str:

@@ -35,6 +35,7 @@ from common.core.annotations import (
     TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.pod import DEFAULT_NAMESPACE
 from common.messaging import RateLimitedLog
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
 from common.wire import Inventory, WireError, decode_inventory
@@ -269,8 +270,7 @@ class SchedulerService:
             self._changed_nodes.add(decision.node)
             self._refused.pop(request.key, None)
         else:
-            self._refused[request.key] = (args.pod.metadata.namespace or "default",
-                                          args.pod.metadata.name)
+            self._refused[request.key] = (args.pod.namespace, args.pod.metadata.name)
         self._count("filter", decision)
         self.metrics.filter_duration.observe(time.perf_counter() - started)
         self._in_background(self._after_filter(args.pod, decision, _ms_since(started), request))
@@ -294,7 +294,7 @@ class SchedulerService:
 
     async def _after_filter(self, pod: PodManifest, decision: Decision, duration_ms: float,
                             request: PodRequest | None = None) -> None:
-        namespace = pod.metadata.namespace or "default"
+        namespace = pod.namespace
         name = pod.metadata.name
         if decision.ignored_policies:
             message = (f"unknown scheduler policies ignored: {', '.join(decision.ignored_policies)}"
@@ -367,7 +367,7 @@ class SchedulerService:
         reservation it used, never a pod's bound cards.
         """
         started = time.perf_counter()
-        key = f"{args.pod_namespace or 'default'}/{args.pod_name}"
+        key = f"{args.pod_namespace or DEFAULT_NAMESPACE}/{args.pod_name}"
         try:
             async with self._binding.hold(key):
                 return await self._bind_exclusively(key, args)

@@ -332,7 +332,7 @@ class StandaloneCluster:
     # What the pod API needs ----------------------------------------------------
 
     async def submit(self, manifest: PodManifest) -> StoredPod:
-        namespace = manifest.metadata.namespace or "default"
+        namespace = manifest.namespace
         key = _key(namespace, manifest.metadata.name)
         async with self._writing.hold(key):
             return await self._submit(key, namespace, manifest)
@@ -432,7 +432,7 @@ class PendingLoop:
         result = await self._service.filter(ExtenderArgs(pod=pod.manifest, node_names=nodes))
         if result.error or not result.node_names:
             return
-        namespace = pod.manifest.metadata.namespace or "default"
+        namespace = pod.manifest.namespace
         await self._service.bind(ExtenderBindingArgs(
             pod_name=pod.manifest.metadata.name, pod_namespace=namespace, pod_uid=pod.uid,
             node=result.node_names[0]))
@@ -491,8 +491,7 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
     @routes.get("/api/pods")
     async def list_pods(_: web.Request) -> web.Response:
         return json_response([
-            _pod_view(p, cluster.events(p.manifest.metadata.namespace or "default",
-                                        p.manifest.metadata.name))
+            _pod_view(p, cluster.events(p.manifest.namespace, p.manifest.metadata.name))
             for p in cluster.pods()
         ])
 

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from common.core.admission import AdmittedPod, admit
 from common.core.errors import InvalidInput
+from common.core.pod import DEFAULT_NAMESPACE
 from scheduler.bodies import ADMISSION_BODY_LIMIT, read_body
 from scheduler.errors import SchedulerError
 
@@ -116,7 +117,7 @@ def respond(request: AdmissionRequest, scheduler_name: str) -> AdmissionResponse
         raise BadReview("request.object is not a Pod: JSON nested too deeply") from None
     admission = admit(pod, scheduler_name)
     name = pod.metadata.name or request.name or "(name to be generated)"
-    where = f"pod {request.namespace or pod.metadata.namespace or 'default'}/{name}"
+    where = f"pod {request.namespace or pod.metadata.namespace or DEFAULT_NAMESPACE}/{name}"
     log = logger.info if admission.redirect or admission.warning else logger.debug
     log("%s: %s", where, admission.reason)
     if not admission.redirect:

@@ -55,6 +55,10 @@ class Container(msgspec.Struct):
     resources: ResourceRequirements | None = None
 
 
+DEFAULT_NAMESPACE = "default"
+"""Where Kubernetes puts a pod whose manifest names no namespace."""
+
+
 class PodSpec(msgspec.Struct, rename="camel"):
     containers: list[Container] = []
     init_containers: list[Container] | None = None
@@ -74,8 +78,13 @@ class PodManifest(msgspec.Struct):
     spec: PodSpec = msgspec.field(default_factory=PodSpec)
 
     @property
+    def namespace(self) -> str:
+        """The pod's namespace: Kubernetes' default one when the manifest names none."""
+        return self.metadata.namespace or DEFAULT_NAMESPACE
+
+    @property
     def key(self) -> str:
-        return f"{self.metadata.namespace or 'default'}/{self.metadata.name}"
+        return f"{self.namespace}/{self.metadata.name}"
 
     @property
     def asks_for_gpu(self) -> bool:
