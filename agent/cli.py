@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from common.core.model import CARD_COUNT_MAX
 from common.core.names import InvalidName, check_subdomain
 from common.logs import add_log_arguments, configure_logging
 from common.messaging import add_nats_arguments, nats_settings
+from common.stopping import stop_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -143,13 +143,6 @@ def run(args: argparse.Namespace) -> int:
 async def serve(agent: Agent) -> None:
     """Run the agent until SIGTERM or SIGINT, then drain."""
     stop = asyncio.Event()
-
-    def request_stop(received: signal.Signals) -> None:
-        logger.info("%s received: draining", received.name)
-        stop.set()
-
-    loop = asyncio.get_running_loop()
-    for received in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(received, request_stop, received)
+    stop_on_signals(stop.set, logger, "draining")
     await agent.run(stop)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from common.arguments import (
 from common.core.errors import PyhamiError
 from common.core.pod import DEFAULT_NAMESPACE
 from common.natsserver import NatsServerError
+from common.stopping import stop_on_signals
 from pyhami.output import selection_path, stdout_console
 from pyhami.sandbox import Sandbox
 
@@ -385,9 +385,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     async def main() -> int:
         task = asyncio.current_task()
         assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+        stop_on_signals(task.cancel)
         return await play(scenario, args, out)
 
     try:

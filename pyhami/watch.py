@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import time
 from collections import deque
@@ -33,7 +32,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from common import telemetry
+from common import stopping, telemetry
 from common.arguments import Subcommands, positive_int, positive_seconds
 from common.core.errors import SettingsError
 from common.messaging import (
@@ -456,9 +455,7 @@ def connection_errors_into(model: WatchModel) -> Iterator[None]:
 
 def stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stopping.stop_on_signals(stop.set)
     return stop
 
 
