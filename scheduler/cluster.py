@@ -113,7 +113,7 @@ class Cluster(Protocol):
         """Best effort: an event that cannot be written is logged, not raised."""
         ...
 
-    async def nudge(self, namespace: str, name: str, stamp: str) -> None:
+    async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         """Ask the scheduler to try a waiting pod again, now that cards were freed.
 
         Best effort, like ``record_event``.

@@ -322,7 +322,7 @@ class StandaloneCluster:
                 return
         events.append(PodEvent(kind, reason, message, 1, now, now))
 
-    async def nudge(self, namespace: str, name: str, stamp: str) -> None:
+    async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         """Nothing to do: the pending loop tries waiting pods whenever cards are freed."""
 
     async def changes(self) -> AsyncIterator[PodChange]:
@@ -400,17 +400,17 @@ class PendingLoop:
         self._cluster = cluster
         self._retry_period = retry_period
         self._scheduler_name = scheduler_name
-        self._wake = service.capacity_changed()
+        self._retry = service.retry_signal()
 
-    def poke(self) -> None:
-        self._wake.set()
+    def retry_now(self) -> None:
+        self._retry.set()
 
     async def run(self) -> None:
         while True:
-            self._wake.clear()
+            self._retry.clear()
             await self.schedule_pending()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._retry_period)
+                await asyncio.wait_for(self._retry.wait(), self._retry_period)
 
     async def schedule_pending(self) -> None:
         if not self._service.ready:
@@ -485,7 +485,7 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
             return web.Response(status=503, text=f"{error}\n")
         except ClusterError as error:
             return web.Response(status=409, text=f"{error}\n")
-        loop.poke()
+        loop.retry_now()
         return json_response(_pod_view(pod, []), status=201)
 
     @routes.get("/api/pods")
