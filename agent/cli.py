@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,18 +22,17 @@ from agent.service import (
 )
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
 from common.arguments import Subcommands, positive_int, positive_seconds, variable_for
+from common.core.annotations import comma_list
+from common.core.errors import SettingsError
 from common.core.model import CARD_COUNT_MAX
 from common.core.names import InvalidName, check_subdomain
 from common.logs import add_log_arguments, configure_logging
-from common.messaging import SettingsError, add_nats_arguments, nats_settings
+from common.messaging import add_nats_arguments, nats_settings
+from common.stopping import stop_on_signals
 
 logger = logging.getLogger(__name__)
 
 NODE_NAME_ENV = "NODE_NAME"
-
-
-class UsageError(ValueError):
-    """A setting the agent cannot start with; the text names it."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ def split_count(text: str) -> int:
 
 
 def uuid_list(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
+    return tuple(comma_list(text))
 
 
 def register(commands: Subcommands) -> None:
@@ -101,12 +99,12 @@ def register(commands: Subcommands) -> None:
 def node_name(flag: str | None, environ: Mapping[str, str]) -> str:
     name = flag if flag is not None else environ.get(NODE_NAME_ENV, "")
     if not name:
-        raise UsageError(f"no node name: pass --node, or set {variable_for('--node')} or "
+        raise SettingsError(f"no node name: pass --node, or set {variable_for('--node')} or "
                          f"{NODE_NAME_ENV}")
     try:  # the daemon refuses inventories of any other name
         check_subdomain("node name", name)
     except InvalidName as error:
-        raise UsageError(str(error)) from None
+        raise SettingsError(str(error)) from None
     return name
 
 
@@ -125,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         node = node_name(args.node, os.environ)
         nats = nats_settings(args)
         source = inventory_source(args.inventory, node, args.device_split_count)
-    except (UsageError, SettingsError) as error:
+    except SettingsError as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
         return 2
     except InventoryError as error:
@@ -145,13 +143,6 @@ def run(args: argparse.Namespace) -> int:
 async def serve(agent: Agent) -> None:
     """Run the agent until SIGTERM or SIGINT, then drain."""
     stop = asyncio.Event()
-
-    def request_stop(received: signal.Signals) -> None:
-        logger.info("%s received: draining", received.name)
-        stop.set()
-
-    loop = asyncio.get_running_loop()
-    for received in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(received, request_stop, received)
+    stop_on_signals(stop.set, logger, "draining")
     await agent.run(stop)
 

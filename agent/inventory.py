@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from agent.errors import AgentError
 from common.wire import Card
 
 
-class InventoryError(RuntimeError):
-    """The inventory cannot be read or set up; the text says what and why."""
+class InventoryError(AgentError):
+    """The inventory cannot be read or set up (NVML fails to start, a simulation file is
+    refused); the text says what and why."""
 
 
 class InventorySource(Protocol):

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
+from agent.errors import AgentError
 from agent.inventory import InventoryError
+from common.core.errors import ExternalFailure
 from common.wire import Card
 
 logger = logging.getLogger(__name__)
@@ -193,7 +195,7 @@ class _Identity:
     sm_count: int | None
 
 
-class CardReadError(Exception):
+class CardReadError(AgentError, ExternalFailure):
     """One NVML call about one card failed; the text names the call and NVML's error."""
 
 

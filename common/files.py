@@ -10,6 +10,7 @@ from yaml.constructor import ConstructorError
 from yaml.nodes import Node
 
 from common.core import ClusterFile, PodManifest
+from common.core.errors import InvalidInput
 
 try:
     from yaml import CSafeLoader as _SafeLoader
@@ -17,7 +18,7 @@ except ImportError:  # PyYAML built without libyaml
     from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
 
 
-class InputFileError(ValueError):
+class InputFileError(InvalidInput):
     """An input file that cannot be used; the message names the file and the problem."""
 
 

@@ -30,6 +30,7 @@ from nats.aio.client import Client, Server
 from nats.aio.msg import Msg
 
 from common.arguments import variable_for
+from common.core.errors import SettingsError
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +47,6 @@ URL_SCHEMES = ("nats", "tls", "ws", "wss")
 def describe_error(error: BaseException) -> str:
     """An exception in a line; nats-py raises many with an empty message."""
     return str(error) or type(error).__name__
-
-
-class SettingsError(ValueError):
-    """A NATS setting that cannot be used; the text names the flag or variable."""
 
 
 @dataclass(frozen=True)

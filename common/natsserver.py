@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from common.core.errors import ExternalFailure
+
 READY_TIMEOUT_S = 10.0
 
 
-class NatsServerError(RuntimeError):
-    pass
+class NatsServerError(ExternalFailure):
+    """The embedded nats-server cannot be found or does not start."""
 
 
 def nats_server_binary() -> Path:

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from common.core.annotations import CORDON_ANNOTATION
+from common.core.errors import InvalidInput
 from common.core.model import (
     CARDS_PER_NODE_MAX,
     Device,
@@ -52,7 +53,7 @@ def subject_node(subject: str) -> str:
     return subject.removeprefix(f"{INVENTORY_SUBJECT_PREFIX}.")
 
 
-class WireError(ValueError):
+class WireError(InvalidInput):
     """A message that cannot be used; the text says why."""
 
     result = "rejected"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,10 @@ from common.arguments import (
     positive_int,
     positive_seconds,
 )
+from common.core.errors import PyhamiError
+from common.core.pod import DEFAULT_NAMESPACE
 from common.natsserver import NatsServerError
+from common.stopping import stop_on_signals
 from pyhami.output import selection_path, stdout_console
 from pyhami.sandbox import Sandbox
 
@@ -73,8 +75,9 @@ def register(commands: Subcommands) -> None:
 # Scenarios -------------------------------------------------------------------
 
 
-class ScenarioError(ValueError):
-    """A scenario file that cannot be played; the message says where."""
+class ScenarioError(PyhamiError):
+    """The demo cannot go on: a scenario file that cannot be played, or a step the daemon
+    refused; the message says where."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,8 @@ def lab_pod(name: str, annotations: dict[str, str] | None = None,
             limits: dict[str, int] | None = None) -> dict[str, Any]:
     """A lab pod: one container asking one card with a 1000 MiB slice, unless ``limits``."""
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
+            "metadata": {"name": name, "namespace": DEFAULT_NAMESPACE,
+                         "annotations": annotations or {}},
             "spec": {"containers": [{"name": "app", "image": "ubuntu:22.04", "resources": {
                 "limits": limits or {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
 
@@ -157,7 +161,7 @@ def _manifest(value: object, where: str) -> dict[str, Any]:
         value["metadata"].get("name")
     ):
         raise ScenarioError(f"{where}: a Pod manifest with metadata.name is needed")
-    value["metadata"].setdefault("namespace", "default")
+    value["metadata"].setdefault("namespace", DEFAULT_NAMESPACE)
     return value
 
 
@@ -239,7 +243,7 @@ class Driver:
         return False
 
     async def delete(self, name: str) -> None:
-        namespace = self.namespaces.get(name, self.namespace or "default")
+        namespace = self.namespaces.get(name, self.namespace or DEFAULT_NAMESPACE)
         async with self.http.delete(f"{self.url}/api/pods/{namespace}/{name}") as response:
             if response.status != 204:
                 raise ScenarioError(f"delete {name}: {response.status} {await response.text()}")
@@ -381,9 +385,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     async def main() -> int:
         task = asyncio.current_task()
         assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+        stop_on_signals(task.cancel)
         return await play(scenario, args, out)
 
     try:

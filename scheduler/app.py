@@ -30,6 +30,7 @@ from common.messaging import Connection, NatsSettings
 from common.supervision import Supervisor
 from common.wire import INVENTORY_SUBJECTS, RESYNC_SUBJECT, ResyncRequest, encode
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, WebhookCluster
+from scheduler.errors import SchedulerError
 from scheduler.http import extender_app, metrics_app
 from scheduler.metrics import ConnectionCollector
 from scheduler.service import SchedulerService, ServiceSettings
@@ -60,7 +61,7 @@ REBUILD_RETRY_S = 2.0
 T = TypeVar("T")
 
 
-class StartupError(Exception):
+class StartupError(SchedulerError):
     """A setting found unusable at start (a kubeconfig, the in-cluster configuration, a
     nats-server without JetStream); the CLI prints it on one line and exits 2."""
 

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 
 import uvloop
@@ -18,9 +17,11 @@ from common.arguments import (
     defaults_from,
     positive_seconds,
 )
+from common.core.errors import SettingsError
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.logs import add_log_arguments, configure_logging
-from common.messaging import SettingsError, add_nats_arguments, nats_settings
+from common.messaging import add_nats_arguments, nats_settings
+from common.stopping import stop_on_signals
 from scheduler.app import (
     DEFAULT_NATS_GRACE_S,
     ClusterMode,
@@ -201,14 +202,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = asyncio.Event()
-
-        def request_stop(received: signal.Signals) -> None:
-            logger.info("%s received: stopping", received.name)
-            stop.set()
-
-        loop = asyncio.get_running_loop()
-        for received in (signal.SIGTERM, signal.SIGINT):  # first, so stopping works in every state
-            loop.add_signal_handler(received, request_stop, received)
+        stop_on_signals(stop.set, logger)  # first, so stopping works in every state
         await run_daemon(config, stop)
 
     try:

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from common.core import Allocation, AnnotationError, PodManifest, decode_devices
-from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
+from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION, comma_list
+from common.core.errors import ExternalFailure
+from scheduler.errors import SchedulerError
 
 SCHEDULER_NAME = "pyhami-scheduler"
 """The ``schedulerName`` pyhami serves unless ``--scheduler-name`` says otherwise."""
@@ -23,13 +25,14 @@ CAPACITY_FREED_ANNOTATION = "pyhami.io/capacity-freed"
 
 
 def cordon_list(text: str) -> frozenset[str]:
-    return frozenset(entry.strip() for entry in text.split(",") if entry.strip())
+    return frozenset(comma_list(text))
 
 EventType = Literal["Normal", "Warning"]
 
 
-class ClusterError(Exception):
-    """A cluster operation that failed; the message says which and why."""
+class ClusterError(SchedulerError, ExternalFailure):
+    """A cluster operation that failed or was refused; the message says which and why.
+    The Kubernetes client's and NATS's own errors are mapped to it where they are called."""
 
 
 class StoreUnavailable(ClusterError):
@@ -49,7 +52,7 @@ class ClusterPod:
 
     @property
     def namespace(self) -> str:
-        return self.manifest.metadata.namespace or "default"
+        return self.manifest.namespace
 
     @property
     def name(self) -> str:
@@ -110,7 +113,7 @@ class Cluster(Protocol):
         """Best effort: an event that cannot be written is logged, not raised."""
         ...
 
-    async def nudge(self, namespace: str, name: str, stamp: str) -> None:
+    async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         """Ask the scheduler to try a waiting pod again, now that cards were freed.
 
         Best effort, like ``record_event``.

@@ -651,7 +651,7 @@ class KubernetesCluster:
             name, namespace, patch, _content_type=_MERGE_PATCH, _preload_content=False,
             _request_timeout=_REQUEST_TIMEOUT))
 
-    async def nudge(self, namespace: str, name: str, stamp: str) -> None:
+    async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         patch: JsonObject = {"metadata": {"annotations": {CAPACITY_FREED_ANNOTATION: stamp}}}
         try:
             await asyncio.to_thread(self._patch_pod, namespace, name, patch)

@@ -35,6 +35,7 @@ from common.core.annotations import (
     TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.pod import DEFAULT_NAMESPACE
 from common.messaging import RateLimitedLog
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
 from common.wire import Inventory, WireError, decode_inventory
@@ -132,9 +133,9 @@ class SchedulerService:
         self._followed_cluster = False
         self._manifests: dict[str, PodManifest] = {}
         self._changed_nodes: set[str] = set()
-        self._wakeups: list[asyncio.Event] = []
+        self._retry_signals: list[asyncio.Event] = []
         self._reporting: set[asyncio.Task[None]] = set()
-        # Pods /filter refused, to nudge when cards are freed: kube-scheduler may have
+        # Pods /filter refused, to retry when cards are freed: kube-scheduler may have
         # retried them a moment before pyhami saw the release, and then waits minutes.
         self._refused: dict[str, tuple[str, str]] = {}
         self._binding = KeyedLocks()
@@ -237,7 +238,7 @@ class SchedulerService:
             logger.error("node %s: card %s left the inventory while allocations hold it "
                          "(%d tenants, %d MiB); they stay booked until their pods end",
                          inventory.node, uuid, usage.tenants, usage.memory)
-        self._wake()
+        self._retry_waiting()
         return inventory, set(result.vanished)
 
     def _refuse_inventory(self, result: str, why: str) -> None:
@@ -269,8 +270,7 @@ class SchedulerService:
             self._changed_nodes.add(decision.node)
             self._refused.pop(request.key, None)
         else:
-            self._refused[request.key] = (args.pod.metadata.namespace or "default",
-                                          args.pod.metadata.name)
+            self._refused[request.key] = (args.pod.namespace, args.pod.metadata.name)
         self._count("filter", decision)
         self.metrics.filter_duration.observe(time.perf_counter() - started)
         self._in_background(self._after_filter(args.pod, decision, _ms_since(started), request))
@@ -294,7 +294,7 @@ class SchedulerService:
 
     async def _after_filter(self, pod: PodManifest, decision: Decision, duration_ms: float,
                             request: PodRequest | None = None) -> None:
-        namespace = pod.metadata.namespace or "default"
+        namespace = pod.namespace
         name = pod.metadata.name
         if decision.ignored_policies:
             message = (f"unknown scheduler policies ignored: {', '.join(decision.ignored_policies)}"
@@ -367,7 +367,7 @@ class SchedulerService:
         reservation it used, never a pod's bound cards.
         """
         started = time.perf_counter()
-        key = f"{args.pod_namespace or 'default'}/{args.pod_name}"
+        key = f"{args.pod_namespace or DEFAULT_NAMESPACE}/{args.pod_name}"
         try:
             async with self._binding.hold(key):
                 return await self._bind_exclusively(key, args)
@@ -393,7 +393,7 @@ class SchedulerService:
                 self.metrics.released.labels("bind_failed").inc()
                 self._changed_nodes.add(args.node)
                 await self._publish_usage()
-                self._wake()
+                self._retry_waiting()
             return await self._refuse_bind(args, str(error))
         if allocation is not None:
             self.state.confirm(key, allocation)
@@ -495,7 +495,7 @@ class SchedulerService:
             logger.info("pod %s ended: its cards on %s are free", key, released.node)
             self._changed_nodes.add(released.node)
             await self._publish_usage()
-            self._wake()
+            self._retry_waiting()
 
     async def refresh_cordons(self) -> None:
         """Read the nodes' ``hami.io/device-cordon`` annotations into the live state; where
@@ -514,7 +514,7 @@ class SchedulerService:
             logger.info("device cordons changed on %s", ", ".join(sorted(changed)))
             self._changed_nodes.update(changed)
             await self._publish_usage()
-            self._wake()
+            self._retry_waiting()
 
     async def follow_cordons(self, period: float = CORDON_REFRESH_S) -> None:
         while True:
@@ -552,7 +552,7 @@ class SchedulerService:
                 self._changed_nodes.add(allocation.node)
             if late:
                 await self._publish_usage()
-                self._wake()
+                self._retry_waiting()
 
     # Helpers -------------------------------------------------------------------
 
@@ -599,23 +599,23 @@ class SchedulerService:
         if not task.cancelled() and task.exception() is not None:
             logger.error("reporting a decision failed", exc_info=task.exception())
 
-    def _wake(self) -> None:
+    def _retry_waiting(self) -> None:
         """Cards were freed or a node changed: pods waiting for capacity may fit now."""
-        for event in self._wakeups:
+        for event in self._retry_signals:
             event.set()
         if self._refused:
             waiting, self._refused = list(self._refused.values()), {}
             stamp = str(self._wall_clock())
-            self._in_background(self._nudge(waiting, stamp))
+            self._in_background(self._ask_cluster_to_retry(waiting, stamp))
 
-    async def _nudge(self, waiting: list[tuple[str, str]], stamp: str) -> None:
+    async def _ask_cluster_to_retry(self, waiting: list[tuple[str, str]], stamp: str) -> None:
         for namespace, name in waiting:
-            await self.cluster.nudge(namespace, name, stamp)
+            await self.cluster.retry_pod(namespace, name, stamp)
 
-    def capacity_changed(self) -> asyncio.Event:
+    def retry_signal(self) -> asyncio.Event:
         """An event set whenever cards are freed or inventory changes (for retry loops)."""
         event = asyncio.Event()
-        self._wakeups.append(event)
+        self._retry_signals.append(event)
         return event
 
     # Read-only view of the ledger ------------------------------------------------

@@ -322,7 +322,7 @@ class StandaloneCluster:
                 return
         events.append(PodEvent(kind, reason, message, 1, now, now))
 
-    async def nudge(self, namespace: str, name: str, stamp: str) -> None:
+    async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         """Nothing to do: the pending loop tries waiting pods whenever cards are freed."""
 
     async def changes(self) -> AsyncIterator[PodChange]:
@@ -332,7 +332,7 @@ class StandaloneCluster:
     # What the pod API needs ----------------------------------------------------
 
     async def submit(self, manifest: PodManifest) -> StoredPod:
-        namespace = manifest.metadata.namespace or "default"
+        namespace = manifest.namespace
         key = _key(namespace, manifest.metadata.name)
         async with self._writing.hold(key):
             return await self._submit(key, namespace, manifest)
@@ -400,17 +400,17 @@ class PendingLoop:
         self._cluster = cluster
         self._retry_period = retry_period
         self._scheduler_name = scheduler_name
-        self._wake = service.capacity_changed()
+        self._retry = service.retry_signal()
 
-    def poke(self) -> None:
-        self._wake.set()
+    def retry_now(self) -> None:
+        self._retry.set()
 
     async def run(self) -> None:
         while True:
-            self._wake.clear()
+            self._retry.clear()
             await self.schedule_pending()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._retry_period)
+                await asyncio.wait_for(self._retry.wait(), self._retry_period)
 
     async def schedule_pending(self) -> None:
         if not self._service.ready:
@@ -432,7 +432,7 @@ class PendingLoop:
         result = await self._service.filter(ExtenderArgs(pod=pod.manifest, node_names=nodes))
         if result.error or not result.node_names:
             return
-        namespace = pod.manifest.metadata.namespace or "default"
+        namespace = pod.manifest.namespace
         await self._service.bind(ExtenderBindingArgs(
             pod_name=pod.manifest.metadata.name, pod_namespace=namespace, pod_uid=pod.uid,
             node=result.node_names[0]))
@@ -485,14 +485,13 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
             return web.Response(status=503, text=f"{error}\n")
         except ClusterError as error:
             return web.Response(status=409, text=f"{error}\n")
-        loop.poke()
+        loop.retry_now()
         return json_response(_pod_view(pod, []), status=201)
 
     @routes.get("/api/pods")
     async def list_pods(_: web.Request) -> web.Response:
         return json_response([
-            _pod_view(p, cluster.events(p.manifest.metadata.namespace or "default",
-                                        p.manifest.metadata.name))
+            _pod_view(p, cluster.events(p.manifest.namespace, p.manifest.metadata.name))
             for p in cluster.pods()
         ])
 

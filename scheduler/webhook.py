@@ -15,7 +15,10 @@ import msgspec
 from aiohttp import web
 
 from common.core.admission import AdmittedPod, admit
+from common.core.errors import InvalidInput
+from common.core.pod import DEFAULT_NAMESPACE
 from scheduler.bodies import ADMISSION_BODY_LIMIT, read_body
+from scheduler.errors import SchedulerError
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ _pod = msgspec.json.Decoder(AdmittedPod)
 _encoder = msgspec.json.Encoder()
 
 
-class BadReview(ValueError):
+class BadReview(SchedulerError, InvalidInput):
     """A body the API server would not send; the message says what is wrong."""
 
 
@@ -114,7 +117,7 @@ def respond(request: AdmissionRequest, scheduler_name: str) -> AdmissionResponse
         raise BadReview("request.object is not a Pod: JSON nested too deeply") from None
     admission = admit(pod, scheduler_name)
     name = pod.metadata.name or request.name or "(name to be generated)"
-    where = f"pod {request.namespace or pod.metadata.namespace or 'default'}/{name}"
+    where = f"pod {request.namespace or pod.metadata.namespace or DEFAULT_NAMESPACE}/{name}"
     log = logger.info if admission.redirect or admission.warning else logger.debug
     log("%s: %s", where, admission.reason)
     if not admission.redirect:

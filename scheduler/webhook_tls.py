@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from scheduler.cluster import ClusterError, WebhookCluster
+from scheduler.errors import SchedulerError
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ SECRET_CA = "ca.crt"
 DEFAULT_CHECK_PERIOD_S = 10.0
 
 
-class TlsError(Exception):
+class TlsError(SchedulerError):
     """A certificate or key that cannot be served; the message says which and why."""
 
 

@@ -46,7 +46,7 @@ class NodeList:
                            message: str) -> None:
         pass
 
-    async def nudge(self, namespace: str, name: str, stamp: str) -> None:
+    async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         pass
 
     async def changes(self) -> AsyncIterator[PodChange]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.core.errors import InvalidInput
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB
 from common.core.names import shown
 
@@ -19,8 +20,13 @@ CORDON_ANNOTATION = "hami.io/device-cordon"
 VENDOR = "NVIDIA"
 
 
-class AnnotationError(ValueError):
+class AnnotationError(InvalidInput):
     """An allocation annotation that does not decode; the message says where."""
+
+
+def comma_list(text: str) -> list[str]:
+    """The entries of a comma-separated list (a card list annotation or flag), blanks left out."""
+    return [entry.strip() for entry in text.split(",") if entry.strip()]
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from common.core.annotations import ALLOCATED_ANNOTATION, AnnotationError, decode_devices
+from common.core.errors import InvalidInput
 from common.core.fleet import Fleet
 from common.core.ledger import Allocation
 from common.core.model import ClusterFile, repeated_card
 
 
-class ClusterError(ValueError):
+class ClusterError(InvalidInput):
     """The cluster description is inconsistent; the message names the entry."""
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from common.core.annotations import CORDON_ANNOTATION
+from common.core.annotations import CORDON_ANNOTATION, comma_list
 from common.core.ledger import Allocation, Usage
 from common.core.model import Device, Node
 from common.core.reasons import CHECK_COUNT
@@ -38,8 +38,7 @@ def ratio(used: IntArray | FloatArray, capacity: IntArray) -> FloatArray:
 
 
 def cordoned_uuids(node: Node) -> frozenset[str]:
-    text = node.annotations.get(CORDON_ANNOTATION, "")
-    return frozenset(entry.strip() for entry in text.split(",") if entry.strip())
+    return frozenset(comma_list(node.annotations.get(CORDON_ANNOTATION, "")))
 
 
 def _static_signature(device: Device) -> tuple[object, ...]:

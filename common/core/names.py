@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from common.core.errors import InvalidInput
+
 LABEL_MAX = 63
 SUBDOMAIN_MAX = 253
 _SHOWN = 40
@@ -32,7 +34,7 @@ _SUBDOMAIN = _Rule(
     "ending with a letter or digit")
 
 
-class InvalidName(ValueError):
+class InvalidName(InvalidInput):
     """A name Kubernetes would refuse; the message names the field and what is wrong."""
 
 

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import msgspec
 
+from common.core.annotations import comma_list
 from common.core.names import shown
 from common.core.policy import (
     WEIGHTS_ANNOTATION,
@@ -54,6 +55,10 @@ class Container(msgspec.Struct):
     resources: ResourceRequirements | None = None
 
 
+DEFAULT_NAMESPACE = "default"
+"""Where Kubernetes puts a pod whose manifest names no namespace."""
+
+
 class PodSpec(msgspec.Struct, rename="camel"):
     containers: list[Container] = []
     init_containers: list[Container] | None = None
@@ -73,8 +78,13 @@ class PodManifest(msgspec.Struct):
     spec: PodSpec = msgspec.field(default_factory=PodSpec)
 
     @property
+    def namespace(self) -> str:
+        """The pod's namespace: Kubernetes' default one when the manifest names none."""
+        return self.metadata.namespace or DEFAULT_NAMESPACE
+
+    @property
     def key(self) -> str:
-        return f"{self.metadata.namespace or 'default'}/{self.metadata.name}"
+        return f"{self.namespace}/{self.metadata.name}"
 
     @property
     def asks_for_gpu(self) -> bool:
@@ -243,10 +253,6 @@ def _container_request(container: Container, is_init: bool, position: str) -> Co
     )
 
 
-def _comma_list(text: str) -> list[str]:
-    return [entry.strip() for entry in text.split(",") if entry.strip()]
-
-
 _TRUE = {"1", "t", "true"}
 _FALSE = {"0", "f", "false"}
 
@@ -291,8 +297,8 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
             )
         numa_bind = flag in _TRUE
 
-    use_uuids = _comma_list(annotations.get(USE_UUID_ANNOTATION, ""))
-    use_types = _comma_list(annotations.get(USE_TYPE_ANNOTATION, ""))
+    use_uuids = comma_list(annotations.get(USE_UUID_ANNOTATION, ""))
+    use_types = comma_list(annotations.get(USE_TYPE_ANNOTATION, ""))
     return PodRequest(
         key=manifest.key,
         containers=tuple(containers),
@@ -301,10 +307,10 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
         node_policy=node_policy,
         weights=weights,
         use_uuids=frozenset(use_uuids) if use_uuids else None,
-        nouse_uuids=frozenset(_comma_list(annotations.get(NOUSE_UUID_ANNOTATION, ""))),
+        nouse_uuids=frozenset(comma_list(annotations.get(NOUSE_UUID_ANNOTATION, ""))),
         use_types=tuple(t.lower() for t in use_types) if use_types else None,
         nouse_types=tuple(
-            t.lower() for t in _comma_list(annotations.get(NOUSE_TYPE_ANNOTATION, ""))
+            t.lower() for t in comma_list(annotations.get(NOUSE_TYPE_ANNOTATION, ""))
         ),
         numa_bind=numa_bind,
     )

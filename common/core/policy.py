@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from common.core.annotations import comma_list
+from common.core.errors import InvalidInput, SettingsError
 from common.core.names import shown
 
 
-class PodRejected(ValueError):
+class PodRejected(InvalidInput):
     """The pod itself is malformed; the message names the annotation or resource."""
 
 
@@ -74,14 +76,14 @@ def parse_chain(text: str, default: Chain) -> ParsedChain:
     sort_keys: list[SortKey] = []
     ignored: list[str] = []
     seen: set[str] = set()
-    for raw in text.split(","):
-        name = raw.strip().lower()
-        if not name or name in seen:
+    for entry in comma_list(text):
+        name = entry.lower()
+        if name in seen:
             continue
         seen.add(name)
         known = _KNOWN.get(name)
         if known is None:
-            ignored.append(raw.strip())
+            ignored.append(entry)
         elif isinstance(known, Filter):
             filters.add(known)
         else:
@@ -96,7 +98,8 @@ def parse_default_chain(text: str) -> Chain:
     parsed = parse_chain(text, Chain(frozenset(), ()))
     if parsed.ignored or not (parsed.chain.filters or parsed.chain.sort_keys):
         bad = ", ".join(parsed.ignored) or repr(text)
-        raise ValueError(f"gpu scheduler policy {text!r}: unknown or missing policy name ({bad})")
+        raise SettingsError(
+            f"gpu scheduler policy {text!r}: unknown or missing policy name ({bad})")
     return parsed.chain
 
 

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -21,11 +20,11 @@ from nats.aio.msg import Msg
 from rich.console import Console
 from rich.live import Live
 
-from common import telemetry
+from common import stopping, telemetry
 from common.arguments import Subcommands, positive_int, positive_seconds
+from common.core.errors import SettingsError
 from common.messaging import (
     NatsSettings,
-    SettingsError,
     add_nats_arguments,
     connect,
     nats_settings,
@@ -119,9 +118,7 @@ def connection_errors_into(model: WatchModel) -> Iterator[None]:
 
 def stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stopping.stop_on_signals(stop.set)
     return stop
 
 

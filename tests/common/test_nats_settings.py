@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from common.arguments import CommandParser, use_environment
+from common.core.errors import SettingsError
 from common.messaging import (
     DEFAULT_URL,
     NatsSettings,
-    SettingsError,
     add_nats_arguments,
     nats_settings,
     reconnect_delay,

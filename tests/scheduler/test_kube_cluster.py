@@ -707,19 +707,19 @@ async def test_a_refused_patch_stops_before_the_binding(harness: Harness) -> Non
     assert api.sent("POST", "/binding") == []
 
 
-async def test_nudge_stamps_the_waiting_pod_and_ignores_a_gone_one(
+async def test_retry_pod_stamps_the_waiting_pod_and_ignores_a_gone_one(
     harness: Harness, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    await harness.cluster.nudge("ml", "waiting", "1700000000.5")
+    await harness.cluster.retry_pod("ml", "waiting", "1700000000.5")
     patches = harness.api.sent("PATCH", "/namespaces/ml/pods/waiting")
     assert [p.body for p in patches] == [
         {"metadata": {"annotations": {"pyhami.io/capacity-freed": "1700000000.5"}}}]
     assert patches[0].content_type == "application/merge-patch+json"
     harness.api.patch_statuses = [404, 500]
     with caplog.at_level(logging.WARNING, logger="scheduler.kube"):
-        await harness.cluster.nudge("ml", "gone", "1")  # deleted: nothing to retry
+        await harness.cluster.retry_pod("ml", "gone", "1")  # deleted: nothing to retry
         assert not caplog.records
-        await harness.cluster.nudge("ml", "stuck", "1")
+        await harness.cluster.retry_pod("ml", "stuck", "1")
     assert [r.getMessage() for r in caplog.records] == [
         "pod ml/stuck not nudged to retry: HTTP 500 InternalError: etcd is down"]
 
