@@ -40,7 +40,6 @@ from common.core.annotations import (
     TO_ALLOCATE_ANNOTATION,
 )
 from common.core.names import check_subdomain
-from scheduler import kube
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, PodChange
 from scheduler.kube import (
     EventSeries,
@@ -48,6 +47,7 @@ from scheduler.kube import (
     PodEvent,
     PodToBind,
     SeriesCache,
+    _watch,
     annotation_patch,
     bind_refusal,
     binding_body,
@@ -912,7 +912,7 @@ async def test_the_watch_starts_where_list_pods_ended(harness: Harness) -> None:
 async def test_watch_failures_are_retried_with_backoff(
         harness: Harness, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kube, "RETRY_FIRST_DELAY", 0.05)
+    monkeypatch.setattr(_watch, "RETRY_FIRST_DELAY", 0.05)
     api = harness.api
     api.lists = [([], "100"), ([pod_json("y", version="150")], "200")]
     api.watches = [500, 410, [watch_event("ADDED", pod_json("x", version="201"))]]
