@@ -271,6 +271,25 @@ def test_a_failure_reads_as_the_api_status_not_a_traceback() -> None:
         "ConnectionRefusedError: refused")
 
 
+def test_the_watch_stream_reads_as_lines_then_events() -> None:
+    stopping = threading.Event()
+    pod = json.dumps(watch_event("ADDED", pod_json("a", uid="u-a", version="7"))).encode()
+    bookmark = b'{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}'
+    seen = list(_watch.decoded(_watch.lines([pod, b"\n", bookmark], stopping)))
+    assert [(s.kind, s.resource_version, s.pod.key if s.pod else None) for s in seen] == [
+        ("ADDED", "7", "default/a"), ("BOOKMARK", "9", None)]
+    stopping.set()
+    assert list(_watch.lines([pod], stopping)) == []
+
+
+@pytest.mark.parametrize(("code", "raised"), [(410, _watch.Expired),
+                                               (500, _watch.WatchFailed)])
+def test_an_error_event_ends_the_watch(code: int, raised: type[Exception]) -> None:
+    line = json.dumps({"type": "ERROR", "object": {"code": code, "reason": "r"}}).encode()
+    with pytest.raises(raised):
+        list(_watch.decoded([line]))
+
+
 # The stub API server ----------------------------------------------------------------------
 
 
