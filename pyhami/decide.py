@@ -8,7 +8,7 @@ from typing import Any
 
 from common.arguments import Subcommands, add_policy_defaults, defaults_from
 from common.core import (
-    ClusterError,
+    ClusterFileError,
     Defaults,
     PodRejected,
     decide,
@@ -38,7 +38,7 @@ def decide_files(cluster_path: Path, pod_path: Path, defaults: Defaults,
     """Raises ``InputFileError`` for a file that cannot be used."""
     try:
         fleet = fleet_from_cluster(load_cluster(cluster_path))
-    except ClusterError as error:
+    except ClusterFileError as error:
         raise InputFileError(f"{cluster_path}: {error}") from None
     manifest = load_pod(pod_path)
     try:

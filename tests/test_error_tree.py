@@ -9,8 +9,6 @@ import pkgutil
 from common.core.errors import PyhamiError
 
 PACKAGES = ("common", "agent", "scheduler", "pyhami")
-# The watch's private signals in scheduler/kube.py, re-parented when that module is split.
-NOT_YET_IN_THE_TREE = {"scheduler.kube._Expired", "scheduler.kube._WatchFailed"}
 
 
 def project_exceptions() -> list[type[BaseException]]:
@@ -31,4 +29,4 @@ def test_every_project_exception_derives_from_the_root() -> None:
     assert len(exceptions) > 15, "the walk found the project's exceptions"
     outside = sorted(f"{error.__module__}.{error.__qualname__}" for error in exceptions
                      if not issubclass(error, PyhamiError))
-    assert [name for name in outside if name not in NOT_YET_IN_THE_TREE] == []
+    assert outside == []

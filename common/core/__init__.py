@@ -1,7 +1,7 @@
 """The pure decision core: data in, decision out; no I/O, no clock."""
 
 from common.core.annotations import AnnotationError, CardGrant, decode_devices, encode_devices
-from common.core.cluster import ClusterError, fleet_from_cluster
+from common.core.cluster import ClusterFileError, fleet_from_cluster
 from common.core.decide import Decision, ExplainRow, PlacedCard, decide, rejected
 from common.core.fleet import Fleet
 from common.core.ledger import Allocation, Usage
@@ -21,8 +21,8 @@ __all__ = [
     "AnnotationError",
     "CardGrant",
     "Chain",
-    "ClusterError",
     "ClusterFile",
+    "ClusterFileError",
     "Decision",
     "Defaults",
     "Device",

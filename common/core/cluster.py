@@ -9,7 +9,7 @@ from common.core.ledger import Allocation
 from common.core.model import ClusterFile, repeated_card
 
 
-class ClusterError(InvalidInput):
+class ClusterFileError(InvalidInput):
     """The cluster description is inconsistent; the message names the entry."""
 
 
@@ -18,33 +18,33 @@ def fleet_from_cluster(cluster: ClusterFile) -> Fleet:
     for position, node in enumerate(cluster.nodes):
         where = f"nodes[{position}] ({node.name!r})"
         if fleet.node(node.name) is not None:
-            raise ClusterError(f"{where}: node name is listed twice")
+            raise ClusterFileError(f"{where}: node name is listed twice")
         repeated = repeated_card(node.devices)
         if repeated is not None:
-            raise ClusterError(f"{where}: {repeated}")
+            raise ClusterFileError(f"{where}: {repeated}")
         fleet.upsert_node(node)
     for position, pod in enumerate(cluster.pods):
         where = f"pods[{position}] ({pod.namespace}/{pod.name})"
         key = f"{pod.namespace}/{pod.name}"
         if fleet.allocation(key) is not None:
-            raise ClusterError(f"{where}: pod is listed twice")
+            raise ClusterFileError(f"{where}: pod is listed twice")
         host = fleet.node(pod.node)
         if host is None:
-            raise ClusterError(f"{where}: node {pod.node!r} is not among the cluster's nodes")
+            raise ClusterFileError(f"{where}: node {pod.node!r} is not among the cluster's nodes")
         try:
             containers = decode_devices(pod.annotations.get(ALLOCATED_ANNOTATION, ""))
         except AnnotationError as error:
-            raise ClusterError(f"{where}: {error}") from None
+            raise ClusterFileError(f"{where}: {error}") from None
         known = {d.uuid for d in host.devices}
         for grants in containers:
             for grant in grants:
                 if grant.uuid not in known:
-                    raise ClusterError(
+                    raise ClusterFileError(
                         f"{where}: {ALLOCATED_ANNOTATION} names card {grant.uuid!r}, "
                         f"which node {pod.node!r} does not have"
                     )
         if pod.init_containers > len(containers):
-            raise ClusterError(
+            raise ClusterFileError(
                 f"{where}: init_containers is {pod.init_containers} but the annotation "
                 f"holds {len(containers)} containers"
             )

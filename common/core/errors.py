@@ -11,7 +11,7 @@ raises it, and the agent and the scheduler each add a package root
     │   ├── InvalidName                  common.core.names
     │   ├── AnnotationError              common.core.annotations
     │   ├── PodRejected                  common.core.policy
-    │   ├── ClusterError                 common.core.cluster (a cluster description)
+    │   ├── ClusterFileError             common.core.cluster (a cluster description)
     │   ├── InputFileError               common.files
     │   ├── WireError > WrongSubject     common.wire
     │   └── BadReview                    scheduler.webhook (also a SchedulerError)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from pyhami.cli import build_parser
-from scheduler.kube import SCHEDULER_NAME
+from scheduler.cluster import SCHEDULER_NAME
 from tests.e2e.controlplane import SCHEDULER_CONFIG_MAP, manifests, shipped_scheduler_config
 from tests.paths import REPO
 

@@ -40,7 +40,6 @@ from common.core.annotations import (
     TO_ALLOCATE_ANNOTATION,
 )
 from common.core.names import check_subdomain
-from scheduler import kube
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, PodChange
 from scheduler.kube import (
     EventSeries,
@@ -48,6 +47,7 @@ from scheduler.kube import (
     PodEvent,
     PodToBind,
     SeriesCache,
+    _watch,
     annotation_patch,
     bind_refusal,
     binding_body,
@@ -269,6 +269,25 @@ def test_a_failure_reads_as_the_api_status_not_a_traceback() -> None:
     assert describe_failure(proxy) == "HTTP 502 Bad Gateway: <html>bad gateway</html>"
     assert describe_failure(ConnectionRefusedError("refused")) == (
         "ConnectionRefusedError: refused")
+
+
+def test_the_watch_stream_reads_as_lines_then_events() -> None:
+    stopping = threading.Event()
+    pod = json.dumps(watch_event("ADDED", pod_json("a", uid="u-a", version="7"))).encode()
+    bookmark = b'{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}'
+    seen = list(_watch.decoded(_watch.lines([pod, b"\n", bookmark], stopping)))
+    assert [(s.kind, s.resource_version, s.pod.key if s.pod else None) for s in seen] == [
+        ("ADDED", "7", "default/a"), ("BOOKMARK", "9", None)]
+    stopping.set()
+    assert list(_watch.lines([pod], stopping)) == []
+
+
+@pytest.mark.parametrize(("code", "raised"), [(410, _watch.Expired),
+                                               (500, _watch.WatchFailed)])
+def test_an_error_event_ends_the_watch(code: int, raised: type[Exception]) -> None:
+    line = json.dumps({"type": "ERROR", "object": {"code": code, "reason": "r"}}).encode()
+    with pytest.raises(raised):
+        list(_watch.decoded([line]))
 
 
 # The stub API server ----------------------------------------------------------------------
@@ -912,7 +931,7 @@ async def test_the_watch_starts_where_list_pods_ended(harness: Harness) -> None:
 async def test_watch_failures_are_retried_with_backoff(
         harness: Harness, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kube, "RETRY_FIRST_DELAY", 0.05)
+    monkeypatch.setattr(_watch, "RETRY_FIRST_DELAY", 0.05)
     api = harness.api
     api.lists = [([], "100"), ([pod_json("y", version="150")], "200")]
     api.watches = [500, 410, [watch_event("ADDED", pod_json("x", version="201"))]]

@@ -1,0 +1,207 @@
+"""The request bodies pyhami sends the API server, and the pure checks that decide them.
+
+Plain JSON (dicts and lists) built from values: nothing here calls the API.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TypeAlias
+
+from common.core.annotations import (
+    ALLOCATED_ANNOTATION,
+    BIND_PHASE_ANNOTATION,
+    TO_ALLOCATE_ANNOTATION,
+)
+from common.core.names import SUBDOMAIN_MAX
+from scheduler.cluster import CAPACITY_FREED_ANNOTATION, EventType
+from scheduler.kube._wire import PodToBind
+
+EVENT_MESSAGE_LIMIT = 1024  # bytes: the API server refuses a longer event message
+EVENT_DIGEST_LENGTH = 16
+
+Json: TypeAlias = "str | int | float | bool | Sequence[Json] | Mapping[str, Json] | None"
+JsonObject: TypeAlias = dict[str, Json]
+
+
+# Pods -----------------------------------------------------------------------------------
+
+
+def _with_uid(fields: JsonObject, uid: str) -> JsonObject:
+    # uid is immutable: a patch that carries it fails (422) on a pod re-created under the
+    # same name instead of annotating the wrong pod.
+    return {**fields, "uid": uid} if uid else fields
+
+
+def _guarded(fields: JsonObject, uid: str, resource_version: str | None) -> JsonObject:
+    # resourceVersion in a patch is a precondition: the API answers 409 Conflict when the
+    # pod changed since that version was read, rather than writing over the change.
+    fields = _with_uid(fields, uid)
+    return {**fields, "resourceVersion": resource_version} if resource_version else fields
+
+
+def annotation_patch(uid: str, resource_version: str | None,
+                     annotations: Mapping[str, str | None]) -> JsonObject:
+    """The merge patch that writes the allocation annotations (docs/decision-core.md) on the pod
+    as it was read."""
+    return {"metadata": _guarded({"annotations": dict(annotations)}, uid, resource_version)}
+
+
+def undo_annotation_patch(uid: str, resource_version: str | None) -> JsonObject:
+    """The merge patch that withdraws an allocation whose binding failed (null deletes),
+    only from the pod as this bind left it."""
+    return {"metadata": _guarded({"annotations": {
+        BIND_PHASE_ANNOTATION: "failed",
+        ALLOCATED_ANNOTATION: None,
+        TO_ALLOCATE_ANNOTATION: None,
+    }}, uid, resource_version)}
+
+
+def bind_refusal(pod: PodToBind, uid: str, scheduler_name: str) -> str | None:
+    """Why /bind must leave this pod alone, or None: only a pending pod of pyhami's
+    scheduler name, on no node yet, is pyhami's to bind."""
+    if uid and pod.metadata.uid != uid:
+        return f"the pod is uid {pod.metadata.uid}, not {uid} (re-created meanwhile)"
+    if pod.spec.node_name:
+        return f"the pod is already on node {pod.spec.node_name}"
+    if pod.status.phase != "Pending":
+        return f"the pod is {pod.status.phase}, not Pending"
+    if pod.spec.scheduler_name != scheduler_name:
+        return (f"the pod is for scheduler {pod.spec.scheduler_name!r}, "
+                f"not {scheduler_name!r}")
+    return None
+
+
+def binding_body(namespace: str, name: str, uid: str, node: str) -> JsonObject:
+    """A v1.Binding of the pod to ``node``; with ``uid``, the API refuses another pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": _with_uid({"name": name, "namespace": namespace}, uid),
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+
+
+def capacity_freed_patch(stamp: str) -> JsonObject:
+    """The merge patch that stamps a waiting pod, so that kube-scheduler tries it again."""
+    return {"metadata": {"annotations": {CAPACITY_FREED_ANNOTATION: stamp}}}
+
+
+# Events ---------------------------------------------------------------------------------
+
+
+def _truncate_utf8(text: str, limit: int) -> str:
+    encoded = text.encode()
+    if len(encoded) <= limit:
+        return text
+    marker = "..."
+    return encoded[:limit - len(marker)].decode(errors="ignore") + marker
+
+
+def timestamp(now: datetime) -> str:
+    """An Event's firstTimestamp or lastTimestamp: UTC, whole seconds."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class PodEvent:
+    """One Event about a pod, as it is written again each time it recurs.
+
+    Its name is derived from everything that makes two Events the same one, the fields
+    client-go's event correlator compares (the source, the pod with its uid, the type,
+    the reason, the message): a repeat finds it by name, in this process or the next.
+    """
+
+    namespace: str
+    pod: str
+    uid: str | None
+    kind: EventType
+    reason: str
+    message: str
+    component: str
+
+    @classmethod
+    def of(cls, namespace: str, pod: str, *, uid: str | None, kind: EventType, reason: str,
+           message: str, component: str) -> PodEvent:
+        return cls(namespace, pod, uid, kind, reason,
+                   _truncate_utf8(message, EVENT_MESSAGE_LIMIT), component)
+
+    @property
+    def name(self) -> str:
+        """``<pod>.<16 hex digits>``: a DNS subdomain, however long the pod's name."""
+        fields = (self.component, self.namespace, self.pod, self.uid or "", self.kind,
+                  self.reason, self.message)
+        digest = hashlib.sha256("\0".join(fields).encode()).hexdigest()[:EVENT_DIGEST_LENGTH]
+        # The pod's name is a DNS subdomain: cut short, it must still end in a letter or digit.
+        base = self.pod[:SUBDOMAIN_MAX - EVENT_DIGEST_LENGTH - 1].rstrip(".-")
+        return f"{base}.{digest}"
+
+    @property
+    def series_key(self) -> str:
+        """What the daemon remembers the Event's series under: its namespace and name."""
+        return f"{self.namespace}/{self.name}"
+
+    def body(self, *, instance: str, count: int, first: str, last: str) -> JsonObject:
+        """The core/v1 Event, in the style ``kubectl describe pod`` lists.
+
+        ``eventTime`` stays unset: set, it makes the API server demand the events.k8s.io
+        fields (action and the rest) too, and the client re-serializes it without the
+        microseconds its format requires whenever they happen to be zero.
+        """
+        involved: JsonObject = {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace,
+                                "name": self.pod}
+        if self.uid:
+            involved["uid"] = self.uid  # kubectl describe matches events on the pod's uid
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "involvedObject": involved,
+            "reason": self.reason,
+            "message": self.message,
+            "type": self.kind,
+            "source": {"component": self.component},
+            "firstTimestamp": first,
+            "lastTimestamp": last,
+            "count": count,
+            "reportingComponent": self.component,
+            "reportingInstance": instance,
+        }
+
+
+def recurrence_patch(count: int, last: str) -> JsonObject:
+    """The merge patch that counts one more occurrence of an Event."""
+    return {"count": count, "lastTimestamp": last}
+
+
+# The webhook's certificate --------------------------------------------------------------
+
+
+def tls_secret_body(name: str, data: Mapping[str, bytes]) -> JsonObject:
+    """A ``kubernetes.io/tls`` Secret holding ``data`` (``tls.crt``, ``tls.key``, ...)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "pyhami",
+                                              "app.kubernetes.io/component": "webhook"}},
+        "type": "kubernetes.io/tls",
+        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+    }
+
+
+def ca_bundle_patch(webhooks: Sequence[tuple[int, str]], ca: bytes) -> list[Json]:
+    """The JSON patch that sets the ``caBundle`` of these webhooks (position, name) where
+    they are. Mutating webhooks run in the order listed, so the list is never rewritten;
+    each position is tested first, so a list changed meanwhile fails the patch (422)."""
+    encoded = base64.b64encode(ca).decode()
+    operations: list[Json] = []
+    for index, name in webhooks:
+        operations += [
+            {"op": "test", "path": f"/webhooks/{index}/name", "value": name},
+            {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": encoded},
+        ]
+    return operations

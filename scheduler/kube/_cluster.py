@@ -1,0 +1,311 @@
+"""``KubernetesCluster``: the ``Cluster`` and ``WebhookCluster`` ports, each call a
+blocking client call run in a worker thread (``asyncio.to_thread``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
+
+import msgspec
+
+from common.core.annotations import ALLOCATED_ANNOTATION, CORDON_ANNOTATION
+from scheduler.cluster import (
+    SCHEDULER_NAME,
+    ClusterError,
+    ClusterPod,
+    EventType,
+    PodChange,
+    cordon_list,
+)
+from scheduler.kube import _client
+from scheduler.kube._bodies import (
+    PodEvent,
+    annotation_patch,
+    bind_refusal,
+    binding_body,
+    ca_bundle_patch,
+    capacity_freed_patch,
+    timestamp,
+    tls_secret_body,
+    undo_annotation_patch,
+)
+from scheduler.kube._client import (
+    API_FAILURES,
+    CONFLICT,
+    NOT_FOUND,
+    ApiClient,
+    Snapshot,
+    answered_with,
+    describe_failure,
+)
+from scheduler.kube._events import SeriesCache, write_event
+from scheduler.kube._watch import PodWatcher
+from scheduler.kube._wire import NodeList, Pod, PodToBind, Secret, WebhookConfiguration, decode_pod
+from scheduler.service import KeyedLocks
+
+# The package's name: log lines name the room, not its private modules.
+logger = logging.getLogger("scheduler.kube")
+
+UID_CACHE_SIZE = 4096
+WITHDRAW_ATTEMPTS = 3
+
+
+class KubernetesCluster:
+    """The ``Cluster`` port on a Kubernetes API server."""
+
+    def __init__(self, api_client: ApiClient, *,
+                 scheduler_name: str = SCHEDULER_NAME, instance: str | None = None) -> None:
+        self._api_client = api_client
+        self._core = _client.core_api(api_client)
+        self._admission = _client.admission_api(api_client)
+        self.scheduler_name = scheduler_name
+        self.instance = (instance or f"{scheduler_name}-{socket.gethostname()}")[:128]
+        # Pod uids for events, most recently seen last; touched on the event loop only.
+        self._uids: dict[str, str] = {}
+        # Events written, to count their repeats; touched on the event loop only.
+        self._event_series = SeriesCache()
+        self._event_writes = KeyedLocks()
+        # The last list_pods(): changes() watches on from it, so nothing in between is lost.
+        self._snapshot: Snapshot | None = None
+
+    @classmethod
+    def from_kubeconfig(cls, path: str, *, context: str | None = None,
+                        scheduler_name: str = SCHEDULER_NAME) -> KubernetesCluster:
+        return cls(_client.load_kubeconfig(path, context), scheduler_name=scheduler_name)
+
+    @classmethod
+    def in_cluster(cls, *, scheduler_name: str = SCHEDULER_NAME) -> KubernetesCluster:
+        return cls(_client.load_in_cluster(), scheduler_name=scheduler_name)
+
+    def close(self) -> None:
+        _client.close(self._api_client)
+
+    # Reads ---------------------------------------------------------------------------
+
+    async def list_pods(self) -> list[ClusterPod]:
+        try:
+            snapshot = await asyncio.to_thread(_client.list_all_pods, self._core)
+        except API_FAILURES as error:
+            raise ClusterError(f"listing pods failed: {describe_failure(error)}") from error
+        self._snapshot = snapshot
+        return snapshot.pods
+
+    async def get_pod(self, namespace: str, name: str) -> ClusterPod | None:
+        try:
+            pod = decode_pod(await asyncio.to_thread(
+                _client.read_pod, self._core, namespace, name))
+        except API_FAILURES as error:
+            if answered_with(error, NOT_FOUND):
+                return None
+            raise ClusterError(
+                f"reading pod {namespace}/{name} failed: {describe_failure(error)}") from error
+        self._remember_uid(pod.key, pod.uid)
+        return pod
+
+    async def device_cordons(self) -> dict[str, frozenset[str]]:
+        try:
+            data = await asyncio.to_thread(_client.list_nodes, self._core)
+            nodes = msgspec.json.decode(data, type=NodeList).items
+        except API_FAILURES as error:
+            raise ClusterError(f"listing nodes failed: {describe_failure(error)}") from error
+        return {node.metadata.name: cordon_list((node.metadata.annotations or {}).get(
+                    CORDON_ANNOTATION, "")) for node in nodes}
+
+    # Writes --------------------------------------------------------------------------
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str | None]) -> None:
+        await asyncio.to_thread(self._bind, namespace, name, uid, node, dict(annotations))
+        self._remember_uid(f"{namespace}/{name}", uid)
+
+    def _bind(self, namespace: str, name: str, uid: str, node: str,
+              annotations: dict[str, str | None]) -> None:
+        """Read the pod, check it is pyhami's to bind, annotate it as read, bind it."""
+        what = f"binding pod {namespace}/{name} to node {node}"
+        try:
+            pod = msgspec.json.decode(_client.read_pod(self._core, namespace, name),
+                                      type=PodToBind)
+        except API_FAILURES as error:
+            if answered_with(error, NOT_FOUND):
+                raise ClusterError(f"{what}: the pod no longer exists") from error
+            raise ClusterError(f"{what}: reading the pod failed: "
+                               f"{describe_failure(error)}") from error
+        refusal = bind_refusal(pod, uid, self.scheduler_name)
+        if refusal is not None:
+            raise ClusterError(f"{what}: {refusal}")
+        uid = uid or pod.metadata.uid or ""
+        version = pod.metadata.resource_version
+        present = pod.metadata.annotations or {}
+        # A removal of an annotation the pod does not carry is no write at all.
+        annotations = {name: value for name, value in annotations.items()
+                       if value is not None or name in present}
+        if annotations:
+            try:
+                patched = msgspec.json.decode(_client.patch_pod(
+                    self._core, namespace, name, annotation_patch(uid, version, annotations)),
+                    type=Pod)
+            except API_FAILURES as error:
+                raise ClusterError(f"{what}: writing the allocation annotations failed: "
+                                   f"{describe_failure(error)}") from error
+            version = patched.metadata.resource_version
+        try:
+            _client.create_binding(self._core, namespace, name,
+                                   binding_body(namespace, name, uid, node))
+        except API_FAILURES as error:
+            failure = f"{what}: creating the Binding failed: {describe_failure(error)}"
+            allocated = annotations.get(ALLOCATED_ANNOTATION)
+            if not allocated:
+                raise ClusterError(failure) from error
+            try:
+                outcome = self._withdraw(namespace, name, uid, version, allocated)
+            except API_FAILURES as undo_error:
+                raise ClusterError(f"{failure}; withdrawing the allocation annotations failed "
+                                   f"too: {describe_failure(undo_error)}") from error
+            raise ClusterError(f"{failure} ({outcome})") from error
+
+    def _withdraw(self, namespace: str, name: str, uid: str, version: str | None,
+                  allocated: str) -> str:
+        """Take back the annotations a failed bind wrote, unless the pod moved on since:
+        a Binding that did go through after all, or another bind that placed the pod."""
+        for _ in range(WITHDRAW_ATTEMPTS):
+            try:
+                _client.patch_pod(self._core, namespace, name,
+                                  undo_annotation_patch(uid, version))
+                return "allocation annotations withdrawn"
+            except API_FAILURES as error:
+                if answered_with(error, NOT_FOUND):
+                    return "the pod is gone"
+                if not answered_with(error, CONFLICT):
+                    raise
+            pod = msgspec.json.decode(_client.read_pod(self._core, namespace, name),
+                                      type=PodToBind)
+            ours = (pod.metadata.annotations or {}).get(ALLOCATED_ANNOTATION) == allocated
+            if pod.spec.node_name or not ours:
+                return "the pod changed meanwhile; its annotations are left as they are"
+            version = pod.metadata.resource_version
+        return "the pod kept changing; its allocation annotations are left on it unbound"
+
+    async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
+        try:
+            await asyncio.to_thread(_client.patch_pod, self._core, namespace, name,
+                                    capacity_freed_patch(stamp))
+        except API_FAILURES as error:
+            if not answered_with(error, NOT_FOUND):
+                logger.warning("pod %s/%s not nudged to retry: %s", namespace, name,
+                               describe_failure(error))
+
+    async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
+                           message: str) -> None:
+        """Write the Event, or count one more of it when it was written before
+        (``_events``)."""
+        # Best effort by contract: whatever goes wrong is logged, never raised.
+        try:
+            uid = await self._pod_uid(namespace, name)
+            event = PodEvent.of(namespace, name, uid=uid, kind=kind, reason=reason,
+                                message=message, component=self.scheduler_name)
+            key = event.series_key
+            async with self._event_writes.hold(key):  # one write of an Event at a time
+                series = await asyncio.to_thread(
+                    write_event, self._core, event, self._event_series.get(key),
+                    timestamp(datetime.now(UTC)), instance=self.instance)
+                self._event_series.put(key, series)
+        except Exception as error:
+            logger.warning("event %s on pod %s/%s not recorded: %s", reason, namespace, name,
+                           describe_failure(error))
+
+    async def _pod_uid(self, namespace: str, name: str) -> str | None:
+        uid = self._uids.get(f"{namespace}/{name}")
+        if uid is None:
+            try:
+                pod = await self.get_pod(namespace, name)
+            except ClusterError as error:
+                logger.debug("uid of pod %s/%s unknown: %s", namespace, name, error)
+                return None
+            uid = pod.uid if pod is not None else None
+        return uid
+
+    def _remember_uid(self, key: str, uid: str) -> None:
+        if not uid:
+            return
+        self._uids.pop(key, None)
+        self._uids[key] = uid
+        if len(self._uids) > UID_CACHE_SIZE:
+            del self._uids[next(iter(self._uids))]
+
+    # The webhook's certificate (the WebhookCluster port) --------------------------------
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        try:
+            data = await asyncio.to_thread(_client.read_secret, self._core, namespace, name)
+            return msgspec.json.decode(data, type=Secret).data or {}
+        except API_FAILURES as error:
+            if answered_with(error, NOT_FOUND):
+                return None
+            raise ClusterError(f"reading Secret {namespace}/{name} failed: "
+                               f"{describe_failure(error)}") from error
+
+    async def create_tls_secret(self, namespace: str, name: str,
+                                data: Mapping[str, bytes]) -> bool:
+        body = tls_secret_body(name, data)
+        try:
+            await asyncio.to_thread(_client.create_secret, self._core, namespace, body)
+        except API_FAILURES as error:
+            if answered_with(error, CONFLICT):
+                return False
+            raise ClusterError(f"creating Secret {namespace}/{name} failed: "
+                               f"{describe_failure(error)}") from error
+        return True
+
+    async def webhook_ca_bundles(self, configuration: str) -> list[tuple[str, bytes]] | None:
+        try:
+            data = await asyncio.to_thread(_client.read_webhook_configuration,
+                                           self._admission, configuration)
+            webhooks = msgspec.json.decode(data, type=WebhookConfiguration).webhooks or []
+        except API_FAILURES as error:
+            if answered_with(error, NOT_FOUND):
+                return None
+            raise ClusterError(f"reading MutatingWebhookConfiguration {configuration} "
+                               f"failed: {describe_failure(error)}") from error
+        return [(webhook.name, webhook.client_config.ca_bundle) for webhook in webhooks]
+
+    async def set_webhook_ca_bundle(self, configuration: str,
+                                    webhooks: Sequence[tuple[int, str]], ca: bytes) -> None:
+        patch = ca_bundle_patch(webhooks, ca)
+        try:
+            await asyncio.to_thread(_client.patch_webhook_configuration, self._admission,
+                                    configuration, patch)
+        except API_FAILURES as error:
+            raise ClusterError(f"patching the caBundle of MutatingWebhookConfiguration "
+                               f"{configuration} failed: {describe_failure(error)}") from error
+
+    # Changes -------------------------------------------------------------------------
+
+    async def changes(self) -> AsyncIterator[PodChange]:
+        """Pod changes from a watch on all namespaces, for as long as it is iterated.
+
+        Starts after the last ``list_pods()`` when there was one; otherwise (and whenever
+        the watch has expired) with a list, given as deletions of the pods that are gone
+        then changes for every pod there is.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[PodChange] = asyncio.Queue()
+
+        def deliver(change: PodChange) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, change)
+
+        snapshot, self._snapshot = self._snapshot, None
+        watcher = PodWatcher(self._core, deliver, snapshot)
+        watcher.start()
+        try:
+            while True:
+                change = await queue.get()
+                if change.deleted:
+                    self._uids.pop(change.pod.key, None)
+                else:
+                    self._remember_uid(change.pod.key, change.pod.uid)
+                yield change
+        finally:
+            watcher.stop()

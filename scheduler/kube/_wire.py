@@ -1,0 +1,118 @@
+"""The API's JSON, decoded by msgspec to the few fields pyhami reads.
+
+Fields pyhami does not read are skipped by the decoder, never built: see the package's
+docstring for why the client's own models are not used.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from common.core import PodManifest
+from common.core.pod import ObjectMeta, PodSpec
+from scheduler.cluster import ClusterPod
+
+
+class Metadata(msgspec.Struct, rename="camel"):
+    name: str = ""
+    namespace: str | None = None
+    uid: str | None = None
+    annotations: dict[str, str] | None = None
+    resource_version: str | None = None
+
+
+class PodStatus(msgspec.Struct):
+    phase: str = "Unknown"
+
+
+class Pod(msgspec.Struct):
+    metadata: Metadata = msgspec.field(default_factory=Metadata)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+    status: PodStatus = msgspec.field(default_factory=PodStatus)
+
+
+class SchedulingSpec(msgspec.Struct, rename="camel"):
+    node_name: str | None = None
+    scheduler_name: str = "default-scheduler"  # the API server's default
+
+
+class PodToBind(msgspec.Struct):
+    """What /bind checks on the pod before writing to it."""
+
+    metadata: Metadata = msgspec.field(default_factory=Metadata)
+    spec: SchedulingSpec = msgspec.field(default_factory=SchedulingSpec)
+    status: PodStatus = msgspec.field(default_factory=PodStatus)
+
+
+class ListMeta(msgspec.Struct):
+    resource_version: str = msgspec.field(default="", name="resourceVersion")
+    continue_token: str = msgspec.field(default="", name="continue")
+
+
+class PodList(msgspec.Struct):
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[Pod] = []
+
+
+class Node(msgspec.Struct):
+    """A Node, or any object read for its metadata alone (a watch bookmark)."""
+
+    metadata: Metadata = msgspec.field(default_factory=Metadata)
+
+
+class NodeList(msgspec.Struct):
+    items: list[Node] = []
+
+
+class Secret(msgspec.Struct):
+    data: dict[str, bytes] | None = None  # base64 on the wire
+
+
+class ClientConfig(msgspec.Struct, rename="camel"):
+    ca_bundle: bytes = b""  # base64 on the wire
+
+
+class Webhook(msgspec.Struct, rename="camel"):
+    name: str
+    client_config: ClientConfig = msgspec.field(default_factory=ClientConfig)
+
+
+class WebhookConfiguration(msgspec.Struct):
+    webhooks: list[Webhook] | None = None
+
+
+class WatchEvent(msgspec.Struct):
+    type: str
+    object: msgspec.Raw
+
+
+class StoredEvent(msgspec.Struct, rename="camel"):
+    """What a repeat reads of an Event this daemon wrote before it last started."""
+
+    count: int = 1
+    first_timestamp: str | None = None
+
+
+class Status(msgspec.Struct):
+    """metav1.Status: the body of an API error and of a watch ERROR event."""
+
+    code: int = 0
+    reason: str = ""
+    message: str = ""
+
+
+def cluster_pod(pod: Pod) -> ClusterPod:
+    meta = pod.metadata
+    annotations = meta.annotations or {}
+    manifest = PodManifest(
+        metadata=ObjectMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid,
+                            annotations=annotations),
+        spec=pod.spec,
+    )
+    return ClusterPod(manifest=manifest, uid=meta.uid or "", node=pod.spec.node_name,
+                      phase=pod.status.phase, annotations=annotations)
+
+
+def decode_pod(data: bytes | str) -> ClusterPod:
+    """A pod from the API's JSON (a v1.Pod). Raises ``msgspec.DecodeError``."""
+    return cluster_pod(msgspec.json.decode(data, type=Pod))
