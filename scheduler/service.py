@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Literal
@@ -35,6 +34,7 @@ from common.core.annotations import (
     TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.reasons import removed_most
 from common.messaging import RateLimitedLog
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
 from common.wire import Inventory, WireError, decode_inventory
@@ -74,16 +74,6 @@ class ServiceSettings:
 
 def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1e3
-
-
-def _reason_names(failed: dict[str, str]) -> Counter[str]:
-    """Reason name -> cards it counted, over every node's ``count/cards Reason`` string."""
-    names: Counter[str] = Counter()
-    for text in failed.values():
-        for part in text.split(", "):
-            count, _, name = part.partition(" ")
-            names[name.split(":")[0]] += int(count.split("/")[0]) if "/" in count else 1
-    return names
 
 
 class KeyedLocks:
@@ -274,7 +264,7 @@ class SchedulerService:
         self._count("filter", decision)
         self.metrics.filter_duration.observe(time.perf_counter() - started)
         self._in_background(self._after_filter(args.pod, decision, _ms_since(started), request))
-        failed = dict(decision.failed_nodes or {})
+        failed = decision.failed_nodes or {}
         if decision.node is None:
             return ExtenderFilterResult(node_names=[] if args.node_names is not None else None,
                                         nodes=None if args.node_names is not None else
@@ -442,7 +432,8 @@ class SchedulerService:
             return None
         decision = self.state.filter(request, [args.node], self._clock())
         if decision.allocation is None:
-            why = (decision.failed_nodes or {}).get(args.node, "no cards fit")
+            failure = (decision.failures or {}).get(args.node)
+            why = failure.text() if failure is not None else "no cards fit"
             raise ClusterError(f"node {args.node} cannot hold pod {key}: {why}")
         self._changed_nodes.add(args.node)
         return decision.allocation
@@ -530,7 +521,7 @@ class SchedulerService:
         """Log each node once as it goes stale; forget those silent beyond the retention."""
         now = self._clock()
         for name, why in self.state.newly_stale(now).items():
-            logger.warning("node %s is stale: %s", name, why)
+            logger.warning("node %s is stale: %s", name, why.text())
         for name, quiet in self.state.silent_beyond_retention(now).items():
             self._forget(name, f"silent for {quiet:.0f}s (retention "
                                f"{self.settings.node_retention:g}s)")
@@ -562,8 +553,7 @@ class SchedulerService:
         elif decision.node is not None:
             self.metrics.decisions.labels(verb, "scheduled", "").inc()
         else:
-            names = _reason_names(decision.failed_nodes or {})
-            top = names.most_common(1)[0][0] if names else "NoNode"
+            top = removed_most((decision.failures or {}).values()) or "NoNode"
             self.metrics.decisions.labels(verb, "unschedulable", top).inc()
 
     async def _publish_usage(self) -> None:
