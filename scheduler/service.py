@@ -34,6 +34,7 @@ from common.core.annotations import (
     TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.fleet import NODE_WEIGHTS, occupied_slots, score_max
 from common.core.reasons import removed_most
 from common.messaging import RateLimitedLog
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
@@ -54,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 Publish = Callable[[DecisionEvent | UsageEvent], Awaitable[None]]
 MAX_PRIORITY = 10
+NODE_SCORE_MAX = score_max(NODE_WEIGHTS)
+"""/prioritize scales a node's score from 0..NODE_SCORE_MAX to 0..MAX_PRIORITY."""
 CORDON_REFRESH_S = 15.0
 NODE_WATCH_S = 1.0
 DEFAULT_NODE_RETENTION_S = 600.0
@@ -343,8 +346,7 @@ class SchedulerService:
             if position is None:
                 result.append(HostPriority(name, 0))
                 continue
-            # A node score runs 0..30 (three ratios); scale it to 0..10.
-            fraction = min(float(scores[position]) / 30.0, 1.0)
+            fraction = min(float(scores[position]) / NODE_SCORE_MAX, 1.0)
             score = fraction if policy is NodePolicy.BINPACK else 1.0 - fraction
             result.append(HostPriority(name, round(score * MAX_PRIORITY)))
         return result
@@ -568,7 +570,7 @@ class SchedulerService:
                 usage = fleet.usage(name, device.uuid)
                 cards.append(CardUsage(
                     uuid=device.uuid, index=device.index, type=device.type,
-                    tenants=usage.tenants, used=max(usage.tenants, device.processes),
+                    tenants=usage.tenants, used=occupied_slots(usage.tenants, device.processes),
                     usedmem=usage.memory, memory=device.memory, usedcores=usage.cores,
                     cores=device.cores, count=device.count, health=device.health))
             await self._publish(UsageEvent(node=name, timestamp=self._wall_clock(), cards=cards))
