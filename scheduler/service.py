@@ -315,19 +315,9 @@ class SchedulerService:
             request = parse_pod(pod, self.settings.defaults)
         except PodRejected as error:
             return decision_document(rejected(pod.key, str(error)))
-        if self.state.reservation(request.key) is not None or request.key in self.state.bound:
-            # The pod holds cards already: judge it as if it held none.
-            held = self.state.fleet.allocation(request.key)
-            self.state.fleet.release(request.key)
-            try:
-                decision = self.state.preview(request, node_names, self._clock(),
-                                              explain=True, describe=True)
-            finally:
-                if held is not None:
-                    self.state.fleet.allocate(request.key, held)
-        else:
-            decision = self.state.preview(request, node_names, self._clock(), explain=True,
-                                          describe=True)
+        # A pod that holds cards already is judged as if it held none.
+        decision = self.state.preview(request, node_names, self._clock(), explain=True,
+                                      describe=True, holding_nothing=True)
         return decision_document(decision)
 
     async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:

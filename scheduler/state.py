@@ -264,9 +264,11 @@ class LiveState:
 
     def preview(self, request: PodRequest, node_names: Collection[str] | None, now: float,
                 *, explain: bool = False, explain_chosen: bool = False,
-                describe: bool = False) -> Decision:
+                describe: bool = False, holding_nothing: bool = False) -> Decision:
         """The decision among the fresh known nodes, booking nothing; with ``describe``,
-        a pod placed nowhere gets its sentence (``Decision.message``)."""
+        a pod placed nowhere gets its sentence (``Decision.message``); with
+        ``holding_nothing``, as if the pod held no cards, the ledger left as it is."""
+        fleet = self.fleet.without(request.key) if holding_nothing else self.fleet
         stale = self.stale_nodes(now)
         asked = self._asked(node_names)
         usable: AbstractSet[str] = asked
@@ -279,14 +281,14 @@ class LiveState:
             usable = usable - unknown
         # Every known node asked and fresh (the usual case): no subset to pick out.
         everything = not failed and len(usable) == len(self._known)
-        decision = decide(self.fleet, request, nodes=None if everything else usable,
+        decision = decide(fleet, request, nodes=None if everything else usable,
                           explain=explain, explain_chosen=explain_chosen,
                           describe=describe and not failed)
         if failed and decision.failures is not None:
             failures = {**failed, **decision.failures}
             message = decision.message
             if describe and not decision.scheduled:
-                message = refusal_message(self.fleet, request, failures)
+                message = refusal_message(fleet, request, failures)
             return replace(decision, failures=failures, message=message)
         return decision
 

@@ -320,6 +320,19 @@ class Fleet:
         for uuid, usage in allocation.footprint().items():
             self._add_usage(allocation.node, uuid, usage)
 
+    def without(self, key: str) -> Fleet:
+        """The fleet as if pod ``key`` held nothing, leaving this one as it is: a copy of
+        the nodes and the ledger less the pod (this fleet itself when the pod holds nothing).
+        The copy builds its own layout when first asked."""
+        if key not in self._allocations:
+            return self
+        other = Fleet()
+        other._nodes = dict(self._nodes)
+        other._allocations = dict(self._allocations)
+        other._usage = dict(self._usage)
+        other.release(key)
+        return other
+
     def release(self, key: str) -> Allocation | None:
         allocation = self._allocations.pop(key, None)
         if allocation is not None:
