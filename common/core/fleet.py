@@ -49,8 +49,14 @@ def utilization_score(slots: FloatArray, cores: FloatArray, memory: FloatArray,
                       weights: Weights) -> FloatArray:
     """The score of cards or nodes from their used ratios of slots, cores and memory:
     ``10 * (slot * slots + core * cores + memory * memory)`` under the weights, rounded."""
-    return round_scores(SCORE_SCALE * (weights.slot * slots + weights.core * cores
-                                       + weights.memory * memory))
+    return round_scores(SCORE_SCALE * (_weighted(weights.slot, slots)
+                                       + _weighted(weights.core, cores)
+                                       + _weighted(weights.memory, memory)))
+
+
+def _weighted(weight: int, ratios: FloatArray) -> FloatArray:
+    # A weight of 1 (the default) changes nothing: skip an array product per resource.
+    return ratios if weight == 1 else weight * ratios
 
 
 def score_max(weights: Weights) -> float:
