@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Literal
@@ -35,7 +34,9 @@ from common.core.annotations import (
     TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.fleet import NODE_WEIGHTS, occupied_slots, score_max
 from common.core.pod import DEFAULT_NAMESPACE
+from common.core.reasons import removed_most
 from common.messaging import RateLimitedLog
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
 from common.wire import Inventory, WireError, decode_inventory
@@ -55,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 Publish = Callable[[DecisionEvent | UsageEvent], Awaitable[None]]
 MAX_PRIORITY = 10
+NODE_SCORE_MAX = score_max(NODE_WEIGHTS)
+"""/prioritize scales a node's score from 0..NODE_SCORE_MAX to 0..MAX_PRIORITY."""
 CORDON_REFRESH_S = 15.0
 NODE_WATCH_S = 1.0
 DEFAULT_NODE_RETENTION_S = 600.0
@@ -75,16 +78,6 @@ class ServiceSettings:
 
 def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1e3
-
-
-def _reason_names(failed: dict[str, str]) -> Counter[str]:
-    """Reason name -> cards it counted, over every node's ``count/cards Reason`` string."""
-    names: Counter[str] = Counter()
-    for text in failed.values():
-        for part in text.split(", "):
-            count, _, name = part.partition(" ")
-            names[name.split(":")[0]] += int(count.split("/")[0]) if "/" in count else 1
-    return names
 
 
 class KeyedLocks:
@@ -274,7 +267,7 @@ class SchedulerService:
         self._count("filter", decision)
         self.metrics.filter_duration.observe(time.perf_counter() - started)
         self._in_background(self._after_filter(args.pod, decision, _ms_since(started), request))
-        failed = dict(decision.failed_nodes or {})
+        failed = decision.failed_nodes or {}
         if decision.node is None:
             return ExtenderFilterResult(node_names=[] if args.node_names is not None else None,
                                         nodes=None if args.node_names is not None else
@@ -322,19 +315,9 @@ class SchedulerService:
             request = parse_pod(pod, self.settings.defaults)
         except PodRejected as error:
             return decision_document(rejected(pod.key, str(error)))
-        if self.state.reservation(request.key) is not None or request.key in self.state.bound:
-            # The pod holds cards already: judge it as if it held none.
-            held = self.state.fleet.allocation(request.key)
-            self.state.fleet.release(request.key)
-            try:
-                decision = self.state.preview(request, node_names, self._clock(),
-                                              explain=True, describe=True)
-            finally:
-                if held is not None:
-                    self.state.fleet.allocate(request.key, held)
-        else:
-            decision = self.state.preview(request, node_names, self._clock(), explain=True,
-                                          describe=True)
+        # A pod that holds cards already is judged as if it held none.
+        decision = self.state.preview(request, node_names, self._clock(), explain=True,
+                                      describe=True, holding_nothing=True)
         return decision_document(decision)
 
     async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
@@ -353,8 +336,7 @@ class SchedulerService:
             if position is None:
                 result.append(HostPriority(name, 0))
                 continue
-            # A node score runs 0..30 (three ratios); scale it to 0..10.
-            fraction = min(float(scores[position]) / 30.0, 1.0)
+            fraction = min(float(scores[position]) / NODE_SCORE_MAX, 1.0)
             score = fraction if policy is NodePolicy.BINPACK else 1.0 - fraction
             result.append(HostPriority(name, round(score * MAX_PRIORITY)))
         return result
@@ -442,7 +424,8 @@ class SchedulerService:
             return None
         decision = self.state.filter(request, [args.node], self._clock())
         if decision.allocation is None:
-            why = (decision.failed_nodes or {}).get(args.node, "no cards fit")
+            failure = (decision.failures or {}).get(args.node)
+            why = failure.text() if failure is not None else "no cards fit"
             raise ClusterError(f"node {args.node} cannot hold pod {key}: {why}")
         self._changed_nodes.add(args.node)
         return decision.allocation
@@ -530,7 +513,7 @@ class SchedulerService:
         """Log each node once as it goes stale; forget those silent beyond the retention."""
         now = self._clock()
         for name, why in self.state.newly_stale(now).items():
-            logger.warning("node %s is stale: %s", name, why)
+            logger.warning("node %s is stale: %s", name, why.text())
         for name, quiet in self.state.silent_beyond_retention(now).items():
             self._forget(name, f"silent for {quiet:.0f}s (retention "
                                f"{self.settings.node_retention:g}s)")
@@ -562,8 +545,7 @@ class SchedulerService:
         elif decision.node is not None:
             self.metrics.decisions.labels(verb, "scheduled", "").inc()
         else:
-            names = _reason_names(decision.failed_nodes or {})
-            top = names.most_common(1)[0][0] if names else "NoNode"
+            top = removed_most((decision.failures or {}).values()) or "NoNode"
             self.metrics.decisions.labels(verb, "unschedulable", top).inc()
 
     async def _publish_usage(self) -> None:
@@ -578,7 +560,7 @@ class SchedulerService:
                 usage = fleet.usage(name, device.uuid)
                 cards.append(CardUsage(
                     uuid=device.uuid, index=device.index, type=device.type,
-                    tenants=usage.tenants, used=max(usage.tenants, device.processes),
+                    tenants=usage.tenants, used=occupied_slots(usage.tenants, device.processes),
                     usedmem=usage.memory, memory=device.memory, usedcores=usage.cores,
                     cores=device.cores, count=device.count, health=device.health))
             await self._publish(UsageEvent(node=name, timestamp=self._wall_clock(), cards=cards))

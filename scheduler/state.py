@@ -14,7 +14,17 @@ from dataclasses import dataclass, field, replace
 
 import msgspec
 
-from common.core import Allocation, Decision, Fleet, Node, PodRequest, Usage, decide
+from common.core import (
+    Allocation,
+    Decision,
+    FailedNode,
+    Fleet,
+    Node,
+    NodeRefusal,
+    PodRequest,
+    Usage,
+    decide,
+)
 from common.core.annotations import CORDON_ANNOTATION
 from common.core.fleet import cordoned_uuids
 from common.core.refusal import refusal_message
@@ -23,6 +33,7 @@ from common.wire import Inventory
 NODE_UNKNOWN = "NodeUnknown"
 NODE_STALE = "NodeInventoryStale"
 POD_BOUND = "PodAlreadyBound"
+_NO_INVENTORY = NodeRefusal(NODE_UNKNOWN, "pyhami has no GPU inventory for this node")
 
 
 @dataclass(slots=True)
@@ -172,17 +183,17 @@ class LiveState:
         """Seconds since each node was last heard from."""
         return {name: now - clock.heard for name, clock in self._clocks.items()}
 
-    def stale_nodes(self, now: float) -> dict[str, str]:
+    def stale_nodes(self, now: float) -> dict[str, NodeRefusal]:
         stale = {}
         for name, clock in self._clocks.items():
             quiet = now - clock.heard
             if quiet <= self.node_timeout:
                 break
-            stale[name] = (f"{NODE_STALE}: no inventory from the node's agent for {quiet:.0f}s "
-                           f"(limit {self.node_timeout:g}s)")
+            stale[name] = NodeRefusal(NODE_STALE, f"no inventory from the node's agent for "
+                                                  f"{quiet:.0f}s (limit {self.node_timeout:g}s)")
         return stale
 
-    def newly_stale(self, now: float) -> dict[str, str]:
+    def newly_stale(self, now: float) -> dict[str, NodeRefusal]:
         """The nodes that went stale since the last call, with why (to log each once)."""
         stale = self.stale_nodes(now)
         went_stale = {name: why for name, why in stale.items() if name not in self._stale}
@@ -225,7 +236,7 @@ class LiveState:
                *, explain_chosen: bool = False) -> Decision:
         """Decide among the fresh known nodes and reserve the cards chosen.
 
-        Nodes that are unknown or stale get a reason of their own in ``failed_nodes``.
+        Nodes that are unknown or stale get a reason of their own in ``failures``.
         A pod already bound is not decided again: it keeps its cards, on its node.
         """
         held = self.fleet.allocation(request.key) if request.key in self.bound else None
@@ -243,41 +254,42 @@ class LiveState:
     def _bound_decision(self, request: PodRequest, held: Allocation,
                         node_names: Collection[str] | None) -> Decision:
         asked = self._asked(node_names)
-        failed = {name: f"{POD_BOUND}: the pod already holds cards on node {held.node}"
-                  for name in asked if name != held.node}
+        bound = NodeRefusal(POD_BOUND, f"the pod already holds cards on node {held.node}")
+        failed: dict[str, FailedNode] = {name: bound for name in asked if name != held.node}
         if held.node not in asked:
-            return Decision(pod=request.key, scheduled=False, failed_nodes=failed,
-                            message=refusal_message(self.fleet, request, {}, failed))
+            return Decision(pod=request.key, scheduled=False, failures=failed,
+                            message=refusal_message(self.fleet, request, failed))
         return Decision(pod=request.key, scheduled=True, node=held.node, allocation=held,
-                        failed_nodes=failed)
+                        failures=failed)
 
     def preview(self, request: PodRequest, node_names: Collection[str] | None, now: float,
                 *, explain: bool = False, explain_chosen: bool = False,
-                describe: bool = False) -> Decision:
+                describe: bool = False, holding_nothing: bool = False) -> Decision:
         """The decision among the fresh known nodes, booking nothing; with ``describe``,
-        a pod placed nowhere gets its sentence (``Decision.message``)."""
+        a pod placed nowhere gets its sentence (``Decision.message``); with
+        ``holding_nothing``, as if the pod held no cards, the ledger left as it is."""
+        fleet = self.fleet.without(request.key) if holding_nothing else self.fleet
         stale = self.stale_nodes(now)
         asked = self._asked(node_names)
         usable: AbstractSet[str] = asked
-        failed = {name: stale[name] for name in asked.intersection(stale)}
+        failed: dict[str, FailedNode] = {name: stale[name] for name in asked.intersection(stale)}
         if failed:
             usable = asked - failed.keys()
         unknown = self._unknown(asked) if usable is asked else usable - self._known
         if unknown:
-            failed.update((name, f"{NODE_UNKNOWN}: pyhami has no GPU inventory for this node")
-                          for name in unknown)
+            failed.update(dict.fromkeys(unknown, _NO_INVENTORY))
             usable = usable - unknown
         # Every known node asked and fresh (the usual case): no subset to pick out.
         everything = not failed and len(usable) == len(self._known)
-        decision = decide(self.fleet, request, nodes=None if everything else usable,
+        decision = decide(fleet, request, nodes=None if everything else usable,
                           explain=explain, explain_chosen=explain_chosen,
                           describe=describe and not failed)
-        if failed and decision.failed_nodes is not None:
+        if failed and decision.failures is not None:
+            failures = {**failed, **decision.failures}
             message = decision.message
             if describe and not decision.scheduled:
-                message = refusal_message(self.fleet, request, decision.failed_nodes, failed)
-            return replace(decision, failed_nodes={**failed, **decision.failed_nodes},
-                           message=message)
+                message = refusal_message(fleet, request, failures)
+            return replace(decision, failures=failures, message=message)
         return decision
 
     def _asked(self, node_names: Collection[str] | None) -> frozenset[str]:

@@ -14,6 +14,7 @@ from common.core.policy import (
     parse_chain,
     parse_default_chain,
 )
+from common.core.reasons import FailedNode, NodeReasons, NodeRefusal
 from common.core.render import decision_document
 
 __all__ = [
@@ -27,9 +28,12 @@ __all__ = [
     "Defaults",
     "Device",
     "ExplainRow",
+    "FailedNode",
     "Fleet",
     "Node",
     "NodePolicy",
+    "NodeReasons",
+    "NodeRefusal",
     "PlacedCard",
     "PodManifest",
     "PodRecord",

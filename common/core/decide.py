@@ -35,7 +35,9 @@ from common.core.reasons import (
     INSUFFICIENT_CARDS,
     TOPOLOGY_NOT_FIT,
     CardCheck,
-    reason_string,
+    FailedNode,
+    NodeReasons,
+    failed_node_texts,
 )
 from common.core.refusal import refusal_message
 
@@ -68,7 +70,8 @@ class Decision:
     node: str | None = None
     cards: tuple[tuple[PlacedCard, ...], ...] = ()
     allocation: Allocation | None = None
-    failed_nodes: dict[str, str] | None = None
+    failures: dict[str, FailedNode] | None = None
+    """Why each node refused fails the pod, as data (``failed_nodes`` writes it out)."""
     ignored_policies: tuple[str, ...] = ()
     reason: str | None = None
     message: str | None = None
@@ -78,6 +81,11 @@ class Decision:
     asks_for_gpu: bool = True
     """False for a pod that asks for no GPU: pyhami passes every node and leaves the
     choice to kube-scheduler (the decision is ``scheduled`` with no node)."""
+
+    @property
+    def failed_nodes(self) -> dict[str, str] | None:
+        """Node -> its reasons as HAMi's FailedNodes writes them (``count/cards Reason``)."""
+        return None if self.failures is None else failed_node_texts(self.failures)
 
     def annotations(self) -> dict[str, str]:
         """The allocation annotations that do not depend on the clock."""
@@ -93,7 +101,7 @@ class Decision:
 
 def rejected(key: str, reason: str) -> Decision:
     """The decision for a malformed pod: unschedulable, with the reason naming the input."""
-    return Decision(pod=key, scheduled=False, failed_nodes={}, reason=reason, message=reason)
+    return Decision(pod=key, scheduled=False, failures={}, reason=reason, message=reason)
 
 
 def _counted_failure(request: ContainerRequest, view: PodView, node: int,
@@ -139,21 +147,21 @@ def _holds_a_set(view: PodView, request: ContainerRequest, codes: CodeArray,
 
 
 def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArray,
-                      nodes: BoolArray) -> dict[str, str]:
+                      nodes: BoolArray) -> dict[str, NodeReasons]:
     layout = view.layout
     failing = np.flatnonzero(nodes)
     rows = np.column_stack((by_node[failing], layout.node_cards[failing],
                             layout.topology_known[failing]))
-    # Many nodes fail the same way: build each distinct reason string once.
-    memo: dict[bytes, str] = {}
-    failed: dict[str, str] = {}
+    # Many nodes fail the same way: build each distinct set of reasons once.
+    memo: dict[bytes, NodeReasons] = {}
+    failed: dict[str, NodeReasons] = {}
     for node, row in zip(failing.tolist(), rows, strict=True):
         key = row.tobytes()
-        text = memo.get(key)
-        if text is None:
-            reasons = _counted_failure(request, view, node, row[:CHECK_COUNT].tolist())
-            text = memo[key] = reason_string(reasons, int(row[CHECK_COUNT]))
-        failed[layout.node_names[node]] = text
+        reasons = memo.get(key)
+        if reasons is None:
+            counts = _counted_failure(request, view, node, row[:CHECK_COUNT].tolist())
+            reasons = memo[key] = NodeReasons.of(counts, int(row[CHECK_COUNT]))
+        failed[layout.node_names[node]] = reasons
     return failed
 
 
@@ -186,7 +194,7 @@ def decide(
     (``Decision.message``).
     """
     if not pod.wants_gpu:
-        return Decision(pod=pod.key, scheduled=True, failed_nodes={},
+        return Decision(pod=pod.key, scheduled=True, failures={},
                         ignored_policies=pod.ignored_policies, asks_for_gpu=False)
     layout = fleet.layout
     view = PodView(layout, pod)
@@ -205,7 +213,7 @@ def decide(
         layout.check_base + codes, minlength=node_count * CHECK_COUNT
     ).reshape(node_count, CHECK_COUNT)
 
-    failed: dict[str, str] = {}
+    failed: dict[str, FailedNode] = {}
     placements: dict[int, Placement] = {}
     fits = np.zeros(node_count, dtype=np.bool_)
     one_by_one = considered.copy()
@@ -226,8 +234,8 @@ def decide(
     for node in np.flatnonzero(one_by_one).tolist():
         result = place_pod(view, node, codes[layout.node_slice(node)])
         if isinstance(result, NodeFailure):
-            failed[layout.node_names[node]] = reason_string(result.reasons,
-                                                            int(layout.node_cards[node]))
+            failed[layout.node_names[node]] = NodeReasons.of(result.reasons,
+                                                             int(layout.node_cards[node]))
         else:
             placements[node] = result
             fits[node] = True
@@ -251,12 +259,12 @@ def decide(
         rows = _explain(view, codes, only_chosen, chosen_node, placement)
     if chosen_node is None:
         message = refusal_message(fleet, pod, failed) if describe else None
-        return Decision(pod=pod.key, scheduled=False, failed_nodes=failed,
+        return Decision(pod=pod.key, scheduled=False, failures=failed,
                         ignored_policies=pod.ignored_policies, message=message, explain=rows)
     return _scheduled(view, chosen_node, placement, failed, rows)
 
 
-def _scheduled(view: PodView, node: int, placement: Placement, failed: dict[str, str],
+def _scheduled(view: PodView, node: int, placement: Placement, failed: dict[str, FailedNode],
                rows: tuple[ExplainRow, ...] | None) -> Decision:
     layout, pod = view.layout, view.pod
     start = int(layout.start[node])
@@ -282,7 +290,7 @@ def _scheduled(view: PodView, node: int, placement: Placement, failed: dict[str,
         node=name,
         cards=tuple(placed),
         allocation=Allocation(name, tuple(grants), init_count),
-        failed_nodes=failed,
+        failures=failed,
         ignored_policies=pod.ignored_policies,
         explain=rows,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +19,7 @@ import numpy.typing as npt
 from common.core.annotations import CORDON_ANNOTATION, comma_list
 from common.core.ledger import Allocation, Usage
 from common.core.model import Device, Node
+from common.core.policy import Weights
 from common.core.reasons import CHECK_COUNT
 
 IntArray = npt.NDArray[np.int64]
@@ -35,6 +37,43 @@ def ratio(used: IntArray | FloatArray, capacity: IntArray) -> FloatArray:
     out = np.zeros(len(capacity), dtype=np.float64)
     np.divide(used, capacity, out=out, where=capacity > 0)
     return out
+
+
+SCORE_SCALE = 10
+"""What one fully used resource adds to a score, at weight 1."""
+NODE_WEIGHTS = Weights()
+"""A node's score weighs its slots, cores and memory alike."""
+
+
+def utilization_score(slots: FloatArray, cores: FloatArray, memory: FloatArray,
+                      weights: Weights) -> FloatArray:
+    """The score of cards or nodes from their used ratios of slots, cores and memory:
+    ``10 * (slot * slots + core * cores + memory * memory)`` under the weights, rounded."""
+    return round_scores(SCORE_SCALE * (_weighted(weights.slot, slots)
+                                       + _weighted(weights.core, cores)
+                                       + _weighted(weights.memory, memory)))
+
+
+def _weighted(weight: int, ratios: FloatArray) -> FloatArray:
+    # A weight of 1 (the default) changes nothing: skip an array product per resource.
+    return ratios if weight == 1 else weight * ratios
+
+
+def score_max(weights: Weights) -> float:
+    """The score of a card or node with every resource fully used."""
+    return float(SCORE_SCALE * (weights.slot + weights.core + weights.memory))
+
+
+@overload
+def occupied_slots(tenants: int, processes: int) -> int: ...
+@overload
+def occupied_slots(tenants: IntArray, processes: IntArray) -> IntArray: ...
+def occupied_slots(tenants: int | IntArray, processes: int | IntArray) -> int | IntArray:
+    """A card's time-slicing slots in use: the tenants the ledger books, or the processes
+    its agent sees when they are more (processes started outside pyhami take slots too)."""
+    if isinstance(tenants, int) and isinstance(processes, int):
+        return max(tenants, processes)
+    return np.maximum(tenants, processes)
 
 
 def cordoned_uuids(node: Node) -> frozenset[str]:
@@ -151,7 +190,7 @@ class Layout:
         self.tenants: IntArray = np.zeros(size, dtype=np.int64)
         self.usedmem: IntArray = np.zeros(size, dtype=np.int64)
         self.usedcores: IntArray = np.zeros(size, dtype=np.int64)
-        self.used: IntArray = self.processes.copy()
+        self.used: IntArray = occupied_slots(self.tenants, self.processes)
         self.check_base: IntArray = self.node_of * CHECK_COUNT
         node_total = len(self.node_names)
 
@@ -201,25 +240,25 @@ class Layout:
         self.tenants[card] = usage.tenants
         self.usedmem[card] = usage.memory
         self.usedcores[card] = usage.cores
-        self._set_used(card, max(usage.tenants, int(self.processes[card])))
+        self._set_used(card, occupied_slots(usage.tenants, int(self.processes[card])))
         self._node_score = None
 
     def set_dynamic(self, card: int, device: Device, cordoned: bool) -> None:
         self.healthy[card] = device.health
         self.cordoned[card] = cordoned
         self.processes[card] = device.processes
-        self._set_used(card, max(int(self.tenants[card]), device.processes))
+        self._set_used(card, occupied_slots(int(self.tenants[card]), device.processes))
         self._node_score = None
 
     def node_scores(self) -> FloatArray:
-        """Every node's score before the pod: 10 * (slots + cores + memory) ratios."""
+        """Every node's score before the pod, from its cards' sums (0 to
+        ``score_max(NODE_WEIGHTS)``)."""
         if self._node_score is None:
-            raw = 10 * (
-                ratio(self.node_used, self.node_count)
-                + ratio(self.node_usedcores, self.node_cores)
-                + ratio(self.node_usedmem, self.node_memory)
-            )
-            self._node_score = round_scores(raw)
+            self._node_score = utilization_score(
+                ratio(self.node_used, self.node_count),
+                ratio(self.node_usedcores, self.node_cores),
+                ratio(self.node_usedmem, self.node_memory),
+                NODE_WEIGHTS)
         return self._node_score
 
 
@@ -285,6 +324,19 @@ class Fleet:
         self._allocations[key] = allocation
         for uuid, usage in allocation.footprint().items():
             self._add_usage(allocation.node, uuid, usage)
+
+    def without(self, key: str) -> Fleet:
+        """The fleet as if pod ``key`` held nothing, leaving this one as it is: a copy of
+        the nodes and the ledger less the pod (this fleet itself when the pod holds nothing).
+        The copy builds its own layout when first asked."""
+        if key not in self._allocations:
+            return self
+        other = Fleet()
+        other._nodes = dict(self._nodes)
+        other._allocations = dict(self._allocations)
+        other._usage = dict(self._usage)
+        other.release(key)
+        return other
 
     def release(self, key: str) -> Allocation | None:
         allocation = self._allocations.pop(key, None)

@@ -14,8 +14,9 @@ from common.core.fleet import (
     IntArray,
     Layout,
     NodeTopology,
+    occupied_slots,
     ratio,
-    round_scores,
+    utilization_score,
 )
 from common.core.pod import ContainerRequest, PodRequest
 from common.core.policy import SortKey
@@ -66,24 +67,23 @@ class PodView:
     def scores(self) -> FloatArray:
         """Every card's utilization score under the pod's weights (existing usage only)."""
         if self._scores is None:
-            self._scores = self.node_scores(slice(None))
+            self._scores = self.score_cards(slice(None))
         return self._scores
 
-    def node_scores(self, where: slice) -> FloatArray:
-        lay, w = self.layout, self.pod.weights
-        raw = 10 * (
-            w.slot * ratio(lay.used[where], lay.count[where])
-            + w.core * ratio(lay.usedcores[where], lay.cores[where])
-            + w.memory * ratio(lay.usedmem[where], lay.memory[where])
-        )
-        return round_scores(raw)
+    def score_cards(self, where: slice) -> FloatArray:
+        """The scores of a run of cards under the pod's weights, computed now."""
+        lay = self.layout
+        return utilization_score(ratio(lay.used[where], lay.count[where]),
+                                 ratio(lay.usedcores[where], lay.cores[where]),
+                                 ratio(lay.usedmem[where], lay.memory[where]),
+                                 self.pod.weights)
 
     def card_scores(self, where: slice) -> list[float]:
         """The scores of a run of cards: from the fleet-wide pass when there was one,
         else computed for just these cards (cheaper for one node)."""
         if self._scores is not None:
             return self._scores[where].tolist()  # type: ignore[no-any-return]
-        return self.node_scores(where).tolist()  # type: ignore[no-any-return]
+        return self.score_cards(where).tolist()  # type: ignore[no-any-return]
 
     def card_codes(
         self, request: ContainerRequest, where: slice, extra: Extra | None = None
@@ -93,7 +93,7 @@ class PodView:
         memory, cores = lay.memory[where], lay.cores[where]
         used, usedmem, usedcores = lay.used[where], lay.usedmem[where], lay.usedcores[where]
         if extra is not None:
-            used = np.maximum(lay.tenants[where] + extra.tenants, lay.processes[where])
+            used = occupied_slots(lay.tenants[where] + extra.tenants, lay.processes[where])
             usedmem = usedmem + extra.memory
             usedcores = usedcores + extra.cores
         codes = np.zeros(len(memory), dtype=np.int8)

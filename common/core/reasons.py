@@ -1,8 +1,14 @@
-"""Reason names, as HAMi reports them, and the node reason string."""
+"""Reason names, as HAMi reports them, and why a node fails a pod, kept as data.
+
+A node's reasons stay structured (``NodeReasons``, ``NodeRefusal``) through the core and
+the daemon; ``text`` writes them as HAMi does, at the edges that show them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import IntEnum
 
 
@@ -44,6 +50,73 @@ TOPOLOGY_UNKNOWN = "TopologyUnknown"
 NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
 
 
-def reason_string(counts: Mapping[str, int], cards: int) -> str:
-    """``count/cards Reason`` for every reason with a non-zero count, sorted as strings."""
-    return ", ".join(sorted(f"{n}/{cards} {name}" for name, n in counts.items() if n > 0))
+def reason_token(reason: str, count: int, cards: int) -> str:
+    """``count/cards Reason``: HAMi's token for the cards of a node one reason removed."""
+    return f"{count}/{cards} {reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReasons:
+    """Why the core refused one node: each reason with the cards it removed, out of the
+    node's ``cards``, in the order HAMi writes them (by their tokens as strings)."""
+
+    cards: int
+    counts: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, counts: Mapping[str, int], cards: int) -> NodeReasons:
+        """The reasons with a non-zero count. Ordering by (count as text, name) orders
+        the tokens as strings: they differ only there, and '/' sorts before digits."""
+        kept = sorted(((name, n) for name, n in counts.items() if n > 0),
+                      key=lambda item: (str(item[1]), item[0]))
+        return cls(cards, tuple(kept))
+
+    def text(self) -> str:
+        """``count/cards Reason, ...`` as HAMi's FailedNodes carries it."""
+        return ", ".join(reason_token(name, n, self.cards) for name, n in self.counts)
+
+    def removed(self) -> tuple[tuple[str, int], ...]:
+        """Reason -> the cards it removed."""
+        return self.counts
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRefusal:
+    """A node refused before the core judged its cards (no inventory, a stale one, ...)."""
+
+    reason: str
+    detail: str
+
+    def text(self) -> str:
+        """``Reason: detail``."""
+        return f"{self.reason}: {self.detail}"
+
+    def removed(self) -> tuple[tuple[str, int], ...]:
+        """The refusal counts once, having judged no card."""
+        return ((self.reason, 1),)
+
+
+FailedNode = NodeReasons | NodeRefusal
+
+
+def failed_node_texts(failures: Mapping[str, FailedNode]) -> dict[str, str]:
+    """Node -> its reasons as HAMi writes them. Nodes that fail the same way share one
+    reasons object in a decision: each object is written once."""
+    written: dict[int, str] = {}
+    texts: dict[str, str] = {}
+    for name, failure in failures.items():
+        text = written.get(id(failure))
+        if text is None:
+            text = written[id(failure)] = failure.text()
+        texts[name] = text
+    return texts
+
+
+def removed_most(failures: Iterable[FailedNode]) -> str | None:
+    """The reason that removed the most cards over all the nodes (the first met on a tie),
+    or None when no node failed."""
+    removed: Counter[str] = Counter()
+    for failure in failures:
+        for reason, count in failure.removed():
+            removed[reason] += count
+    return removed.most_common(1)[0][0] if removed else None

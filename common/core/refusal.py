@@ -7,9 +7,9 @@ explain`` prints, so both read the same for the same pod and cluster::
     asked for 1 card with 20000 MiB; gpu-node-1: 4/4 CardInsufficientMemory (largest free
     15360 MiB)
 
-Each node's part is its ``FailedNodes`` reason string with what the cards a reason removed
+Each node's part is its ``FailedNodes`` reasons with what the cards a reason removed
 have to offer after that reason: HAMi's ``count/cards Reason`` tokens stay as they are, for
-users who grep for them. Nodes that fail the same way (the same reason string, for the same
+users who grep for them. Nodes that fail the same way (the same reasons, for the same
 container) are one part, the largest group first, with the facts of all its nodes (the
 largest free memory among them, say). The sentence fits an Event message (1024 bytes):
 parts that do not fit are counted at the end instead.
@@ -33,6 +33,10 @@ from common.core.reasons import (
     TOPOLOGY_NOT_FIT,
     TOPOLOGY_UNKNOWN,
     CardCheck,
+    FailedNode,
+    NodeReasons,
+    NodeRefusal,
+    reason_token,
 )
 
 MESSAGE_LIMIT = 1024
@@ -186,21 +190,19 @@ def _subject(names: list[str]) -> str:
     return f"{', '.join(shown[:-1])} and {shown[-1]}"
 
 
-def _judged_part(names: list[str], reasons: str, facts: _Facts, several: bool) -> str:
+def _judged_part(names: list[str], reasons: NodeReasons, facts: _Facts, several: bool) -> str:
     """One group of nodes the decision core refused, with what they have."""
     subject = _subject(names)
     if several:
         subject += f" (for {_container_name(facts.request)})"
-    tokens = reasons.split(", ")
-    first_count, _, first_reason = tokens[0].partition(" ")
-    if first_reason == NODE_INSUFFICIENT_DEVICE:  # a node-level reason stands alone
-        cards = int(first_count.partition("/")[2])
+    if reasons.counts and reasons.counts[0][0] == NODE_INSUFFICIENT_DEVICE:
+        # a node-level reason stands alone
         verb = "has" if len(names) == 1 else "each have"
-        return f"{subject} {verb} {plural(cards, 'card')} ({NODE_INSUFFICIENT_DEVICE})"
+        return f"{subject} {verb} {plural(reasons.cards, 'card')} ({NODE_INSUFFICIENT_DEVICE})"
     described = []
-    for token in tokens:
-        count, _, reason = token.partition(" ")
-        words = _what_is_there(reason, facts, int(count.partition("/")[0]))
+    for reason, count in reasons.counts:
+        token = reason_token(reason, count, reasons.cards)
+        words = _what_is_there(reason, facts, count)
         described.append(f"{token} ({words})" if words else token)
     return f"{subject}: {', '.join(described)}"
 
@@ -228,26 +230,27 @@ def _cut(text: str) -> str:
     return encoded[:MESSAGE_LIMIT - len(_TRUNCATED)].decode(errors="ignore") + _TRUNCATED
 
 
-def refusal_message(fleet: Fleet, pod: PodRequest, judged: Mapping[str, str],
-                    others: Mapping[str, str] | None = None) -> str:
+def refusal_message(fleet: Fleet, pod: PodRequest, failures: Mapping[str, FailedNode]) -> str:
     """The sentence for a pod that fits none of the nodes it was judged on.
 
-    ``judged`` is the decision core's reason string per node, from the fleet as it is now;
-    ``others`` are nodes refused before the core saw them (no inventory, a stale one),
-    whose reason is written as given.
+    ``failures`` holds, per node, the decision core's reasons, judged on the fleet as it
+    is now, or the refusal of a node refused before the core saw it (no inventory, a
+    stale one), which is written as given.
     """
     layout = fleet.layout
+    judged = {name: why for name, why in failures.items() if isinstance(why, NodeReasons)}
     positions = {name: layout.node_position[name] for name in judged
                  if name in layout.node_position}
     cards = _failing_checks(layout, pod, sorted(positions.values()))
-    groups: dict[tuple[str, int], list[str]] = {}
+    groups: dict[tuple[NodeReasons, int], list[str]] = {}
     for name, reasons in judged.items():
         position = positions.get(name)
         container = cards.container[position] if position is not None else 0
         groups.setdefault((reasons, container), []).append(name)
-    written: dict[str, list[str]] = {}
-    for name, why in (others or {}).items():
-        written.setdefault(why, []).append(name)
+    written: dict[NodeRefusal, list[str]] = {}
+    for name, why in failures.items():
+        if isinstance(why, NodeRefusal):
+            written.setdefault(why, []).append(name)
 
     several = len(pod.gpu_containers) > 1
     parts: list[tuple[str, list[str]]] = []
@@ -258,7 +261,7 @@ def refusal_message(fleet: Fleet, pod: PodRequest, judged: Mapping[str, str],
         parts.append((_judged_part(names, reasons, facts, several), names))
     for why, names in written.items():
         names.sort()
-        parts.append((f"{_subject(names)}: {why}", names))
+        parts.append((f"{_subject(names)}: {why.text()}", names))
     if not parts:
         return _cut(f"{asked_for(pod)}; pyhami knows no node with GPU cards")
     parts.sort(key=lambda part: (-len(part[1]), part[1][0]))

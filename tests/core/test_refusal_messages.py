@@ -12,7 +12,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.core import Decision, Fleet, PodManifest, decide, decision_document, parse_pod
+from common.core import (
+    Decision,
+    Fleet,
+    NodeRefusal,
+    PodManifest,
+    decide,
+    decision_document,
+    parse_pod,
+)
 from common.core.refusal import MESSAGE_LIMIT, refusal_message
 from tests.builders import (
     DEFAULTS,
@@ -188,9 +196,12 @@ def test_the_failing_container_is_named_when_several_ask_for_cards() -> None:
 def test_nodes_refused_before_the_core_are_written_as_given() -> None:
     fleet = fleet_of(node("fresh", 4), node("stale", 4))
     request = parse_pod(manifest(gpus=5), DEFAULTS)
-    judged = decide(fleet, request, nodes=["fresh"]).failed_nodes or {}
+    judged = decide(fleet, request, nodes=["fresh"]).failures or {}
     stale = "NodeInventoryStale: no inventory from the node's agent for 31s (limit 30s)"
-    assert refusal_message(fleet, request, judged, {"stale": stale, "gone": "NodeUnknown: x"}) == (
+    others = {"stale": NodeRefusal("NodeInventoryStale",
+                                   "no inventory from the node's agent for 31s (limit 30s)"),
+              "gone": NodeRefusal("NodeUnknown", "x")}
+    assert refusal_message(fleet, request, {**judged, **others}) == (
         "asked for 5 cards with 1000 MiB each; fresh has 4 cards (NodeInsufficientDevice); "
         "gone: NodeUnknown: x; " f"stale: {stale}")
 

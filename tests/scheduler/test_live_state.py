@@ -166,3 +166,22 @@ def test_a_forgotten_nodes_cards_are_free_for_another_node_at_once() -> None:
     assert state.ingest(node_inventory("a", ["GPU-0"]), now=0).accepted
     state.forget("a")
     assert state.ingest(node_inventory("b", ["GPU-0"]), now=1).accepted
+
+
+def test_a_preview_as_if_the_pod_held_nothing_leaves_the_ledger_as_it_is() -> None:
+    state = LiveState(node_timeout=1000, reservation_ttl=60)
+    state.ingest(inventory(1), now=0)
+    request = parse_pod(manifest("a", policy="binpack", gpumem=15000), DEFAULTS)
+    held = state.filter(request, None, now=0).allocation
+    assert held is not None
+    state.confirm("default/a", held)
+    layout = state.fleet.layout
+    usage = (layout.used.copy(), layout.usedmem.copy(), layout.node_scores().copy())
+    # Held, the pod's own card is full; as if it held nothing, that card is the binpack pick.
+    assert state.preview(request, None, now=1).allocation != held
+    preview = state.preview(request, None, now=1, holding_nothing=True)
+    assert preview.allocation == held
+    assert state.fleet.layout is layout
+    assert all((now == before).all() for now, before in zip(
+        (layout.used, layout.usedmem, layout.node_scores()), usage, strict=True))
+    assert state.fleet.allocation("default/a") == held
