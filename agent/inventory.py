@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from agent.errors import AgentError
-from common.wire import Card
+from common.wire import ReportedCard
 
 
 class InventoryError(AgentError):
@@ -20,7 +20,7 @@ class InventorySource(Protocol):
     def open(self) -> None:
         """Start reading; raises ``InventoryError`` when that is impossible."""
 
-    def read(self) -> list[Card]:
+    def read(self) -> list[ReportedCard]:
         """Every card the node has now, ordered by index.
 
         A card that cannot be read is reported unhealthy rather than raised.

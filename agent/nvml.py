@@ -26,7 +26,7 @@ from typing import Protocol, TypeVar, cast
 from agent.errors import AgentError
 from agent.inventory import InventoryError
 from common.core.errors import ExternalFailure
-from common.wire import Card
+from common.wire import ReportedCard
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class NvmlSource:
         except nvml.NVMLError as error:
             logger.warning("NVML did not shut down cleanly: %s", error)
 
-    def read(self) -> list[Card]:
+    def read(self) -> list[ReportedCard]:
         self._identify_new()
         return [self._card(identity)
                 for _, identity in sorted(self._identities.items())]
@@ -357,7 +357,7 @@ class NvmlSource:
             return RemoteKind.OTHER
         return RemoteKind.UNKNOWN
 
-    def _card(self, identity: _Identity) -> Card:
+    def _card(self, identity: _Identity) -> ReportedCard:
         problems = []
         processes = process_memory = 0
         nvml = self._nvml
@@ -373,11 +373,11 @@ class NvmlSource:
             xid = self._xid_faults.get(identity.uuid, self._unattributed_xid)
         if xid is not None:
             problems.append(f"critical XID {xid}")
-        return Card(uuid=identity.uuid, index=identity.index, type=identity.model,
-                    memory=identity.memory, count=self._split_count, numa=identity.numa,
-                    health=not problems, links=self._links.get(identity.uuid),
-                    processes=processes, sm_count=identity.sm_count,
-                    process_memory=process_memory, health_detail="; ".join(problems))
+        return ReportedCard(uuid=identity.uuid, index=identity.index, type=identity.model,
+                            memory=identity.memory, count=self._split_count, numa=identity.numa,
+                            health=not problems, links=self._links.get(identity.uuid),
+                            processes=processes, sm_count=identity.sm_count,
+                            process_memory=process_memory, health_detail="; ".join(problems))
 
     def _watch_xids(self) -> None:
         """Register every card for critical XID events and start the watcher thread."""

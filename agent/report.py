@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from common.version import package_version
-from common.wire import SCHEMA_VERSION, Card, Inventory, Reason
+from common.wire import SCHEMA_VERSION, Inventory, Reason, ReportedCard
 
 
-def describe_changes(before: Sequence[Card], after: Sequence[Card]) -> list[str]:
+def describe_changes(before: Sequence[ReportedCard], after: Sequence[ReportedCard]) -> list[str]:
     """One line per card added, removed, or with a field that changed, for the log."""
     old = {card.uuid: card for card in before}
     new = {card.uuid: card for card in after}
@@ -19,7 +19,7 @@ def describe_changes(before: Sequence[Card], after: Sequence[Card]) -> list[str]
             lines.append(f"{uuid}: added")
             continue
         lines.extend(f"{uuid}: {field} {getattr(previous, field)!r} -> {getattr(card, field)!r}"
-                     for field in Card.__struct_fields__
+                     for field in ReportedCard.__struct_fields__
                      if getattr(previous, field) != getattr(card, field))
     return lines
 
@@ -40,14 +40,14 @@ class Report:
         self.cordoned = list(cordoned)
         self.version = version if version is not None else package_version()
         self.sequence = 0
-        self._observed: list[Card] = []
-        self._published: list[Card] | None = None
+        self._observed: list[ReportedCard] = []
+        self._published: list[ReportedCard] | None = None
 
     @property
-    def cards(self) -> list[Card]:
+    def cards(self) -> list[ReportedCard]:
         return list(self._observed)
 
-    def observe(self, cards: Sequence[Card]) -> list[str]:
+    def observe(self, cards: Sequence[ReportedCard]) -> list[str]:
         """Record a read; returns what changed since the previous one."""
         changes = describe_changes(self._observed, cards)
         self._observed = list(cards)

@@ -12,7 +12,7 @@ import yaml
 
 from agent.inventory import InventoryError
 from common.core.model import NonNegative, NumaId
-from common.wire import Card
+from common.wire import ReportedCard
 
 
 def uuid_for(node: str, index: int) -> str:
@@ -20,27 +20,29 @@ def uuid_for(node: str, index: int) -> str:
 
 
 def _cards(node: str, count: int, *, model: str, memory: int, sm_count: int,
-           numa_of: Callable[[int], int], peers_of: Callable[[int], dict[int, int]]) -> list[Card]:
-    return [Card(uuid=uuid_for(node, index), index=index, type=model, memory=memory,
-                 numa=numa_of(index), sm_count=sm_count,
-                 links={uuid_for(node, peer): lanes for peer, lanes in peers_of(index).items()})
+           numa_of: Callable[[int], int],
+           peers_of: Callable[[int], dict[int, int]]) -> list[ReportedCard]:
+    return [ReportedCard(uuid=uuid_for(node, index), index=index, type=model, memory=memory,
+                         numa=numa_of(index), sm_count=sm_count,
+                         links={uuid_for(node, peer): lanes
+                                for peer, lanes in peers_of(index).items()})
             for index in range(count)]
 
 
-def _t4x4(node: str) -> list[Card]:
+def _t4x4(node: str) -> list[ReportedCard]:
     """The article's lab: four Tesla T4 on PCIe, one NUMA node."""
     return _cards(node, 4, model="NVIDIA-Tesla T4", memory=15360, sm_count=40,
                   numa_of=lambda _: 0, peers_of=lambda _: {})
 
 
-def _a100x8_nvswitch(node: str) -> list[Card]:
+def _a100x8_nvswitch(node: str) -> list[ReportedCard]:
     """An HGX A100: every card reaches every other through the NVSwitches (12 links each)."""
     return _cards(node, 8, model="NVIDIA-NVIDIA A100-SXM4-80GB", memory=81920, sm_count=108,
                   numa_of=lambda i: i // 4,
                   peers_of=lambda i: {peer: 12 for peer in range(8) if peer != i})
 
 
-def _h100x8_islands(node: str) -> list[Card]:
+def _h100x8_islands(node: str) -> list[ReportedCard]:
     """Two islands of four H100 meshed by direct NVLink (18 links: 6 to each island peer)."""
     return _cards(node, 8, model="NVIDIA-NVIDIA H100 80GB HBM3", memory=81559, sm_count=132,
                   numa_of=lambda i: i // 4,
@@ -48,14 +50,14 @@ def _h100x8_islands(node: str) -> list[Card]:
                                       if peer != i})
 
 
-PROFILES: dict[str, Callable[[str], list[Card]]] = {
+PROFILES: dict[str, Callable[[str], list[ReportedCard]]] = {
     "t4x4": _t4x4,
     "a100x8-nvswitch": _a100x8_nvswitch,
     "h100x8-islands": _h100x8_islands,
 }
 
 
-def profile_cards(profile: str, node: str) -> list[Card]:
+def profile_cards(profile: str, node: str) -> list[ReportedCard]:
     try:
         build = PROFILES[profile]
     except KeyError:
@@ -65,7 +67,7 @@ def profile_cards(profile: str, node: str) -> list[Card]:
 
 
 class CardSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """One card in a simulation file: the ``Device`` fields, ``uuid`` and ``index`` optional.
+    """One card in a simulation file: the ``Card`` fields, ``uuid`` and ``index`` optional.
 
     ``links`` keys name peers by UUID, or by index (an integer), which keeps one
     file usable for many nodes.
@@ -86,7 +88,7 @@ class CardSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     health_detail: str = ""
 
 
-def file_cards(path: Path, node: str) -> list[Card]:
+def file_cards(path: Path, node: str) -> list[ReportedCard]:
     """Raises ``InventoryError`` naming the file and what is wrong in it."""
     try:
         document = yaml.safe_load(path.read_bytes())
@@ -106,7 +108,7 @@ def file_cards(path: Path, node: str) -> list[Card]:
         raise InventoryError(f"{path}: {error}") from None
 
 
-def cards_from_specs(specs: list[CardSpec], node: str) -> list[Card]:
+def cards_from_specs(specs: list[CardSpec], node: str) -> list[ReportedCard]:
     """Raises ``ValueError`` for repeated UUIDs or indices and links to unknown cards."""
     indices = [spec.index if spec.index is not None else position
                for position, spec in enumerate(specs)]
@@ -129,11 +131,11 @@ def cards_from_specs(specs: list[CardSpec], node: str) -> list[Card]:
     for position, (spec, index, uuid) in enumerate(zip(specs, indices, uuids, strict=True)):
         links = None if spec.links is None else {
             peer_uuid(peer, position): lanes for peer, lanes in spec.links.items()}
-        cards.append(Card(uuid=uuid, index=index, type=spec.type, memory=spec.memory,
-                          cores=spec.cores, count=spec.count, numa=spec.numa,
-                          health=spec.health, links=links, processes=spec.processes,
-                          sm_count=spec.sm_count, process_memory=spec.process_memory,
-                          health_detail=spec.health_detail))
+        cards.append(ReportedCard(uuid=uuid, index=index, type=spec.type, memory=spec.memory,
+                                  cores=spec.cores, count=spec.count, numa=spec.numa,
+                                  health=spec.health, links=links, processes=spec.processes,
+                                  sm_count=spec.sm_count, process_memory=spec.process_memory,
+                                  health_detail=spec.health_detail))
     return sorted(cards, key=lambda card: card.index)
 
 
@@ -146,7 +148,7 @@ def _require_unique(field: str, values: Iterable[object]) -> None:
 class SimulatedSource:
     """An ``InventorySource`` over fixed cards whose processes and health can be changed."""
 
-    def __init__(self, cards: list[Card]) -> None:
+    def __init__(self, cards: list[ReportedCard]) -> None:
         self._cards = {card.index: card for card in cards}
         self._lock = threading.Lock()
 
@@ -156,7 +158,7 @@ class SimulatedSource:
     def close(self) -> None:
         pass
 
-    def read(self) -> list[Card]:
+    def read(self) -> list[ReportedCard]:
         with self._lock:
             return [self._cards[index] for index in sorted(self._cards)]
 

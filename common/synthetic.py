@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from common.core import Device, Node
+from common.core import Card, Node
 
 _MODELS = (("NVIDIA-Tesla T4", 15360), ("NVIDIA-A100-SXM4-80GB", 81920),
            ("NVIDIA-H100-80GB-HBM3", 81559))
@@ -26,8 +26,8 @@ def random_node(rng: random.Random, name: str, cards: int) -> Node:
     uuids = [f"GPU-{name}-{i}" for i in range(cards)]
     links = _links(uuids, islands=rng.random() < 0.5)
     devices = [
-        Device(uuid=uuids[i], index=i, type=model, memory=memory, numa=i * 2 // max(cards, 1),
-               links=links[i], processes=rng.choice((0, 0, 0, 1)))
+        Card(uuid=uuids[i], index=i, type=model, memory=memory, numa=i * 2 // max(cards, 1),
+             links=links[i], processes=rng.choice((0, 0, 0, 1)))
         for i in range(cards)
     ]
     return Node(name=name, devices=devices)

@@ -17,7 +17,7 @@ from common.core.annotations import CORDON_ANNOTATION
 from common.core.errors import InvalidInput
 from common.core.model import (
     CARDS_PER_NODE_MAX,
-    Device,
+    Card,
     MemoryMiB,
     Node,
     SmallCount,
@@ -33,7 +33,7 @@ INVENTORY_SUBJECT_PREFIX = "pyhami.inventory"
 INVENTORY_SUBJECTS = f"{INVENTORY_SUBJECT_PREFIX}.>"
 RESYNC_SUBJECT = "pyhami.resync"
 
-_DEVICE_FIELDS = len(Device.__struct_fields__)
+_CARD_FIELDS = len(Card.__struct_fields__)
 
 Reason = Literal["start", "change", "heartbeat", "resync", "reconnect"]
 
@@ -66,8 +66,8 @@ class WrongSubject(WireError):
     result = "wrong_subject"
 
 
-class Card(Device, frozen=True, forbid_unknown_fields=False):
-    """A card as the agent reports it: every ``Device`` field, then information fields.
+class ReportedCard(Card, frozen=True, forbid_unknown_fields=False):
+    """A card as the agent reports it: every ``Card`` field, then information fields.
 
     Unknown fields are accepted so that a newer agent may add information
     without breaking an older daemon; changing a field's meaning bumps
@@ -80,12 +80,12 @@ class Card(Device, frozen=True, forbid_unknown_fields=False):
     health_detail: Detail = ""
     """Why the card is unhealthy; empty while it is healthy."""
 
-    def device(self) -> Device:
-        # A subclass's fields start with its base's, in order: the leading values are a Device.
-        return Device(*msgspec.structs.astuple(self)[:_DEVICE_FIELDS])
+    def card(self) -> Card:
+        # A subclass's fields start with its base's, in order: the leading values are a Card.
+        return Card(*msgspec.structs.astuple(self)[:_CARD_FIELDS])
 
 
-Cards = Annotated[list[Card], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]
+Cards = Annotated[list[ReportedCard], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]
 
 
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,7 +109,7 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_node(self) -> Node:
         annotations = {CORDON_ANNOTATION: ",".join(self.cordoned)} if self.cordoned else {}
-        return Node(name=self.node, devices=[card.device() for card in self.cards],
+        return Node(name=self.node, devices=[card.card() for card in self.cards],
                     annotations=annotations)
 
 

@@ -6,10 +6,10 @@ from typing import Any
 
 from common.core import (
     Allocation,
+    Card,
     CardGrant,
     Decision,
     Defaults,
-    Device,
     Fleet,
     Node,
     NodePolicy,
@@ -27,11 +27,11 @@ T4_MEMORY = 15360
 DEFAULTS = Defaults(parse_default_chain("spread"), NodePolicy.BINPACK)
 
 
-def card(index: int, node: str = "n", **fields: Any) -> Device:
+def card(index: int, node: str = "n", **fields: Any) -> Card:
     values: dict[str, Any] = {"uuid": f"GPU-{node}-{index}", "index": index, "type": T4,
                               "memory": T4_MEMORY, "numa": 0, "links": {}}
     values.update(fields)
-    return Device(**values)
+    return Card(**values)
 
 
 def node(name: str = "n", cards: int = 4, annotations: dict[str, str] | None = None,

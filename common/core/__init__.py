@@ -5,7 +5,7 @@ from common.core.cluster import ClusterFileError, fleet_from_cluster
 from common.core.decide import Decision, ExplainRow, PlacedCard, decide, rejected
 from common.core.fleet import Fleet
 from common.core.ledger import Allocation, Usage
-from common.core.model import ClusterFile, Device, Node, PodRecord
+from common.core.model import Card, ClusterFile, Node, PodRecord
 from common.core.pod import Defaults, PodManifest, PodRequest, parse_pod
 from common.core.policy import (
     Chain,
@@ -20,13 +20,13 @@ from common.core.render import decision_document
 __all__ = [
     "Allocation",
     "AnnotationError",
+    "Card",
     "CardGrant",
     "Chain",
     "ClusterFile",
     "ClusterFileError",
     "Decision",
     "Defaults",
-    "Device",
     "ExplainRow",
     "FailedNode",
     "Fleet",

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from common.core.annotations import CORDON_ANNOTATION, comma_list
 from common.core.ledger import Allocation, Usage
-from common.core.model import Device, Node
+from common.core.model import Card, Node
 from common.core.policy import Weights
 from common.core.reasons import CHECK_COUNT
 
@@ -80,7 +80,7 @@ def cordoned_uuids(node: Node) -> frozenset[str]:
     return frozenset(comma_list(node.annotations.get(CORDON_ANNOTATION, "")))
 
 
-def _static_signature(device: Device) -> tuple[object, ...]:
+def _static_signature(device: Card) -> tuple[object, ...]:
     links = None if device.links is None else tuple(sorted(device.links.items()))
     return (device.uuid, device.index, device.type, device.memory, device.cores,
             device.count, device.numa, links)
@@ -112,7 +112,7 @@ def _cliques(masks: list[int]) -> tuple[int, ...] | None:
     return tuple(component)
 
 
-def _topology(devices: list[Device]) -> NodeTopology:
+def _topology(devices: list[Card]) -> NodeTopology:
     if all(d.links is None for d in devices):
         return NodeTopology(False, tuple(0 for _ in devices), None)
     position = {d.uuid: i for i, d in enumerate(devices)}
@@ -153,7 +153,7 @@ class Layout:
         self.node_names: list[str] = [n.name for n in ordered]
         self.node_position: dict[str, int] = {n: i for i, n in enumerate(self.node_names)}
         self.name_set: frozenset[str] = frozenset(self.node_names)
-        self.devices: list[Device] = []
+        self.devices: list[Card] = []
         starts: list[int] = []
         self.topology: list[NodeTopology] = []
         node_of: list[int] = []
@@ -243,7 +243,7 @@ class Layout:
         self._set_used(card, occupied_slots(usage.tenants, int(self.processes[card])))
         self._node_score = None
 
-    def set_dynamic(self, card: int, device: Device, cordoned: bool) -> None:
+    def set_dynamic(self, card: int, device: Card, cordoned: bool) -> None:
         self.healthy[card] = device.health
         self.cordoned[card] = cordoned
         self.processes[card] = device.processes

@@ -42,7 +42,7 @@ PeerUuid = Annotated[str, msgspec.Meta(max_length=UUID_MAX)]
 Links = Annotated[dict[PeerUuid, SmallCount], msgspec.Meta(max_length=LINKS_PER_CARD_MAX)]
 
 
-class Device(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class Card(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """One physical GPU card as the scheduler sees it.
 
     ``links`` is ``None`` when the card's NVLink topology is unknown and ``{}``
@@ -61,10 +61,10 @@ class Device(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     processes: SmallCount = 0
 
 
-Devices = Annotated[list[Device], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]
+NodeCards = Annotated[list[Card], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]
 
 
-def repeated_card(devices: Sequence[Device]) -> str | None:
+def repeated_card(devices: Sequence[Card]) -> str | None:
     """What is listed twice among one node's cards (a UUID or an index), or None.
 
     A card listed twice could be given twice to one pod.
@@ -83,7 +83,7 @@ def repeated_card(devices: Sequence[Device]) -> str | None:
 
 class Node(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
-    devices: Devices
+    devices: NodeCards
     annotations: dict[str, str] = {}
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from agent.inventory import InventoryError
 from agent.nvml import NvmlSource, sysfs_bus_id
-from common.wire import Card
+from common.wire import ReportedCard
 
 MIB = 1024 * 1024
 GPU, IBMNPU, SWITCH = 0, 1, 2
@@ -171,7 +171,7 @@ def _bus(slot: int) -> str:
     return f"00000000:{slot:02X}:00.0"
 
 
-def _read(library: NvmlStandIn, sysfs: Path | None = None, **options: int) -> list[Card]:
+def _read(library: NvmlStandIn, sysfs: Path | None = None, **options: int) -> list[ReportedCard]:
     source = NvmlSource(library, sysfs_root=sysfs or Path("/nonexistent"), event_wait_ms=20,
                         **options)
     source.open()
@@ -188,9 +188,9 @@ def test_cards_are_read_in_hamis_form_with_their_processes() -> None:
                     memory_bytes=81920 * MIB, numa=1, sm_count=None),
     ])
     first, second = _read(library)
-    assert first == Card(uuid="GPU-aaa", index=0, type="NVIDIA-Tesla T4", memory=15360,
-                         cores=100, count=10, numa=0, health=True, links={}, processes=3,
-                         sm_count=40, process_memory=1500)
+    assert first == ReportedCard(uuid="GPU-aaa", index=0, type="NVIDIA-Tesla T4", memory=15360,
+                                 cores=100, count=10, numa=0, health=True, links={}, processes=3,
+                                 sm_count=40, process_memory=1500)
     assert (second.type, second.memory, second.index, second.sm_count, second.processes) == (
         "NVIDIA-NVIDIA A100-SXM4-80GB", 81920, 1, None, 0)
 
@@ -313,7 +313,7 @@ def test_a_card_whose_uuid_cannot_be_read_is_left_out_until_it_can() -> None:
         source.close()
 
 
-def _wait_for(condition: object, source: NvmlSource, seconds: float = 5.0) -> list[Card]:
+def _wait_for(condition: object, source: NvmlSource, seconds: float = 5.0) -> list[ReportedCard]:
     deadline = time.monotonic() + seconds
     while True:
         cards = source.read()

@@ -25,7 +25,7 @@ from common.core.pod import Container, ObjectMeta, PodManifest, PodSpec, Resourc
 from common.files import load_cluster, load_pod
 from common.natsserver import LocalNatsServer, free_port
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
-from common.wire import RESYNC_SUBJECT, Card, Inventory, decode_resync, inventory_subject
+from common.wire import RESYNC_SUBJECT, Inventory, ReportedCard, decode_resync, inventory_subject
 from common.wire import encode as encode_wire
 from pyhami.output import print_json, stdout_console
 from pyhami.watch import WatchModel, render, snapshot_document
@@ -65,9 +65,9 @@ def lab_inventory(cards: int = 4, timestamp: float = NOW - 3, unhealthy: str = "
     return Inventory(
         schema=1, node=NODE, agent_version="0.1.0", instance="a1", sequence=1,
         timestamp=timestamp, reason="heartbeat", heartbeat_interval=10.0,
-        cards=[Card(uuid=f"GPU-{i}", index=i, type=T4, memory=15360,
-                    health=not (unhealthy and i == 3),
-                    health_detail=unhealthy if i == 3 else "") for i in range(cards)],
+        cards=[ReportedCard(uuid=f"GPU-{i}", index=i, type=T4, memory=15360,
+                            health=not (unhealthy and i == 3),
+                            health_detail=unhealthy if i == 3 else "") for i in range(cards)],
         cordoned=list(cordoned))
 
 

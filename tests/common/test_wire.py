@@ -7,11 +7,11 @@ import re
 import msgspec
 import pytest
 
-from common.core import Device, Node
+from common.core import Card, Node
 from common.wire import (
     SCHEMA_VERSION,
-    Card,
     Inventory,
+    ReportedCard,
     ResyncRequest,
     WireError,
     decode_inventory,
@@ -21,22 +21,22 @@ from common.wire import (
 )
 
 
-def _inventory(cards: list[Card], cordoned: list[str] | None = None) -> Inventory:
+def _inventory(cards: list[ReportedCard], cordoned: list[str] | None = None) -> Inventory:
     return Inventory(schema=SCHEMA_VERSION, node="node-a", agent_version="0.1.0",
                      instance="abc", sequence=3, timestamp=1700000000.5, reason="change",
                      heartbeat_interval=10.0, cards=cards, cordoned=cordoned or [])
 
 
 CARDS = [
-    Card(uuid="GPU-a", index=0, type="NVIDIA-Tesla T4", memory=15360, numa=0, links={},
-         processes=2, sm_count=40, process_memory=1800),
-    Card(uuid="GPU-b", index=1, type="NVIDIA-Tesla T4", memory=15360, numa=1,
-         links={"GPU-a": 4}, health=False, health_detail="critical XID 79"),
+    ReportedCard(uuid="GPU-a", index=0, type="NVIDIA-Tesla T4", memory=15360, numa=0, links={},
+                 processes=2, sm_count=40, process_memory=1800),
+    ReportedCard(uuid="GPU-b", index=1, type="NVIDIA-Tesla T4", memory=15360, numa=1,
+                 links={"GPU-a": 4}, health=False, health_detail="critical XID 79"),
 ]
 
 
 def test_a_card_carries_every_device_field() -> None:
-    assert set(Device.__struct_fields__) <= set(Card.__struct_fields__)
+    assert set(Card.__struct_fields__) <= set(ReportedCard.__struct_fields__)
 
 
 def test_inventory_survives_encoding() -> None:
@@ -49,14 +49,14 @@ def test_to_node_gives_the_core_plain_devices_and_the_cordon_annotation() -> Non
     assert node == Node(
         name="node-a",
         devices=[
-            Device(uuid="GPU-a", index=0, type="NVIDIA-Tesla T4", memory=15360, numa=0,
-                   links={}, processes=2),
-            Device(uuid="GPU-b", index=1, type="NVIDIA-Tesla T4", memory=15360, numa=1,
-                   links={"GPU-a": 4}, health=False),
+            Card(uuid="GPU-a", index=0, type="NVIDIA-Tesla T4", memory=15360, numa=0,
+                 links={}, processes=2),
+            Card(uuid="GPU-b", index=1, type="NVIDIA-Tesla T4", memory=15360, numa=1,
+                 links={"GPU-a": 4}, health=False),
         ],
         annotations={"hami.io/device-cordon": "GPU-a,GPU-b"},
     )
-    assert all(type(device) is Device for device in node.devices)
+    assert all(type(device) is Card for device in node.devices)
 
 
 def test_to_node_without_cordons_has_no_annotation() -> None:
@@ -64,7 +64,7 @@ def test_to_node_without_cordons_has_no_annotation() -> None:
 
 
 def test_unknown_topology_stays_unknown_and_no_nvlink_stays_empty() -> None:
-    unknown = Card(uuid="GPU-c", index=2, type="NVIDIA-Tesla T4", memory=15360)
+    unknown = ReportedCard(uuid="GPU-c", index=2, type="NVIDIA-Tesla T4", memory=15360)
     devices = _inventory([CARDS[0], unknown]).to_node().devices
     assert devices[0].links == {}
     assert devices[1].links is None

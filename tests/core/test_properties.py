@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from common.core import (
     Allocation,
+    Card,
     CardGrant,
     Decision,
-    Device,
     Fleet,
     Node,
     PodManifest,
@@ -38,7 +38,7 @@ def nodes(draw: st.DrawFn) -> list[Node]:
             if links_known:
                 links = {u: draw(st.integers(0, 4)) for u in uuids
                          if u != uuids[i] and draw(st.booleans())}
-            devices.append(Device(
+            devices.append(Card(
                 uuid=uuids[i], index=i,
                 type=draw(st.sampled_from(["NVIDIA-Tesla T4", "NVIDIA-A100"])),
                 memory=draw(st.sampled_from(MEMORY)), cores=100,

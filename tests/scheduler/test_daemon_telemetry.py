@@ -14,7 +14,7 @@ import pytest
 
 from common import telemetry
 from common.natsserver import LocalNatsServer, free_port
-from common.wire import SCHEMA_VERSION, Card, Inventory, encode, inventory_subject
+from common.wire import SCHEMA_VERSION, Inventory, ReportedCard, encode, inventory_subject
 from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from tests.harness import Lab, PodClient, eventually
@@ -115,8 +115,8 @@ async def test_bad_inventory_is_counted_and_dropped_and_a_vanished_card_reported
             {"schema": SCHEMA_VERSION, "node": "gpu-node-1"}))
         # The node's agent is replaced by one that no longer sees GPU 3.
         await node.halt()
-        cards = [Card(uuid=f"GPU-gpu-node-1-{i}", index=i, type="NVIDIA-Tesla T4",
-                      memory=15360, numa=0, links={}) for i in range(3)]
+        cards = [ReportedCard(uuid=f"GPU-gpu-node-1-{i}", index=i, type="NVIDIA-Tesla T4",
+                              memory=15360, numa=0, links={}) for i in range(3)]
         await client.publish(inventory_subject("gpu-node-1"), encode(Inventory(
             schema=SCHEMA_VERSION, node="gpu-node-1", agent_version="test", instance="new",
             sequence=1, timestamp=time.time(), reason="start", heartbeat_interval=10.0,

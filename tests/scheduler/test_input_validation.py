@@ -22,10 +22,10 @@ from nats.aio.client import Client
 
 from common.core import Fleet, Node, decide, parse_pod
 from common.core.annotations import ALLOCATED_ANNOTATION
-from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB, CARDS_PER_NODE_MAX, Device
+from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB, CARDS_PER_NODE_MAX, Card
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
-from common.wire import SCHEMA_VERSION, Card, Inventory, encode, inventory_subject
+from common.wire import SCHEMA_VERSION, Inventory, ReportedCard, encode, inventory_subject
 from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS
 from scheduler.bodies import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT
@@ -74,14 +74,15 @@ async def until_refused(lab: Lab, result: str, count: float = 1.0) -> None:
     await eventually(counted, f"{count:g} inventory messages counted as {result}")
 
 
-def inventory(node: str, cards: list[Card]) -> Inventory:
+def inventory(node: str, cards: list[ReportedCard]) -> Inventory:
     return Inventory(schema=SCHEMA_VERSION, node=node, agent_version="test", instance="x",
                      sequence=1, timestamp=time.time(), reason="start", heartbeat_interval=10.0,
                      cards=cards)
 
 
-def t4(uuid: str, index: int, memory: int = 15360) -> Card:
-    return Card(uuid=uuid, index=index, type="NVIDIA-Tesla T4", memory=memory, numa=0, links={})
+def t4(uuid: str, index: int, memory: int = 15360) -> ReportedCard:
+    return ReportedCard(uuid=uuid, index=index, type="NVIDIA-Tesla T4", memory=memory, numa=0,
+                        links={})
 
 
 async def post(lab: Lab, path: str, **kwargs: Any) -> tuple[int, str]:
@@ -159,9 +160,9 @@ def test_cards_at_every_bound_keep_the_decision_finite() -> None:
     fleet = Fleet()
     for name in ("a", "b"):
         fleet.upsert_node(Node(name=name, devices=[
-            Device(uuid=f"GPU-{name}-{i}", index=i, type="T", memory=CARD_MEMORY_MAX_MIB,
-                   cores=CARD_COUNT_MAX, count=CARD_COUNT_MAX, numa=CARD_COUNT_MAX,
-                   processes=CARD_COUNT_MAX - 1, links={f"GPU-{name}-0": CARD_COUNT_MAX})
+            Card(uuid=f"GPU-{name}-{i}", index=i, type="T", memory=CARD_MEMORY_MAX_MIB,
+                 cores=CARD_COUNT_MAX, count=CARD_COUNT_MAX, numa=CARD_COUNT_MAX,
+                 processes=CARD_COUNT_MAX - 1, links={f"GPU-{name}-0": CARD_COUNT_MAX})
             for i in range(CARDS_PER_NODE_MAX)]))
     request = parse_pod(manifest(gpus=CARDS_PER_NODE_MAX, gpumem=CARD_MEMORY_MAX_MIB), DEFAULTS)
     decision = decide(fleet, request, explain=True)
