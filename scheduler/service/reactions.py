@@ -1,0 +1,209 @@
+"""The reactions room: what the daemon does when the cluster or the bus speaks. The
+ledger rebuilt at start-up, agents' inventories, pods that change or end, a fresh list
+of the pods after a lost watch, node cordons, nodes that fall silent, reservations that
+no bind confirmed in time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from common.core import AnnotationError
+from common.messaging import RateLimitedLog
+from common.wire import Inventory, WireError, decode_inventory
+from scheduler.cluster import ClusterError, PodChange
+from scheduler.metrics import Metrics
+from scheduler.service.shared import Reports, Shared
+
+logger = logging.getLogger(__name__)
+
+CORDON_REFRESH_S = 15.0
+NODE_WATCH_S = 1.0
+
+
+class Reactions:
+    """The daemon's answers to the cluster's and the agents' news."""
+
+    def __init__(self, shared: Shared, metrics: Metrics, reports: Reports) -> None:
+        self.shared = shared
+        self.settings = shared.settings
+        self.state = shared.state
+        self.cluster = shared.cluster
+        self._clock = shared.clock
+        self.metrics = metrics
+        self.reports = reports
+        self._followed_cluster = False
+        self._refusals = RateLimitedLog(shared.clock, logger)
+
+    async def rebuild(self) -> None:
+        """Rebuild the ledger from the pods' allocation annotations, then answer /filter."""
+        pods = await self.cluster.list_pods()
+        restored = []
+        for pod in pods:
+            try:
+                allocation = pod.allocation()
+            except AnnotationError as error:
+                logger.error("pod %s: %s; its cards are not counted", pod.key, error)
+                continue
+            if allocation is not None:
+                restored.append((pod.key, allocation))
+        self.state.restore(restored)
+        await self.refresh_cordons()
+        self.reports.mark_changed(*(a.node for _, a in restored))
+        logger.info("ledger rebuilt from %d pods holding cards", len(restored))
+        self.shared.ready = True
+
+    async def receive_inventory(self, subject: str, data: bytes) -> None:
+        """Ingest one agent message; a card that left while pods hold it is reported on them."""
+        result = self.ingest(subject, data)
+        if result is None:
+            return
+        inventory, vanished = result
+        if not vanished:
+            return
+        holders = [(key, allocation) for key, allocation in self.state.fleet.allocations().items()
+                   if allocation.node == inventory.node]
+        for key, allocation in holders:
+            lost = sorted({g.uuid for grants in allocation.containers for g in grants} & vanished)
+            if lost:
+                namespace, _, name = key.partition("/")
+                await self.cluster.record_event(
+                    namespace, name, "Warning", "CardVanished",
+                    f"node {inventory.node} no longer reports {', '.join(lost)}, which this pod "
+                    "holds; the cards stay booked until the pod ends")
+
+    def ingest(self, subject: str, data: bytes) -> tuple[Inventory, set[str]] | None:
+        """Apply one agent message: the inventory and the cards that left holding allocations.
+
+        A message refused (malformed, out of bounds, on another node's subject, claiming
+        another live node's card) is counted by result and logged at a bounded rate.
+        """
+        try:
+            inventory = decode_inventory(data, subject)
+        except WireError as error:
+            self._refuse_inventory(error.result, str(error))
+            return None
+        result = self.state.ingest(inventory, self._clock())
+        if result.conflict is not None:
+            self._refuse_inventory("card_conflict", f"inventory refused: {result.conflict}")
+            return None
+        if not result.accepted:
+            self.metrics.inventory.labels("out_of_order").inc()
+            return None
+        self.metrics.inventory.labels("accepted").inc()
+        self.shared.inventory_accepted += 1
+        if not result.news:
+            return inventory, set()
+        if result.back_after is not None:
+            logger.info("node %s is heard from again after %.0fs of silence", inventory.node,
+                        result.back_after)
+        self.reports.mark_changed(inventory.node)
+        for uuid, usage in result.vanished.items():
+            logger.error("node %s: card %s left the inventory while allocations hold it "
+                         "(%d tenants, %d MiB); they stay booked until their pods end",
+                         inventory.node, uuid, usage.tenants, usage.memory)
+        self.reports.retry_waiting()
+        return inventory, set(result.vanished)
+
+    def _refuse_inventory(self, result: str, why: str) -> None:
+        self.metrics.inventory.labels(result).inc()
+        self._refusals.warning(result, "%s", why)
+
+    async def follow_cluster(self) -> None:
+        """Release the cards of pods deleted, Failed or Succeeded, for as long as it runs.
+
+        Started again after a crash, it first compares the ledger with a fresh list of
+        the pods, for the changes that went by while it was down."""
+        if self._followed_cluster:
+            await self.reconcile()
+        self._followed_cluster = True
+        async for change in self.cluster.changes():
+            await self.on_pod_change(change)
+
+    async def reconcile(self) -> None:
+        """Bring the ledger in line with a fresh list of the pods: release the pods gone
+        or finished, book those bound that it lacks."""
+        pods = await self.cluster.list_pods()
+        listed = {pod.key for pod in pods}
+        for key in sorted(self.state.bound - listed):
+            await self._pod_ended(key)
+        for pod in pods:
+            await self.on_pod_change(PodChange(pod, deleted=False))
+
+    async def on_pod_change(self, change: PodChange) -> None:
+        pod = change.pod
+        if change.deleted or pod.finished:
+            await self._pod_ended(pod.key)
+            return
+        if pod.key in self.state.bound or self.state.reservation(pod.key) is not None:
+            return
+        try:
+            allocation = pod.allocation()
+        except AnnotationError as error:
+            logger.error("pod %s: %s; its cards are not counted", pod.key, error)
+            return
+        if allocation is not None:  # bound elsewhere, e.g. while this daemon was down
+            self.state.restore([(pod.key, allocation)])
+            # Cards booked, none freed: no waiting pod fits now that did not before.
+            await self.reports.capacity_changed(allocation.node, retry_waiting=False)
+
+    async def _pod_ended(self, key: str) -> None:
+        self.shared.manifests.pop(key, None)
+        self.shared.refused.pop(key, None)
+        released = self.state.release(key)
+        if released is not None:
+            logger.info("pod %s ended: its cards on %s are free", key, released.node)
+            await self.reports.capacity_changed(released.node)
+
+    async def refresh_cordons(self) -> None:
+        """Read the nodes' ``hami.io/device-cordon`` annotations into the live state; where
+        the cluster lists its Nodes, forget the nodes it no longer lists."""
+        listed_since = self._clock()
+        try:
+            cordons = await self.cluster.device_cordons()
+        except ClusterError as error:
+            logger.warning("node cordons not refreshed, keeping the last ones: %s", error)
+            return
+        if self.settings.nodes_listed:
+            for name in self.state.unlisted(cordons.keys(), listed_since):
+                self._forget(name, "its Node is no longer in the cluster")
+        changed = self.state.set_cluster_cordons(cordons)
+        if changed:
+            logger.info("device cordons changed on %s", ", ".join(sorted(changed)))
+            await self.reports.capacity_changed(*changed)
+
+    async def follow_cordons(self, period: float = CORDON_REFRESH_S) -> None:
+        while True:
+            await asyncio.sleep(period)
+            await self.refresh_cordons()
+
+    async def watch_nodes(self, period: float = NODE_WATCH_S) -> None:
+        while True:
+            await asyncio.sleep(period)
+            self.check_nodes()
+
+    def check_nodes(self) -> None:
+        """Log each node once as it goes stale; forget those silent beyond the retention."""
+        now = self._clock()
+        for name, why in self.state.newly_stale(now).items():
+            logger.warning("node %s is stale: %s", name, why.text())
+        for name, quiet in self.state.silent_beyond_retention(now).items():
+            self._forget(name, f"silent for {quiet:.0f}s (retention "
+                               f"{self.settings.node_retention:g}s)")
+
+    def _forget(self, name: str, why: str) -> None:
+        self.state.forget(name)
+        held = sum(1 for a in self.state.fleet.allocations().values() if a.node == name)
+        logger.warning("node %s forgotten: %s%s", name, why,
+                       f"; {held} pods still hold its cards" if held else "")
+
+    async def expire_reservations(self, period: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(period)
+            late = self.state.expire(self._clock())
+            for key in late:
+                logger.warning("reservation of pod %s expired: no bind came in time", key)
+                self.metrics.released.labels("expired").inc()
+            if late:
+                await self.reports.capacity_changed(*(a.node for a in late.values()))
+

@@ -1,0 +1,162 @@
+"""The reporting room: what the daemon tells others. Usage and decisions on the
+telemetry bus, the retries of waiting pods, the metrics' sources, and the status and
+ledger views for operators."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+from common.core import Decision
+from common.core.fleet import occupied_slots
+from common.telemetry import CardUsage, DecisionEvent, UsageEvent
+from scheduler.metrics import Metrics, Sources
+from scheduler.service.shared import Shared
+
+logger = logging.getLogger(__name__)
+
+Publish = Callable[[DecisionEvent | UsageEvent], Awaitable[None]]
+Check = Callable[[], str | None]
+
+
+class Reporting:
+    """The ``Reports`` the other rooms use, and the views of the daemon's health."""
+
+    def __init__(self, shared: Shared, publish: Publish) -> None:
+        self.shared = shared
+        self.state = shared.state
+        self._publish = publish
+        self._clock = shared.clock
+        self._wall_clock = shared.wall_clock
+        self.metrics = Metrics(Sources(
+            fleet=lambda: self.state.fleet, last_heard=self._last_heard,
+            stale=lambda: self.state.stale_nodes(self._clock()).keys(),
+            ready=lambda: not self.not_ready_because()))
+        self.readiness_checks: list[Check] = []
+        """Each says why the daemon is not ready, or None (NATS, background tasks)."""
+        self.status_parts: dict[str, Callable[[], object]] = {}
+        self._changed_nodes: set[str] = set()
+        self._retry_signals: list[asyncio.Event] = []
+
+    # What the other rooms tell ----------------------------------------------------
+
+    def mark_changed(self, *nodes: str) -> None:
+        self._changed_nodes.update(nodes)
+
+    async def capacity_changed(self, *nodes: str, retry_waiting: bool = True) -> None:
+        self._changed_nodes.update(nodes)
+        await self._publish_usage()
+        if retry_waiting:
+            self.retry_waiting()
+
+    async def decided(self, decision: Decision, verb: Literal["filter", "bind"],
+                      duration_ms: float) -> None:
+        await self._publish(DecisionEvent.of(decision, verb, self._wall_clock(), duration_ms))
+        await self._publish_usage()
+
+    def retry_waiting(self) -> None:
+        for event in self._retry_signals:
+            event.set()
+        refused = self.shared.refused
+        if refused:
+            waiting = list(refused.values())
+            refused.clear()
+            stamp = str(self._wall_clock())
+            self.shared.in_background(self._ask_cluster_to_retry(waiting, stamp))
+
+    async def _ask_cluster_to_retry(self, waiting: list[tuple[str, str]], stamp: str) -> None:
+        for namespace, name in waiting:
+            await self.shared.cluster.retry_pod(namespace, name, stamp)
+
+    def retry_signal(self) -> asyncio.Event:
+        """An event set whenever cards are freed or inventory changes (for retry loops)."""
+        event = asyncio.Event()
+        self._retry_signals.append(event)
+        return event
+
+    # Telemetry --------------------------------------------------------------------
+
+    async def _publish_usage(self) -> None:
+        changed, self._changed_nodes = self._changed_nodes, set()
+        fleet = self.state.fleet
+        for name in sorted(changed):
+            node = fleet.node(name)
+            if node is None:
+                continue
+            cards = []
+            for card in sorted(node.devices, key=lambda c: c.index):
+                usage = fleet.usage(name, card.uuid)
+                cards.append(CardUsage(
+                    uuid=card.uuid, index=card.index, type=card.type,
+                    tenants=usage.tenants, used=occupied_slots(usage.tenants, card.processes),
+                    usedmem=usage.memory, memory=card.memory, usedcores=usage.cores,
+                    cores=card.cores, count=card.count, health=card.health))
+            await self._publish(UsageEvent(node=name, timestamp=self._wall_clock(), cards=cards))
+
+    # Views for operators --------------------------------------------------------------
+
+    def not_ready_because(self) -> list[str]:
+        """Why /readyz answers 503; empty when ready."""
+        reasons = [] if self.shared.ready else ["rebuilding the ledger"]
+        reasons.extend(reason for check in self.readiness_checks if (reason := check()))
+        return reasons
+
+    def status(self) -> dict[str, object]:
+        """A cheap summary for operators and benchmarks (``/statusz``)."""
+        not_ready = self.not_ready_because()
+        return {
+            "ready": not not_ready,
+            "not_ready_because": not_ready,
+            **{name: part() for name, part in self.status_parts.items()},
+            "nodes": sum(1 for _ in self.state.fleet.nodes()),
+            "node_names": sorted(n.name for n in self.state.fleet.nodes()),
+            "stale_nodes": sorted(self.state.stale_nodes(self._clock())),
+            "inventory_accepted": self.shared.inventory_accepted,
+            "pods_bound": len(self.state.bound),
+            "reservations": len(self.state.reservations),
+        }
+
+    def _last_heard(self) -> dict[str, float]:
+        """When each node was last heard from, in seconds since the epoch (for metrics)."""
+        now, wall = self._clock(), self._wall_clock()
+        return {name: wall - quiet for name, quiet in self.state.silence(now).items()}
+
+    def ledger(self) -> dict[str, object]:
+        """The ledger as it stands (``GET /ledgerz``), for operators and invariant checks.
+
+        ``pods``: every allocation (bound or reserved) with its cards per container;
+        ``reservations``: unconfirmed ones with their age; ``cards``: each reported
+        card's booked usage beside its capacity; ``orphans``: usage on cards no node
+        reports any more.
+        """
+        now = self._clock()
+        state = self.state
+        fleet = state.fleet
+        pods = {
+            key: {"node": allocation.node, "bound": key in state.bound,
+                  "init_containers": allocation.init_containers,
+                  "containers": [[{"uuid": g.uuid, "memory": g.memory, "cores": g.cores}
+                                  for g in grants] for grants in allocation.containers]}
+            for key, allocation in fleet.allocations().items()}
+        reservations = {
+            key: {"node": held.allocation.node,
+                  "age_s": now - (held.expires - state.reservation_ttl),
+                  "expires_in_s": held.expires - now}
+            for key, held in state.reservations.items()}
+        cards = []
+        for node in fleet.nodes():
+            for device in node.devices:
+                usage = fleet.usage(node.name, device.uuid)
+                cards.append({"node": node.name, "uuid": device.uuid, "index": device.index,
+                              "tenants": usage.tenants, "usedmem": usage.memory,
+                              "usedcores": usage.cores, "memory": device.memory,
+                              "cores": device.cores, "count": device.count,
+                              "processes": device.processes})
+        orphans = [{"node": node, "uuid": uuid, "tenants": usage.tenants,
+                    "usedmem": usage.memory, "usedcores": usage.cores}
+                   for (node, uuid), usage in fleet.orphans().items()]
+        return {"reservation_ttl_s": state.reservation_ttl, "bound": sorted(state.bound),
+                "pods": pods, "reservations": reservations, "cards": cards,
+                "orphans": orphans}

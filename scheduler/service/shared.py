@@ -1,0 +1,111 @@
+"""What the daemon's rooms share: the settings, the live state, the cluster port, the
+pods in flight, the reports under way, and the port through which a room says the
+cards' capacity changed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from common.core import Decision, Defaults, PodManifest
+from scheduler.cluster import Cluster
+from scheduler.state import LiveState
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NODE_RETENTION_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    defaults: Defaults
+    node_timeout: float = 30.0
+    reservation_ttl: float = 60.0
+    node_retention: float | None = DEFAULT_NODE_RETENTION_S
+    """Forget a node silent this long (standalone); None: never for silence."""
+    nodes_listed: bool = False
+    """The cluster lists its Nodes (Kubernetes): forget a node it no longer lists."""
+
+
+class KeyedLocks:
+    """One lock per key, held only while someone uses it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class Reports(Protocol):
+    """What the verbs and the reactions tell the reporting room."""
+
+    def mark_changed(self, *nodes: str) -> None:
+        """These nodes' usage changed; it goes out with the next usage report."""
+
+    async def capacity_changed(self, *nodes: str, retry_waiting: bool = True) -> None:
+        """The ending every path that books, frees or cordons cards shares: mark the
+        nodes changed, publish their usage, and retry the pods waiting for capacity."""
+
+    def retry_waiting(self) -> None:
+        """Pods waiting for capacity may fit now: ask for them to be tried again."""
+
+    async def decided(self, decision: Decision, verb: Literal["filter", "bind"],
+                      duration_ms: float) -> None:
+        """Publish a decision and the usage it changed."""
+
+
+class Shared:
+    """The one state the rooms share; everything in it changes on the daemon's loop."""
+
+    def __init__(self, settings: ServiceSettings, cluster: Cluster,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.state = LiveState(node_timeout=settings.node_timeout,
+                               reservation_ttl=settings.reservation_ttl,
+                               node_retention=settings.node_retention)
+        self.cluster = cluster
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.ready = False
+        """The ledger is rebuilt: /filter answers (``not_ready_because`` says the rest)."""
+        self.inventory_accepted = 0
+        self.manifests: dict[str, PodManifest] = {}
+        """The pods /filter saw, so that /bind can decide again without asking the cluster."""
+        # Pods /filter refused, to retry when cards are freed: kube-scheduler may have
+        # retried them a moment before pyhami saw the release, and then waits minutes.
+        self.refused: dict[str, tuple[str, str]] = {}
+        self._reporting: set[asyncio.Task[None]] = set()
+
+    def in_background(self, report: Coroutine[None, None, None]) -> None:
+        """Events and telemetry go out after the answer, never delaying kube-scheduler."""
+        task = asyncio.get_running_loop().create_task(report)
+        self._reporting.add(task)
+        task.add_done_callback(self._reported)
+
+    async def settle(self, timeout: float = 5.0) -> None:
+        """Let the reports already under way go out (before shutting down)."""
+        if self._reporting:
+            await asyncio.wait(self._reporting, timeout=timeout)
+
+    def _reported(self, task: asyncio.Task[None]) -> None:
+        self._reporting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("reporting a decision failed", exc_info=task.exception())

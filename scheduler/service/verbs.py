@@ -1,0 +1,266 @@
+"""The verbs room: what kube-scheduler (or the standalone pending loop) asks. /filter
+books cards on one node, /prioritize ranks nodes, /bind makes the booking durable on the
+pod; ``explain`` previews /filter and books nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Collection
+from typing import Literal
+
+from common.core import (
+    Allocation,
+    Decision,
+    NodePolicy,
+    PodManifest,
+    PodRejected,
+    PodRequest,
+    decision_document,
+    parse_pod,
+    rejected,
+)
+from common.core.annotations import (
+    ALLOCATED_ANNOTATION,
+    BIND_PHASE_ANNOTATION,
+    BIND_TIME_ANNOTATION,
+    TIME_ANNOTATION,
+    TO_ALLOCATE_ANNOTATION,
+)
+from common.core.fleet import NODE_WEIGHTS, score_max
+from common.core.pod import DEFAULT_NAMESPACE
+from common.core.reasons import removed_most
+from scheduler.cluster import ClusterError
+from scheduler.metrics import Metrics
+from scheduler.protocol import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+    node_name,
+)
+from scheduler.service.shared import KeyedLocks, Reports, Shared
+
+logger = logging.getLogger(__name__)
+
+MAX_PRIORITY = 10
+NODE_SCORE_MAX = score_max(NODE_WEIGHTS)
+"""/prioritize scales a node's score from 0..NODE_SCORE_MAX to 0..MAX_PRIORITY."""
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1e3
+
+
+class Verbs:
+    """The extender verbs over the shared live state."""
+
+    def __init__(self, shared: Shared, metrics: Metrics, reports: Reports) -> None:
+        self.shared = shared
+        self.settings = shared.settings
+        self.state = shared.state
+        self.cluster = shared.cluster
+        self._clock = shared.clock
+        self._wall_clock = shared.wall_clock
+        self.metrics = metrics
+        self.reports = reports
+        self._binding = KeyedLocks()
+
+    async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        started = time.perf_counter()
+        names = args.node_names
+        if names is None:
+            names = [node_name(item) for item in (args.nodes.items or [])] if args.nodes else []
+        if not self.shared.ready:
+            return ExtenderFilterResult(error="pyhami is rebuilding its ledger; try again")
+        try:
+            request = parse_pod(args.pod, self.settings.defaults)
+        except PodRejected as error:
+            decision = rejected(args.pod.key, str(error))
+            self._count("filter", decision)
+            self.shared.in_background(self._after_filter(args.pod, decision, _ms_since(started)))
+            unresolvable = {name: f"PodRejected: {error}" for name in names}
+            return ExtenderFilterResult(failed_and_unresolvable_nodes=unresolvable)
+        if not request.wants_gpu:
+            return self._pass_through(args, names)
+        self.shared.manifests[request.key] = args.pod
+        decision = self.state.filter(request, names, self._clock(), explain_chosen=True)
+        if decision.node is not None:
+            self.reports.mark_changed(decision.node)
+            self.shared.refused.pop(request.key, None)
+        else:
+            self.shared.refused[request.key] = (args.pod.namespace, args.pod.metadata.name)
+        self._count("filter", decision)
+        self.metrics.filter_duration.observe(time.perf_counter() - started)
+        self.shared.in_background(
+            self._after_filter(args.pod, decision, _ms_since(started), request))
+        failed = decision.failed_nodes or {}
+        if decision.node is None:
+            return ExtenderFilterResult(node_names=[] if args.node_names is not None else None,
+                                        nodes=None if args.node_names is not None else
+                                        {"items": []},
+                                        failed_nodes=failed)
+        if args.node_names is not None:
+            return ExtenderFilterResult(node_names=[decision.node], failed_nodes=failed)
+        chosen = [item for item in (args.nodes.items or []) if node_name(item) == decision.node] \
+            if args.nodes else []
+        return ExtenderFilterResult(nodes={"items": chosen}, failed_nodes=failed)
+
+    def _pass_through(self, args: ExtenderArgs, names: list[str]) -> ExtenderFilterResult:
+        if args.node_names is not None:
+            return ExtenderFilterResult(node_names=list(names))
+        return ExtenderFilterResult(nodes={"items": list(args.nodes.items or [])}
+                                    if args.nodes else None)
+
+    async def _after_filter(self, pod: PodManifest, decision: Decision, duration_ms: float,
+                            request: PodRequest | None = None) -> None:
+        namespace = pod.namespace
+        name = pod.metadata.name
+        if decision.ignored_policies:
+            message = (f"unknown scheduler policies ignored: {', '.join(decision.ignored_policies)}"
+                       f"; evaluating {request.chain if request else 'the default'}")
+            logger.warning("pod %s: %s", decision.pod, message)
+            await self.cluster.record_event(namespace, name, "Warning", "PolicyIgnored", message)
+        if decision.node is None and decision.message is not None:
+            await self.cluster.record_event(namespace, name, "Warning", "FilteringFailed",
+                                            decision.message)
+        for row in decision.explain or ():
+            logger.debug("pod %s node %s card %d (%s): computer score is %.6f%s", decision.pod,
+                         row.node, row.index, row.uuid, row.score,
+                         f", filtered by {row.filtered_by}" if row.filtered_by else "")
+        await self.reports.decided(decision, "filter", duration_ms)
+
+    def explain(self, pod: PodManifest,
+                node_names: Collection[str] | None = None) -> dict[str, object]:
+        """What /filter would decide for ``pod`` now among ``node_names`` (default: every
+        node), with every card's selection path.
+
+        Books nothing: for ``pyhami explain`` and the demo.
+        """
+        try:
+            request = parse_pod(pod, self.settings.defaults)
+        except PodRejected as error:
+            return decision_document(rejected(pod.key, str(error)))
+        # A pod that holds cards already is judged as if it held none.
+        decision = self.state.preview(request, node_names, self._clock(), explain=True,
+                                      describe=True, holding_nothing=True)
+        return decision_document(decision)
+
+    async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        """0..10 per node by the node policy: binpack favours the busiest node."""
+        names = args.node_names
+        if names is None:
+            names = [node_name(item) for item in (args.nodes.items or [])] if args.nodes else []
+        policy = self.settings.defaults.node_policy
+        with contextlib.suppress(PodRejected):  # /filter already refused it with its reason
+            policy = parse_pod(args.pod, self.settings.defaults).node_policy
+        layout = self.state.fleet.layout
+        scores = layout.node_scores()
+        result = []
+        for name in names:
+            position = layout.node_position.get(name)
+            if position is None:
+                result.append(HostPriority(name, 0))
+                continue
+            fraction = min(float(scores[position]) / NODE_SCORE_MAX, 1.0)
+            score = fraction if policy is NodePolicy.BINPACK else 1.0 - fraction
+            result.append(HostPriority(name, round(score * MAX_PRIORITY)))
+        return result
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        """Bind the pod to ``args.node`` with its cards; one bind of a pod runs at a time.
+
+        A repeated bind to the node the pod is bound to answers success and changes
+        nothing; a bind to another node is refused. A failed bind releases only the
+        reservation it used, never a pod's bound cards.
+        """
+        started = time.perf_counter()
+        key = f"{args.pod_namespace or DEFAULT_NAMESPACE}/{args.pod_name}"
+        try:
+            async with self._binding.hold(key):
+                return await self._bind_exclusively(key, args)
+        finally:
+            self.metrics.bind_duration.observe(time.perf_counter() - started)
+
+    async def _bind_exclusively(self, key: str, args: ExtenderBindingArgs,
+                                ) -> ExtenderBindingResult:
+        if key in self.state.bound:
+            held = self.state.fleet.allocation(key)
+            if held is not None and held.node == args.node:
+                return ExtenderBindingResult()  # a repeat of the bind that placed it
+            where = held.node if held is not None else "another node"
+            return await self._refuse_bind(args, f"pod {key} is already bound to {where}")
+        allocation: Allocation | None = None
+        try:
+            allocation = await self._allocation_on(key, args)
+            await self.cluster.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node,
+                                    self._bind_annotations(key, args.node, allocation))
+        except ClusterError as error:
+            if allocation is not None and self.state.reservation(key) is allocation:
+                self.state.release_reservation(key)
+                self.metrics.released.labels("bind_failed").inc()
+                await self.reports.capacity_changed(args.node)
+            return await self._refuse_bind(args, str(error))
+        if allocation is not None:
+            self.state.confirm(key, allocation)
+        self.shared.manifests.pop(key, None)
+        self.metrics.decisions.labels("bind", "bound", "").inc()
+        return ExtenderBindingResult()
+
+    async def _refuse_bind(self, args: ExtenderBindingArgs, why: str) -> ExtenderBindingResult:
+        self.metrics.decisions.labels("bind", "failed", "BindingFailed").inc()
+        await self.cluster.record_event(args.pod_namespace, args.pod_name, "Warning",
+                                        "BindingFailed", why)
+        return ExtenderBindingResult(error=why)
+
+    def _bind_annotations(self, key: str, node: str,
+                          allocation: Allocation | None) -> dict[str, str | None]:
+        """The allocation annotations (docs/decision-core.md). A pod that holds no cards
+        loses any allocation annotation its author wrote: the pod's annotations are the
+        ledger's durable record."""
+        if allocation is None:
+            return {ALLOCATED_ANNOTATION: None, TO_ALLOCATE_ANNOTATION: None}
+        now = str(int(self._wall_clock()))
+        annotations: dict[str, str | None] = dict(Decision(
+            pod=key, scheduled=True, node=node, allocation=allocation).annotations())
+        annotations.update({TIME_ANNOTATION: now, BIND_PHASE_ANNOTATION: "allocating",
+                            BIND_TIME_ANNOTATION: now})
+        return annotations
+
+    async def _allocation_on(self, key: str, args: ExtenderBindingArgs) -> Allocation | None:
+        """The pod's cards on the node kube-scheduler chose, deciding again if need be;
+        None for a pod that asks for no GPU. Raises ``ClusterError`` when it cannot go there.
+        """
+        held = self.state.reservation(key)
+        if held is not None and held.node == args.node:
+            return held
+        manifest = self.shared.manifests.get(key)
+        if manifest is None:
+            pod = await self.cluster.get_pod(args.pod_namespace, args.pod_name)
+            if pod is None:
+                raise ClusterError(f"pod {key} no longer exists")
+            manifest = pod.manifest
+        try:
+            request = parse_pod(manifest, self.settings.defaults)
+        except PodRejected as error:
+            raise ClusterError(str(error)) from None
+        if not request.wants_gpu:
+            return None
+        decision = self.state.filter(request, [args.node], self._clock())
+        if decision.allocation is None:
+            failure = (decision.failures or {}).get(args.node)
+            why = failure.text() if failure is not None else "no cards fit"
+            raise ClusterError(f"node {args.node} cannot hold pod {key}: {why}")
+        self.reports.mark_changed(args.node)
+        return decision.allocation
+
+    def _count(self, verb: Literal["filter", "bind"], decision: Decision) -> None:
+        if decision.reason is not None:
+            self.metrics.decisions.labels(verb, "rejected", "PodRejected").inc()
+        elif decision.node is not None:
+            self.metrics.decisions.labels(verb, "scheduled", "").inc()
+        else:
+            top = removed_most((decision.failures or {}).values()) or "NoNode"
+            self.metrics.decisions.labels(verb, "unschedulable", top).inc()
