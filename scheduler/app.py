@@ -26,7 +26,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from common import telemetry
+from common.arguments import positive_seconds
 from common.messaging import Connection, NatsSettings
+from common.settings import setting
 from common.supervision import Supervisor
 from common.wire import INVENTORY_SUBJECTS, RESYNC_SUBJECT, ResyncRequest, encode
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, WebhookCluster
@@ -53,7 +55,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ClusterMode = Literal["kubeconfig", "in-cluster", "standalone"]
-DEFAULT_NATS_GRACE_S = 30.0
 # Stopping must end within 10 s: each step of the shutdown has its share.
 HTTP_SHUTDOWN_S = 2.0
 SETTLE_S = 2.0
@@ -75,11 +76,23 @@ class WebhookConfig:
     cert_file: str | None = None
     key_file: str | None = None
     namespace: str = "pyhami-system"
-    tls_secret: str = "pyhami-scheduler-webhook-tls"
-    service: str = "pyhami-scheduler"
-    configuration: str = "pyhami-scheduler"
-    # How often the certificate files, or the configuration's caBundle, are looked at.
-    check_period: float = DEFAULT_CHECK_PERIOD_S
+    tls_secret: str = setting(
+        "pyhami-scheduler-webhook-tls", flag="--webhook-tls-secret", metavar="NAME",
+        help="self-managed: the Secret in --namespace holding the CA and the serving "
+             "certificate, created if absent (default {default})")
+    service: str = setting(
+        SCHEDULER_NAME, flag="--webhook-service", metavar="NAME",
+        help="self-managed: the Service whose DNS names the certificate covers "
+             "(default {default})")
+    configuration: str = setting(
+        SCHEDULER_NAME, flag="--webhook-configuration", metavar="NAME",
+        help="self-managed: the MutatingWebhookConfiguration whose caBundle the daemon "
+             "keeps set to its CA (default {default})")
+    check_period: float = setting(
+        DEFAULT_CHECK_PERIOD_S, flag="--webhook-check-period", parse=positive_seconds,
+        metavar="SECONDS",
+        help="how often the certificate files, or the configuration's caBundle, are looked "
+             "at again (default {default})")
 
 
 @dataclass(frozen=True)
@@ -90,16 +103,23 @@ class DaemonConfig:
     listen: tuple[str, int]
     metrics: tuple[str, int] | None
     kubeconfig: str | None = None
-    url_prefix: str = ""
-    resync_wait: float = 2.0
-    retry_period: float = 5.0
+    url_prefix: str = setting("", help="path the extender verbs sit under")
+    resync_wait: float = setting(
+        2.0, parse=positive_seconds,
+        help="how long to collect inventories before answering (default {default})")
+    retry_period: float = setting(
+        5.0, parse=positive_seconds,
+        help="standalone: try pending pods again at least this often (default {default})")
     noop_endpoint: bool = False
     # Standalone: place submitted pods ourselves (off when an outside driver calls the verbs).
     drive_pending: bool = True
-    # /readyz turns 503 once NATS has been gone this long.
-    nats_grace: float = DEFAULT_NATS_GRACE_S
-    # The schedulerName the webhook writes and /bind requires.
-    scheduler_name: str = SCHEDULER_NAME
+    nats_grace: float = setting(
+        30.0, parse=positive_seconds,
+        help="/readyz fails once NATS has been gone this long (default {default})")
+    scheduler_name: str = setting(
+        SCHEDULER_NAME, metavar="NAME",
+        help="the schedulerName pyhami serves: the webhook writes it, /bind takes only pods "
+             "that name it (default {default})")
     webhook: WebhookConfig | None = None
 
 

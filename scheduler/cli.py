@@ -15,24 +15,21 @@ from common.arguments import (
     add_policy_defaults,
     address,
     defaults_from,
-    positive_seconds,
 )
 from common.core.errors import SettingsError
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.logs import add_log_arguments, configure_logging
 from common.messaging import add_nats_arguments, nats_settings
+from common.settings import add_settings, settings_from
 from common.stopping import stop_on_signals
 from scheduler.app import (
-    DEFAULT_NATS_GRACE_S,
     ClusterMode,
     DaemonConfig,
     StartupError,
     WebhookConfig,
     run_daemon,
 )
-from scheduler.cluster import SCHEDULER_NAME
-from scheduler.service import DEFAULT_NODE_RETENTION_S, ServiceSettings
-from scheduler.webhook_tls import DEFAULT_CHECK_PERIOD_S
+from scheduler.service import ServiceSettings
 
 logger = logging.getLogger(__name__)
 
@@ -55,25 +52,12 @@ def register(commands: Subcommands) -> None:
                         help="extender address (default 0.0.0.0:8888)")
     parser.add_argument("--metrics", type=address, default=("0.0.0.0", 9395),
                         help="Prometheus /metrics address (default 0.0.0.0:9395)")
-    parser.add_argument("--url-prefix", default="",
-                        help="path the extender verbs sit under")
+    add_settings(parser, DaemonConfig, "url_prefix")
     add_policy_defaults(parser)
-    parser.add_argument("--node-timeout", type=positive_seconds, default=30.0,
-                        help="a node silent this long takes no new pods (default 30)")
-    parser.add_argument("--node-retention", type=positive_seconds,
-                        default=DEFAULT_NODE_RETENTION_S,
-                        help="standalone: forget a node silent this long; longer than "
-                             f"--node-timeout (default {DEFAULT_NODE_RETENTION_S:g})")
-    parser.add_argument("--nats-grace", type=positive_seconds, default=DEFAULT_NATS_GRACE_S,
-                        help="/readyz fails once NATS has been gone this long "
-                             f"(default {DEFAULT_NATS_GRACE_S:g})")
-    parser.add_argument("--reservation-ttl", type=positive_seconds, default=60.0,
-                        help="release cards no bind confirmed after this long (default 60)")
-    parser.add_argument("--resync-wait", type=positive_seconds, default=2.0,
-                        help="how long to collect inventories before answering (default 2)")
-    parser.add_argument("--retry-period", type=positive_seconds, default=5.0,
-                        help="standalone: try pending pods again at least this often "
-                             "(default 5)")
+    add_settings(parser, ServiceSettings, "node_timeout", "node_retention")
+    add_settings(parser, DaemonConfig, "nats_grace")
+    add_settings(parser, ServiceSettings, "reservation_ttl")
+    add_settings(parser, DaemonConfig, "resync_wait", "retry_period")
     parser.add_argument("--no-pending-loop", action="store_true",
                         help="standalone: only answer the extender verbs, as when another "
                              "program plays kube-scheduler")
@@ -81,9 +65,7 @@ def register(commands: Subcommands) -> None:
                         help="serve POST /noop, which only decodes ExtenderArgs: the HTTP "
                              "floor for benchmarks")
     add_log_arguments(parser)
-    parser.add_argument("--scheduler-name", metavar="NAME", default=SCHEDULER_NAME,
-                        help="the schedulerName pyhami serves: the webhook writes it, /bind "
-                             f"takes only pods that name it (default {SCHEDULER_NAME})")
+    add_settings(parser, DaemonConfig, "scheduler_name")
     parser.add_argument("--namespace", metavar="NS",
                         help="the daemon's namespace, where the webhook's Secret is "
                              f"(default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})")
@@ -103,24 +85,7 @@ def _add_webhook_arguments(group: argparse._ArgumentGroup) -> None:
                             "both, on Kubernetes the daemon makes and keeps its own")
     group.add_argument("--tls-private-key-file", metavar="FILE",
                        help="the private key of --tls-cert-file (PEM)")
-    group.add_argument("--webhook-tls-secret", metavar="NAME",
-                       default="pyhami-scheduler-webhook-tls",
-                       help="self-managed: the Secret in --namespace holding the CA and the "
-                            "serving certificate, created if absent (default "
-                            "pyhami-scheduler-webhook-tls)")
-    group.add_argument("--webhook-service", metavar="NAME",
-                       default=SCHEDULER_NAME,
-                       help="self-managed: the Service whose DNS names the certificate covers "
-                            f"(default {SCHEDULER_NAME})")
-    group.add_argument("--webhook-configuration", metavar="NAME",
-                       default=SCHEDULER_NAME,
-                       help="self-managed: the MutatingWebhookConfiguration whose caBundle the "
-                            "daemon keeps set to its CA (default "
-                            f"{SCHEDULER_NAME})")
-    group.add_argument("--webhook-check-period", type=positive_seconds, metavar="SECONDS",
-                       default=DEFAULT_CHECK_PERIOD_S,
-                       help="how often the certificate files, or the configuration's "
-                            f"caBundle, are looked at again (default {DEFAULT_CHECK_PERIOD_S:g})")
+    add_settings(group, WebhookConfig)
 
 
 def _webhook_config(args: argparse.Namespace, mode: ClusterMode) -> WebhookConfig | None:
@@ -145,12 +110,9 @@ def _webhook_config(args: argparse.Namespace, mode: ClusterMode) -> WebhookConfi
     except InvalidName as error:
         raise SettingsError(str(error)) from None
     listen = args.webhook_listen
-    return WebhookConfig(
-        listen=listen if isinstance(listen, tuple) else address(listen),
-        cert_file=cert_file, key_file=key_file, namespace=namespace,
-        tls_secret=args.webhook_tls_secret, service=args.webhook_service,
-        configuration=args.webhook_configuration,
-        check_period=float(args.webhook_check_period))
+    return settings_from(
+        WebhookConfig, args, listen=listen if isinstance(listen, tuple) else address(listen),
+        cert_file=cert_file, key_file=key_file, namespace=namespace)
 
 
 def config_from(args: argparse.Namespace) -> DaemonConfig:
@@ -176,19 +138,15 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
         raise SettingsError(str(error)) from None
     defaults = defaults_from(args)
     kubernetes = mode != "standalone"
-    return DaemonConfig(
-        nats=nats_settings(args), mode=mode,
+    return settings_from(
+        DaemonConfig, args, nats=nats_settings(args), mode=mode,
         # Kubernetes lists its Nodes: a node is forgotten when its Node is deleted.
-        service=ServiceSettings(defaults, node_timeout=node_timeout,
-                                reservation_ttl=args.reservation_ttl,
-                                node_retention=None if kubernetes else node_retention,
-                                nodes_listed=kubernetes),
-        listen=args.listen, metrics=args.metrics,
-        kubeconfig=args.kubeconfig, url_prefix=args.url_prefix,
-        resync_wait=args.resync_wait, retry_period=args.retry_period,
+        service=settings_from(ServiceSettings, args, defaults=defaults,
+                              node_retention=None if kubernetes else node_retention,
+                              nodes_listed=kubernetes),
+        listen=args.listen, metrics=args.metrics, kubeconfig=args.kubeconfig,
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
-        nats_grace=args.nats_grace,
-        scheduler_name=args.scheduler_name, webhook=_webhook_config(args, mode),
+        webhook=_webhook_config(args, mode),
     )
 
 

@@ -16,14 +16,13 @@ from scheduler.cluster import Cluster
 from scheduler.service.reactions import Reactions
 from scheduler.service.reporting import Publish, Reporting
 from scheduler.service.shared import (
-    DEFAULT_NODE_RETENTION_S,
     KeyedLocks,
     ServiceSettings,
     Shared,
 )
 from scheduler.service.verbs import Verbs
 
-__all__ = ["DEFAULT_NODE_RETENTION_S", "KeyedLocks", "SchedulerService", "ServiceSettings"]
+__all__ = ["KeyedLocks", "SchedulerService", "ServiceSettings"]
 
 
 class SchedulerService:

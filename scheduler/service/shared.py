@@ -12,21 +12,28 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from common.arguments import positive_seconds
 from common.core import Decision, Defaults, PodManifest
+from common.settings import setting
 from scheduler.cluster import Cluster
 from scheduler.state import LiveState
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_NODE_RETENTION_S = 600.0
-
 
 @dataclass(frozen=True, slots=True)
 class ServiceSettings:
     defaults: Defaults
-    node_timeout: float = 30.0
-    reservation_ttl: float = 60.0
-    node_retention: float | None = DEFAULT_NODE_RETENTION_S
+    node_timeout: float = setting(
+        30.0, parse=positive_seconds,
+        help="a node silent this long takes no new pods (default {default})")
+    reservation_ttl: float = setting(
+        60.0, parse=positive_seconds,
+        help="release cards no bind confirmed after this long (default {default})")
+    node_retention: float | None = setting(
+        600.0, parse=positive_seconds,
+        help="standalone: forget a node silent this long; longer than --node-timeout "
+             "(default {default})")
     """Forget a node silent this long (standalone); None: never for silence."""
     nodes_listed: bool = False
     """The cluster lists its Nodes (Kubernetes): forget a node it no longer lists."""
