@@ -14,20 +14,15 @@ from typing import Literal
 
 from agent.inventory import InventoryError, InventorySource
 from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
-from agent.service import (
-    DEFAULT_HEARTBEAT_INTERVAL_S,
-    DEFAULT_POLL_INTERVAL_S,
-    Agent,
-    AgentSettings,
-)
+from agent.service import Agent, AgentSettings
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
-from common.arguments import Subcommands, positive_int, positive_seconds, variable_for
-from common.core.annotations import comma_list
+from common.arguments import Subcommands, positive_int, variable_for
 from common.core.errors import SettingsError
 from common.core.model import CARD_COUNT_MAX
 from common.core.names import InvalidName, check_subdomain
 from common.logs import add_log_arguments, configure_logging
 from common.messaging import add_nats_arguments, nats_settings
+from common.settings import add_settings, settings_from
 from common.stopping import stop_on_signals
 
 logger = logging.getLogger(__name__)
@@ -65,10 +60,6 @@ def split_count(text: str) -> int:
     return count
 
 
-def uuid_list(text: str) -> tuple[str, ...]:
-    return tuple(comma_list(text))
-
-
 def register(commands: Subcommands) -> None:
     parser = commands.add_parser("agent", help="report this node's GPUs to the daemon over NATS")
     parser.add_argument("--node", help=f"this node's name (default: ${NODE_NAME_ENV}, which a "
@@ -77,20 +68,13 @@ def register(commands: Subcommands) -> None:
                         metavar="nvml|sim:PROFILE|sim:FILE.yaml",
                         help="where the cards come from (default: nvml); profiles: "
                              + ", ".join(sorted(PROFILES)))
-    parser.add_argument("--poll-interval", type=positive_seconds,
-                        default=DEFAULT_POLL_INTERVAL_S, metavar="SECONDS",
-                        help=f"read the cards this often (default: {DEFAULT_POLL_INTERVAL_S:g})")
-    parser.add_argument("--heartbeat-interval", type=positive_seconds,
-                        default=DEFAULT_HEARTBEAT_INTERVAL_S, metavar="SECONDS",
-                        help="republish after this long without a message "
-                             f"(default: {DEFAULT_HEARTBEAT_INTERVAL_S:g})")
+    add_settings(parser, AgentSettings, "poll_interval", "heartbeat_interval")
     parser.add_argument("--device-split-count", type=split_count,
                         default=DEFAULT_SPLIT_COUNT, metavar="N",
                         help="pods one card may hold at once, as HAMi's deviceSplitCount "
                              f"(default: {DEFAULT_SPLIT_COUNT}); nvml only: a simulated "
                              "inventory states its own")
-    parser.add_argument("--cordon", type=uuid_list, default=(), metavar="UUID[,UUID...]",
-                        help="cards to report as cordoned: the scheduler leaves them alone")
+    add_settings(parser, AgentSettings, "cordoned")
     add_log_arguments(parser)
     add_nats_arguments(parser)
     parser.set_defaults(handler=run)
@@ -129,8 +113,7 @@ def run(args: argparse.Namespace) -> int:
     except InventoryError as error:
         print(f"pyhami agent: --inventory: {error}", file=sys.stderr)
         return 2
-    settings = AgentSettings(node=node, poll_interval=args.poll_interval,
-                             heartbeat_interval=args.heartbeat_interval, cordoned=args.cordon)
+    settings = settings_from(AgentSettings, args, node=node)
     configure_logging(args)
     try:
         asyncio.run(serve(Agent(settings, source, nats)))

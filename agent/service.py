@@ -21,7 +21,10 @@ from nats.aio.msg import Msg
 
 from agent.inventory import InventorySource
 from agent.report import Report
+from common.arguments import positive_seconds
+from common.core.annotations import comma_list
 from common.messaging import Connection, NatsSettings
+from common.settings import setting
 from common.wire import (
     RESYNC_SUBJECT,
     Reason,
@@ -34,19 +37,27 @@ from common.wire import (
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_POLL_INTERVAL_S = 5.0
-DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
 # Stopping must end within 10 s even while a card read hangs in its thread.
 SOURCE_CLOSE_TIMEOUT_S = 3.0
 TASKS_STOP_TIMEOUT_S = 2.0
 
 
+def uuid_list(text: str) -> tuple[str, ...]:
+    return tuple(comma_list(text))
+
+
 @dataclass(frozen=True)
 class AgentSettings:
     node: str
-    poll_interval: float = DEFAULT_POLL_INTERVAL_S
-    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL_S
-    cordoned: tuple[str, ...] = ()
+    poll_interval: float = setting(
+        5.0, parse=positive_seconds, metavar="SECONDS",
+        help="read the cards this often (default: {default})")
+    heartbeat_interval: float = setting(
+        10.0, parse=positive_seconds, metavar="SECONDS",
+        help="republish after this long without a message (default: {default})")
+    cordoned: tuple[str, ...] = setting(
+        (), flag="--cordon", parse=uuid_list, metavar="UUID[,UUID...]",
+        help="cards to report as cordoned: the scheduler leaves them alone")
 
 
 class Agent:
