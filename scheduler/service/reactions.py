@@ -13,7 +13,7 @@ from common.messaging import RateLimitedLog
 from common.wire import Inventory, WireError, decode_inventory
 from scheduler.cluster import ClusterError, PodChange
 from scheduler.metrics import Metrics
-from scheduler.service.shared import Reports, Shared
+from scheduler.service.shared import Reports, Room, Shared
 
 logger = logging.getLogger(__name__)
 
@@ -21,17 +21,11 @@ CORDON_REFRESH_S = 15.0
 NODE_WATCH_S = 1.0
 
 
-class Reactions:
+class Reactions(Room):
     """The daemon's answers to the cluster's and the agents' news."""
 
     def __init__(self, shared: Shared, metrics: Metrics, reports: Reports) -> None:
-        self.shared = shared
-        self.settings = shared.settings
-        self.state = shared.state
-        self.cluster = shared.cluster
-        self._clock = shared.clock
-        self.metrics = metrics
-        self.reports = reports
+        super().__init__(shared, metrics, reports)
         self._followed_cluster = False
         self._refusals = RateLimitedLog(shared.clock, logger)
 

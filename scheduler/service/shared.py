@@ -16,6 +16,7 @@ from common.arguments import positive_seconds
 from common.core import Decision, Defaults, PodManifest
 from common.settings import setting
 from scheduler.cluster import Cluster
+from scheduler.metrics import Metrics
 from scheduler.state import LiveState
 
 logger = logging.getLogger(__name__)
@@ -116,3 +117,17 @@ class Shared:
         self._reporting.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("reporting a decision failed", exc_info=task.exception())
+
+
+class Room:
+    """What the verbs and the reactions both work with: the shared state, the metrics and
+    the reports."""
+
+    def __init__(self, shared: Shared, metrics: Metrics, reports: Reports) -> None:
+        self.shared = shared
+        self.settings = shared.settings
+        self.state = shared.state
+        self.cluster = shared.cluster
+        self._clock = shared.clock
+        self.metrics = metrics
+        self.reports = reports

@@ -41,7 +41,7 @@ from scheduler.protocol import (
     HostPriority,
     node_name,
 )
-from scheduler.service.shared import KeyedLocks, Reports, Shared
+from scheduler.service.shared import KeyedLocks, Reports, Room, Shared
 
 logger = logging.getLogger(__name__)
 
@@ -54,18 +54,12 @@ def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1e3
 
 
-class Verbs:
+class Verbs(Room):
     """The extender verbs over the shared live state."""
 
     def __init__(self, shared: Shared, metrics: Metrics, reports: Reports) -> None:
-        self.shared = shared
-        self.settings = shared.settings
-        self.state = shared.state
-        self.cluster = shared.cluster
-        self._clock = shared.clock
+        super().__init__(shared, metrics, reports)
         self._wall_clock = shared.wall_clock
-        self.metrics = metrics
-        self.reports = reports
         self._binding = KeyedLocks()
 
     async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
