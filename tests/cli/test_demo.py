@@ -32,6 +32,19 @@ def landed(output: str, pod: str) -> list[str]:
             if (m := re.match(rf"\s+{re.escape(pod)}\s+\S+\s+-> (.*)$", line))]
 
 
+def assert_the_lab_played_on(out: str, node: str) -> None:
+    """The article's four steps, as the demo prints them, on ``node``."""
+    assert [landed(out, f"spread-{i}") for i in range(4)] == [
+        [f"GPU {i} on {node}"] for i in range(4)]
+    assert [landed(out, f"binpack-{i}") for i in range(3)] == [[f"GPU 0 on {node}"]] * 3
+    assert landed(out, "mutex") == [
+        f"Pending ({node}: 4/4 ExclusiveDeviceAllocateConflict)", f"GPU 1 on {node}"]
+    assert "mutex was waiting and is now placed, without being submitted again" in out
+    assert out.index("deleted tenant-1") < out.index("mutex was waiting")
+    assert landed(out, "mutex-binpack") == [f"GPU 2 on {node}"]
+    assert landed(out, "plain-binpack") == [f"GPU 0 on {node}"]
+
+
 def port_is_closed(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) != 0
@@ -42,15 +55,7 @@ def test_the_demo_replays_the_article() -> None:
     done = pyhami("demo", "--nats-port", str(nats_port))
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert [landed(out, f"spread-{i}") for i in range(4)] == [
-        [f"GPU {i} on gpu-node-1"] for i in range(4)]
-    assert [landed(out, f"binpack-{i}") for i in range(3)] == [["GPU 0 on gpu-node-1"]] * 3
-    assert landed(out, "mutex") == [
-        "Pending (gpu-node-1: 4/4 ExclusiveDeviceAllocateConflict)", "GPU 1 on gpu-node-1"]
-    assert "mutex was waiting and is now placed, without being submitted again" in out
-    assert out.index("deleted tenant-1") < out.index("mutex was waiting")
-    assert landed(out, "mutex-binpack") == ["GPU 2 on gpu-node-1"]
-    assert landed(out, "plain-binpack") == ["GPU 0 on gpu-node-1"]
+    assert_the_lab_played_on(out, "gpu-node-1")
     # The selection path of mutex-binpack: GPU 0 and 1 removed with their scores.
     path = out[out.index("mutex-binpack   mutex,binpack"):]
     assert re.search(r"GPU 0\s+2\s+3\.302083\s+ExclusiveDeviceAllocateConflict\s+-", path)
@@ -149,13 +154,7 @@ async def test_the_demo_drives_a_running_daemon_and_leaves_its_pods_alone(
         assert done.returncode == 0, done.stderr
         out = done.stdout
         # The lab's results, on the named node only.
-        assert [landed(out, f"spread-{i}") for i in range(4)] == [
-            [f"GPU {i} on gpu-node-1"] for i in range(4)]
-        assert [landed(out, f"binpack-{i}") for i in range(3)] == [["GPU 0 on gpu-node-1"]] * 3
-        assert landed(out, "mutex") == [
-            "Pending (gpu-node-1: 4/4 ExclusiveDeviceAllocateConflict)", "GPU 1 on gpu-node-1"]
-        assert "mutex was waiting and is now placed, without being submitted again" in out
-        assert landed(out, "mutex-binpack") == ["GPU 2 on gpu-node-1"]
+        assert_the_lab_played_on(out, "gpu-node-1")
         assert "sim-a100" not in out
         remaining = await lab.pods.pods()
         assert [p["name"] for p in remaining if p["namespace"] == DEMO_NAMESPACE] == []
