@@ -14,7 +14,7 @@ import nats
 import pytest
 
 from common.natsserver import LocalNatsServer
-from common.wire import INVENTORY_SUBJECTS, decode_inventory
+from common.wire import INVENTORY_SUBJECTS, Inventory, decode_inventory
 
 
 def _environment(**extra: str) -> dict[str, str]:
@@ -85,15 +85,17 @@ def test_a_bad_variable_exits_2_naming_it() -> None:
                            "is not a readable file\n")
 
 
-async def test_the_node_name_comes_from_node_name_and_sigterm_drains(
-        nats_server: LocalNatsServer) -> None:
+async def _agent_until_its_first_inventory(
+        nats_server: LocalNatsServer, *args: str,
+        **environment: str) -> tuple[Inventory, int | None, str]:
+    """Runs ``pyhami agent ARGS`` until its first inventory arrives, then stops it with
+    SIGTERM: that inventory, the exit code and what it wrote on stderr."""
     client = await nats.connect(nats_server.url)
     subscription = await client.subscribe(INVENTORY_SUBJECTS)
     await client.flush()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pyhami.cli", "agent", "--inventory", "sim:h100x8-islands",
-        "--poll-interval", "0.2", env=_environment(NODE_NAME="worker-7.example.internal",
-                                                  PYHAMI_NATS=nats_server.url),
+        sys.executable, "-m", "pyhami.cli", "agent", *args,
+        env=_environment(PYHAMI_NATS=nats_server.url, **environment),
         stderr=asyncio.subprocess.PIPE)
     try:
         message = decode_inventory((await subscription.next_msg(timeout=30)).data)
@@ -104,33 +106,26 @@ async def test_the_node_name_comes_from_node_name_and_sigterm_drains(
             process.kill()
             await process.wait()
         await client.close()
+    return message, process.returncode, stderr.decode()
+
+
+async def test_the_node_name_comes_from_node_name_and_sigterm_drains(
+        nats_server: LocalNatsServer) -> None:
+    message, returncode, log = await _agent_until_its_first_inventory(
+        nats_server, "--inventory", "sim:h100x8-islands", "--poll-interval", "0.2",
+        NODE_NAME="worker-7.example.internal")
     assert (message.node, message.reason, len(message.cards)) == (
         "worker-7.example.internal", "start", 8)
-    assert process.returncode == 0
-    log = stderr.decode()
+    assert returncode == 0
     assert "SIGTERM received: draining" in log
     assert "NATS connection drained" in log
 
 
 async def test_json_logs_are_one_object_per_line(nats_server: LocalNatsServer) -> None:
-    client = await nats.connect(nats_server.url)
-    subscription = await client.subscribe(INVENTORY_SUBJECTS)
-    await client.flush()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pyhami.cli", "agent", "--node", "n1", "--inventory", "sim:t4x4",
-        "--log-format", "json", env=_environment(PYHAMI_NATS=nats_server.url),
-        stderr=asyncio.subprocess.PIPE)
-    try:
-        await subscription.next_msg(timeout=30)
-        process.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.wait_for(process.communicate(), 10)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        await client.close()
-    assert process.returncode == 0
-    records = [json.loads(line) for line in stderr.decode().splitlines()]
+    _, returncode, log = await _agent_until_its_first_inventory(
+        nats_server, "--node", "n1", "--inventory", "sim:t4x4", "--log-format", "json")
+    assert returncode == 0
+    records = [json.loads(line) for line in log.splitlines()]
     assert all(set(record) >= {"time", "level", "logger", "message"} for record in records)
     assert {"level": "INFO", "logger": "agent.cli", "message": "SIGTERM received: draining"} in [
         {key: record[key] for key in ("level", "logger", "message")} for record in records]
