@@ -60,6 +60,9 @@ class AgentSettings:
         help="cards to report as cordoned: the scheduler leaves them alone")
 
 
+RESYNC_MIN_INTERVAL_S = 1.0
+
+
 class Agent:
     def __init__(self, settings: AgentSettings, source: InventorySource, nats: NatsSettings,
                  clock: Callable[[], float] = time.time) -> None:
@@ -75,6 +78,8 @@ class Agent:
         self._published_once = False
         self._publishing = asyncio.Lock()
         self._last_publish = time.monotonic()
+        self._last_resync = -RESYNC_MIN_INTERVAL_S
+        self._resync_pending = False
 
     @property
     def connection(self) -> Connection:
@@ -175,5 +180,15 @@ class Agent:
         except WireError as error:
             logger.warning("%s; answering it as a request to every agent", error)
             request = ResyncRequest()
-        if request.includes(self._settings.node):
-            await self._publish("resync")
+        if not request.includes(self._settings.node):
+            return
+        # A burst of requests (watchers may send them) gets one answer now, one a second later.
+        wait = self._last_resync + RESYNC_MIN_INTERVAL_S - time.monotonic()
+        if wait > 0:
+            if self._resync_pending:
+                return
+            self._resync_pending = True
+            await asyncio.sleep(wait)
+            self._resync_pending = False
+        self._last_resync = time.monotonic()
+        await self._publish("resync")

@@ -21,7 +21,7 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -55,6 +55,7 @@ class NatsSettings:
     user: str | None = None
     password: str | None = None
     token: str | None = None
+    token_file: Path | None = None
     nkey_seed: Path | None = None
     creds: Path | None = None
     ca: Path | None = None
@@ -71,6 +72,9 @@ def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--nats-password", metavar="PASSWORD",
                        help="password (prefer the variable: flags show in ps)")
     group.add_argument("--nats-token", metavar="TOKEN", help="authentication token")
+    group.add_argument("--nats-token-file", metavar="FILE",
+                       help="a file holding the token, read again at every connection (an "
+                            "agent's projected ServiceAccount token, or a node token)")
     group.add_argument("--nats-nkey-seed", metavar="FILE", help="NKey seed file")
     group.add_argument("--nats-creds", metavar="FILE", help="credentials file")
     group.add_argument("--nats-ca", metavar="FILE", help="CA bundle for TLS")
@@ -102,6 +106,7 @@ def nats_settings(args: argparse.Namespace) -> NatsSettings:
         user=value("user"),
         password=value("password"),
         token=value("token"),
+        token_file=existing_file("token_file"),
         nkey_seed=existing_file("nkey_seed"),
         creds=existing_file("creds"),
         ca=existing_file("ca"),
@@ -147,6 +152,7 @@ def _check_consistent(settings: NatsSettings) -> None:
     methods = [name for name, given in (
         ("user/password", settings.user is not None or settings.password is not None),
         ("token", settings.token is not None),
+        ("token file", settings.token_file is not None),
         ("nkey seed", settings.nkey_seed is not None),
         ("creds file", settings.creds is not None),
     ) if given]
@@ -194,11 +200,26 @@ def _credentials(settings: NatsSettings) -> dict[str, Any]:
         return {"user": settings.user, "password": settings.password}
     if settings.token is not None:
         return {"token": settings.token}
+    if settings.token_file is not None:
+        return {"token": _token_reader(settings.token_file)}
     if settings.nkey_seed is not None:
         return {"nkeys_seed": str(settings.nkey_seed)}
     if settings.creds is not None:
         return {"user_credentials": str(settings.creds)}
     return {}
+
+
+def _token_reader(path: Path) -> Callable[[], str]:
+    """The token as the file holds it at each (re)connection: the kubelet rotates it."""
+
+    def read() -> str:
+        try:
+            return path.read_text().strip()
+        except OSError as error:
+            logger.warning("NATS: cannot read the token file %s (%s)", path, error)
+            return ""
+
+    return read
 
 
 Callback = Callable[[], Awaitable[None]]
@@ -309,7 +330,7 @@ class Connection:
         self._name = name
         self._clock = clock
         self._client: Client | None = None
-        self._subscriptions: list[tuple[str, Handler]] = []
+        self._subscriptions: list[tuple[str, Handler, str]] = []
         self._up_hooks: list[UpHook] = []
         self._up = asyncio.Event()
         self._down_since: float | None = clock()
@@ -319,6 +340,11 @@ class Connection:
         self.replaced = 0
         """Clients connected again after nats-py closed the previous one for good."""
         self.unsent: Counter[Unsent] = Counter()
+
+    def authenticate(self, user: str, password: str) -> None:
+        """Connect as ``user`` from now on: for a password known only after start-up."""
+        self._settings = replace(self._settings, user=user, password=password, token=None,
+                                 token_file=None, nkey_seed=None, creds=None)
 
     @property
     def client(self) -> Client | None:
@@ -334,12 +360,12 @@ class Connection:
         0 while connected."""
         return 0.0 if self._down_since is None else self._clock() - self._down_since
 
-    async def subscribe(self, subject: str, handler: Handler) -> None:
+    async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> None:
         """Subscribe the current client, if connected, and every client made after it."""
-        self._subscriptions.append((subject, handler))
+        self._subscriptions.append((subject, handler, queue))
         client = self._client
         if client is not None and not client.is_closed:
-            await client.subscribe(subject, cb=handler)
+            await client.subscribe(subject, queue=queue, cb=handler)
 
     def when_up(self, hook: UpHook) -> None:
         """Call ``hook(client, new_client)`` each time the connection is up again:
@@ -388,8 +414,8 @@ class Connection:
         """Subscribe a new client and run the hooks; False (the client closed) on failure."""
         new = self._client is None or self._client is not client
         try:
-            for subject, handler in self._subscriptions:
-                await client.subscribe(subject, cb=handler)
+            for subject, handler, queue in self._subscriptions:
+                await client.subscribe(subject, queue=queue, cb=handler)
             self._client = client
             self._down_since = None
             for hook in self._up_hooks:

@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import logging
 import ssl
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
@@ -21,16 +22,29 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import msgspec
 import nats.errors
 import nats.js.errors
+import nkeys
 from aiohttp import web
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from common import telemetry
 from common.arguments import positive_seconds
+from common.busaccess import DAEMON_USER, CredentialsError
+from common.core.natsjwt import public_key
 from common.messaging import Connection, NatsSettings
 from common.settings import setting
 from common.supervision import Supervisor
 from common.wire import INVENTORY_SUBJECTS, RESYNC_SUBJECT, ResyncRequest, encode
+from scheduler.busauth import (
+    DEFAULT_AGENT_SERVICE_ACCOUNT,
+    DEFAULT_TOKEN_AUDIENCE,
+    AgentIdentities,
+    AuthCallout,
+    AuthResult,
+    NodeTokens,
+    ServiceAccountTokens,
+    self_managed_credentials,
+)
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, WebhookCluster
 from scheduler.errors import SchedulerError
 from scheduler.http import extender_app, metrics_app
@@ -96,6 +110,21 @@ class WebhookConfig:
 
 
 @dataclass(frozen=True)
+class BusAuthConfig:
+    """The NATS auth callout the daemon answers (``--nats-auth-*``, ``--agent-*``)."""
+
+    # The issuer key: given (``--nats-auth-issuer-seed``), or kept in the Secret ``secret``
+    # of ``namespace`` with the daemon's password, made there by the first daemon.
+    signer: nkeys.KeyPair | None = None
+    secret: str | None = None
+    namespace: str = "pyhami-system"
+    # Kubernetes: the agents' projected ServiceAccount tokens.
+    audience: str = DEFAULT_TOKEN_AUDIENCE
+    agent_namespace: str = "pyhami-system"
+    agent_service_account: str = DEFAULT_AGENT_SERVICE_ACCOUNT
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     nats: NatsSettings
     mode: ClusterMode
@@ -121,6 +150,7 @@ class DaemonConfig:
         help="the schedulerName pyhami serves: the webhook writes it, /bind takes only pods "
              "that name it (default {default})")
     webhook: WebhookConfig | None = None
+    bus_auth: BusAuthConfig | None = None
 
 
 def telemetry_publisher(connection: Connection) -> Callable[
@@ -150,6 +180,40 @@ async def _kubernetes(config: DaemonConfig) -> KubernetesCluster:
                                                  scheduler_name=config.scheduler_name)
     except ClusterError as error:
         raise StartupError(f"--kubeconfig: {error}") from None
+
+
+async def _callout_signer(config: BusAuthConfig, kubernetes: KubernetesCluster | None,
+                         connection: Connection, phase: list[str]) -> nkeys.KeyPair:
+    """The issuer key: given, or read (made first if need be) with the daemon's password
+    from the Secret, tried again while the API fails."""
+    if config.secret is None:
+        assert config.signer is not None, "checked by the CLI"
+        return config.signer
+    assert kubernetes is not None, "checked by the CLI: the Secret is a Kubernetes one"
+    phase[0] = f"reading the NATS credentials from Secret {config.namespace}/{config.secret}"
+    while True:
+        try:
+            credentials = await self_managed_credentials(kubernetes, config.namespace,
+                                                         config.secret)
+            break
+        except ClusterError as error:
+            logger.warning("NATS credentials not obtained, trying again in %gs: %s",
+                           REBUILD_RETRY_S, error)
+            await asyncio.sleep(REBUILD_RETRY_S)
+        except CredentialsError as error:
+            raise StartupError(f"--nats-auth-secret: {error}; delete the Secret to have the "
+                               "daemon make a new one (and restart NATS)") from None
+    connection.authenticate(DAEMON_USER, credentials.daemon_password)
+    return credentials.signer
+
+
+def _agent_identities(config: BusAuthConfig, kubernetes: KubernetesCluster | None,
+                      signer: nkeys.KeyPair) -> AgentIdentities:
+    if kubernetes is None:
+        return NodeTokens(public_key(signer))
+    return ServiceAccountTokens(kubernetes, audience=config.audience,
+                                namespace=config.agent_namespace,
+                                service_account=config.agent_service_account)
 
 
 async def _open_bucket(client: Client) -> StandaloneCluster:
@@ -315,6 +379,15 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
                 requested_by="pyhami-scheduler")))
 
     connection.when_up(when_up)
+    callout: AuthCallout | None = None
+    answered_early: Counter[AuthResult] = Counter()
+
+    def count_answer(result: AuthResult) -> None:
+        if service is None:
+            answered_early[result] += 1
+        else:
+            service.metrics.nats_auth.labels(result).inc()
+
     webhook: _Webhook | None = None
     try:
         starting = await _serve(_starting_app(lambda: phase), config.listen)
@@ -325,6 +398,15 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             if webhook is None:
                 return
             runners.append(webhook.runner)
+            phase[0] = "connecting to NATS"
+        if config.bus_auth is not None:
+            signer = await _unless_stopped(stop, _callout_signer(
+                config.bus_auth, kubernetes, connection, phase))
+            if signer is None:
+                return
+            identities = _agent_identities(config.bus_auth, kubernetes, signer)
+            callout = AuthCallout(connection, identities, signer, count=count_answer)
+            await callout.start()  # before connecting: agents are admitted from the first moment
             phase[0] = "connecting to NATS"
         supervisor.start("nats-connection", connection.run)
         client = await _unless_stopped(stop, connection.wait_up())
@@ -338,6 +420,8 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
         cluster = standalone or kubernetes
         assert cluster is not None
         service = SchedulerService(config.service, cluster, telemetry_publisher(connection))
+        for result, times in answered_early.items():
+            service.metrics.nats_auth.labels(result).inc(times)
         service.readiness_checks.append(nats_check(connection, config.nats_grace))
         service.readiness_checks.append(lambda: "; ".join(supervisor.problems()) or None)
         service.status_parts["nats"] = lambda: {"connected": connection.connected,
@@ -384,6 +468,8 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
         await stop.wait()
     finally:
         await supervisor.stop()
+        if callout is not None:
+            await callout.close()
         for runner in runners:
             await runner.cleanup()
         if service is not None:

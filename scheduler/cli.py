@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import sys
+from pathlib import Path
 
 import uvloop
 
@@ -18,17 +19,20 @@ from common.arguments import (
 )
 from common.core.errors import SettingsError
 from common.core.names import InvalidName, check_label, check_subdomain
+from common.core.natsjwt import JwtError, signer_from_seed
 from common.logs import add_log_arguments, configure_logging
 from common.messaging import add_nats_arguments, nats_settings
 from common.settings import add_settings, settings_from
 from common.stopping import stop_on_signals
 from scheduler.app import (
+    BusAuthConfig,
     ClusterMode,
     DaemonConfig,
     StartupError,
     WebhookConfig,
     run_daemon,
 )
+from scheduler.busauth import DEFAULT_AGENT_SERVICE_ACCOUNT, DEFAULT_TOKEN_AUDIENCE
 from scheduler.service import ServiceSettings
 
 logger = logging.getLogger(__name__)
@@ -69,6 +73,9 @@ def register(commands: Subcommands) -> None:
     parser.add_argument("--namespace", metavar="NS",
                         help="the daemon's namespace, where the webhook's Secret is "
                              f"(default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})")
+    _add_bus_auth_arguments(parser.add_argument_group(
+        "NATS auth callout", "admit each agent as its own node's, from its token "
+        "(docs/security.md)"))
     _add_webhook_arguments(parser.add_argument_group(
         "mutating webhook", "gives pods that ask for nvidia.com/* GPU resources and name no "
         "scheduler of their own --scheduler-name (docs/scheduler.md, Webhook)"))
@@ -88,6 +95,64 @@ def _add_webhook_arguments(group: argparse._ArgumentGroup) -> None:
     add_settings(group, WebhookConfig)
 
 
+def _add_bus_auth_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--nats-auth-issuer-seed", metavar="FILE",
+                       help="answer nats-server's auth callout, signing with this account "
+                            "NKey seed (its public key is the server's auth_callout issuer; "
+                            "`pyhami nats-auth init` makes both); off when unset")
+    group.add_argument("--nats-auth-secret", metavar="NAME",
+                       help="Kubernetes: answer the auth callout with the issuer key kept in "
+                            "this Secret of --namespace, with the daemon's and the watchers' "
+                            "passwords and the nats-server configuration (auth.conf) naming "
+                            "them; the first daemon makes it. The daemon then connects as "
+                            "pyhami-daemon with that password")
+    group.add_argument("--agent-token-audience", metavar="AUDIENCE",
+                       default=DEFAULT_TOKEN_AUDIENCE,
+                       help="Kubernetes: the audience of the agents' projected ServiceAccount "
+                            f"tokens (default {DEFAULT_TOKEN_AUDIENCE})")
+    group.add_argument("--agent-service-account", metavar="NAMESPACE/NAME",
+                       help="Kubernetes: the agents' ServiceAccount (default "
+                            "<--namespace>/pyhami-agent)")
+
+
+def _bus_auth_config(args: argparse.Namespace, mode: ClusterMode,
+                     namespace: str) -> BusAuthConfig | None:
+    """Raises ``SettingsError`` for an unusable seed, Secret or ServiceAccount."""
+    if not args.nats_auth_issuer_seed and not args.nats_auth_secret:
+        return None
+    if args.nats_auth_issuer_seed and args.nats_auth_secret:
+        raise SettingsError("--nats-auth-issuer-seed and --nats-auth-secret: give one")
+    signer, secret = None, None
+    if args.nats_auth_secret:
+        if mode == "standalone":
+            raise SettingsError("--nats-auth-secret is a Kubernetes Secret: with --standalone "
+                                "use --nats-auth-issuer-seed")
+        secret = args.nats_auth_secret
+        try:
+            check_subdomain("--nats-auth-secret", secret)
+        except InvalidName as error:
+            raise SettingsError(str(error)) from None
+    else:
+        path = Path(args.nats_auth_issuer_seed)
+        try:
+            signer = signer_from_seed(path.read_bytes(), f"--nats-auth-issuer-seed {path}")
+        except OSError as error:
+            raise SettingsError(f"--nats-auth-issuer-seed: {path}: {error.strerror}") from None
+        except JwtError as error:
+            raise SettingsError(str(error)) from None
+    account = args.agent_service_account or f"{namespace}/{DEFAULT_AGENT_SERVICE_ACCOUNT}"
+    agent_namespace, _, agent_name = account.partition("/")
+    try:
+        check_label("--agent-service-account namespace", agent_namespace)
+        check_subdomain("--agent-service-account name", agent_name)
+    except InvalidName as error:
+        raise SettingsError(f"{error} (expected NAMESPACE/NAME)") from None
+    if not args.agent_token_audience.strip():
+        raise SettingsError("--agent-token-audience: must not be empty")
+    return BusAuthConfig(signer, secret, namespace, audience=args.agent_token_audience,
+                         agent_namespace=agent_namespace, agent_service_account=agent_name)
+
+
 def _webhook_config(args: argparse.Namespace, mode: ClusterMode) -> WebhookConfig | None:
     """Raises ``SettingsError`` for webhook settings that do not fit together."""
     cert_file, key_file = args.tls_cert_file or None, args.tls_private_key_file or None
@@ -101,9 +166,8 @@ def _webhook_config(args: argparse.Namespace, mode: ClusterMode) -> WebhookConfi
         raise SettingsError("--webhook-listen with --standalone needs --tls-cert-file and "
                             "--tls-private-key-file: without Kubernetes there is no Secret "
                             "to keep a certificate of its own in")
-    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
+    namespace = daemon_namespace(args)
     try:
-        check_label("--namespace", namespace)
         check_label("--webhook-service", args.webhook_service)
         check_subdomain("--webhook-tls-secret", args.webhook_tls_secret)
         check_subdomain("--webhook-configuration", args.webhook_configuration)
@@ -113,6 +177,15 @@ def _webhook_config(args: argparse.Namespace, mode: ClusterMode) -> WebhookConfi
     return settings_from(
         WebhookConfig, args, listen=listen if isinstance(listen, tuple) else address(listen),
         cert_file=cert_file, key_file=key_file, namespace=namespace)
+
+
+def daemon_namespace(args: argparse.Namespace) -> str:
+    namespace: str = args.namespace or os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
+    try:
+        check_label("--namespace", namespace)
+    except InvalidName as error:
+        raise SettingsError(str(error)) from None
+    return namespace
 
 
 def config_from(args: argparse.Namespace) -> DaemonConfig:
@@ -147,6 +220,7 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
         listen=args.listen, metrics=args.metrics, kubeconfig=args.kubeconfig,
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
         webhook=_webhook_config(args, mode),
+        bus_auth=_bus_auth_config(args, mode, daemon_namespace(args)),
     )
 
 

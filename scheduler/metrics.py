@@ -31,6 +31,7 @@ HAMI_CARD_LABELS = [*CARD_LABELS, "zone"]
 HAMI_CONTAINER_LABELS = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
 INVENTORY_RESULTS = ("accepted", "out_of_order", "rejected", "wrong_subject", "card_conflict")
 RELEASE_CAUSES = ("expired", "bind_failed")
+AUTH_RESULTS = ("accepted", "refused", "malformed")
 UNSENT_REASONS: tuple[Unsent, ...] = get_args(Unsent)
 
 
@@ -189,6 +190,9 @@ class Metrics:
         self.inventory = Counter("pyhami_inventory_messages_total",
                                  "Inventory messages received, by result", ["result"],
                                  registry=self.registry)
+        self.nats_auth = Counter("pyhami_nats_auth_total",
+                                 "NATS auth callout requests answered, by result", ["result"],
+                                 registry=self.registry)
         self.released = Counter("pyhami_reservations_released_total",
                                 "Reservations released without a bind, by cause", ["cause"],
                                 registry=self.registry)
@@ -197,6 +201,8 @@ class Metrics:
             self.inventory.labels(result)
         for cause in RELEASE_CAUSES:
             self.released.labels(cause)
+        for answer in AUTH_RESULTS:
+            self.nats_auth.labels(answer)
 
     def exposition(self) -> bytes:
         """The classic text format (tests and tools that read it directly)."""

@@ -205,3 +205,21 @@ def ca_bundle_patch(webhooks: Sequence[tuple[int, str]], ca: bytes) -> list[Json
             {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": encoded},
         ]
     return operations
+
+
+def token_review_body(token: str, audiences: Sequence[str]) -> JsonObject:
+    """A TokenReview asking whether ``token`` is valid for one of ``audiences``."""
+    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": token, "audiences": list(audiences)}}
+
+
+def opaque_secret_body(name: str, data: Mapping[str, bytes]) -> JsonObject:
+    """An ``Opaque`` Secret of the scheduler holding ``data`` (the NATS credentials)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "pyhami",
+                                              "app.kubernetes.io/component": "scheduler"}},
+        "type": "Opaque",
+        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+    }

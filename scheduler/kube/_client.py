@@ -158,12 +158,23 @@ class AdmissionApi(Protocol):
     ) -> urllib3.BaseHTTPResponse: ...
 
 
+class AuthenticationApi(Protocol):
+    """The call of ``client.AuthenticationV1Api`` used here, as ``CoreApi``."""
+
+    def create_token_review(self, body: JsonObject, *, _preload_content: bool,
+                            _request_timeout: Timeout) -> urllib3.BaseHTTPResponse: ...
+
+
 def core_api(api_client: ApiClient) -> CoreApi:
     return cast(CoreApi, client.CoreV1Api(api_client))
 
 
 def admission_api(api_client: ApiClient) -> AdmissionApi:
     return cast(AdmissionApi, client.AdmissionregistrationV1Api(api_client))
+
+
+def authentication_api(api_client: ApiClient) -> AuthenticationApi:
+    return cast(AuthenticationApi, client.AuthenticationV1Api(api_client))
 
 
 def _drain(response: urllib3.BaseHTTPResponse) -> bytes:
@@ -272,3 +283,11 @@ def patch_webhook_configuration(admission: AdmissionApi, name: str,
     _drain(admission.patch_mutating_webhook_configuration(
         name, patch, _content_type=_JSON_PATCH, _preload_content=False,
         _request_timeout=REQUEST_TIMEOUT))
+
+
+# Agents' tokens -------------------------------------------------------------------------
+
+
+def review_token(authentication: AuthenticationApi, body: JsonObject) -> bytes:
+    return _drain(authentication.create_token_review(
+        body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT))

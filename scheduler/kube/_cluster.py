@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from common.core.annotations import ALLOCATED_ANNOTATION, CORDON_ANNOTATION
+from scheduler.busauth import NODE_NAME_EXTRA, ReviewedToken
 from scheduler.cluster import (
     SCHEDULER_NAME,
     ClusterError,
@@ -28,8 +29,10 @@ from scheduler.kube._bodies import (
     binding_body,
     ca_bundle_patch,
     capacity_freed_patch,
+    opaque_secret_body,
     timestamp,
     tls_secret_body,
+    token_review_body,
     undo_annotation_patch,
 )
 from scheduler.kube._client import (
@@ -43,7 +46,15 @@ from scheduler.kube._client import (
 )
 from scheduler.kube._events import SeriesCache, write_event
 from scheduler.kube._watch import PodWatcher
-from scheduler.kube._wire import NodeList, Pod, PodToBind, Secret, WebhookConfiguration, decode_pod
+from scheduler.kube._wire import (
+    NodeList,
+    Pod,
+    PodToBind,
+    Secret,
+    TokenReview,
+    WebhookConfiguration,
+    decode_pod,
+)
 from scheduler.service import KeyedLocks
 
 # The package's name: log lines name the room, not its private modules.
@@ -61,6 +72,7 @@ class KubernetesCluster:
         self._api_client = api_client
         self._core = _client.core_api(api_client)
         self._admission = _client.admission_api(api_client)
+        self._authentication = _client.authentication_api(api_client)
         self.scheduler_name = scheduler_name
         self.instance = (instance or f"{scheduler_name}-{socket.gethostname()}")[:128]
         # Pod uids for events, most recently seen last; touched on the event loop only.
@@ -259,6 +271,18 @@ class KubernetesCluster:
                                f"{describe_failure(error)}") from error
         return True
 
+    async def create_opaque_secret(self, namespace: str, name: str,
+                                   data: Mapping[str, bytes]) -> bool:
+        body = opaque_secret_body(name, data)
+        try:
+            await asyncio.to_thread(_client.create_secret, self._core, namespace, body)
+        except API_FAILURES as error:
+            if answered_with(error, CONFLICT):
+                return False
+            raise ClusterError(f"creating Secret {namespace}/{name} failed: "
+                               f"{describe_failure(error)}") from error
+        return True
+
     async def webhook_ca_bundles(self, configuration: str) -> list[tuple[str, bytes]] | None:
         try:
             data = await asyncio.to_thread(_client.read_webhook_configuration,
@@ -282,6 +306,20 @@ class KubernetesCluster:
                                f"{configuration} failed: {describe_failure(error)}") from error
 
     # Changes -------------------------------------------------------------------------
+
+    # Agents' tokens (the TokenReviewer port) -----------------------------------------------
+
+    async def review_token(self, token: str, audiences: Sequence[str]) -> ReviewedToken:
+        try:
+            data = await asyncio.to_thread(_client.review_token, self._authentication,
+                                           token_review_body(token, audiences))
+            status = msgspec.json.decode(data, type=TokenReview).status
+        except API_FAILURES as error:
+            raise ClusterError(f"TokenReview failed: {describe_failure(error)}") from error
+        nodes = (status.user.extra or {}).get(NODE_NAME_EXTRA) or []
+        return ReviewedToken(authenticated=status.authenticated,
+                             username=status.user.username,
+                             node=nodes[0] if len(nodes) == 1 else None, error=status.error)
 
     async def changes(self) -> AsyncIterator[PodChange]:
         """Pod changes from a watch on all namespaces, for as long as it is iterated.

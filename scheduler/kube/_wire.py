@@ -93,6 +93,22 @@ class StoredEvent(msgspec.Struct, rename="camel"):
     first_timestamp: str | None = None
 
 
+class ReviewedUser(msgspec.Struct):
+    username: str = ""
+    extra: dict[str, list[str]] | None = None
+
+
+class TokenReviewStatus(msgspec.Struct):
+    authenticated: bool = False
+    user: ReviewedUser = msgspec.field(default_factory=ReviewedUser)
+    audiences: list[str] | None = None
+    error: str = ""
+
+
+class TokenReview(msgspec.Struct):
+    status: TokenReviewStatus = msgspec.field(default_factory=TokenReviewStatus)
+
+
 class Status(msgspec.Struct):
     """metav1.Status: the body of an API error and of a watch ERROR event."""
 

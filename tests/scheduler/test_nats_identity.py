@@ -1,0 +1,233 @@
+"""Only a node's own agent speaks for its node: a real nats-server configured by
+``pyhami nats-auth init``, the daemon answering its auth callout, agents with node tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from agent.service import Agent, AgentSettings
+from agent.simulated import SimulatedSource, profile_cards
+from common import telemetry
+from common.busaccess import DAEMON_USER, WATCH_USER
+from common.core.natsjwt import node_token, signer_from_seed
+from common.messaging import NatsSettings
+from common.natsserver import LocalNatsServer
+from common.wire import decode_inventory, encode, inventory_subject
+from pyhami.cli import main
+from pyhami.sandbox import RunningDaemon, standalone_config
+from scheduler.app import BusAuthConfig
+from scheduler.standalone import BUCKET
+from tests.harness import eventually
+
+
+@dataclass
+class SecuredBus:
+    server: LocalNatsServer
+    directory: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def secret(self, name: str) -> str:
+        return (self.directory / name).read_text().strip()
+
+    def token_file(self, node: str) -> Path:
+        signer = signer_from_seed((self.directory / "issuer.seed").read_bytes(), "seed")
+        path = self.directory / f"{node}.token"
+        path.write_text(node_token(node, signer, int(time.time()), int(time.time()) + 3600))
+        return path
+
+    def daemon_settings(self) -> NatsSettings:
+        return NatsSettings(servers=(self.url,), user=DAEMON_USER,
+                            password=self.secret("daemon.password"))
+
+
+@pytest.fixture
+def bus(tmp_path: Path, nats_server_factory: Callable[..., LocalNatsServer]) -> SecuredBus:
+    directory = tmp_path / "nats-auth"
+    assert main(["nats-auth", "init", str(directory)]) == 0
+    server = nats_server_factory(extra_args=["-c", str(directory / "nats.conf"), "-js",
+                                             "-sd", str(tmp_path / "jetstream")])
+    return SecuredBus(server, directory)
+
+
+@pytest.fixture
+async def daemon(bus: SecuredBus) -> AsyncIterator[RunningDaemon]:
+    signer = signer_from_seed((bus.directory / "issuer.seed").read_bytes(), "seed")
+    running = await RunningDaemon(standalone_config(
+        bus.url, nats=bus.daemon_settings(), bus_auth=BusAuthConfig(signer))).start()
+    yield running
+    await running.stop()
+
+
+@asynccontextmanager
+async def running_agent(node: str, settings: NatsSettings) -> AsyncIterator[Agent]:
+    agent = Agent(AgentSettings(node, poll_interval=0.2, heartbeat_interval=0.3),
+                  SimulatedSource(profile_cards("t4x4", node)), settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        yield agent
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+@contextmanager
+def errors_seen() -> Iterator[tuple[list[str], Callable[[Exception], Any]]]:
+    seen: list[str] = []
+
+    async def record(error: Exception) -> None:
+        seen.append(str(error))
+
+    yield seen, record
+
+
+def known_nodes(daemon: RunningDaemon) -> set[str]:
+    assert daemon.service is not None
+    return {node.name for node in daemon.service.state.fleet.nodes()}
+
+
+async def test_a_client_without_credentials_cannot_connect(bus: SecuredBus) -> None:
+    for options in ({}, {"user": WATCH_USER, "password": "wrong"},
+                    {"user": DAEMON_USER, "password": bus.secret("watch.password")}):
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(bus.url, allow_reconnect=False, connect_timeout=5, **options)
+
+
+async def test_an_agent_publishes_its_own_node_and_the_server_refuses_it_another(
+        bus: SecuredBus, daemon: RunningDaemon) -> None:
+    a_token = bus.token_file("node-a")
+    async with running_agent("node-a", NatsSettings(servers=(bus.url,), token_file=a_token)):
+        await eventually(lambda: _true_if("node-a" in known_nodes(daemon)),
+                         "node-a's inventory reaching the daemon")
+        # An agent set up as node-b holding node-a's token: every publish is refused.
+        async with running_agent("node-b", NatsSettings(servers=(bus.url,),
+                                                        token_file=a_token)) as impostor:
+            await eventually(lambda: _true_if(impostor.connection.connected),
+                             "the impostor connected")
+            await asyncio.sleep(1.0)  # three heartbeats' worth of refused publishes
+        assert "node-b" not in known_nodes(daemon)
+    assert daemon.service is not None
+    text = daemon.service.metrics.exposition().decode()
+    assert 'pyhami_nats_auth_total{result="accepted"} 2.0' in text
+
+
+async def test_the_server_refuses_a_forged_message_for_another_node(
+        bus: SecuredBus, daemon: RunningDaemon) -> None:
+    """The lock-out message (a copy of node-a's inventory with a huge sequence) sent with
+    node-b's credentials never reaches the daemon: node-a stays fresh."""
+    a_settings = NatsSettings(servers=(bus.url,), token_file=bus.token_file("node-a"))
+    observer = await nats.connect(bus.url, user=DAEMON_USER,
+                                  password=bus.secret("daemon.password"))
+    copies: list[bytes] = []
+    subscription = await observer.subscribe(inventory_subject("node-a"),
+                                            cb=collecting(copies, lambda msg: msg.data))
+    async with running_agent("node-a", a_settings):
+        await eventually(lambda: _true_if(bool(copies)), "a message of node-a")
+        original = decode_inventory(copies[-1])
+        forged = encode(_with_sequence(original, 2**62))
+        with errors_seen() as (seen, record):
+            attacker = await nats.connect(bus.url, token=bus.token_file("node-b").read_text(),
+                                          error_cb=record)
+            await attacker.publish(inventory_subject("node-a"), forged)
+            await attacker.flush()
+            await eventually(lambda: _true_if(bool(seen)), "the server's refusal")
+            assert "permissions violation" in seen[0].lower()
+            await attacker.close()
+        assert daemon.service is not None
+        service = daemon.service
+        accepted = service.shared.inventory_accepted
+        await eventually(lambda: _true_if(service.shared.inventory_accepted > accepted + 2),
+                         "the daemon accepting node-a's next messages")
+        assert all(decode_inventory(data).sequence < 2**62 for data in copies)
+    await subscription.unsubscribe()
+    await observer.close()
+
+
+async def test_agent_and_watcher_credentials_cannot_touch_the_pod_store(
+        bus: SecuredBus, daemon: RunningDaemon) -> None:
+    key = "default.forged"
+    clients: list[Client] = []
+    with errors_seen() as (seen, record):
+        clients.append(await nats.connect(
+            bus.url, token=bus.token_file("node-a").read_text(), error_cb=record))
+        clients.append(await nats.connect(
+            bus.url, user=WATCH_USER, password=bus.secret("watch.password"), error_cb=record))
+        for client in clients:
+            await client.publish(f"$KV.{BUCKET}.{key}", b'{"forged": true}')
+            await client.flush()
+            with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                                nats.errors.Error)):
+                await client.jetstream(timeout=2).key_value(BUCKET)
+        await eventually(lambda: _true_if(len(seen) >= 2), "the server's refusals")
+        assert all("permissions violation" in error.lower() for error in seen)
+    for client in clients:
+        await client.close()
+    owner = await nats.connect(bus.url, user=DAEMON_USER, password=bus.secret("daemon.password"))
+    store = await owner.jetstream().key_value(BUCKET)
+    with pytest.raises(nats.js.errors.KeyNotFoundError):
+        await store.get(key)
+    await owner.close()
+
+
+async def test_a_watcher_reads_decisions_and_inventories_but_publishes_no_inventory(
+        bus: SecuredBus, daemon: RunningDaemon) -> None:
+    received: list[str] = []
+    with errors_seen() as (seen, record):
+        watcher = await nats.connect(bus.url, user=WATCH_USER,
+                                     password=bus.secret("watch.password"), error_cb=record)
+        await watcher.subscribe("pyhami.>", cb=collecting(received, lambda msg: msg.subject))
+        await watcher.flush()
+        daemon_client = await nats.connect(bus.url, user=DAEMON_USER,
+                                           password=bus.secret("daemon.password"))
+        await daemon_client.publish(telemetry.DECISIONS_SUBJECT, b"decision")
+        await daemon_client.flush()
+        await eventually(lambda: _true_if(telemetry.DECISIONS_SUBJECT in received),
+                         "the decision reaching the watcher")
+        await watcher.publish(inventory_subject("node-a"), b"forged")
+        await watcher.flush()
+        await eventually(lambda: _true_if(bool(seen)), "the server's refusal")
+        assert "permissions violation" in seen[0].lower()
+        await daemon_client.close()
+        await watcher.close()
+
+
+async def test_a_bad_token_is_refused_and_counted(bus: SecuredBus,
+                                                  daemon: RunningDaemon) -> None:
+    for token in ("garbage", bus.token_file("node-a").read_text() + "x"):
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(bus.url, token=token, allow_reconnect=False, connect_timeout=5)
+    assert daemon.service is not None
+    text = daemon.service.metrics.exposition().decode()
+    assert 'pyhami_nats_auth_total{result="refused"} 2.0' in text
+
+
+def _with_sequence(inventory: Any, sequence: int) -> Any:
+    import msgspec  # noqa: PLC0415
+
+    return msgspec.structs.replace(inventory, sequence=sequence)
+
+
+def collecting(into: list[Any], part: Callable[[Msg], Any]) -> Callable[[Msg], Any]:
+    async def on_message(msg: Msg) -> None:
+        into.append(part(msg))
+
+    return on_message
+
+
+async def _true_if(condition: bool) -> bool:
+    return condition
