@@ -12,6 +12,7 @@ repository, keyed by version).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import json
@@ -49,6 +50,9 @@ SCHEDULER_SERVICE_ACCOUNT = "pyhami-scheduler"
 SCHEDULER_NAME = "pyhami-scheduler"
 LEASE_NAME = "pyhami-scheduler"
 NODE = "gpu-node-1"
+AGENT_SERVICE_ACCOUNT = "pyhami-agent"
+NATS_AUTH_SECRET = "pyhami-nats-auth"
+AGENT_TOKEN_AUDIENCE = "pyhami-nats"
 TEST_NAMESPACE = "pyhami-e2e"
 
 START_TIMEOUT_S = 90.0
@@ -427,9 +431,11 @@ class ControlPlane:
         self._start_etcd()
         self._start_apiserver()
         self._prepare_cluster()
+        # The daemon makes the NATS credentials (a Secret) the server's configuration includes.
+        self._launch_daemon()
         self._start_nats()
         self.start_agent()
-        self.start_daemon()
+        self._wait_daemon_ready()
         self._start_kube_scheduler()
 
     def stop(self) -> None:
@@ -569,11 +575,25 @@ class ControlPlane:
                             "lastHeartbeatTime": now, "lastTransitionTime": now}],
         }})
 
+    def nats_flags(self) -> list[str]:
+        """How a daemon reaches this NATS: as pyhami-daemon, with the Secret's password."""
+        return ["--nats", self.nats_url, "--nats-auth-secret", NATS_AUTH_SECRET]
+
+    def nats_auth(self) -> dict[str, str]:
+        """The Secret the daemon made: issuer key, passwords, server configuration."""
+        secret = self.api.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/secrets/{NATS_AUTH_SECRET}")
+        return {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+
     def _start_nats(self) -> None:
-        port = free_port()
-        self.nats_url = f"nats://127.0.0.1:{port}"
+        auth = wait_for(self.nats_auth, f"the daemon's Secret {NATS_AUTH_SECRET}",
+                        START_TIMEOUT_S, watch=[self.processes["pyhami-scheduler"]])
+        directory = self.data / "nats"
+        directory.mkdir(exist_ok=True)
+        (directory / "auth.conf").write_text(auth["auth.conf"])
+        (directory / "nats.conf").write_text('include "auth.conf"\n')
+        port = int(self.nats_url.rsplit(":", 1)[1])
         nats = self._run("nats-server", [str(nats_server_binary()), "-a", "127.0.0.1",
-                                         "-p", str(port)])
+                                         "-p", str(port), "-c", str(directory / "nats.conf")])
 
         def listening() -> bool:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -585,33 +605,65 @@ class ControlPlane:
         beside = Path(sys.executable).parent / "pyhami"
         return [str(beside)] if beside.exists() else [sys.executable, "-m", "pyhami.cli"]
 
+    def agent_token(self, node: str, *, pod: str | None = None,
+                    audience: str = AGENT_TOKEN_AUDIENCE) -> Path:
+        """A token the API server issues for the agent's ServiceAccount, bound to a pod on
+        ``node`` (created here, as the DaemonSet would): the node is in its claims."""
+        pod = pod or f"pyhami-agent-{node}"
+        pods = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods"
+        try:
+            stored = self.api.get(f"{pods}/{pod}")
+        except ApiError:
+            stored = self.api.create(pods, {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+                "spec": {"serviceAccountName": AGENT_SERVICE_ACCOUNT, "nodeName": node,
+                         "automountServiceAccountToken": False,
+                         "containers": [{"name": "agent", "image": "pyhami:e2e"}]}})
+        request = self.api.create(
+            f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/serviceaccounts/{AGENT_SERVICE_ACCOUNT}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"audiences": [audience], "expirationSeconds": 3600,
+                      "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod,
+                                         "uid": stored["metadata"]["uid"]}}})
+        path = self.data / f"{pod}-{audience}.token"
+        path.write_text(request["status"]["token"])
+        return path
+
     def start_agent(self) -> None:
         self._run("agent", [*self.pyhami_command(), "agent", "--node", NODE,
-                            "--nats", self.nats_url, "--inventory", "sim:t4x4"])
+                            "--nats", self.nats_url, "--inventory", "sim:t4x4",
+                            "--nats-token-file", str(self.agent_token(NODE))])
 
     def start_daemon(self) -> None:
         """``pyhami scheduler`` with the scheduler's ServiceAccount, serving the webhook too
         (called only once a test registers it); waits until it is ready."""
+        self._launch_daemon()
+        self._wait_daemon_ready()
+
+    def _launch_daemon(self) -> None:
         if not self.daemon_port:
             self.daemon_port, self.metrics_port = free_port(), free_port()
             self.webhook_port = free_port()
             self.webhook_tls = server_files(self.data / "webhook-tls")
+            self.nats_url = f"nats://127.0.0.1:{free_port()}"
         assert self.webhook_tls is not None
-        daemon = self._run("pyhami-scheduler", [
+        self._run("pyhami-scheduler", [
             *self.pyhami_command(), "scheduler", "--kubeconfig", str(self.scheduler_kubeconfig),
-            "--nats", self.nats_url, "--listen", f"127.0.0.1:{self.daemon_port}",
+            *self.nats_flags(), "--namespace", SYSTEM_NAMESPACE,
+            "--listen", f"127.0.0.1:{self.daemon_port}",
             "--metrics", f"127.0.0.1:{self.metrics_port}", "--resync-wait", "1",
             "--webhook-listen", f"127.0.0.1:{self.webhook_port}",
             "--tls-cert-file", str(self.webhook_tls.cert),
             "--tls-private-key-file", str(self.webhook_tls.key)])
 
+    def _wait_daemon_ready(self) -> None:
         def ready() -> bool:
             if http_get(f"{self.daemon_url}/readyz")[0] != 200:
                 return False
             return bool(self.statusz()["nodes"] == 1)
 
         wait_for(ready, "pyhami scheduler /readyz and the agent's inventory", START_TIMEOUT_S,
-                 watch=[daemon, self.processes["agent"]])
+                 watch=[self.processes["pyhami-scheduler"], self.processes["agent"]])
 
     def stop_daemon(self) -> int | None:
         return self.processes["pyhami-scheduler"].stop()

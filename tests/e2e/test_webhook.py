@@ -245,7 +245,7 @@ class SelfManagedDaemon:
         self.port, self.webhook_port = free_port(), free_port()
         self.process = Process("pyhami-self-managed", [
             *plane.pyhami_command(), "scheduler",
-            "--kubeconfig", str(plane.scheduler_kubeconfig), "--nats", plane.nats_url,
+            "--kubeconfig", str(plane.scheduler_kubeconfig), *plane.nats_flags(),
             "--listen", f"127.0.0.1:{self.port}", "--metrics", f"127.0.0.1:{free_port()}",
             "--resync-wait", "1", "--namespace", SYSTEM_NAMESPACE,
             "--webhook-listen", f"127.0.0.1:{self.webhook_port}",

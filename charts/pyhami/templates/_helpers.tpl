@@ -60,6 +60,10 @@ nats://{{ include "pyhami.nats" . }}.{{ .Release.Namespace }}.svc:4222
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret the daemon keeps the NATS issuer key and passwords in (auth callout). */}}
+{{- define "pyhami.natsAuthSecret" -}}{{ include "pyhami.fullname" . }}-nats-auth{{- end -}}
+{{- define "pyhami.natsTokenDir" -}}/var/run/secrets/pyhami/nats{{- end -}}
+
 {{- define "pyhami.natsAuthDir" -}}/etc/pyhami/nats-auth{{- end -}}
 {{- define "pyhami.natsTlsDir" -}}/etc/pyhami/nats-tls{{- end -}}
 
@@ -137,6 +141,9 @@ flags show in ps. */}}
 {{/* Refuse settings that cannot work, naming the value. */}}
 {{- define "pyhami.validate" -}}
 {{- $auth := .Values.nats.auth -}}
+{{- if and .Values.nats.authCallout.enabled (or $auth.user $auth.existingSecret) -}}
+{{- fail "nats.auth is for authCallout.enabled=false: with the auth callout the daemon and the agents get their credentials from it" -}}
+{{- end -}}
 {{- $tls := .Values.nats.tls -}}
 {{- if and (or $auth.passwordKey $auth.tokenKey $auth.credsKey $auth.nkeySeedKey) (not $auth.existingSecret) -}}
 {{- fail "nats.auth.existingSecret is required when a key of it (passwordKey, tokenKey, credsKey, nkeySeedKey) is named" -}}
