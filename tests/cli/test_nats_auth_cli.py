@@ -1,0 +1,78 @@
+"""``pyhami nats-auth``: credentials written whole, never over existing ones by accident."""
+
+from __future__ import annotations
+
+import stat
+import time
+from pathlib import Path
+
+import nkeys
+import pytest
+
+from common.busaccess import BusCredentials
+from common.core.errors import SettingsError
+from common.core.natsjwt import node_of_token
+from pyhami.cli import build_parser, main
+from scheduler.cli import config_from
+
+
+def test_init_writes_secret_files_and_a_config_naming_the_issuer(tmp_path: Path) -> None:
+    assert main(["nats-auth", "init", str(tmp_path / "auth")]) == 0
+    files = {path.name: path for path in (tmp_path / "auth").iterdir()}
+    assert set(files) == {"issuer.seed", "issuer.pub", "daemon.password", "watch.password",
+                          "nats.conf"}
+    for path in files.values():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    stored = {name: path.read_bytes() for name, path in files.items()}
+    credentials = BusCredentials.from_stored(stored, "test")
+    assert credentials.issuer == stored["issuer.pub"].decode().strip()
+    config = stored["nats.conf"].decode()
+    assert credentials.issuer in config and credentials.daemon_password in config
+
+
+def test_init_refuses_to_replace_and_keeps_a_complete_set(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    directory = tmp_path / "auth"
+    assert main(["nats-auth", "init", str(directory)]) == 0
+    seed = (directory / "issuer.seed").read_bytes()
+    assert main(["nats-auth", "init", str(directory)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(["nats-auth", "init", str(directory), "--keep-existing"]) == 0
+    assert (directory / "issuer.seed").read_bytes() == seed
+    assert main(["nats-auth", "init", str(directory), "--force"]) == 0
+    assert (directory / "issuer.seed").read_bytes() != seed
+
+
+def test_agent_token_names_its_node_and_refuses_bad_input(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = tmp_path / "auth"
+    assert main(["nats-auth", "init", str(directory)]) == 0
+    seed = str(directory / "issuer.seed")
+    out = tmp_path / "node.token"
+    assert main(["nats-auth", "agent-token", "--issuer-seed", seed, "--node", "gpu-1",
+                 "--output", str(out)]) == 0
+    issuer = (directory / "issuer.pub").read_text().strip()
+    assert node_of_token(out.read_text().strip(), issuer, int(time.time())) == "gpu-1"
+    capsys.readouterr()
+    for args, named in ((["--node", "a.>"], "node"), (["--node", "n", "--days", "0"], "--days"),
+                        (["--node", "n", "--issuer-seed", str(tmp_path / "none")],
+                         "--issuer-seed")):
+        full = ["nats-auth", "agent-token", "--issuer-seed", seed, *args]
+        assert main(full) == 2
+        assert named in capsys.readouterr().err
+
+
+def test_the_daemon_refuses_auth_settings_that_do_not_fit(tmp_path: Path) -> None:
+    (tmp_path / "user.seed").write_bytes(nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER))
+    cases = {
+        ("--standalone", "--nats-auth-secret", "s"): "Kubernetes Secret",
+        ("--standalone", "--nats-auth-issuer-seed", str(tmp_path / "missing")): "missing",
+        ("--standalone", "--nats-auth-issuer-seed", str(tmp_path / "user.seed")): "account",
+        ("--standalone", "--nats-auth-issuer-seed", str(tmp_path / "user.seed"),
+         "--nats-auth-secret", "s"): "give one",
+    }
+    for args, named in cases.items():
+        parsed = build_parser({}).parse_args(["scheduler", *args])
+        with pytest.raises(SettingsError, match=named):
+            config_from(parsed)
