@@ -79,7 +79,7 @@ class Agent:
         self._publishing = asyncio.Lock()
         self._last_publish = time.monotonic()
         self._last_resync = -RESYNC_MIN_INTERVAL_S
-        self._resync_pending = False
+        self._resync_later: asyncio.Task[None] | None = None
 
     @property
     def connection(self) -> Connection:
@@ -109,6 +109,8 @@ class Agent:
         finally:
             stopping.cancel()
             opened.cancel()  # a read under way in its thread ends on its own
+            if self._resync_later is not None:
+                self._resync_later.cancel()
             for task in tasks:
                 task.cancel()
             await self._connection.close()
@@ -184,11 +186,14 @@ class Agent:
             return
         # A burst of requests (watchers may send them) gets one answer now, one a second later.
         wait = self._last_resync + RESYNC_MIN_INTERVAL_S - time.monotonic()
-        if wait > 0:
-            if self._resync_pending:
-                return
-            self._resync_pending = True
-            await asyncio.sleep(wait)
-            self._resync_pending = False
+        if wait <= 0:
+            self._last_resync = time.monotonic()
+            await self._publish("resync")
+        elif self._resync_later is None:
+            self._resync_later = asyncio.create_task(self._answer_resync_after(wait))
+
+    async def _answer_resync_after(self, wait: float) -> None:
+        await asyncio.sleep(wait)
+        self._resync_later = None
         self._last_resync = time.monotonic()
         await self._publish("resync")

@@ -14,6 +14,8 @@ raises it, and the agent and the scheduler each add a package root
     │   ├── ClusterFileError             common.core.cluster (a cluster description)
     │   ├── InputFileError               common.files
     │   ├── WireError > WrongSubject     common.wire
+    │   ├── JwtError                     common.core.natsjwt (a JWT, NKey or node token)
+    │   ├── CredentialsError             common.busaccess (stored NATS credentials)
     │   └── BadReview                    scheduler.webhook (also a SchedulerError)
     ├── SettingsError (ValueError)       a flag or PYHAMI_* variable that cannot be used
     ├── ExternalFailure                  NATS, the Kubernetes API or NVML failed or refused
@@ -24,6 +26,7 @@ raises it, and the agent and the scheduler each add a package root
     │   └── InventoryError               agent.inventory
     ├── SchedulerError                   scheduler.errors
     │   ├── TlsError                     scheduler.webhook_tls
+    │   ├── IdentityRefused              scheduler.busauth (an agent's token)
     │   └── StartupError                 scheduler.app
     └── ScenarioError                    pyhami.demo
 
