@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 
 from common import telemetry
 from common.arguments import positive_seconds
-from common.busaccess import DAEMON_USER, CredentialsError
+from common.busaccess import DAEMON_USER, BusCredentials, CredentialsError
 from common.core.natsjwt import public_key
 from common.messaging import Connection, NatsSettings
 from common.settings import setting
@@ -113,9 +113,9 @@ class WebhookConfig:
 class BusAuthConfig:
     """The NATS auth callout the daemon answers (``--nats-auth-*``, ``--agent-*``)."""
 
-    # The issuer key: given (``--nats-auth-issuer-seed``), or kept in the Secret ``secret``
-    # of ``namespace`` with the daemon's password, made there by the first daemon.
-    signer: nkeys.KeyPair | None = None
+    # The issuer key and the daemon's password: read from files (``--nats-auth-dir``), or
+    # kept in the Secret ``secret`` of ``namespace``, made there by the first daemon.
+    credentials: BusCredentials | None = None
     secret: str | None = None
     namespace: str = "pyhami-system"
     # Kubernetes: the agents' projected ServiceAccount tokens.
@@ -184,11 +184,12 @@ async def _kubernetes(config: DaemonConfig) -> KubernetesCluster:
 
 async def _callout_signer(config: BusAuthConfig, kubernetes: KubernetesCluster | None,
                          connection: Connection, phase: list[str]) -> nkeys.KeyPair:
-    """The issuer key: given, or read (made first if need be) with the daemon's password
-    from the Secret, tried again while the API fails."""
-    if config.secret is None:
-        assert config.signer is not None, "checked by the CLI"
-        return config.signer
+    """The issuer key, the daemon's password set on ``connection``: from the files, or read
+    (made first if need be) from the Secret, tried again while the API fails."""
+    if config.credentials is not None:
+        connection.authenticate(DAEMON_USER, config.credentials.daemon_password)
+        return config.credentials.signer
+    assert config.secret is not None, "checked by the CLI"
     assert kubernetes is not None, "checked by the CLI: the Secret is a Kubernetes one"
     phase[0] = f"reading the NATS credentials from Secret {config.namespace}/{config.secret}"
     while True:

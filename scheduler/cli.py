@@ -17,9 +17,15 @@ from common.arguments import (
     address,
     defaults_from,
 )
+from common.busaccess import (
+    DAEMON_PASSWORD,
+    ISSUER_SEED,
+    WATCH_PASSWORD,
+    BusCredentials,
+    CredentialsError,
+)
 from common.core.errors import SettingsError
 from common.core.names import InvalidName, check_label, check_subdomain
-from common.core.natsjwt import JwtError, signer_from_seed
 from common.logs import add_log_arguments, configure_logging
 from common.messaging import add_nats_arguments, nats_settings
 from common.settings import add_settings, settings_from
@@ -96,10 +102,10 @@ def _add_webhook_arguments(group: argparse._ArgumentGroup) -> None:
 
 
 def _add_bus_auth_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--nats-auth-issuer-seed", metavar="FILE",
-                       help="answer nats-server's auth callout, signing with this account "
-                            "NKey seed (its public key is the server's auth_callout issuer; "
-                            "`pyhami nats-auth init` makes both); off when unset")
+    group.add_argument("--nats-auth-dir", metavar="DIR",
+                       help="answer nats-server's auth callout with the credentials `pyhami "
+                            "nats-auth init DIR` wrote (the issuer key; the daemon connects "
+                            "as pyhami-daemon with its password); off when unset")
     group.add_argument("--nats-auth-secret", metavar="NAME",
                        help="Kubernetes: answer the auth callout with the issuer key kept in "
                             "this Secret of --namespace, with the daemon's and the watchers' "
@@ -115,31 +121,40 @@ def _add_bus_auth_arguments(group: argparse._ArgumentGroup) -> None:
                             "<--namespace>/pyhami-agent)")
 
 
+def _stored_credentials(directory: Path) -> BusCredentials:
+    where = f"--nats-auth-dir {directory}"
+    stored = {}
+    for name in (ISSUER_SEED, DAEMON_PASSWORD, WATCH_PASSWORD):
+        try:
+            stored[name] = (directory / name).read_bytes()
+        except OSError as error:
+            raise SettingsError(f"{where}: {name}: {error.strerror or error} (run `pyhami "
+                                "nats-auth init` first)") from None
+    try:
+        return BusCredentials.from_stored(stored, where)
+    except CredentialsError as error:
+        raise SettingsError(str(error)) from None
+
+
 def _bus_auth_config(args: argparse.Namespace, mode: ClusterMode,
                      namespace: str) -> BusAuthConfig | None:
     """Raises ``SettingsError`` for an unusable seed, Secret or ServiceAccount."""
-    if not args.nats_auth_issuer_seed and not args.nats_auth_secret:
+    if not args.nats_auth_dir and not args.nats_auth_secret:
         return None
-    if args.nats_auth_issuer_seed and args.nats_auth_secret:
-        raise SettingsError("--nats-auth-issuer-seed and --nats-auth-secret: give one")
-    signer, secret = None, None
+    if args.nats_auth_dir and args.nats_auth_secret:
+        raise SettingsError("--nats-auth-dir and --nats-auth-secret: give one")
+    credentials, secret = None, None
     if args.nats_auth_secret:
         if mode == "standalone":
             raise SettingsError("--nats-auth-secret is a Kubernetes Secret: with --standalone "
-                                "use --nats-auth-issuer-seed")
+                                "use --nats-auth-dir")
         secret = args.nats_auth_secret
         try:
             check_subdomain("--nats-auth-secret", secret)
         except InvalidName as error:
             raise SettingsError(str(error)) from None
     else:
-        path = Path(args.nats_auth_issuer_seed)
-        try:
-            signer = signer_from_seed(path.read_bytes(), f"--nats-auth-issuer-seed {path}")
-        except OSError as error:
-            raise SettingsError(f"--nats-auth-issuer-seed: {path}: {error.strerror}") from None
-        except JwtError as error:
-            raise SettingsError(str(error)) from None
+        credentials = _stored_credentials(Path(args.nats_auth_dir))
     account = args.agent_service_account or f"{namespace}/{DEFAULT_AGENT_SERVICE_ACCOUNT}"
     agent_namespace, _, agent_name = account.partition("/")
     try:
@@ -149,7 +164,7 @@ def _bus_auth_config(args: argparse.Namespace, mode: ClusterMode,
         raise SettingsError(f"{error} (expected NAMESPACE/NAME)") from None
     if not args.agent_token_audience.strip():
         raise SettingsError("--agent-token-audience: must not be empty")
-    return BusAuthConfig(signer, secret, namespace, audience=args.agent_token_audience,
+    return BusAuthConfig(credentials, secret, namespace, audience=args.agent_token_audience,
                          agent_namespace=agent_namespace, agent_service_account=agent_name)
 
 

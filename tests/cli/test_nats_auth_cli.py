@@ -64,13 +64,19 @@ def test_agent_token_names_its_node_and_refuses_bad_input(
 
 
 def test_the_daemon_refuses_auth_settings_that_do_not_fit(tmp_path: Path) -> None:
-    (tmp_path / "user.seed").write_bytes(nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER))
+    user_seed = tmp_path / "user-seed"
+    assert main(["nats-auth", "init", str(user_seed)]) == 0
+    (user_seed / "issuer.seed").write_bytes(nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER))
+    incomplete = tmp_path / "incomplete"
+    assert main(["nats-auth", "init", str(incomplete)]) == 0
+    (incomplete / "watch.password").unlink()
     cases = {
         ("--standalone", "--nats-auth-secret", "s"): "Kubernetes Secret",
-        ("--standalone", "--nats-auth-issuer-seed", str(tmp_path / "missing")): "missing",
-        ("--standalone", "--nats-auth-issuer-seed", str(tmp_path / "user.seed")): "account",
-        ("--standalone", "--nats-auth-issuer-seed", str(tmp_path / "user.seed"),
-         "--nats-auth-secret", "s"): "give one",
+        ("--standalone", "--nats-auth-dir", str(tmp_path / "missing")): "nats-auth init",
+        ("--standalone", "--nats-auth-dir", str(incomplete)): "watch.password",
+        ("--standalone", "--nats-auth-dir", str(user_seed)): "account",
+        ("--standalone", "--nats-auth-dir", str(user_seed), "--nats-auth-secret", "s"):
+            "give one",
     }
     for args, named in cases.items():
         parsed = build_parser({}).parse_args(["scheduler", *args])

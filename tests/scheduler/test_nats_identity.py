@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from agent.service import Agent, AgentSettings
 from agent.simulated import SimulatedSource, profile_cards
 from common import telemetry
-from common.busaccess import DAEMON_USER, WATCH_USER
+from common.busaccess import DAEMON_USER, WATCH_USER, BusCredentials
 from common.core.natsjwt import node_token, signer_from_seed
 from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer
@@ -50,10 +50,6 @@ class SecuredBus:
         path.write_text(node_token(node, signer, int(time.time()), int(time.time()) + 3600))
         return path
 
-    def daemon_settings(self) -> NatsSettings:
-        return NatsSettings(servers=(self.url,), user=DAEMON_USER,
-                            password=self.secret("daemon.password"))
-
 
 @pytest.fixture
 def bus(tmp_path: Path, nats_server_factory: Callable[..., LocalNatsServer]) -> SecuredBus:
@@ -66,9 +62,11 @@ def bus(tmp_path: Path, nats_server_factory: Callable[..., LocalNatsServer]) -> 
 
 @pytest.fixture
 async def daemon(bus: SecuredBus) -> AsyncIterator[RunningDaemon]:
-    signer = signer_from_seed((bus.directory / "issuer.seed").read_bytes(), "seed")
+    credentials = BusCredentials.from_stored(
+        {path.name: path.read_bytes() for path in bus.directory.iterdir()}, "test")
+    # No password given: the daemon takes its own from the credentials.
     running = await RunningDaemon(standalone_config(
-        bus.url, nats=bus.daemon_settings(), bus_auth=BusAuthConfig(signer))).start()
+        bus.url, bus_auth=BusAuthConfig(credentials))).start()
     yield running
     await running.stop()
 
