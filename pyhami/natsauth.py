@@ -22,9 +22,11 @@ from common.busaccess import (
     ISSUER_SEED,
     WATCH_PASSWORD,
     BusCredentials,
+    CredentialsError,
     ServerTls,
 )
-from common.core.names import InvalidName
+from common.core.annotations import comma_list
+from common.core.names import InvalidName, check_subdomain
 from common.core.natsjwt import JwtError, node_token, signer_from_seed
 
 SERVER_CONFIG = "nats.conf"
@@ -48,6 +50,11 @@ def register(commands: Subcommands) -> None:
     init.add_argument("--verify-clients", action="store_true",
                       help="with --tls: every client must present a certificate the CA "
                            "signed (mutual TLS)")
+    init.add_argument("--agents", metavar="NODE[,NODE...]", type=comma_list, default=[],
+                      help="also mint the tokens of these nodes' agents, each into "
+                           "DIR/NODE.token")
+    init.add_argument("--days", type=int, default=DEFAULT_TOKEN_DAYS,
+                      help=f"validity of the --agents tokens (default {DEFAULT_TOKEN_DAYS})")
     existing = init.add_mutually_exclusive_group()
     existing.add_argument("--force", action="store_true", help="replace existing files")
     existing.add_argument("--keep-existing", action="store_true",
@@ -82,25 +89,50 @@ def run_init(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
     if directory.exists() and not directory.is_dir():
         return _fail(f"{directory} exists and is not a folder")
+    if args.days < 1:
+        return _fail(f"--days: {args.days} must be at least 1")
+    for node in args.agents:
+        try:
+            check_subdomain("--agents", node)
+        except InvalidName as error:
+            return _fail(str(error))
     present = [name for name in FILES if (directory / name).exists()]
     if present and args.keep_existing and len(present) == len(FILES):
+        try:
+            credentials = BusCredentials.from_stored(
+                {name: (directory / name).read_bytes() for name in FILES}, str(directory))
+        except CredentialsError as error:
+            return _fail(f"{error} (--force makes a new set)")
         print(f"{directory}: NATS credentials already there; kept")
-        return 0
-    if present and not args.force:
-        return _fail(f"{directory} already holds {', '.join(present)}: --force replaces them"
-                     + ("" if len(present) == len(FILES) else
-                        " (the set is incomplete, so --keep-existing cannot keep it)"))
-    if args.verify_clients and not args.tls:
-        return _fail("--verify-clients needs --tls")
-    tls = None
-    if args.tls:
-        certs = Path(args.tls)
-        missing = [name for name in TLS_FILES if not (certs / name).is_file()]
-        if missing:
-            return _fail(f"--tls {certs}: {', '.join(missing)} missing "
-                         "(run `pyhami certs init` first)")
-        tls = ServerTls(cert=certs / "nats.pem", key=certs / "nats.key", ca=certs / "ca.pem",
-                        verify_clients=args.verify_clients)
+    else:
+        if present and not args.force:
+            return _fail(f"{directory} already holds {', '.join(present)}: --force replaces "
+                         "them" + ("" if len(present) == len(FILES) else
+                                   " (the set is incomplete, so --keep-existing cannot keep it)"))
+        if args.verify_clients and not args.tls:
+            return _fail("--verify-clients needs --tls")
+        tls = None
+        if args.tls:
+            certs = Path(args.tls)
+            missing = [name for name in TLS_FILES if not (certs / name).is_file()]
+            if missing:
+                return _fail(f"--tls {certs}: {', '.join(missing)} missing "
+                             "(run `pyhami certs init` first)")
+            tls = ServerTls(cert=certs / "nats.pem", key=certs / "nats.key",
+                            ca=certs / "ca.pem", verify_clients=args.verify_clients)
+        credentials = _write_credentials(directory, tls)
+    now = int(time.time())
+    for node in args.agents:
+        path = directory / f"{node}.token"
+        if path.exists() and args.keep_existing:
+            continue
+        _write_secret(path, node_token(node, credentials.signer, now, now + args.days * 86400)
+                      + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+def _write_credentials(directory: Path, tls: ServerTls | None) -> BusCredentials:
     credentials = BusCredentials.new()
     stored = credentials.stored()
     directory.mkdir(parents=True, exist_ok=True)
@@ -111,7 +143,7 @@ def run_init(args: argparse.Namespace) -> int:
     _write_secret(directory / ISSUER_PUBLIC, stored[ISSUER_PUBLIC].decode())
     for name in FILES:
         print(f"wrote {directory / name}")
-    return 0
+    return credentials
 
 
 def run_agent_token(args: argparse.Namespace) -> int:

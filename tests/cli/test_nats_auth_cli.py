@@ -82,3 +82,18 @@ def test_the_daemon_refuses_auth_settings_that_do_not_fit(tmp_path: Path) -> Non
         parsed = build_parser({}).parse_args(["scheduler", *args])
         with pytest.raises(SettingsError, match=named):
             config_from(parsed)
+
+
+def test_init_mints_agent_tokens_and_keeps_them_with_the_set(tmp_path: Path) -> None:
+    directory = tmp_path / "auth"
+    agents = ["--agents", "sim-t4,sim-a100"]
+    assert main(["nats-auth", "init", str(directory), *agents]) == 0
+    issuer = (directory / "issuer.pub").read_text().strip()
+    first = (directory / "sim-t4.token").read_text().strip()
+    assert node_of_token(first, issuer, int(time.time())) == "sim-t4"
+    assert main(["nats-auth", "init", str(directory), "--keep-existing",
+                 "--agents", "sim-t4,sim-a100,sim-h100"]) == 0
+    assert (directory / "sim-t4.token").read_text().strip() == first
+    third = (directory / "sim-h100.token").read_text().strip()
+    assert node_of_token(third, issuer, int(time.time())) == "sim-h100"
+    assert main(["nats-auth", "init", str(directory), "--agents", "a,*"]) == 2
