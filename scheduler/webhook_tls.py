@@ -28,18 +28,15 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
 
+from common.certificates import make_ca, server_certificate
 from scheduler.cluster import ClusterError, WebhookCluster
 from scheduler.errors import SchedulerError
 
 logger = logging.getLogger(__name__)
 
 CERT_VALIDITY = datetime.timedelta(days=3650)
-# Valid from a little before now: the API server's clock may run behind the daemon's.
-BACKDATE = datetime.timedelta(hours=1)
 SECRET_CERT = "tls.crt"
 SECRET_KEY = "tls.key"
 SECRET_CA = "ca.crt"
@@ -64,48 +61,12 @@ def service_names(service: str, namespace: str) -> tuple[str, ...]:
     return (service, f"{service}.{namespace}", f"{service}.{namespace}.svc")
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
 def issue(names: Sequence[str], now: datetime.datetime) -> ServingTls:
     """A new CA and a certificate for ``names`` signed by it, both valid ``CERT_VALIDITY``."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{names[0]}-webhook-ca")])
-    start, end = now - BACKDATE, now + CERT_VALIDITY
-    ca = (x509.CertificateBuilder()
-          .subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(
-              digital_signature=False, content_commitment=False, key_encipherment=False,
-              data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-              encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
-                         critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[-1])]))
-            .issuer_name(ca_name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(end)
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
-                           critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    return ServingTls(ca=ca.public_bytes(serialization.Encoding.PEM),
-                      cert=cert.public_bytes(serialization.Encoding.PEM), key=_pem_key(key))
+    ca = make_ca(f"{names[0]}-webhook-ca", now=now, validity=CERT_VALIDITY)
+    serving = server_certificate(ca, names[-1], names, (), now=now, validity=CERT_VALIDITY)
+    return ServingTls(ca=ca.cert.public_bytes(serialization.Encoding.PEM), cert=serving.cert,
+                      key=serving.key)
 
 
 def _certificates(pem: bytes, what: str) -> list[x509.Certificate]:
