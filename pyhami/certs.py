@@ -60,12 +60,20 @@ def register(commands: Subcommands) -> None:
                            f"(default {','.join(DEFAULT_IPS)})")
     init.add_argument("--days", type=positive_int, default=DEFAULT_DAYS, metavar="N",
                       help=f"how long every certificate is valid (default {DEFAULT_DAYS})")
-    init.add_argument("--force", action="store_true",
-                      help="overwrite the files of a bundle already in DIR")
+    existing = init.add_mutually_exclusive_group()
+    existing.add_argument("--force", action="store_true",
+                          help="overwrite the files of a bundle already in DIR")
+    existing.add_argument("--keep-existing", action="store_true",
+                          help="leave a complete bundle already in DIR as it is and succeed "
+                               "(a step run at every start, as in docker-compose.yml)")
     init.set_defaults(handler=run_init)
 
 
 def run_init(args: argparse.Namespace) -> int:
+    if args.keep_existing and all(
+            path.is_file() for path in Bundle.in_directory(args.dir).paths().values()):
+        print(f"{args.dir}: a complete bundle is there already; kept")
+        return 0
     try:
         bundle = write_bundle(args.dir, dns=args.dns, ips=args.ip, days=args.days,
                               force=args.force)

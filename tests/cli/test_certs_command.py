@@ -10,7 +10,7 @@ import pytest
 from cryptography import x509
 
 from common.certificates import FILE_NAMES
-from pyhami.cli import build_parser
+from pyhami.cli import build_parser, main
 
 
 def certs_init(capsys: pytest.CaptureFixture[str], *argv: str | Path,
@@ -117,3 +117,15 @@ def test_a_directory_that_is_a_file_is_refused(capsys: pytest.CaptureFixture[str
     assert certs_init(capsys, tmp_path / "certs") == (
         2, "", f"pyhami certs init: {tmp_path / 'certs'} exists and is not a directory\n")
     assert (tmp_path / "certs").read_text() == "notes"
+
+
+def test_keep_existing_leaves_a_complete_bundle_and_makes_a_missing_one(tmp_path: Path) -> None:
+    directory = tmp_path / "certs"
+    assert main(["certs", "init", str(directory), "--keep-existing"]) == 0
+    ca = (directory / "ca.pem").read_bytes()
+    assert main(["certs", "init", str(directory), "--keep-existing"]) == 0
+    assert (directory / "ca.pem").read_bytes() == ca
+    (directory / "client.key").unlink()
+    # An incomplete bundle is neither kept nor overwritten without --force.
+    assert main(["certs", "init", str(directory), "--keep-existing"]) == 2
+    assert (directory / "ca.pem").read_bytes() == ca
