@@ -21,8 +21,9 @@ from agent.service import Agent, AgentSettings
 from agent.simulated import SimulatedSource, profile_cards
 from common import telemetry
 from common.busaccess import DAEMON_USER, WATCH_USER, BusCredentials
+from common.certificates import Bundle
 from common.core.natsjwt import node_token, signer_from_seed
-from common.messaging import NatsSettings
+from common.messaging import NatsSettings, tls_context
 from common.natsserver import LocalNatsServer
 from common.wire import decode_inventory, encode, inventory_subject
 from pyhami.cli import main
@@ -229,3 +230,40 @@ def collecting(into: list[Any], part: Callable[[Msg], Any]) -> Callable[[Msg], A
 
 async def _true_if(condition: bool) -> bool:
     return condition
+
+
+async def test_the_stack_runs_over_mutual_tls_with_the_projects_certificates(
+        tmp_path: Path, nats_server_factory: Callable[..., LocalNatsServer]) -> None:
+    """As docker-compose.yml sets it up: `pyhami certs init`, then `pyhami nats-auth init
+    --tls --verify-clients`; every client verifies the server and shows a certificate."""
+    assert main(["certs", "init", str(tmp_path / "certs"), "--ip", "127.0.0.1"]) == 0
+    directory = tmp_path / "auth"
+    assert main(["nats-auth", "init", str(directory), "--tls", str(tmp_path / "certs"),
+                 "--verify-clients", "--agents", "node-a"]) == 0
+    server = nats_server_factory(extra_args=["-c", str(directory / "nats.conf"), "-js",
+                                             "-sd", str(tmp_path / "jetstream")], scheme="tls")
+    bundle = Bundle.in_directory(tmp_path / "certs")
+    tls = {"ca": bundle.ca, "cert": bundle.client, "key": bundle.client_key}
+    credentials = BusCredentials.from_stored(
+        {path.name: path.read_bytes() for path in directory.iterdir()}, "test")
+    daemon = await RunningDaemon(standalone_config(
+        server.url, nats=NatsSettings(servers=(server.url,), **tls),
+        bus_auth=BusAuthConfig(credentials))).start()
+    try:
+        settings = NatsSettings(servers=(server.url,), token_file=directory / "node-a.token",
+                                **tls)
+        async with running_agent("node-a", settings):
+            await eventually(lambda: _true_if("node-a" in known_nodes(daemon)),
+                             "node-a's inventory over TLS")
+        # The right token but no client certificate: the TLS handshake fails first.
+        no_certificate = NatsSettings(servers=(server.url,), ca=bundle.ca)
+        with pytest.raises(Exception, match=r"(?i)certificate|handshake|ssl|tls"):
+            await nats.connect(server.url, tls=tls_context(no_certificate),
+                               token=(directory / "node-a.token").read_text().strip(),
+                               allow_reconnect=False, connect_timeout=5)
+        # Plain NATS to a TLS-only server: refused.
+        with pytest.raises(Exception):  # noqa: B017 (nats-py raises several kinds here)
+            await nats.connect(server.url.replace("tls://", "nats://"),
+                               allow_reconnect=False, connect_timeout=5)
+    finally:
+        await daemon.stop()
