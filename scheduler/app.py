@@ -372,12 +372,16 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
     phase = ["connecting to NATS"]
 
     async def when_up(client: Client, new_client: bool) -> None:
-        # A replacement client: what was built on the old one is built again.
-        if new_client and service is not None:
-            if standalone is not None:
-                await standalone.reattach(client)
-            await connection.publish(RESYNC_SUBJECT, encode(ResyncRequest(
-                requested_by="pyhami-scheduler")))
+        if service is None:
+            return  # the first connection: starting up subscribes and asks for a resync
+        # What the agents sent while the daemon was off the bus is lost: their next
+        # messages may skip any number of sequences, and they are asked for them now.
+        service.connection_resumed()
+        if new_client and standalone is not None:
+            # A replacement client: what was built on the old one is built again.
+            await standalone.reattach(client)
+        await connection.publish(RESYNC_SUBJECT, encode(ResyncRequest(
+            requested_by="pyhami-scheduler")))
 
     connection.when_up(when_up)
     callout: AuthCallout | None = None

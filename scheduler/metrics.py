@@ -29,7 +29,8 @@ HAMI_ZONE = "vGPU"
 CARD_LABELS = ["node", "device_uuid", "device_index", "device_type"]
 HAMI_CARD_LABELS = [*CARD_LABELS, "zone"]
 HAMI_CONTAINER_LABELS = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
-INVENTORY_RESULTS = ("accepted", "out_of_order", "rejected", "wrong_subject", "card_conflict")
+INVENTORY_RESULTS = ("accepted", "out_of_order", "sequence_jump", "rejected", "wrong_subject",
+                     "card_conflict")
 RELEASE_CAUSES = ("expired", "bind_failed")
 AUTH_RESULTS = ("accepted", "refused", "malformed")
 UNSENT_REASONS: tuple[Unsent, ...] = get_args(Unsent)

@@ -35,6 +35,17 @@ NODE_STALE = "NodeInventoryStale"
 POD_BOUND = "PodAlreadyBound"
 _NO_INVENTORY = NodeRefusal(NODE_UNKNOWN, "pyhami has no GPU inventory for this node")
 
+# How far ahead of its last accepted message an agent instance's next one may run. An
+# agent adds one per message, so a gap is messages the daemon missed while connected (a
+# slow consumer's backlog that nats-server dropped). Within --node-timeout (30 s), past
+# which the node is stale and the bound is lifted, an agent at the default intervals sends
+# at most six changes (5 s polls), three heartbeats and one answer per resync request: a
+# thousand leaves room for a 30 ms poll and bursts of resyncs. A forged message further
+# ahead would make the real agent's next messages look like replays, so it is refused;
+# one within the bound holds the node for at most --node-timeout. What went by while the
+# daemon itself was off the bus is forgiven (``LiveState.forgive_gaps``).
+SEQUENCE_GAP_MAX = 1000
+
 
 @dataclass(slots=True)
 class Reservation:
@@ -60,6 +71,9 @@ class IngestResult:
     """The node is new, was stale, or its cards changed: pending pods may fit now."""
     back_after: float | None = None
     """Seconds of silence of a node that ``newly_stale`` had reported stale, now heard again."""
+    jump: str | None = None
+    """Why the message was refused: its sequence runs more than ``SEQUENCE_GAP_MAX`` ahead
+    of the agent's last one."""
 
 
 class LiveState:
@@ -85,17 +99,28 @@ class LiveState:
         self._clocks: OrderedDict[str, NodeClock] = OrderedDict()
         # Card uuid -> the node that last reported it; checked against that node's report.
         self._card_node: dict[str, str] = {}
+        # A node last heard at or before this moment may skip any number of sequences.
+        self._gaps_forgiven_before = float("-inf")
 
     # Inventory ---------------------------------------------------------------
 
     def ingest(self, inventory: Inventory, now: float) -> IngestResult:
-        """Apply one agent message; an older message of the same agent instance is dropped,
-        and so is one that lists a card another live node reports."""
+        """Apply one agent message.
+
+        While the node is fresh, a message of the same agent instance must come after the
+        last one (an older one is dropped) and at most ``SEQUENCE_GAP_MAX`` after it (a
+        further jump is refused); a stale node's message is taken whatever its sequence.
+        A message that lists a card another live node reports is refused."""
         clock = self._clocks.get(inventory.node)
-        if clock is not None and clock.instance == inventory.instance and (
-            inventory.sequence <= clock.sequence
-        ):
-            return IngestResult(accepted=False)
+        if clock is not None and clock.instance == inventory.instance and self._fresh(clock, now):
+            if inventory.sequence <= clock.sequence:
+                return IngestResult(accepted=False)
+            gap = inventory.sequence - clock.sequence
+            if gap > SEQUENCE_GAP_MAX and clock.heard > self._gaps_forgiven_before:
+                return IngestResult(accepted=False, jump=(
+                    f"node {inventory.node!r}: sequence {inventory.sequence} of agent instance "
+                    f"{inventory.instance!r} runs {gap} ahead of its last, {clock.sequence} "
+                    f"(at most {SEQUENCE_GAP_MAX})"))
         conflict = self._claimed_elsewhere(inventory, now)
         if conflict is not None:
             return IngestResult(accepted=False, conflict=conflict)
@@ -119,6 +144,11 @@ class LiveState:
         vanished = self._vanished(node)
         self.fleet.upsert_node(node)
         return IngestResult(accepted=True, vanished=vanished, news=True, back_after=back_after)
+
+    def forgive_gaps(self, now: float) -> None:
+        """The daemon was off the bus and may have missed any number of messages: each node's
+        next message may run any distance ahead of its last (never behind it)."""
+        self._gaps_forgiven_before = now
 
     def _fresh(self, clock: NodeClock, now: float) -> bool:
         return now - clock.heard <= self.node_timeout

@@ -48,6 +48,7 @@ class SchedulerService:
         self.rebuild = reactions.rebuild
         self.receive_inventory = reactions.receive_inventory
         self.ingest = reactions.ingest
+        self.connection_resumed = reactions.connection_resumed
         self.follow_cluster = reactions.follow_cluster
         self.reconcile = reactions.reconcile
         self.on_pod_change = reactions.on_pod_change

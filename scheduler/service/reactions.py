@@ -70,7 +70,8 @@ class Reactions(Room):
         """Apply one agent message: the inventory and the cards that left holding allocations.
 
         A message refused (malformed, out of bounds, on another node's subject, claiming
-        another live node's card) is counted by result and logged at a bounded rate.
+        another live node's card, numbered too far ahead) is counted by result and logged at
+        a bounded rate.
         """
         try:
             inventory = decode_inventory(data, subject)
@@ -80,6 +81,9 @@ class Reactions(Room):
         result = self.state.ingest(inventory, self._clock())
         if result.conflict is not None:
             self._refuse_inventory("card_conflict", f"inventory refused: {result.conflict}")
+            return None
+        if result.jump is not None:
+            self._refuse_inventory("sequence_jump", f"inventory refused: {result.jump}")
             return None
         if not result.accepted:
             self.metrics.inventory.labels("out_of_order").inc()
@@ -98,6 +102,11 @@ class Reactions(Room):
                          inventory.node, uuid, usage.tenants, usage.memory)
         self.reports.retry_waiting()
         return inventory, set(result.vanished)
+
+    def connection_resumed(self) -> None:
+        """The daemon is on the bus again after an outage: whatever the agents sent
+        meanwhile was missed, so their next messages may skip any number of sequences."""
+        self.state.forgive_gaps(self._clock())
 
     def _refuse_inventory(self, result: str, why: str) -> None:
         self.metrics.inventory.labels(result).inc()

@@ -41,6 +41,7 @@ KUBE_VERSION = "v1.36.3"
 MONITORING = "monitoring.coreos.com/v1"
 MONITORING_KINDS = {"ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
 OPT_OUT = [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]
+WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet")
 
 
 @dataclass(frozen=True)
@@ -364,6 +365,80 @@ def test_monitoring_objects_watch_the_metrics_service(installed: dict[Release, I
     assert json.loads(dashboard["data"]["pyhami.json"]) == json.loads(shipped)
 
 
+def pod_labels(ours: Installed) -> dict[str, dict[str, str]]:
+    """The pod template labels of each workload of the release, by workload name."""
+    return {name: doc["spec"]["template"]["metadata"]["labels"]
+            for (kind, name), doc in ours.stored.items() if kind in WORKLOADS}
+
+
+def selected(selector: dict[str, Any], pods: dict[str, dict[str, str]]) -> set[str]:
+    """The workloads whose pods a label selector of the chart's (matchLabels only) selects."""
+    assert set(selector) <= {"matchLabels"}, selector
+    wanted = selector.get("matchLabels", {})
+    return {name for name, labels in pods.items() if wanted.items() <= labels.items()}
+
+
+def ingress_by_port(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]] | None]:
+    """Each port a policy opens, with the peers it lets in (None: anyone)."""
+    opened: dict[int, list[dict[str, Any]] | None] = {}
+    for rule in policy["spec"].get("ingress", []):
+        for port in rule["ports"]:
+            assert port["protocol"] == "TCP" and port["port"] not in opened, policy
+            opened[port["port"]] = rule.get("from")
+    return opened
+
+
+def container_ports(ours: Installed, workload: str) -> set[int]:
+    kind = next(kind for kind, name in ours.stored if name == workload and kind in WORKLOADS)
+    return {port["containerPort"] for c in ours.get(kind, workload)["spec"]["template"]["spec"][
+        "containers"] for port in c.get("ports", [])}
+
+
+@pytest.mark.parametrize("release", [DEFAULTS, CUSTOM], ids=["defaults", "custom"])
+def test_network_policies_let_in_only_what_each_pod_serves_to_whom_it_serves(
+        installed: dict[Release, Installed], control_plane: ControlPlane,
+        release: Release) -> None:
+    ours = installed[release]
+    api = control_plane.api
+    policies = {name: api.get(api.path("networking.k8s.io/v1", "NetworkPolicy",
+                                       release.namespace, name))
+                for kind, name in ours.stored if kind == "NetworkPolicy"}
+    pods = pod_labels(ours)
+    agent, nats, scheduler = (f"{release.fullname}-agent", f"{release.fullname}-nats",
+                              release.scheduler)
+    bundled_nats = release is DEFAULTS
+    assert (nats in pods) is bundled_nats
+    # Each policy governs the pods of one workload, named after it; every pod has one.
+    assert {name: selected(policy["spec"]["podSelector"], pods)
+            for name, policy in policies.items()} == {name: {name} for name in pods}
+    for name, policy in policies.items():
+        assert policy["spec"]["policyTypes"] == ["Ingress"], name
+        assert set(ingress_by_port(policy)) <= container_ports(ours, name), name
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["networkPolicy"]
+    if release is CUSTOM:
+        values = custom_values()["networkPolicy"]
+    prometheus = [values["prometheus"]]
+    assert ingress_by_port(policies[agent]) == {}
+    assert ingress_by_port(policies[scheduler]) == {8443: None, 9395: prometheus}
+    if bundled_nats:
+        opened = ingress_by_port(policies[nats])
+        assert opened[8222] == prometheus
+        clients = opened[4222]
+        assert clients is not None
+        assert all(set(peer) == {"podSelector"} for peer in clients), "this namespace only"
+        assert set().union(*(selected(peer["podSelector"], pods) for peer in clients)) == {
+            agent, scheduler}
+        assert set(opened) == {4222, 8222}
+
+
+def test_network_policies_can_be_turned_off(helm: Path) -> None:
+    command = [str(helm), "template", "pyhami", str(CHART), "--kube-version", KUBE_VERSION,
+               "--set", "networkPolicy.enabled=false"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(done.stdout) if doc}
+    assert "NetworkPolicy" not in kinds and "Deployment" in kinds
+
+
 @pytest.mark.parametrize(("settings", "message"), [
     (["nats.enabled=false"], "nats.url is required when nats.enabled is false"),
     (["webhook.tls.existingSecret=serving"],
@@ -375,6 +450,9 @@ def test_monitoring_objects_watch_the_metrics_service(installed: dict[Release, I
      "at '/scheduler/defaultSchedulerPolicy/nodeSchedulerPolicy': value must be one of "
      "'binpack', 'spread'"),
     (["devicePlugin.deviceSplitCount=0"], "at '/devicePlugin/deviceSplitCount': minimum"),
+    (["networkPolicy.prometheus.namespaceSelector=null",
+      "networkPolicy.prometheus.podSelector=null"],
+     "networkPolicy.prometheus needs a namespaceSelector or a podSelector"),
     (["webhook.tls.existingSecrets=serving"],
      "at '/webhook/tls': additional properties 'existingSecrets' not allowed"),
 ])

@@ -205,7 +205,8 @@ async def test_pyhami_metrics_follow_prometheus_conventions(
             assert all(s.name.endswith(("_total", "_created")) for s in family.samples)
         if family.type == "gauge":
             assert not family.name.endswith(("_count", "_total")), family.name
-    for result in ("accepted", "rejected", "wrong_subject", "card_conflict", "out_of_order"):
+    for result in ("accepted", "rejected", "wrong_subject", "card_conflict", "out_of_order",
+                   "sequence_jump"):
         assert any(s.labels == {"result": result}
                    for s in families["pyhami_inventory_messages"].samples)
 
