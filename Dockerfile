@@ -24,7 +24,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 COPY --from=dist /dist /dist
 RUN pip install /dist/pyhami-*.whl && rm -rf /dist \
-    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin pyhami
+    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin pyhami \
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/pyhami
 
 USER 10001
 EXPOSE 8443 8888 9395

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -56,8 +57,8 @@ def pyhami_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_compose_has_nats_the_daemon_three_agents_and_the_demo(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"nats", "scheduler", "agent-t4", "agent-a100",
-                                        "agent-h100", "demo"}
+    assert set(compose["services"]) == {"certificates", "credentials", "nats", "scheduler",
+                                        "agent-t4", "agent-a100", "agent-h100", "demo"}
 
 
 def test_compose_nats_runs_jetstream(compose: dict[str, Any]) -> None:
@@ -104,8 +105,8 @@ def test_compose_urls_and_ports_agree(compose: dict[str, Any]) -> None:
     nats_port = int(command[command.index("--port") + 1]) if "--port" in command else 4222
     for name, service in pyhami_services(compose).items():
         args = parse_pyhami(service["command"], f"compose service {name}")
-        if args.command == "demo":
-            continue  # it speaks to the daemon only (test_the_compose_demo_drives_the_stack)
+        if args.command in ("demo", "certs", "nats-auth"):
+            continue  # the demo speaks to the daemon only; the others make credentials
         url = urlsplit(args.nats)
         assert (url.hostname, url.port or 4222) == ("nats", nats_port), (
             f"service {name} connects to {args.nats}, NATS listens on nats:{nats_port}")
@@ -141,6 +142,34 @@ def test_compose_publishes_only_the_daemon_and_only_on_loopback(compose: dict[st
         for address, port in ports:
             where = address or "every address"
             assert address == "127.0.0.1", f"{name} publishes {port} on {where}"
+
+
+def test_compose_makes_the_credentials_every_part_uses(compose: dict[str, Any]) -> None:
+    """The one-shot steps write what NATS, the daemon and each agent read, at the paths
+    they read it from; every NATS client verifies the server, every agent has its token."""
+    services = compose["services"]
+    certs = parse_pyhami(services["certificates"]["command"], "compose certificates")
+    auth = parse_pyhami(services["credentials"]["command"], "compose credentials")
+    assert certs.keep_existing and auth.keep_existing, "a restart would replace credentials"
+    assert "nats" in certs.dns, "the NATS certificate does not name the host clients dial"
+    assert Path(auth.tls) == certs.dir
+    nats_command = services["nats"]["command"]
+    assert nats_command[nats_command.index("--config") + 1] == f"{auth.directory}/nats.conf"
+    assert services["nats"]["depends_on"]["credentials"]["condition"] == (
+        "service_completed_successfully")
+    assert services["credentials"]["depends_on"]["certificates"]["condition"] == (
+        "service_completed_successfully")
+    ca = str(certs.dir / "ca.pem")
+    scheduler = parse_pyhami(services["scheduler"]["command"], "compose scheduler")
+    assert scheduler.nats_auth_dir == auth.directory and scheduler.nats_ca == ca
+    agents = {name: parse_pyhami(service["command"], f"compose service {name}")
+              for name, service in services.items() if name.startswith("agent-")}
+    assert sorted(args.node for args in agents.values()) == sorted(auth.agents)
+    for name, args in agents.items():
+        assert args.nats_token_file == f"{auth.directory}/{args.node}.token", name
+        assert args.nats_ca == ca, name
+    for args in (scheduler, *agents.values()):
+        assert urlsplit(args.nats).scheme == "tls", f"{args.command} speaks to NATS in clear"
 
 
 # Dockerfile ---------------------------------------------------------------------------------
