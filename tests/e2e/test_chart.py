@@ -15,6 +15,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -281,6 +282,11 @@ def test_the_webhook_is_registered_as_hamis_users_expect(
      DEFAULTS.scheduler, None, True),
     ("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io",
      CUSTOM.scheduler, None, False),
+    # The NATS auth callout: its Secret, and TokenReviews of the agents' tokens.
+    ("get", "secrets", "", f"{DEFAULTS.fullname}-nats-auth", DEFAULTS.namespace, True),
+    ("update", "secrets", "", f"{DEFAULTS.fullname}-nats-auth", DEFAULTS.namespace, False),
+    ("create", "tokenreviews", "authentication.k8s.io", None, None, True),
+    ("create", "tokenrequests", "authentication.k8s.io", None, None, False),
 ])
 def test_the_daemon_may_manage_its_webhook_certificate_and_no_more(  # noqa: PLR0917 (columns)
         installed: dict[Release, Installed], control_plane: ControlPlane, verb: str,
@@ -453,6 +459,13 @@ def test_network_policies_can_be_turned_off(helm: Path) -> None:
     (["networkPolicy.prometheus.namespaceSelector=null",
       "networkPolicy.prometheus.podSelector=null"],
      "networkPolicy.prometheus needs a namespaceSelector or a podSelector"),
+    (["nats.serverTls.secretName=nats-tls"],
+     "nats.serverTls.secretName needs nats.tls.existingSecret and nats.tls.caKey"),
+    (["nats.serverTls.secretName=nats-tls", "nats.tls.existingSecret=t", "nats.tls.caKey=ca.crt",
+      "nats.serverTls.verifyClients=true"],
+     "nats.serverTls.verifyClients needs nats.serverTls.secretName and a client certificate"),
+    (["nats.authCallout.enabled=true", "nats.auth.user=pyhami"],
+     "nats.auth is for authCallout.enabled=false"),
     (["webhook.tls.existingSecrets=serving"],
      "at '/webhook/tls': additional properties 'existingSecrets' not allowed"),
 ])
@@ -463,6 +476,35 @@ def test_values_that_cannot_work_are_refused_by_name(helm: Path, settings: list[
         command += ["--set", setting]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_the_bundled_nats_serves_tls_and_every_pod_verifies_it(helm: Path) -> None:
+    settings = ["nats.serverTls.secretName=nats-server-tls", "nats.serverTls.verifyClients=true",
+                "nats.tls.existingSecret=nats-client-tls", "nats.tls.caKey=ca.crt",
+                "nats.tls.certKey=tls.crt", "nats.tls.keyKey=tls.key"]
+    command = [str(helm), "template", "pyhami", str(CHART), "--kube-version", KUBE_VERSION]
+    for setting in settings:
+        command += ["--set", setting]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    docs = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    by_kind = {(doc["kind"], doc["metadata"]["name"]): doc for doc in docs}
+    config = by_kind[("ConfigMap", "pyhami-nats-config")]["data"]["nats.conf"]
+    server = by_kind[("StatefulSet", "pyhami-nats")]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in server["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in server["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "nats-server-tls"
+    for key in ("cert_file", "key_file", "ca_file"):
+        path = re.search(rf"{key}: (\S+)", config)
+        assert path is not None and path.group(1).startswith(mounts["tls"] + "/"), config
+    assert "verify: true" in config
+    for kind, name, container in (("DaemonSet", "pyhami-agent", "agent"),
+                                  ("Deployment", "pyhami-scheduler", "extender")):
+        spec = by_kind[(kind, name)]["spec"]["template"]["spec"]
+        (ours,) = [c for c in spec["containers"] if c["name"] == container]
+        tls_dir = {m["name"]: m["mountPath"] for m in ours["volumeMounts"]}["nats-tls"]
+        assert "--nats=tls://pyhami-nats.default.svc:4222" in ours["command"]
+        assert f"--nats-ca={tls_dir}/ca.crt" in ours["command"]
+        assert f"--nats-cert={tls_dir}/tls.crt" in ours["command"]
 
 
 def test_helm_install_and_uninstall_against_the_api_server(

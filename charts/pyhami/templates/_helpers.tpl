@@ -54,7 +54,7 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{/* The NATS URLs pyhami's pods connect to. */}}
 {{- define "pyhami.natsUrl" -}}
 {{- if .Values.nats.enabled -}}
-nats://{{ include "pyhami.nats" . }}.{{ .Release.Namespace }}.svc:4222
+{{ ternary "tls" "nats" (not (empty .Values.nats.serverTls.secretName)) }}://{{ include "pyhami.nats" . }}.{{ .Release.Namespace }}.svc:4222
 {{- else -}}
 {{- required "nats.url is required when nats.enabled is false (the NATS pyhami should use)" .Values.nats.url -}}
 {{- end -}}
@@ -150,6 +150,16 @@ flags show in ps. */}}
 {{- end -}}
 {{- if and (or $tls.caKey $tls.certKey $tls.keyKey) (not $tls.existingSecret) -}}
 {{- fail "nats.tls.existingSecret is required when a key of it (caKey, certKey, keyKey) is named" -}}
+{{- end -}}
+{{- $server := .Values.nats.serverTls -}}
+{{- if and $server.secretName (not .Values.nats.enabled) -}}
+{{- fail "nats.serverTls is for the bundled server (nats.enabled=true)" -}}
+{{- end -}}
+{{- if and $server.secretName (not $tls.caKey) -}}
+{{- fail "nats.serverTls.secretName needs nats.tls.existingSecret and nats.tls.caKey: pyhami's pods must verify the server (its Secret's ca.crt will do)" -}}
+{{- end -}}
+{{- if and $server.verifyClients (not (and $server.secretName $tls.certKey)) -}}
+{{- fail "nats.serverTls.verifyClients needs nats.serverTls.secretName and a client certificate for pyhami's pods (nats.tls.certKey and keyKey)" -}}
 {{- end -}}
 {{- if ne (empty $tls.certKey) (empty $tls.keyKey) -}}
 {{- fail "nats.tls.certKey and nats.tls.keyKey go together (the client certificate and its key)" -}}
