@@ -420,8 +420,9 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             supervisor.start("settle-pod-store", standalone.keep_settled)
         if loop is not None and config.drive_pending:
             supervisor.start("pending-loop", loop.run)
-        logger.info("pyhami scheduler ready on %s://%s:%d",
-                    "http" if extender_tls is None else "https", *config.listen)
+        logger.info("pyhami scheduler ready on %s:%d%s", *config.listen,
+                    "" if extender_files is None
+                    else " (HTTPS, mutual TLS)" if extender_files.mutual else " (HTTPS)")
         if started is not None:
             started(service)
         await stop.wait()

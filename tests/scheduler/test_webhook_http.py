@@ -27,8 +27,8 @@ from common.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, standalone_config
 from scheduler.app import WebhookConfig
 from scheduler.bodies import ADMISSION_BODY_LIMIT
-from scheduler.webhook import webhook_app
 from scheduler.tls_files import CertificateFiles
+from scheduler.webhook import webhook_app
 from scheduler.webhook_tls import WEBHOOK_FLAGS
 from tests.certs import ServerFiles, server_files
 
