@@ -29,7 +29,13 @@ from pyhami.cli import build_parser
 from pyhami.sandbox import RunningDaemon, standalone_config
 from scheduler.app import DaemonConfig, ExtenderTls, run_daemon
 from scheduler.cli import config_from
-from tests.certs import ClientFiles, ServerFiles, client_files, server_files
+from tests.certs import (
+    ClientFiles,
+    ServerFiles,
+    certificate_authority,
+    client_files,
+    server_files,
+)
 from tests.scheduler.test_config_errors import one_clear_line, scheduler
 
 NATS = "nats://127.0.0.1:4222"
@@ -38,18 +44,16 @@ NATS = "nats://127.0.0.1:4222"
 @dataclass(frozen=True)
 class Pki:
     server: ServerFiles  # the extender's certificate and the CA that signed it
-    client_ca: ServerFiles  # the CA kube-scheduler's certificate comes from
+    client_ca: Path  # the CA kube-scheduler's certificate comes from
     kube_scheduler: ClientFiles
     stranger: ClientFiles  # a client certificate from another CA
 
 
 def make_pki(directory: Path) -> Pki:
-    server = server_files(directory / "extender", "extender")
-    client_ca = server_files(directory / "clients", "clients")
-    other = server_files(directory / "other", "other")
-    return Pki(server, client_ca, client_files(directory / "clients", client_ca.ca,
-                                               "kube-scheduler"),
-               client_files(directory / "other", other.ca, "stranger"))
+    client_ca = certificate_authority(directory, "clients-ca")
+    return Pki(server_files(directory, "extender"), client_ca,
+               client_files(directory, client_ca, "kube-scheduler"),
+               client_files(directory, certificate_authority(directory, "other-ca"), "stranger"))
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +106,10 @@ def test_the_flags_and_their_variables(pki: Pki, monkeypatch: pytest.MonkeyPatch
     assert config.extender_tls == ExtenderTls(str(pki.server.cert), str(pki.server.key))
     for name, value in {"PYHAMI_EXTENDER_CERT_FILE": pki.server.cert,
                         "PYHAMI_EXTENDER_KEY_FILE": pki.server.key,
-                        "PYHAMI_EXTENDER_CLIENT_CA_FILE": pki.client_ca.ca}.items():
+                        "PYHAMI_EXTENDER_CLIENT_CA_FILE": pki.client_ca}.items():
         monkeypatch.setenv(name, str(value))
     assert parse().extender_tls == ExtenderTls(str(pki.server.cert), str(pki.server.key),
-                                               str(pki.client_ca.ca))
+                                               str(pki.client_ca))
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -116,7 +120,7 @@ def test_the_flags_and_their_variables(pki: Pki, monkeypatch: pytest.MonkeyPatch
 ])
 def test_files_that_do_not_go_together_are_refused(pki: Pki, flags: list[str],
                                                    message: str) -> None:
-    files = {"CERT": pki.server.cert, "KEY": pki.server.key, "CA": pki.client_ca.ca}
+    files = {"CERT": pki.server.cert, "KEY": pki.server.key, "CA": pki.client_ca}
     with pytest.raises(SettingsError, match=f"^{message}"):
         parse(*(str(files.get(flag, flag)) for flag in flags))
 
@@ -129,7 +133,7 @@ def test_files_that_cannot_be_served_are_refused_naming_the_flag(pki: Pki,
     with pytest.raises(SettingsError, match=f"^--extender-cert-file: cannot read {missing}: "
                                             "No such file or directory$"):
         parse("--extender-cert-file", str(missing), "--extender-key-file", str(pki.server.key))
-    other_key = pki.client_ca.ca.with_suffix(".key")
+    other_key = pki.client_ca.with_suffix(".key")
     with pytest.raises(SettingsError, match=f"^--extender-key-file {other_key} is not the "
                                             "private key of the certificate in "
                                             f"--extender-cert-file {pki.server.cert}$"):
@@ -157,7 +161,7 @@ async def mutual(jetstream_server: LocalNatsServer, pki: Pki) -> AsyncIterator[R
     config = replace(standalone_config(jetstream_server.url),
                      metrics=("127.0.0.1", free_port()),
                      extender_tls=ExtenderTls(str(pki.server.cert), str(pki.server.key),
-                                              str(pki.client_ca.ca)))
+                                              str(pki.client_ca)))
     daemon = await RunningDaemon(config).start()
     yield daemon
     await daemon.stop()
@@ -229,7 +233,7 @@ async def test_a_new_client_ca_is_served_and_the_old_one_no_longer_trusted(
         jetstream_server: LocalNatsServer, tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
     client_ca = tmp_path / "client-ca.pem"
-    client_ca.write_bytes(pki.client_ca.ca.read_bytes())
+    client_ca.write_bytes(pki.client_ca.read_bytes())
     config = replace(standalone_config(jetstream_server.url), extender_tls=ExtenderTls(
         str(pki.server.cert), str(pki.server.key), str(client_ca), check_period=0.1))
     daemon = await RunningDaemon(config).start()
@@ -237,7 +241,7 @@ async def test_a_new_client_ca_is_served_and_the_old_one_no_longer_trusted(
         url = extender(daemon, "/healthz")
         assert (await get(url, client_context(pki, pki.kube_scheduler)))[0] == 200
         # The stranger's CA takes the place of the first one.
-        replace_file(client_ca, pki.stranger.cert.parent / "other-ca.pem")
+        replace_file(client_ca, tmp_path / "pki" / "other-ca.pem")
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -257,7 +261,7 @@ async def test_while_starting_the_probes_are_answered_and_the_extender_still_ask
     config = replace(standalone_config(f"nats://127.0.0.1:{free_port()}"),  # no NATS there
                      listen=("127.0.0.1", listen), metrics=("127.0.0.1", metrics),
                      extender_tls=ExtenderTls(str(pki.server.cert), str(pki.server.key),
-                                              str(pki.client_ca.ca)))
+                                              str(pki.client_ca)))
     stop = asyncio.Event()
     task = asyncio.create_task(run_daemon(config, stop))
     try:
