@@ -1,8 +1,10 @@
 """Running the daemon: NATS in, HTTP in and out, the cluster port chosen at start-up.
 
 The order makes stopping and probing work in every state: the CLI installs the
-signal handlers first; then HTTP comes up (``/healthz`` answers, ``/readyz`` says
-why it is not ready); then the webhook, when asked for, once it has its certificate;
+signal handlers first; then HTTP comes up on the extender's and the metrics' listeners
+(``/healthz`` answers, ``/readyz`` says why it is not ready; the extender's over HTTPS
+already when it is so configured); then the webhook, when asked for, once it has its
+certificate;
 then NATS is connected, the cluster opened and the ledger rebuilt, each step abandoned
 at once when ``stop`` is set.
 """
@@ -51,13 +53,12 @@ from scheduler.http import extender_app, metrics_app
 from scheduler.metrics import ConnectionCollector
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.standalone import PendingLoop, StandaloneCluster, pod_api
+from scheduler.tls_files import DEFAULT_CHECK_PERIOD_S, CertificateFiles, TlsError, TlsFlags
 from scheduler.webhook import WEBHOOK_PATH, webhook_app
 from scheduler.webhook_tls import (
-    DEFAULT_CHECK_PERIOD_S,
+    WEBHOOK_FLAGS,
     CaBundleKeeper,
-    CertificateFiles,
     ServingTls,
-    TlsError,
     context_for,
     self_managed,
     service_names,
@@ -109,6 +110,26 @@ class WebhookConfig:
              "at again (default {default})")
 
 
+EXTENDER_FLAGS = TlsFlags("--extender-cert-file", "--extender-key-file",
+                          "--extender-client-ca-file")
+
+
+@dataclass(frozen=True)
+class ExtenderTls:
+    """The extender over HTTPS (``--extender-*-file``); with ``client_ca_file``, mutual TLS:
+    a client that presents no certificate that CA signed gets no answer at all."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+    check_period: float = DEFAULT_CHECK_PERIOD_S
+
+    def files(self) -> CertificateFiles:
+        """The files, read now; raises ``TlsError`` naming the flag and what is wrong."""
+        return CertificateFiles("extender", EXTENDER_FLAGS, self.cert_file, self.key_file,
+                                period=self.check_period, client_ca_file=self.client_ca_file)
+
+
 @dataclass(frozen=True)
 class BusAuthConfig:
     """The NATS auth callout the daemon answers (``--nats-auth-*``, ``--agent-*``)."""
@@ -151,6 +172,7 @@ class DaemonConfig:
              "that name it (default {default})")
     webhook: WebhookConfig | None = None
     bus_auth: BusAuthConfig | None = None
+    extender_tls: ExtenderTls | None = None
 
 
 def telemetry_publisher(connection: Connection) -> Callable[
@@ -247,7 +269,18 @@ def _certificate_files(config: WebhookConfig | None) -> CertificateFiles | None:
     if config is None or config.cert_file is None or config.key_file is None:
         return None
     try:
-        return CertificateFiles(config.cert_file, config.key_file, config.check_period)
+        return CertificateFiles("webhook", WEBHOOK_FLAGS, config.cert_file, config.key_file,
+                                period=config.check_period)
+    except TlsError as error:
+        raise StartupError(str(error)) from None
+
+
+def _extender_files(config: ExtenderTls | None) -> CertificateFiles | None:
+    """The extender's certificate files, read at once: a bad one stops the start."""
+    if config is None:
+        return None
+    try:
+        return config.files()
     except TlsError as error:
         raise StartupError(str(error)) from None
 
@@ -284,7 +317,7 @@ async def _start_webhook(config: DaemonConfig, files: CertificateFiles | None,
                                  "scheduler_name": config.scheduler_name}
     if files is not None:
         context = files.context
-        status["certificate"] = f"files {webhook.cert_file}, {webhook.key_file}"
+        status["certificate"] = files.describe()
         supervisor.start("webhook-certificate-files", files.follow)
         keeper = None
     else:
@@ -309,7 +342,8 @@ async def _start_webhook(config: DaemonConfig, files: CertificateFiles | None,
 
 
 def _starting_app(why: Callable[[], list[str]]) -> web.Application:
-    """What the extender's port answers until the daemon is up: alive, not ready."""
+    """What the extender's and the metrics' ports answer until the daemon is up: alive,
+    not ready."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -364,6 +398,8 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
     Raises ``StartupError`` for a setting found unusable at start."""
     kubernetes = await _kubernetes(config) if config.mode != "standalone" else None
     certificate_files = _certificate_files(config.webhook)
+    extender_files = _extender_files(config.extender_tls)
+    extender_tls = extender_files.context if extender_files is not None else None
     connection = Connection(config.nats, "pyhami-scheduler")
     supervisor = Supervisor()
     runners: list[web.AppRunner] = []
@@ -395,8 +431,12 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
 
     webhook: _Webhook | None = None
     try:
-        starting = await _serve(_starting_app(lambda: phase), config.listen)
-        runners.append(starting)
+        starting = [await _serve(_starting_app(lambda: phase), config.listen, extender_tls)]
+        if config.metrics is not None:  # where the kubelet probes: it has no client certificate
+            starting.append(await _serve(_starting_app(lambda: phase), config.metrics))
+        runners.extend(starting)
+        if extender_files is not None:
+            supervisor.start("extender-certificate-files", extender_files.follow)
         if config.webhook is not None:
             webhook = await _unless_stopped(stop, _start_webhook(
                 config, certificate_files, kubernetes, supervisor, phase))
@@ -442,9 +482,11 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             loop = PendingLoop(service, standalone, config.retry_period,
                                config.scheduler_name)
             app.add_routes(pod_api(standalone, loop))
-        runners.remove(starting)
-        await starting.cleanup()
-        runners.append(await _serve(app, config.listen))
+        service.status_parts["extender"] = lambda: _extender_status(config, extender_files)
+        for runner in starting:
+            runners.remove(runner)
+            await runner.cleanup()
+        runners.append(await _serve(app, config.listen, extender_tls))
         if config.metrics is not None:
             runners.append(await _serve(metrics_app(service), config.metrics))
 
@@ -467,7 +509,9 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             supervisor.start("settle-pod-store", standalone.keep_settled)
         if loop is not None and config.drive_pending:
             supervisor.start("pending-loop", loop.run)
-        logger.info("pyhami scheduler ready on %s:%d", *config.listen)
+        logger.info("pyhami scheduler ready on %s:%d%s", *config.listen,
+                    "" if extender_files is None
+                    else " (HTTPS, mutual TLS)" if extender_files.mutual else " (HTTPS)")
         if started is not None:
             started(service)
         await stop.wait()
@@ -480,6 +524,15 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
         if service is not None:
             await service.settle(SETTLE_S)
         await connection.close()
+
+
+def _extender_status(config: DaemonConfig,
+                     files: CertificateFiles | None) -> dict[str, object]:
+    listen = f"{config.listen[0]}:{config.listen[1]}"
+    if files is None:
+        return {"listen": listen, "tls": "off"}
+    return {"listen": listen, "tls": "mutual" if files.mutual else "server",
+            "certificate": files.describe()}
 
 
 async def _rebuilt(service: SchedulerService) -> bool:

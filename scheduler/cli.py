@@ -34,12 +34,14 @@ from scheduler.app import (
     BusAuthConfig,
     ClusterMode,
     DaemonConfig,
+    ExtenderTls,
     StartupError,
     WebhookConfig,
     run_daemon,
 )
 from scheduler.busauth import DEFAULT_AGENT_SERVICE_ACCOUNT, DEFAULT_TOKEN_AUDIENCE
 from scheduler.service import ServiceSettings
+from scheduler.tls_files import TlsError
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +60,12 @@ def register(commands: Subcommands) -> None:
     mode.add_argument("--standalone", action="store_true",
                       help="no Kubernetes: pods in a NATS JetStream bucket, submitted over "
                            "/api/pods")
-    parser.add_argument("--listen", type=address, default=("0.0.0.0", 8888),
-                        help="extender address (default 0.0.0.0:8888)")
+    parser.add_argument("--listen", type=address, default=("127.0.0.1", 8888),
+                        help="extender address: the verbs bind pods, so only kube-scheduler "
+                             "should reach it (default 127.0.0.1:8888)")
     parser.add_argument("--metrics", type=address, default=("0.0.0.0", 9395),
-                        help="Prometheus /metrics address (default 0.0.0.0:9395)")
+                        help="Prometheus /metrics, /healthz and /readyz address "
+                             "(default 0.0.0.0:9395)")
     add_settings(parser, DaemonConfig, "url_prefix")
     add_policy_defaults(parser)
     add_settings(parser, ServiceSettings, "node_timeout", "node_retention")
@@ -82,10 +86,44 @@ def register(commands: Subcommands) -> None:
     _add_bus_auth_arguments(parser.add_argument_group(
         "NATS auth callout", "admit each agent as its own node's, from its token "
         "(docs/security.md)"))
+    _add_extender_tls_arguments(parser.add_argument_group(
+        "extender TLS", "serve --listen over HTTPS, with mutual TLS when a client CA is given "
+        "(docs/scheduler.md, TLS)"))
     _add_webhook_arguments(parser.add_argument_group(
         "mutating webhook", "gives pods that ask for nvidia.com/* GPU resources and name no "
         "scheduler of their own --scheduler-name (docs/scheduler.md, Webhook)"))
     parser.set_defaults(handler=run)
+
+
+def _add_extender_tls_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--extender-cert-file", metavar="FILE",
+                       help="the extender's serving certificate (PEM), with "
+                            "--extender-key-file; read again when it changes")
+    group.add_argument("--extender-key-file", metavar="FILE",
+                       help="the private key of --extender-cert-file (PEM)")
+    group.add_argument("--extender-client-ca-file", metavar="FILE",
+                       help="mutual TLS: answer only clients presenting a certificate this CA "
+                            "(PEM) signed, as kube-scheduler's tlsConfig certFile")
+
+
+def _extender_tls(args: argparse.Namespace) -> ExtenderTls | None:
+    """Raises ``SettingsError`` for files that are missing, cannot be read or do not load."""
+    cert_file, key_file = args.extender_cert_file or None, args.extender_key_file or None
+    client_ca_file = args.extender_client_ca_file or None
+    if (cert_file is None) != (key_file is None):
+        raise SettingsError("--extender-cert-file and --extender-key-file go together")
+    if cert_file is None or key_file is None:
+        if client_ca_file is not None:
+            raise SettingsError("--extender-client-ca-file needs --extender-cert-file and "
+                                "--extender-key-file: client certificates are asked for "
+                                "over HTTPS only")
+        return None
+    tls = ExtenderTls(cert_file, key_file, client_ca_file)
+    try:
+        tls.files()
+    except TlsError as error:
+        raise SettingsError(str(error)) from None
+    return tls
 
 
 def _add_webhook_arguments(group: argparse._ArgumentGroup) -> None:
@@ -234,7 +272,7 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
                               nodes_listed=kubernetes),
         listen=args.listen, metrics=args.metrics, kubeconfig=args.kubeconfig,
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
-        webhook=_webhook_config(args, mode),
+        webhook=_webhook_config(args, mode), extender_tls=_extender_tls(args),
         bus_auth=_bus_auth_config(args, mode, daemon_namespace(args)),
     )
 

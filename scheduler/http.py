@@ -66,14 +66,6 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         """Decodes like /filter and answers at once: the HTTP floor for benchmarks."""
         return ExtenderFilterResult(node_names=(args.node_names or [])[:1])
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def readyz(_: web.Request) -> web.Response:
-        if not_ready := service.not_ready_because():
-            return web.Response(status=503, text="; ".join(not_ready) + "\n")
-        return web.Response(text="ready\n")
-
     async def explain(request: web.Request) -> web.Response:
         # ?node=NAME (repeated) offers only those nodes, as a /filter with NodeNames would.
         nodes = request.query.getall("node", None)
@@ -99,8 +91,7 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         web.post(f"{prefix}/bind",
                  _verb(_binding_args, "ExtenderBindingArgs", check_binding_args, service.bind)),
         web.post(f"{prefix}/explain", explain),
-        web.get("/healthz", healthz),
-        web.get("/readyz", readyz),
+        *health_routes(service),
         web.get("/statusz", statusz),
         web.get("/ledgerz", ledgerz_handler(service)),
     ])
@@ -111,12 +102,29 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
     return app
 
 
+def health_routes(service: SchedulerService) -> list[web.RouteDef]:
+    """``/healthz`` (alive) and ``/readyz`` (200, or 503 saying why not)."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if not_ready := service.not_ready_because():
+            return web.Response(status=503, text="; ".join(not_ready) + "\n")
+        return web.Response(text="ready\n")
+
+    return [web.get("/healthz", healthz), web.get("/readyz", readyz)]
+
+
 def metrics_app(service: SchedulerService) -> web.Application:
     """Prometheus metrics on their own listener, as ``--metrics`` sets it: OpenMetrics for a
     scraper that asks for it (``Accept: application/openmetrics-text``), the classic text
-    format otherwise, gzip when accepted."""
+    format otherwise, gzip when accepted. ``/healthz`` and ``/readyz`` too: the kubelet's
+    probes come here, as they cannot present the client certificate a mutual-TLS extender
+    asks for."""
     app = web.Application()
-    app.add_routes([web.get("/metrics", make_aiohttp_handler(service.metrics.registry))])
+    app.add_routes([web.get("/metrics", make_aiohttp_handler(service.metrics.registry)),
+                    *health_routes(service)])
     return app
 
 

@@ -1,8 +1,7 @@
 """The webhook's serving certificate: from files, or made and kept by the daemon itself.
 
-From files (``--tls-cert-file``, ``--tls-private-key-file``, e.g. a mounted
-``kubernetes.io/tls`` Secret that cert-manager renews): read at start, and read again
-whenever the files change, so a renewed certificate is served without a restart.
+From files (``--tls-cert-file``, ``--tls-private-key-file``): ``WEBHOOK_FLAGS`` for
+``scheduler.tls_files.CertificateFiles``, which reads them again whenever they change.
 
 Self-managed (on Kubernetes, without the files): the daemon reads the Secret
 ``--webhook-tls-secret``; when there is none it makes a CA and a serving certificate for
@@ -19,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import os
 import ssl
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -32,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 
 from common.certificates import make_ca, server_certificate
 from scheduler.cluster import ClusterError, WebhookCluster
-from scheduler.errors import SchedulerError
+from scheduler.tls_files import TlsError, TlsFlags, certificates, check_pair, server_context
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +38,7 @@ CERT_VALIDITY = datetime.timedelta(days=3650)
 SECRET_CERT = "tls.crt"
 SECRET_KEY = "tls.key"
 SECRET_CA = "ca.crt"
-DEFAULT_CHECK_PERIOD_S = 10.0
-
-
-class TlsError(SchedulerError):
-    """A certificate or key that cannot be served; the message says which and why."""
+WEBHOOK_FLAGS = TlsFlags("--tls-cert-file", "--tls-private-key-file")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,42 +63,14 @@ def issue(names: Sequence[str], now: datetime.datetime) -> ServingTls:
                       key=serving.key)
 
 
-def _certificates(pem: bytes, what: str) -> list[x509.Certificate]:
-    try:
-        return x509.load_pem_x509_certificates(pem)
-    except ValueError:
-        raise TlsError(f"{what} holds no PEM certificate") from None
-
-
-def _check_pair(cert_pem: bytes, key_pem: bytes, cert_what: str, key_what: str,
-                now: datetime.datetime) -> x509.Certificate:
-    """The leaf certificate, once it is known to match the key and be valid ``now``."""
-    leaf = _certificates(cert_pem, cert_what)[0]
-    try:
-        key = serialization.load_pem_private_key(key_pem, password=None)
-    except (ValueError, TypeError):
-        raise TlsError(f"{key_what} holds no unencrypted PEM private key") from None
-    public = serialization.PublicFormat.SubjectPublicKeyInfo
-    if (key.public_key().public_bytes(serialization.Encoding.PEM, public)
-            != leaf.public_key().public_bytes(serialization.Encoding.PEM, public)):
-        raise TlsError(f"{key_what} is not the private key of the certificate in {cert_what}")
-    if now < leaf.not_valid_before_utc:
-        raise TlsError(f"the certificate in {cert_what} is valid only from "
-                       f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
-    if now >= leaf.not_valid_after_utc:
-        raise TlsError(f"the certificate in {cert_what} expired on "
-                       f"{leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
-    return leaf
-
-
 def check(tls: ServingTls, names: Sequence[str], now: datetime.datetime,
           where: str) -> None:
     """Raises ``TlsError`` unless ``tls`` can be served for ``names`` ``now``: the key is
     the certificate's, the CA signed it, it is valid and names every one of ``names``.
     ``where`` names the Secret in the message."""
-    leaf = _check_pair(tls.cert, tls.key, f"{where} {SECRET_CERT}", f"{where} {SECRET_KEY}",
+    leaf = check_pair(tls.cert, tls.key, f"{where} {SECRET_CERT}", f"{where} {SECRET_KEY}",
                        now)
-    ca = _certificates(tls.ca, f"{where} {SECRET_CA}")[0]
+    ca = certificates(tls.ca, f"{where} {SECRET_CA}")[0]
     try:
         leaf.verify_directly_issued_by(ca)
     except (ValueError, TypeError, InvalidSignature):
@@ -121,13 +87,6 @@ def check(tls: ServingTls, names: Sequence[str], now: datetime.datetime,
                        f"{', '.join(missing)}")
 
 
-def _context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_file, key_file)
-    return context
-
-
 def context_for(tls: ServingTls) -> ssl.SSLContext:
     """A server context serving ``tls`` (already ``check``ed)."""
     # The ssl module loads a certificate only from files: they live as long as this call.
@@ -136,69 +95,7 @@ def context_for(tls: ServingTls) -> ssl.SSLContext:
         cert_file.write_bytes(tls.cert)
         key_file.touch(mode=0o600)
         key_file.write_bytes(tls.key)
-        return _context(str(cert_file), str(key_file))
-
-
-def _read(path: str, flag: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as error:
-        raise TlsError(f"{flag}: cannot read {path}: {error.strerror or error}") from None
-
-
-class CertificateFiles:
-    """The serving context from ``--tls-cert-file`` and ``--tls-private-key-file``,
-    loaded again by ``follow`` when the files change."""
-
-    def __init__(self, cert_file: str, key_file: str, period: float) -> None:
-        self._cert_file, self._key_file, self._period = cert_file, key_file, period
-        self._seen = self._stamp()
-        self.context = self._load(datetime.datetime.now(datetime.UTC))
-
-    def _stamp(self) -> tuple[float, ...]:
-        stamps: list[float] = []
-        for path in (self._cert_file, self._key_file):
-            try:
-                stamps.append(os.stat(path).st_mtime)
-            except OSError:
-                stamps.append(-1.0)
-        return tuple(stamps)
-
-    def _load(self, now: datetime.datetime) -> ssl.SSLContext:
-        """Raises ``TlsError`` naming the file and what is wrong with it."""
-        cert_pem = _read(self._cert_file, "--tls-cert-file")
-        key_pem = _read(self._key_file, "--tls-private-key-file")
-        _check_pair(cert_pem, key_pem, f"--tls-cert-file {self._cert_file}",
-                    f"--tls-private-key-file {self._key_file}", now)
-        try:
-            return _context(self._cert_file, self._key_file)
-        except (OSError, ssl.SSLError) as error:
-            raise TlsError(f"--tls-cert-file {self._cert_file} with --tls-private-key-file "
-                           f"{self._key_file}: {error}") from None
-
-    def reload_if_changed(self, now: datetime.datetime) -> bool:
-        """Serve the files again if they changed since last read; True when they were.
-
-        New connections get the new certificate; a pair that does not load (a renewal
-        half written) is logged and the current one kept until the next change."""
-        stamp = self._stamp()
-        if stamp == self._seen:
-            return False
-        self._seen = stamp
-        try:
-            self._load(now)
-        except TlsError as error:
-            logger.warning("webhook certificate files changed but cannot be served, "
-                           "keeping the current ones: %s", error)
-            return False
-        self.context.load_cert_chain(self._cert_file, self._key_file)
-        logger.info("webhook certificate reloaded from %s", self._cert_file)
-        return True
-
-    async def follow(self) -> None:
-        while True:
-            await asyncio.sleep(self._period)
-            self.reload_if_changed(datetime.datetime.now(datetime.UTC))
+        return server_context(str(cert_file), str(key_file))
 
 
 def from_secret(data: Mapping[str, bytes], where: str) -> ServingTls:

@@ -62,8 +62,8 @@ def undo_annotation_patch(uid: str, resource_version: str | None) -> JsonObject:
 
 
 def bind_refusal(pod: PodToBind, uid: str, scheduler_name: str) -> str | None:
-    """Why /bind must leave this pod alone, or None: only a pending pod of pyhami's
-    scheduler name, on no node yet, is pyhami's to bind."""
+    """Why /bind, or a nudge to retry, must leave this pod alone, or None: only a pending
+    pod of pyhami's scheduler name, on no node yet, is pyhami's to write on and bind."""
     if uid and pod.metadata.uid != uid:
         return f"the pod is uid {pod.metadata.uid}, not {uid} (re-created meanwhile)"
     if pod.spec.node_name:
@@ -86,9 +86,11 @@ def binding_body(namespace: str, name: str, uid: str, node: str) -> JsonObject:
     }
 
 
-def capacity_freed_patch(stamp: str) -> JsonObject:
-    """The merge patch that stamps a waiting pod, so that kube-scheduler tries it again."""
-    return {"metadata": {"annotations": {CAPACITY_FREED_ANNOTATION: stamp}}}
+def capacity_freed_patch(stamp: str, uid: str, resource_version: str | None) -> JsonObject:
+    """The merge patch that stamps a waiting pod, so that kube-scheduler tries it again;
+    only the pod as it was read."""
+    return {"metadata": _guarded({"annotations": {CAPACITY_FREED_ANNOTATION: stamp}}, uid,
+                                 resource_version)}
 
 
 # Events ---------------------------------------------------------------------------------

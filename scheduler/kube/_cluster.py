@@ -202,12 +202,24 @@ class KubernetesCluster:
 
     async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         try:
-            await asyncio.to_thread(_client.patch_pod, self._core, namespace, name,
-                                    capacity_freed_patch(stamp))
+            await asyncio.to_thread(self._retry_pod, namespace, name, stamp)
         except API_FAILURES as error:
-            if not answered_with(error, NOT_FOUND):
+            # Gone, or changed since it was read: nothing to nudge (a change is a retry).
+            if not (answered_with(error, NOT_FOUND) or answered_with(error, CONFLICT)):
                 logger.warning("pod %s/%s not nudged to retry: %s", namespace, name,
                                describe_failure(error))
+
+    def _retry_pod(self, namespace: str, name: str, stamp: str) -> None:
+        """Stamp the pod as read, if it is pyhami's: the pod /filter was sent is the
+        caller's word, whoever the caller was, never a licence to write on any pod."""
+        pod = msgspec.json.decode(_client.read_pod(self._core, namespace, name),
+                                  type=PodToBind)
+        refusal = bind_refusal(pod, "", self.scheduler_name)
+        if refusal is not None:
+            logger.info("pod %s/%s not nudged to retry: %s", namespace, name, refusal)
+            return
+        _client.patch_pod(self._core, namespace, name, capacity_freed_patch(
+            stamp, pod.metadata.uid or "", pod.metadata.resource_version))
 
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:

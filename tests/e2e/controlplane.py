@@ -1,10 +1,11 @@
 """A real control plane on this machine for the end-to-end suite.
 
-etcd, kube-apiserver (token authentication, RBAC), kube-scheduler with the configuration
-shipped in ``k8s/``, nats-server, one simulated ``pyhami agent`` and the ``pyhami
-scheduler`` daemon, each a process of its own on free loopback ports. There is no
-kubelet and no kube-controller-manager: Nodes are created through the API and pods are
-bound, never run.
+etcd, kube-apiserver (token authentication, RBAC), kube-scheduler with the chart's
+configuration (``k8s/``'s, with the extender's mutual TLS on), nats-server, one simulated
+``pyhami agent`` and the ``pyhami scheduler`` daemon, each a process of its own on free
+loopback ports. kube-scheduler calls the daemon over HTTPS with its client certificate,
+the only caller the daemon answers there. There is no kubelet and no
+kube-controller-manager: Nodes are created through the API and pods are bound, never run.
 
 The binaries come from ``scripts/build-control-plane.sh`` (a cache outside the
 repository, keyed by version).
@@ -36,10 +37,17 @@ from urllib.parse import quote, urlencode
 import yaml
 
 from common.natsserver import free_port, nats_server_binary
-from tests.certs import ServerFiles, server_files
+from tests.certs import (
+    ClientFiles,
+    ServerFiles,
+    certificate_authority,
+    client_files,
+    server_files,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "k8s"
+CHART = REPO / "charts" / "pyhami"
 BUILD_SCRIPT = REPO / "scripts" / "build-control-plane.sh"
 SCHEDULER_CONFIG_MAP = K8S_DIR / "scheduler-config.yaml"
 SCHEDULER_CONFIG_KEY = "config.yaml"
@@ -49,6 +57,10 @@ SYSTEM_NAMESPACE = "pyhami-system"
 SCHEDULER_SERVICE_ACCOUNT = "pyhami-scheduler"
 SCHEDULER_NAME = "pyhami-scheduler"
 LEASE_NAME = "pyhami-scheduler"
+# k8s/'s values, with the extender over HTTPS and kube-scheduler as its only caller.
+EXTENDER_TLS_VALUES = ("scheduler.extender.tls.enabled=true",
+                       "scheduler.extender.tls.secretName=pyhami-extender-tls",
+                       "scheduler.extender.tls.clientSecretName=pyhami-kube-scheduler-tls")
 NODE = "gpu-node-1"
 AGENT_SERVICE_ACCOUNT = "pyhami-agent"
 NATS_AUTH_SECRET = "pyhami-nats-auth"
@@ -120,12 +132,55 @@ def shipped_scheduler_config() -> str:
     return text
 
 
-def render_scheduler_config(text: str, *, extender_url: str, kubeconfig: str) -> dict[str, Any]:
-    """The shipped configuration with only the extender URL and the kubeconfig path set."""
+def chart_scheduler_config(bin_dir: Path) -> str:
+    """The KubeSchedulerConfiguration text the chart renders for ``k8s/``'s release and
+    values with ``EXTENDER_TLS_VALUES``."""
+    command = [str(bin_dir / "helm"), "template", "pyhami", str(CHART),
+               "--namespace", SYSTEM_NAMESPACE, "--kube-version", versions(bin_dir)[0],
+               "--values", str(CHART / "ci" / "k8s-values.yaml"),
+               "--show-only", "templates/scheduler-config.yaml"]
+    for value in EXTENDER_TLS_VALUES:
+        command += ["--set", value]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"helm template failed:\n{done.stderr}")
+    text: str = yaml.safe_load(done.stdout)["data"][SCHEDULER_CONFIG_KEY]
+    return text
+
+
+@dataclass(frozen=True)
+class ExtenderPki:
+    """The extender's mutual TLS in the suite: the daemon's certificate for 127.0.0.1 and
+    the CA that signed it, the CA of its callers and kube-scheduler's certificate."""
+
+    server: ServerFiles
+    client_ca: Path
+    kube_scheduler: ClientFiles
+
+    @classmethod
+    def make(cls, directory: Path) -> ExtenderPki:
+        client_ca = certificate_authority(directory, "callers-ca")
+        return cls(server_files(directory, "extender"), client_ca,
+                   client_files(directory, client_ca, "kube-scheduler"))
+
+    def client_context(self, certificate: ClientFiles | None) -> ssl.SSLContext:
+        """A client trusting the daemon's CA, presenting ``certificate`` if any."""
+        context = ssl.create_default_context(cafile=str(self.server.ca))
+        if certificate is not None:
+            context.load_cert_chain(str(certificate.cert), str(certificate.key))
+        return context
+
+
+def render_scheduler_config(text: str, *, extender_url: str, kubeconfig: str,
+                            tls: ExtenderPki) -> dict[str, Any]:
+    """The chart's configuration with only the extender URL, its certificate files and
+    the kubeconfig path set."""
     rendered: dict[str, Any] = yaml.safe_load(text)
     rendered["clientConnection"]["kubeconfig"] = kubeconfig
     (extender,) = rendered["extenders"]
     extender["urlPrefix"] = extender_url
+    extender["tlsConfig"].update(caFile=str(tls.server.ca), certFile=str(tls.kube_scheduler.cert),
+                                 keyFile=str(tls.kube_scheduler.key))
     return rendered
 
 
@@ -351,11 +406,12 @@ def http_get(url: str, *, context: ssl.SSLContext | None = None,
         return int(error.code), bytes(error.read())
 
 
-def http_post_json(url: str, body: object, timeout: float = 10.0) -> tuple[int, Any]:
+def http_post_json(url: str, body: object, *, context: ssl.SSLContext | None = None,
+                   timeout: float = 10.0) -> tuple[int, Any]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
-        with _opener().open(request, timeout=timeout) as response:
+        with _opener(context).open(request, timeout=timeout) as response:
             return int(response.status), json.loads(response.read())
     except urllib.error.HTTPError as error:
         return int(error.code), error.read().decode(errors="replace")
@@ -397,6 +453,9 @@ class ControlPlane:
     webhook_port: int = 0
     # The webhook's serving certificate, for 127.0.0.1: no Service routes here.
     webhook_tls: ServerFiles | None = None
+    extender_tls: ExtenderPki | None = None
+    # The chart's kube-scheduler configuration (EXTENDER_TLS_VALUES), as helm rendered it.
+    chart_config: str = ""
     admin_kubeconfig: Path = Path()
     scheduler_kubeconfig: Path = Path()
     scheduler_config: dict[str, Any] = field(default_factory=dict)
@@ -411,7 +470,27 @@ class ControlPlane:
 
     @property
     def daemon_url(self) -> str:
-        return f"http://127.0.0.1:{self.daemon_port}"
+        return f"https://127.0.0.1:{self.daemon_port}"
+
+    @property
+    def extender_pki(self) -> ExtenderPki:
+        assert self.extender_tls is not None, "the daemon is not started"
+        return self.extender_tls
+
+    @property
+    def as_kube_scheduler(self) -> ssl.SSLContext:
+        """A client of the extender as kube-scheduler is: with its certificate."""
+        return self.extender_pki.client_context(self.extender_pki.kube_scheduler)
+
+    def extender_tls_flags(self) -> list[str]:
+        """``pyhami explain``'s flags to call the daemon as kube-scheduler does."""
+        pki = self.extender_pki
+        return ["--daemon-ca", str(pki.server.ca), "--daemon-cert",
+                str(pki.kube_scheduler.cert), "--daemon-key", str(pki.kube_scheduler.key)]
+
+    def post_extender(self, path: str, body: object) -> tuple[int, Any]:
+        """POST to the daemon's extender as kube-scheduler would."""
+        return http_post_json(f"{self.daemon_url}{path}", body, context=self.as_kube_scheduler)
 
     @property
     def webhook_url(self) -> str:
@@ -646,19 +725,25 @@ class ControlPlane:
             self.webhook_port = free_port()
             self.webhook_tls = server_files(self.data / "webhook-tls")
             self.nats_url = f"nats://127.0.0.1:{free_port()}"
+            self.extender_tls = ExtenderPki.make(self.data / "extender-tls")
         assert self.webhook_tls is not None
+        pki = self.extender_pki
         self._run("pyhami-scheduler", [
             *self.pyhami_command(), "scheduler", "--kubeconfig", str(self.scheduler_kubeconfig),
             *self.nats_flags(), "--namespace", SYSTEM_NAMESPACE,
             "--listen", f"127.0.0.1:{self.daemon_port}",
             "--metrics", f"127.0.0.1:{self.metrics_port}", "--resync-wait", "1",
+            "--extender-cert-file", str(pki.server.cert),
+            "--extender-key-file", str(pki.server.key),
+            "--extender-client-ca-file", str(pki.client_ca),
             "--webhook-listen", f"127.0.0.1:{self.webhook_port}",
             "--tls-cert-file", str(self.webhook_tls.cert),
             "--tls-private-key-file", str(self.webhook_tls.key)])
 
     def _wait_daemon_ready(self) -> None:
         def ready() -> bool:
-            if http_get(f"{self.daemon_url}/readyz")[0] != 200:
+            # As the kubelet probes it: on the metrics port, without a client certificate.
+            if http_get(f"http://127.0.0.1:{self.metrics_port}/readyz")[0] != 200:
                 return False
             return bool(self.statusz()["nodes"] == 1)
 
@@ -669,16 +754,17 @@ class ControlPlane:
         return self.processes["pyhami-scheduler"].stop()
 
     def statusz(self) -> dict[str, Any]:
-        status, body = http_get(f"{self.daemon_url}/statusz")
+        status, body = http_get(f"{self.daemon_url}/statusz", context=self.as_kube_scheduler)
         if status != 200:
             raise ValueError(f"/statusz answered {status}")
         document: dict[str, Any] = json.loads(body)
         return document
 
     def _start_kube_scheduler(self) -> None:
+        self.chart_config = chart_scheduler_config(self.bin_dir)
         self.scheduler_config = render_scheduler_config(
-            shipped_scheduler_config(), extender_url=self.daemon_url,
-            kubeconfig=str(self.scheduler_kubeconfig))
+            self.chart_config, extender_url=self.daemon_url,
+            kubeconfig=str(self.scheduler_kubeconfig), tls=self.extender_pki)
         config_file = self.data / "kube-scheduler-config.yaml"
         config_file.write_text(yaml.safe_dump(self.scheduler_config, sort_keys=False))
         self.scheduler_port = free_port()

@@ -13,7 +13,6 @@ from tests.e2e.controlplane import (
     WAIT_S,
     ApiError,
     ControlPlane,
-    http_post_json,
     wait_for,
 )
 
@@ -150,8 +149,7 @@ class Lab:
 
     def explain(self, name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
         """pyhami's selection path for a pod like ``name`` now; books nothing."""
-        status, document = http_post_json(f"{self.plane.daemon_url}/explain",
-                                          lab_pod(name, annotations))
+        status, document = self.plane.post_extender("/explain", lab_pod(name, annotations))
         assert status == 200, f"/explain answered {status}: {document}"
         assert isinstance(document, dict)
         return document

@@ -1,8 +1,11 @@
-"""/bind on a real API server takes only what is pyhami's to bind (docs/reliability.md).
+"""On a real API server the daemon writes on and binds only what is pyhami's
+(docs/reliability.md, docs/security.md).
 
 A /bind sent straight to the daemon, as a confused or replayed caller would, for a pod
 that is already bound or that belongs to another scheduler changes nothing on the pod
-and books nothing; a pod asking for no GPU is bound without any allocation.
+and books nothing; a pod asking for no GPU is bound without any allocation. A pod of
+another scheduler sent to /filter is not stamped to retry when cards are freed, while a
+pyhami pod waiting beside it is.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.controlplane import NODE, ControlPlane, http_post_json, wait_for
-from tests.e2e.pods import ALLOCATED, TEST_NAMESPACE, Lab, lab_pod
+from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane, wait_for
+from tests.e2e.pods import ALLOCATED, Lab, lab_pod
+
+CAPACITY_FREED = "pyhami.io/capacity-freed"
+CARDS = 4  # the simulated agent's sim:t4x4
 
 
 @pytest.fixture
@@ -23,7 +29,7 @@ def lab(control_plane: ControlPlane, clean_namespace: None) -> Iterator[Lab]:
 
 def bind(lab: Lab, pod: dict[str, Any], node: str) -> str:
     """POST /bind to the daemon as kube-scheduler would; the answer's Error ("" if none)."""
-    status, answer = http_post_json(f"{lab.plane.daemon_url}/bind", {
+    status, answer = lab.plane.post_extender("/bind", {
         "PodName": pod["metadata"]["name"], "PodNamespace": TEST_NAMESPACE,
         "PodUID": pod["metadata"]["uid"], "Node": node})
     assert status == 200, answer
@@ -76,3 +82,36 @@ def test_a_pod_asking_for_no_gpu_is_bound_without_an_allocation(lab: Lab) -> Non
     assert not any(key.startswith("hami.io/") for key in pod["metadata"].get("annotations") or {})
     assert not [e for e in lab.events("plain") if e.get("reason") == "BindingFailed"]
     assert ledger(lab) == (0, 0)
+
+
+def too_big(name: str, scheduler: str | None = None) -> dict[str, Any]:
+    pod = lab_pod(name)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = str(CARDS + 1)
+    if scheduler is not None:
+        pod["spec"]["schedulerName"] = scheduler
+    return pod
+
+
+def test_a_pod_of_another_scheduler_is_never_stamped_to_retry(lab: Lab) -> None:
+    lab.create_manifest(too_big("elsewhere", scheduler="default-scheduler"))
+    pod = lab.read("elsewhere")
+    # Sent to /filter by a caller that is not kube-scheduler's pyhami profile: refused, so
+    # the daemon counts it among the pods waiting for cards.
+    status, answer = lab.plane.post_extender("/filter", {"Pod": pod, "NodeNames": [NODE]})
+    assert status == 200 and NODE in answer["FailedNodes"], answer
+    lab.create_manifest(too_big("waiting"))  # pyhami's, refused by kube-scheduler's calls
+    lab.wait_event("waiting", "FilteringFailed")
+
+    lab.place("brief")
+    lab.delete("brief")  # its card is freed: the waiting pods are stamped to retry
+
+    wait_for(lambda: CAPACITY_FREED in (lab.read("waiting")["metadata"].get("annotations")
+                                        or {}),
+             f"pod waiting to be stamped {CAPACITY_FREED}", watch=lab.plane.all_processes())
+    log = lab.plane.process("pyhami-scheduler").log
+    wait_for(lambda: (f"pod {TEST_NAMESPACE}/elsewhere not nudged to retry: the pod is for "
+                      "scheduler 'default-scheduler'") in log.read_text(errors="replace"),
+             "the daemon to leave pod elsewhere alone")
+    after = lab.read("elsewhere")
+    assert after["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+    assert CAPACITY_FREED not in (after["metadata"].get("annotations") or {})

@@ -3,7 +3,8 @@
 Two releases, each in a namespace of its own and under its own name (so that their
 cluster-scoped objects do not meet those of ``k8s/`` the suite already created): the
 chart's defaults, and ``ci/custom-values.yaml`` (an existing NATS, the webhook with a
-Secret of its own, the monitoring objects, three replicas, other policies). The API
+Secret of its own, the extender over mutual TLS, the monitoring objects, three replicas,
+other policies). The API
 server validates every object on creation; nothing runs them (no controllers, no
 kubelet), so only what was stored is checked. A third release goes through ``helm
 install`` and ``helm uninstall`` themselves. ``k8s/`` must be the chart's rendering.
@@ -209,7 +210,9 @@ def test_the_scheduler_runs_the_values_replicas_policies_and_extender(
                                 ["data"]["config.yaml"])
         (extender,) = config["extenders"]
         listen = next(flag for flag in command if flag.startswith("--listen="))
-        assert extender["urlPrefix"] == "http://" + listen.removeprefix("--listen=")
+        assert listen == "--listen=127.0.0.1:8888", "the extender binds pods: loopback only"
+        scheme = "https" if extender["enableHTTPS"] else "http"
+        assert extender["urlPrefix"] == f"{scheme}://127.0.0.1:8888"
         managed = {r["name"] for r in extender["managedResources"] if r["ignoredByScheduler"]}
         assert "nvidia.com/priority" in managed
         assert config["leaderElection"] == {"leaderElect": True,
@@ -222,6 +225,70 @@ def test_the_scheduler_runs_the_values_replicas_policies_and_extender(
     kube_scheduler = installed[CUSTOM].container("Deployment", CUSTOM.scheduler, "kube-scheduler")
     assert kube_scheduler["image"] == f"registry.k8s.io/kube-scheduler:{KUBE_VERSION}"
     assert kube_scheduler["command"][-1] == "--v=4"
+
+
+def mounts(ours: Installed, container: str) -> dict[str, str]:
+    """The container's volume mounts: volume name to mount path."""
+    found = ours.container("Deployment", ours.release.scheduler, container)
+    return {m["name"]: m["mountPath"] for m in found.get("volumeMounts", [])}
+
+
+def secret_volumes(ours: Installed) -> dict[str, tuple[str, list[str]]]:
+    """The pod's Secret volumes: name to (Secret, the keys it projects; [] for all)."""
+    spec = ours.get("Deployment", ours.release.scheduler)["spec"]["template"]["spec"]
+    return {v["name"]: (v["secret"]["secretName"], [i["key"] for i in v["secret"].get(
+        "items", [])]) for v in spec["volumes"] if "secret" in v}
+
+
+def test_the_extender_is_plain_http_on_loopback_unless_tls_is_asked_for(
+        installed: dict[Release, Installed]) -> None:
+    defaults = installed[DEFAULTS]
+    config = yaml.safe_load(defaults.get("ConfigMap", f"{DEFAULTS.scheduler}-config")
+                            ["data"]["config.yaml"])
+    (extender,) = config["extenders"]
+    assert (extender["enableHTTPS"], extender["urlPrefix"]) == (False, "http://127.0.0.1:8888")
+    assert "tlsConfig" not in extender
+    assert not [f for f in defaults.extender_command() if f.startswith("--extender-")]
+    assert not {"extender-tls", "extender-ca"} & set(secret_volumes(defaults))
+
+
+def test_the_extender_tls_values_reach_the_daemon_and_kube_scheduler(
+        installed: dict[Release, Installed]) -> None:
+    custom = installed[CUSTOM]
+    tls = custom_values()["scheduler"]["extender"]["tls"]
+    volumes = secret_volumes(custom)
+    # Each container gets only its own keys of each Secret.
+    assert volumes["extender-tls"] == (tls["secretName"], ["tls.crt", "tls.key"])
+    assert volumes["extender-ca"] == (tls["secretName"], ["ca.crt"])
+    assert volumes["extender-client"] == (tls["clientSecretName"], ["tls.crt", "tls.key"])
+    assert volumes["extender-client-ca"] == (tls["clientSecretName"], ["ca.crt"])
+    daemon, kube_scheduler = mounts(custom, "extender"), mounts(custom, "kube-scheduler")
+    assert not {"extender-client", "extender-ca"} & set(daemon)
+    assert not {"extender-tls", "extender-client-ca"} & set(kube_scheduler)
+
+    command = custom.extender_command()
+    assert f"--extender-cert-file={daemon['extender-tls']}/tls.crt" in command
+    assert f"--extender-key-file={daemon['extender-tls']}/tls.key" in command
+    assert f"--extender-client-ca-file={daemon['extender-client-ca']}/ca.crt" in command
+    config = yaml.safe_load(custom.get("ConfigMap", f"{CUSTOM.scheduler}-config")
+                            ["data"]["config.yaml"])
+    (extender,) = config["extenders"]
+    assert (extender["enableHTTPS"], extender["urlPrefix"]) == (True, "https://127.0.0.1:8888")
+    assert extender["tlsConfig"] == {
+        "caFile": f"{kube_scheduler['extender-ca']}/ca.crt",
+        "certFile": f"{kube_scheduler['extender-client']}/tls.crt",
+        "keyFile": f"{kube_scheduler['extender-client']}/tls.key"}
+
+
+def test_the_kubelet_probes_the_daemon_on_its_metrics_port(
+        installed: dict[Release, Installed]) -> None:
+    for ours in installed.values():
+        daemon = ours.container("Deployment", ours.release.scheduler, "extender")
+        assert {"name": "metrics", "containerPort": 9395, "protocol": "TCP"} in daemon["ports"]
+        assert "--metrics=0.0.0.0:9395" in daemon["command"]
+        for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            assert daemon[probe]["httpGet"] == {"path": path, "port": "metrics",
+                                                "scheme": "HTTP"}, daemon[probe]
 
 
 def test_the_webhook_is_registered_as_hamis_users_expect(
@@ -304,6 +371,86 @@ def test_with_its_own_secret_the_daemon_reads_no_secrets(
     for verb in ("create", "get"):
         assert not allowed(control_plane.api, CUSTOM.scheduler_user, verb, "secrets",
                            namespace=CUSTOM.namespace, name="anything")
+
+
+ROLE_PROBE = "daemon-role-probe"
+CLUSTER_ROLE_BINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+
+
+@pytest.fixture(scope="module")
+def daemon_role_only(installed: dict[Release, Installed],
+                     control_plane: ControlPlane) -> Iterator[str]:
+    """A ServiceAccount bound to the daemon's ClusterRole and to nothing else: what that role
+    alone allows (the scheduler pod's own account holds kube-scheduler's roles too)."""
+    assert installed[DEFAULTS].stored, "the release was not installed"
+    api = control_plane.api
+    accounts = f"/api/v1/namespaces/{DEFAULTS.namespace}/serviceaccounts"
+    binding = f"{DEFAULTS.scheduler}-{ROLE_PROBE}"
+    api.create(accounts, {"apiVersion": "v1", "kind": "ServiceAccount",
+                          "metadata": {"name": ROLE_PROBE}})
+    api.create(CLUSTER_ROLE_BINDINGS, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": binding},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": DEFAULTS.scheduler},
+        "subjects": [{"kind": "ServiceAccount", "name": ROLE_PROBE,
+                      "namespace": DEFAULTS.namespace}]})
+    user = f"system:serviceaccount:{DEFAULTS.namespace}:{ROLE_PROBE}"
+    try:
+        wait_for(lambda: allowed(api, user, "list", "nodes"), "the probe's binding to count")
+        yield user
+    finally:
+        for path in (f"{CLUSTER_ROLE_BINDINGS}/{binding}", f"{accounts}/{ROLE_PROBE}"):
+            with contextlib.suppress(ApiError):
+                api.delete(path)
+
+
+@pytest.mark.parametrize(("verb", "resource", "subresource", "group", "namespace", "expected"), [
+    ("list", "pods", None, "", None, True),
+    ("watch", "pods", None, "", None, True),
+    ("get", "pods", None, "", "team-a", True),
+    ("patch", "pods", None, "", "team-a", True),  # annotations; only pyhami's pods, in code
+    ("create", "pods", "binding", "", "team-a", True),
+    ("list", "nodes", None, "", None, True),
+    ("create", "events", None, "", "team-a", True),
+    ("get", "events", None, "", "team-a", True),
+    ("patch", "events", None, "", "team-a", True),
+    ("delete", "pods", None, "", "team-a", False),
+    ("update", "pods", None, "", "team-a", False),
+    ("create", "pods", None, "", "team-a", False),
+    ("patch", "pods", "status", "", "team-a", False),
+    ("create", "pods", "eviction", "", "team-a", False),
+    ("get", "nodes", None, "", None, False),
+    ("update", "nodes", None, "", None, False),
+    ("patch", "nodes", None, "", None, False),
+    ("list", "secrets", None, "", None, False),
+    ("get", "secrets", None, "", "kube-system", False),
+    ("delete", "events", None, "", "team-a", False),
+    ("create", "events", None, "events.k8s.io", "team-a", False),
+])
+def test_the_daemons_cluster_role_allows_what_it_calls_and_no_more(  # noqa: PLR0917 (columns)
+        daemon_role_only: str, control_plane: ControlPlane, verb: str, resource: str,
+        subresource: str | None, group: str, namespace: str | None, expected: bool) -> None:
+    answer = allowed(control_plane.api, daemon_role_only, verb, resource, group=group,
+                     namespace=namespace, subresource=subresource)
+    assert answer is expected, f"the daemon's role: {verb} {resource}/{subresource}: {answer}"
+
+
+@pytest.mark.parametrize(("verb", "resource", "namespace", "name"), [
+    ("update", "nodes", None, "gpu-node-1"),
+    ("patch", "nodes", None, "gpu-node-1"),
+    ("list", "secrets", None, None),
+    ("get", "secrets", "kube-system", "anything"),
+    ("create", "pods", "team-a", None),
+    ("update", "pods", "team-a", "p"),
+])
+def test_the_scheduler_pods_identity_may_not(  # noqa: PLR0917 (columns)
+        installed: dict[Release, Installed], control_plane: ControlPlane, verb: str,
+        resource: str, namespace: str | None, name: str | None) -> None:
+    """kube-scheduler's roles and the daemon's together, as the pod's account holds them."""
+    assert installed[DEFAULTS].stored, "the release was not installed"
+    assert not allowed(control_plane.api, DEFAULTS.scheduler_user, verb, resource,
+                       namespace=namespace, name=name), f"{verb} {resource} {namespace}/{name}"
 
 
 def test_nats_bundled_or_existing_reaches_both_pods(installed: dict[Release, Installed]) -> None:
@@ -468,6 +615,12 @@ def test_network_policies_can_be_turned_off(helm: Path) -> None:
      "nats.auth is for authCallout.enabled=false"),
     (["webhook.tls.existingSecrets=serving"],
      "at '/webhook/tls': additional properties 'existingSecrets' not allowed"),
+    (["scheduler.extender.tls.enabled=true"],
+     "scheduler.extender.tls.secretName is required when scheduler.extender.tls.enabled"),
+    (["scheduler.extender.tls.clientSecretName=callers"],
+     "scheduler.extender.tls.clientSecretName needs scheduler.extender.tls.enabled"),
+    (["scheduler.extender.tls.mutual=true"],
+     "at '/scheduler/extender/tls': additional properties 'mutual' not allowed"),
 ])
 def test_values_that_cannot_work_are_refused_by_name(helm: Path, settings: list[str],
                                                      message: str) -> None:

@@ -63,7 +63,7 @@ def explain(plane: ControlPlane, pod: dict[str, Any], tmp_path: Path) -> str:
     manifest.write_text(json.dumps(pod))
     done = subprocess.run(
         [sys.executable, "-m", "pyhami.cli", "explain", str(manifest),
-         "--daemon", plane.daemon_url],
+         "--daemon", plane.daemon_url, *plane.extender_tls_flags()],
         capture_output=True, text=True, timeout=60, check=False,
         env={**os.environ, "COLUMNS": "1000"})
     assert done.returncode == 0, done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -43,14 +44,35 @@ def test_the_shipped_images_match_the_tested_kubernetes(control_plane: ControlPl
     assert pod_spec["serviceAccountName"] == SCHEDULER_SERVICE_ACCOUNT
 
 
-def test_kube_scheduler_runs_the_shipped_configuration(control_plane: ControlPlane) -> None:
-    shipped: dict[str, Any] = yaml.safe_load(shipped_scheduler_config())
-    used = control_plane.scheduler_config
-    assert used["extenders"][0]["urlPrefix"] == control_plane.daemon_url
+def test_kube_scheduler_runs_the_charts_configuration_with_mutual_tls(
+        control_plane: ControlPlane) -> None:
+    chart: dict[str, Any] = yaml.safe_load(control_plane.chart_config)
+    used = copy.deepcopy(control_plane.scheduler_config)
+    (extender,) = used["extenders"]
+    assert extender["urlPrefix"] == control_plane.daemon_url
+    assert control_plane.daemon_url.startswith("https://127.0.0.1:")
+    assert extender["enableHTTPS"] is True
+    pki = control_plane.extender_pki
+    assert extender["tlsConfig"] == {"caFile": str(pki.server.ca),
+                                     "certFile": str(pki.kube_scheduler.cert),
+                                     "keyFile": str(pki.kube_scheduler.key)}
     assert used["clientConnection"]["kubeconfig"] == str(control_plane.scheduler_kubeconfig)
-    used["extenders"][0]["urlPrefix"] = shipped["extenders"][0]["urlPrefix"]
-    used["clientConnection"]["kubeconfig"] = shipped["clientConnection"]["kubeconfig"]
-    assert used == shipped, "the suite changed more than the extender URL and the kubeconfig"
+    (charts,) = chart["extenders"]
+    for key in ("urlPrefix", "tlsConfig"):
+        extender[key] = charts[key]
+    used["clientConnection"]["kubeconfig"] = chart["clientConnection"]["kubeconfig"]
+    assert used == chart, ("the suite changed more than the extender's port and certificate "
+                           "files and the kubeconfig")
+
+
+def test_k8s_ships_that_configuration_over_plain_http_on_loopback(
+        control_plane: ControlPlane) -> None:
+    """k8s/ leaves the extender's TLS off (no Secret to ask for), and differs in no more."""
+    with_tls: dict[str, Any] = yaml.safe_load(control_plane.chart_config)
+    (extender,) = with_tls["extenders"]
+    assert extender.pop("tlsConfig")["caFile"].startswith("/etc/pyhami/")
+    extender.update(enableHTTPS=False, urlPrefix="http://127.0.0.1:8888")
+    assert yaml.safe_load(shipped_scheduler_config()) == with_tls
 
 
 @pytest.mark.parametrize(("verb", "resource", "group", "namespace", "name", "subresource"), [

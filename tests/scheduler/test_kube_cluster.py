@@ -726,21 +726,42 @@ async def test_a_refused_patch_stops_before_the_binding(harness: Harness) -> Non
     assert api.sent("POST", "/binding") == []
 
 
-async def test_retry_pod_stamps_the_waiting_pod_and_ignores_a_gone_one(
+async def test_retry_pod_stamps_the_waiting_pod_as_read_and_ignores_a_gone_one(
     harness: Harness, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    api = harness.api
+    for name in ("waiting", "stuck"):
+        api.pods[f"ml/{name}"] = pod_json(name, namespace="ml", uid=f"u-{name}",
+                                          scheduler=SCHEDULER_NAME, version="7")
     await harness.cluster.retry_pod("ml", "waiting", "1700000000.5")
-    patches = harness.api.sent("PATCH", "/namespaces/ml/pods/waiting")
+    patches = api.sent("PATCH", "/namespaces/ml/pods/waiting")
     assert [p.body for p in patches] == [
-        {"metadata": {"annotations": {"pyhami.io/capacity-freed": "1700000000.5"}}}]
+        {"metadata": {"annotations": {"pyhami.io/capacity-freed": "1700000000.5"},
+                      "uid": "u-waiting", "resourceVersion": "7"}}]
     assert patches[0].content_type == "application/merge-patch+json"
-    harness.api.patch_statuses = [404, 500]
+    api.patch_statuses = [500]
     with caplog.at_level(logging.WARNING, logger="scheduler.kube"):
         await harness.cluster.retry_pod("ml", "gone", "1")  # deleted: nothing to retry
         assert not caplog.records
         await harness.cluster.retry_pod("ml", "stuck", "1")
     assert [r.getMessage() for r in caplog.records] == [
         "pod ml/stuck not nudged to retry: HTTP 500 InternalError: etcd is down"]
+
+
+@pytest.mark.parametrize(("pod", "why"), [
+    (pod_json("p", namespace="ml", uid="u-p", scheduler="default-scheduler"),
+     "the pod is for scheduler 'default-scheduler', not 'pyhami-scheduler'"),
+    (pod_json("p", namespace="ml", uid="u-p", scheduler=SCHEDULER_NAME, node="n1",
+              phase="Running"), "the pod is already on node n1"),
+])
+async def test_retry_pod_writes_nothing_on_a_pod_that_is_not_pyhamis_to_place(
+    harness: Harness, caplog: pytest.LogCaptureFixture, pod: dict[str, Any], why: str,
+) -> None:
+    harness.api.pods["ml/p"] = pod
+    with caplog.at_level(logging.INFO, logger="scheduler.kube"):
+        await harness.cluster.retry_pod("ml", "p", "1")
+    assert harness.api.sent("PATCH", "/pods/p") == []
+    assert [r.getMessage() for r in caplog.records] == [f"pod ml/p not nudged to retry: {why}"]
 
 
 async def test_an_event_is_attached_to_the_pod_by_uid(harness: Harness) -> None:

@@ -27,8 +27,9 @@ from common.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, standalone_config
 from scheduler.app import WebhookConfig
 from scheduler.bodies import ADMISSION_BODY_LIMIT
+from scheduler.tls_files import CertificateFiles
 from scheduler.webhook import webhook_app
-from scheduler.webhook_tls import CertificateFiles
+from scheduler.webhook_tls import WEBHOOK_FLAGS
 from tests.certs import ServerFiles, server_files
 
 OURS = "pyhami-scheduler"
@@ -103,7 +104,8 @@ async def serve_webhook(context: ssl.SSLContext) -> tuple[web.AppRunner, int]:
 
 @pytest.fixture
 async def webhook(tls: ServerFiles) -> AsyncIterator[Webhook]:
-    runner, port = await serve_webhook(CertificateFiles(str(tls.cert), str(tls.key), 60).context)
+    files = CertificateFiles("webhook", WEBHOOK_FLAGS, str(tls.cert), str(tls.key))
+    runner, port = await serve_webhook(files.context)
     connector = aiohttp.TCPConnector(ssl=client_context(tls.ca))
     async with aiohttp.ClientSession(connector=connector) as session:
         yield Webhook(f"https://127.0.0.1:{port}/webhook", session)
@@ -235,7 +237,7 @@ async def test_only_https_is_served(webhook: Webhook) -> None:
 
 async def test_renewed_certificate_files_are_served_without_a_restart(tmp_path: Path) -> None:
     first = server_files(tmp_path / "first")
-    files = CertificateFiles(str(first.cert), str(first.key), 60)
+    files = CertificateFiles("webhook", WEBHOOK_FLAGS, str(first.cert), str(first.key))
     runner, port = await serve_webhook(files.context)
     url = f"https://127.0.0.1:{port}/webhook"
     try:
@@ -264,7 +266,7 @@ async def test_renewed_certificate_files_are_served_without_a_restart(tmp_path: 
 async def test_a_half_written_renewal_keeps_the_served_certificate(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     first = server_files(tmp_path / "first")
-    files = CertificateFiles(str(first.cert), str(first.key), 60)
+    files = CertificateFiles("webhook", WEBHOOK_FLAGS, str(first.cert), str(first.key))
     second = server_files(tmp_path / "second")
     first.cert.write_bytes(second.cert.read_bytes())  # the key is still the old one
     stamp = time.time() + 5

@@ -17,11 +17,11 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from common.natsserver import free_port
+from scheduler.tls_files import CertificateFiles, TlsError
 from scheduler.webhook_tls import (
     CERT_VALIDITY,
-    CertificateFiles,
+    WEBHOOK_FLAGS,
     ServingTls,
-    TlsError,
     check,
     context_for,
     from_secret,
@@ -161,7 +161,8 @@ def write(directory: Path, tls: ServingTls) -> tuple[str, str]:
 def test_certificate_files_that_cannot_be_read_are_named(tmp_path: Path) -> None:
     with pytest.raises(TlsError, match=f"^--tls-cert-file: cannot read {tmp_path}/missing.crt: "
                                        "No such file or directory$"):
-        CertificateFiles(str(tmp_path / "missing.crt"), str(tmp_path / "missing.key"), 10)
+        CertificateFiles("webhook", WEBHOOK_FLAGS, str(tmp_path / "missing.crt"),
+                         str(tmp_path / "missing.key"))
 
 
 def test_certificate_files_that_do_not_match_are_refused(tmp_path: Path,
@@ -170,7 +171,7 @@ def test_certificate_files_that_do_not_match_are_refused(tmp_path: Path,
                                            key=issue(NAMES, NOW).key))
     with pytest.raises(TlsError, match=f"^--tls-private-key-file {key} is not the private key "
                                        f"of the certificate in --tls-cert-file {cert}$"):
-        CertificateFiles(cert, key, 10)
+        CertificateFiles("webhook", WEBHOOK_FLAGS, cert, key)
 
 
 def test_expired_certificate_files_are_refused(tmp_path: Path) -> None:
@@ -178,4 +179,4 @@ def test_expired_certificate_files_are_refused(tmp_path: Path) -> None:
     cert, key = write(tmp_path, old)
     with pytest.raises(TlsError, match=f"^the certificate in --tls-cert-file {cert} expired "
                                        "on 2009-12-29 00:00 UTC$"):
-        CertificateFiles(cert, key, 10)
+        CertificateFiles("webhook", WEBHOOK_FLAGS, cert, key)

@@ -64,6 +64,13 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- define "pyhami.natsAuthSecret" -}}{{ include "pyhami.fullname" . }}-nats-auth{{- end -}}
 {{- define "pyhami.natsTokenDir" -}}/var/run/secrets/pyhami/nats{{- end -}}
 
+{{/* The extender over HTTPS: the daemon's files, and kube-scheduler's (one Secret volume
+each, holding only the keys that container needs). */}}
+{{- define "pyhami.extenderTlsDir" -}}/etc/pyhami/extender-tls{{- end -}}
+{{- define "pyhami.extenderClientCaDir" -}}/etc/pyhami/extender-client-ca{{- end -}}
+{{- define "pyhami.extenderCaDir" -}}/etc/pyhami/extender-ca{{- end -}}
+{{- define "pyhami.extenderClientDir" -}}/etc/pyhami/extender-client{{- end -}}
+
 {{- define "pyhami.natsAuthDir" -}}/etc/pyhami/nats-auth{{- end -}}
 {{- define "pyhami.natsTlsDir" -}}/etc/pyhami/nats-tls{{- end -}}
 
@@ -163,6 +170,13 @@ flags show in ps. */}}
 {{- end -}}
 {{- if ne (empty $tls.certKey) (empty $tls.keyKey) -}}
 {{- fail "nats.tls.certKey and nats.tls.keyKey go together (the client certificate and its key)" -}}
+{{- end -}}
+{{- $extenderTls := .Values.scheduler.extender.tls -}}
+{{- if and $extenderTls.enabled (not $extenderTls.secretName) -}}
+{{- fail "scheduler.extender.tls.secretName is required when scheduler.extender.tls.enabled is true: the kubernetes.io/tls Secret with the daemon's certificate" -}}
+{{- end -}}
+{{- if and $extenderTls.clientSecretName (not $extenderTls.enabled) -}}
+{{- fail "scheduler.extender.tls.clientSecretName needs scheduler.extender.tls.enabled: client certificates are asked for over HTTPS only" -}}
 {{- end -}}
 {{- if and .Values.webhook.enabled .Values.webhook.tls.existingSecret (not .Values.webhook.tls.caBundle) -}}
 {{- fail "webhook.tls.caBundle is required with webhook.tls.existingSecret: the base64 PEM CA that signed its certificate" -}}
