@@ -255,14 +255,15 @@ async def test_the_stack_runs_over_mutual_tls_with_the_projects_certificates(
         async with running_agent("node-a", settings):
             await eventually(lambda: _true_if("node-a" in known_nodes(daemon)),
                              "node-a's inventory over TLS")
-        # The right token but no client certificate: the TLS handshake fails first.
+        # The right token but no client certificate: the server ends the TLS session (during
+        # the handshake, or just after it with TLS 1.3) before anything is authorized.
         no_certificate = NatsSettings(servers=(server.url,), ca=bundle.ca)
-        with pytest.raises(Exception, match=r"(?i)certificate|handshake|ssl|tls"):
+        with pytest.raises((OSError, nats.errors.Error)):
             await nats.connect(server.url, tls=tls_context(no_certificate),
                                token=(directory / "node-a.token").read_text().strip(),
                                allow_reconnect=False, connect_timeout=5)
         # Plain NATS to a TLS-only server: refused.
-        with pytest.raises(Exception):  # noqa: B017 (nats-py raises several kinds here)
+        with pytest.raises((OSError, nats.errors.Error)):
             await nats.connect(server.url.replace("tls://", "nats://"),
                                allow_reconnect=False, connect_timeout=5)
     finally:
