@@ -36,14 +36,9 @@ from urllib.parse import quote, urlencode
 
 import yaml
 
+from common.certificates import write_bundle
 from common.natsserver import free_port, nats_server_binary
-from tests.certs import (
-    ClientFiles,
-    ServerFiles,
-    certificate_authority,
-    client_files,
-    server_files,
-)
+from tests.certs import ClientFiles, ServerFiles, server_files
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "k8s"
@@ -159,9 +154,11 @@ class ExtenderPki:
 
     @classmethod
     def make(cls, directory: Path) -> ExtenderPki:
-        client_ca = certificate_authority(directory, "callers-ca")
-        return cls(server_files(directory, "extender"), client_ca,
-                   client_files(directory, client_ca, "kube-scheduler"))
+        """As a user makes them: ``pyhami certs init`` (one CA signs the daemon's and
+        kube-scheduler's certificates)."""
+        bundle = write_bundle(directory, dns=("localhost",), ips=("127.0.0.1",), days=1)
+        return cls(ServerFiles(bundle.ca, bundle.extender, bundle.extender_key), bundle.ca,
+                   ClientFiles(bundle.kube_scheduler, bundle.kube_scheduler_key))
 
     def client_context(self, certificate: ClientFiles | None) -> ssl.SSLContext:
         """A client trusting the daemon's CA, presenting ``certificate`` if any."""
