@@ -60,9 +60,6 @@ class AgentSettings:
         help="cards to report as cordoned: the scheduler leaves them alone")
 
 
-RESYNC_MIN_INTERVAL_S = 1.0
-
-
 class Agent:
     def __init__(self, settings: AgentSettings, source: InventorySource, nats: NatsSettings,
                  clock: Callable[[], float] = time.time) -> None:
@@ -78,8 +75,6 @@ class Agent:
         self._published_once = False
         self._publishing = asyncio.Lock()
         self._last_publish = time.monotonic()
-        self._last_resync = -RESYNC_MIN_INTERVAL_S
-        self._resync_later: asyncio.Task[None] | None = None
 
     @property
     def connection(self) -> Connection:
@@ -109,8 +104,6 @@ class Agent:
         finally:
             stopping.cancel()
             opened.cancel()  # a read under way in its thread ends on its own
-            if self._resync_later is not None:
-                self._resync_later.cancel()
             for task in tasks:
                 task.cancel()
             await self._connection.close()
@@ -182,18 +175,5 @@ class Agent:
         except WireError as error:
             logger.warning("%s; answering it as a request to every agent", error)
             request = ResyncRequest()
-        if not request.includes(self._settings.node):
-            return
-        # A burst of requests (watchers may send them) gets one answer now, one a second later.
-        wait = self._last_resync + RESYNC_MIN_INTERVAL_S - time.monotonic()
-        if wait <= 0:
-            self._last_resync = time.monotonic()
+        if request.includes(self._settings.node):
             await self._publish("resync")
-        elif self._resync_later is None:
-            self._resync_later = asyncio.create_task(self._answer_resync_after(wait))
-
-    async def _answer_resync_after(self, wait: float) -> None:
-        await asyncio.sleep(wait)
-        self._resync_later = None
-        self._last_resync = time.monotonic()
-        await self._publish("resync")

@@ -4,9 +4,9 @@ Three kinds of client share one account:
 
 - the daemon (``DAEMON_USER``, a password in the server's configuration): everything,
   including the standalone pod store (JetStream) and answering the auth callout;
-- watchers (``WATCH_USER``, a password): subscribe to ``pyhami.>`` and publish only
-  resync requests, so ``pyhami watch`` and dashboards read what the daemon and the
-  agents say and change nothing (agents answer resyncs at most once a second);
+- watchers (``WATCH_USER``, a password): subscribe to ``pyhami.>`` and publish nothing,
+  so ``pyhami watch`` and dashboards read what the daemon and the agents say and
+  can neither change anything nor make the agents talk;
 - agents: no password in the configuration; nats-server asks the daemon (auth
   callout) and the daemon admits each as the agent of the one node its token is
   bound to, allowed to publish ``pyhami.inventory.<node>`` and hear resync requests.
@@ -38,7 +38,7 @@ WATCH_USER = "pyhami-watch"
 AGENT_USER_PREFIX = "pyhami-agent:"
 ALL_PYHAMI_SUBJECTS = "pyhami.>"
 
-WATCH_PERMISSIONS = Permissions(publish=(RESYNC_SUBJECT,), subscribe=(ALL_PYHAMI_SUBJECTS,))
+WATCH_PERMISSIONS = Permissions(publish=(), subscribe=(ALL_PYHAMI_SUBJECTS,))
 
 
 def agent_permissions(node: str) -> Permissions:
@@ -81,7 +81,7 @@ def server_config(*, issuer: str, daemon_password: str, watch_password: str,
         f"      {{ user: {quoted(DAEMON_USER)}, password: {quoted(daemon_password)} }}",
         f"      {{ user: {quoted(WATCH_USER)}, password: {quoted(watch_password)},",
         "        permissions: {",
-        f"          publish: {{ allow: {json.dumps(list(watch.publish))} }}",
+        "          publish: { deny: [\">\"] }",
         f"          subscribe: {{ allow: {json.dumps(list(watch.subscribe))} }}",
         "        }",
         "      }",

@@ -214,18 +214,13 @@ async def _callout_signer(config: BusAuthConfig, kubernetes: KubernetesCluster |
     assert config.secret is not None, "checked by the CLI"
     assert kubernetes is not None, "checked by the CLI: the Secret is a Kubernetes one"
     phase[0] = f"reading the NATS credentials from Secret {config.namespace}/{config.secret}"
-    while True:
-        try:
-            credentials = await self_managed_credentials(kubernetes, config.namespace,
-                                                         config.secret)
-            break
-        except ClusterError as error:
-            logger.warning("NATS credentials not obtained, trying again in %gs: %s",
-                           REBUILD_RETRY_S, error)
-            await asyncio.sleep(REBUILD_RETRY_S)
-        except CredentialsError as error:
-            raise StartupError(f"--nats-auth-secret: {error}; delete the Secret to have the "
-                               "daemon make a new one (and restart NATS)") from None
+    secret = config.secret
+    try:
+        credentials = await _while_the_api_fails("NATS credentials", lambda: (
+            self_managed_credentials(kubernetes, config.namespace, secret)))
+    except CredentialsError as error:
+        raise StartupError(f"--nats-auth-secret: {error}; delete the Secret to have the "
+                           "daemon make a new one (and restart NATS)") from None
     connection.authenticate(DAEMON_USER, credentials.daemon_password)
     return credentials.signer
 
@@ -289,17 +284,25 @@ async def _self_managed_tls(config: WebhookConfig, cluster: WebhookCluster) -> S
     """The certificate in the Secret, made first if need be; tried again while the API
     fails, refused (``StartupError``) when the Secret holds nothing servable."""
     names = service_names(config.service, config.namespace)
+    try:
+        return await _while_the_api_fails("webhook certificate", lambda: self_managed(
+            cluster, config.namespace, config.tls_secret, names,
+            datetime.datetime.now(datetime.UTC)))
+    except TlsError as error:
+        raise StartupError(f"--webhook-tls-secret: {error}; delete the Secret to have "
+                           "the daemon make a new one") from None
+
+
+async def _while_the_api_fails(what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()``'s result, tried again every ``REBUILD_RETRY_S`` while the cluster
+    fails (``ClusterError``); any other error goes to the caller."""
     while True:
         try:
-            return await self_managed(cluster, config.namespace, config.tls_secret, names,
-                                      datetime.datetime.now(datetime.UTC))
+            return await attempt()
         except ClusterError as error:
-            logger.warning("webhook certificate not obtained, trying again in %gs: %s",
-                           REBUILD_RETRY_S, error)
+            logger.warning("%s not obtained, trying again in %gs: %s", what, REBUILD_RETRY_S,
+                           error)
             await asyncio.sleep(REBUILD_RETRY_S)
-        except TlsError as error:
-            raise StartupError(f"--webhook-tls-secret: {error}; delete the Secret to have "
-                               "the daemon make a new one") from None
 
 
 @dataclass

@@ -22,6 +22,7 @@ from rich.live import Live
 
 from common import stopping, telemetry
 from common.arguments import Subcommands, positive_int, positive_seconds
+from common.busaccess import WATCH_USER
 from common.core.errors import SettingsError
 from common.messaging import (
     NatsSettings,
@@ -229,7 +230,11 @@ async def listen(settings: NatsSettings, model: WatchModel, emit: Emit | None = 
             model, "inventory", decode_inventory, model.apply_inventory, emit))
         await client.flush()  # subscribed at the server before the agents answer
         # Usage only goes out on change: the agents' inventories fill the view meanwhile.
-        await client.publish(RESYNC_SUBJECT, encode_wire(ResyncRequest(requested_by=CLIENT_NAME)))
+        # The read-only watcher user may not ask (the server would refuse it): nodes then
+        # appear with their agents' next heartbeats.
+        if settings.user != WATCH_USER:
+            await client.publish(RESYNC_SUBJECT,
+                                 encode_wire(ResyncRequest(requested_by=CLIENT_NAME)))
     except BaseException:
         await client.close()
         raise

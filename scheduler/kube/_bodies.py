@@ -183,14 +183,16 @@ def recurrence_patch(count: int, last: str) -> JsonObject:
 # The webhook's certificate --------------------------------------------------------------
 
 
-def tls_secret_body(name: str, data: Mapping[str, bytes]) -> JsonObject:
-    """A ``kubernetes.io/tls`` Secret holding ``data`` (``tls.crt``, ``tls.key``, ...)."""
+def secret_body(name: str, data: Mapping[str, bytes], *, secret_type: str,
+                component: str) -> JsonObject:
+    """A Secret the daemon makes: the webhook's ``kubernetes.io/tls`` one (``tls.crt``,
+    ``tls.key``, ...) or the ``Opaque`` one of the NATS credentials."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "pyhami",
-                                              "app.kubernetes.io/component": "webhook"}},
-        "type": "kubernetes.io/tls",
+                                              "app.kubernetes.io/component": component}},
+        "type": secret_type,
         "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
     }
 
@@ -213,15 +215,3 @@ def token_review_body(token: str, audiences: Sequence[str]) -> JsonObject:
     """A TokenReview asking whether ``token`` is valid for one of ``audiences``."""
     return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
             "spec": {"token": token, "audiences": list(audiences)}}
-
-
-def opaque_secret_body(name: str, data: Mapping[str, bytes]) -> JsonObject:
-    """An ``Opaque`` Secret of the scheduler holding ``data`` (the NATS credentials)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "pyhami",
-                                              "app.kubernetes.io/component": "scheduler"}},
-        "type": "Opaque",
-        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
-    }

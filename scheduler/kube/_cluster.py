@@ -23,15 +23,15 @@ from scheduler.cluster import (
 )
 from scheduler.kube import _client
 from scheduler.kube._bodies import (
+    JsonObject,
     PodEvent,
     annotation_patch,
     bind_refusal,
     binding_body,
     ca_bundle_patch,
     capacity_freed_patch,
-    opaque_secret_body,
+    secret_body,
     timestamp,
-    tls_secret_body,
     token_review_body,
     undo_annotation_patch,
 )
@@ -273,19 +273,16 @@ class KubernetesCluster:
 
     async def create_tls_secret(self, namespace: str, name: str,
                                 data: Mapping[str, bytes]) -> bool:
-        body = tls_secret_body(name, data)
-        try:
-            await asyncio.to_thread(_client.create_secret, self._core, namespace, body)
-        except API_FAILURES as error:
-            if answered_with(error, CONFLICT):
-                return False
-            raise ClusterError(f"creating Secret {namespace}/{name} failed: "
-                               f"{describe_failure(error)}") from error
-        return True
+        return await self._create_secret(namespace, name, secret_body(
+            name, data, secret_type="kubernetes.io/tls", component="webhook"))
 
     async def create_opaque_secret(self, namespace: str, name: str,
                                    data: Mapping[str, bytes]) -> bool:
-        body = opaque_secret_body(name, data)
+        return await self._create_secret(namespace, name, secret_body(
+            name, data, secret_type="Opaque", component="scheduler"))
+
+    async def _create_secret(self, namespace: str, name: str, body: JsonObject) -> bool:
+        """False when the Secret exists already."""
         try:
             await asyncio.to_thread(_client.create_secret, self._core, namespace, body)
         except API_FAILURES as error:

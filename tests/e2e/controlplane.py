@@ -682,26 +682,35 @@ class ControlPlane:
         return [str(beside)] if beside.exists() else [sys.executable, "-m", "pyhami.cli"]
 
     def agent_token(self, node: str, *, pod: str | None = None,
-                    audience: str = AGENT_TOKEN_AUDIENCE) -> Path:
+                    audience: str = AGENT_TOKEN_AUDIENCE,
+                    service_account: str = AGENT_SERVICE_ACCOUNT, bound: bool = True) -> Path:
         """A token the API server issues for the agent's ServiceAccount, bound to a pod on
         ``node`` (created here, as the DaemonSet would): the node is in its claims."""
         pod = pod or f"pyhami-agent-{node}"
+        token_path = (f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/serviceaccounts/"
+                      f"{service_account}/token")
+        path = self.data / f"{pod}-{service_account}-{audience}-{bound}.token"
+        if not bound:
+            request = self.api.create(token_path, {
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"audiences": [audience], "expirationSeconds": 3600}})
+            path.write_text(request["status"]["token"])
+            return path
         pods = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods"
         try:
             stored = self.api.get(f"{pods}/{pod}")
         except ApiError:
             stored = self.api.create(pods, {
                 "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
-                "spec": {"serviceAccountName": AGENT_SERVICE_ACCOUNT, "nodeName": node,
+                "spec": {"serviceAccountName": service_account, "nodeName": node,
                          "automountServiceAccountToken": False,
                          "containers": [{"name": "agent", "image": "pyhami:e2e"}]}})
         request = self.api.create(
-            f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/serviceaccounts/{AGENT_SERVICE_ACCOUNT}/token",
+            token_path,
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
              "spec": {"audiences": [audience], "expirationSeconds": 3600,
                       "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod,
                                          "uid": stored["metadata"]["uid"]}}})
-        path = self.data / f"{pod}-{audience}.token"
         path.write_text(request["status"]["token"])
         return path
 

@@ -10,8 +10,18 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
-from tests.e2e.controlplane import NODE, ControlPlane, Process, http_get, wait_for
+import pytest
+
+from tests.e2e.controlplane import (
+    NODE,
+    SCHEDULER_SERVICE_ACCOUNT,
+    ControlPlane,
+    Process,
+    http_get,
+    wait_for,
+)
 
 OTHER_NODE = "gpu-node-2"
 
@@ -48,15 +58,23 @@ def test_the_agent_of_one_node_is_refused_for_another(control_plane: ControlPlan
         impostor.stop()
 
 
-def test_a_token_for_another_audience_admits_nobody(control_plane: ControlPlane) -> None:
+@pytest.mark.parametrize(("case", "options", "why"), [
+    ("audience", {"audience": "someone-else"}, "token not authenticated for audience"),
+    ("account", {"service_account": SCHEDULER_SERVICE_ACCOUNT}, "not of the agent's"),
+    ("unbound", {"bound": False}, "not bound to a pod on a node"),
+])
+def test_a_token_that_is_not_an_agents_pod_token_admits_nobody(
+        control_plane: ControlPlane, case: str, options: dict[str, Any], why: str) -> None:
     plane = control_plane
-    token = plane.agent_token(NODE, pod="pyhami-agent-audience", audience="someone-else")
+    token = plane.agent_token(NODE, pod=f"pyhami-agent-{case}", **options)
     refused = metric(plane, 'pyhami_nats_auth_total{result="refused"}')
-    stranger = agent(plane, "agent-audience", NODE, str(token))
+    stranger = agent(plane, f"agent-{case}", NODE, str(token))
     try:
         wait_for(lambda: metric(plane, 'pyhami_nats_auth_total{result="refused"}') > refused,
                  "the daemon refusing the token", watch=[stranger])
         wait_for(lambda: "authorization violation" in stranger.log.read_text().lower(),
                  "the agent told it is not authorized", watch=[stranger])
+        daemon_log = plane.processes["pyhami-scheduler"].log.read_text()
+        assert why in daemon_log, f"the daemon's log does not say {why!r}"
     finally:
         stranger.stop()

@@ -28,6 +28,8 @@ from common.natsserver import LocalNatsServer
 from common.wire import decode_inventory, encode, inventory_subject
 from pyhami.cli import main
 from pyhami.sandbox import RunningDaemon, standalone_config
+from pyhami.watch._model import WatchModel
+from pyhami.watch._shell import listen
 from scheduler.app import BusAuthConfig
 from scheduler.standalone import BUCKET
 from tests.harness import eventually
@@ -268,3 +270,21 @@ async def test_the_stack_runs_over_mutual_tls_with_the_projects_certificates(
                                allow_reconnect=False, connect_timeout=5)
     finally:
         await daemon.stop()
+
+
+async def test_pyhami_watch_as_the_watcher_sees_the_nodes_without_asking_anything(
+        bus: SecuredBus, daemon: RunningDaemon, caplog: pytest.LogCaptureFixture) -> None:
+    """The read-only user may not ask the agents to resync: watch does not try (the server
+    would refuse it) and the nodes appear with their agents' heartbeats."""
+    model = WatchModel()
+    settings = NatsSettings(servers=(bus.url,), user=WATCH_USER,
+                            password=bus.secret("watch.password"))
+    a_settings = NatsSettings(servers=(bus.url,), token_file=bus.token_file("node-a"))
+    async with running_agent("node-a", a_settings):
+        client = await listen(settings, model)
+        try:
+            await eventually(lambda: _true_if("node-a" in model.nodes),
+                             "node-a in the watcher's view")
+        finally:
+            await client.close()
+    assert "permissions violation" not in caplog.text.lower()
