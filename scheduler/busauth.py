@@ -49,6 +49,9 @@ DEFAULT_AGENT_SERVICE_ACCOUNT = "pyhami-agent"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 # How many requests are checked at once: a TokenReview is a call to the API server.
 CONCURRENT_CHECKS = 16
+# Beyond this many waiting, a request is refused at once: a flood of connection attempts
+# must not queue without bound (nats-server gives up on an answer after its auth timeout).
+WAITING_MAX = 512
 
 AuthResult = Literal["accepted", "refused", "malformed"]
 
@@ -170,6 +173,11 @@ class AuthCallout:
         logger.info("answering NATS auth callout as issuer %s", self.issuer)
 
     async def _received(self, msg: Msg) -> None:
+        if len(self._running) >= WAITING_MAX:
+            self._count("refused")
+            self._log.warning("busy", "NATS auth callout: %d requests waiting; refusing more",
+                              len(self._running))
+            return
         # A TokenReview takes a round trip to the API server: answer requests side by side.
         task = asyncio.create_task(self._answer(msg))
         self._running.add(task)
