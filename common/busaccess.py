@@ -9,7 +9,10 @@ Three kinds of client share one account:
   can neither change anything nor make the agents talk;
 - agents: no password in the configuration; nats-server asks the daemon (auth
   callout) and the daemon admits each as the agent of the one node its token is
-  bound to, allowed to publish ``pyhami.inventory.<node>`` and hear resync requests.
+  bound to, allowed to publish ``pyhami.inventory.<node>``, hear resync requests, ask
+  for its node's pending allocations (``pyhami.allocations.<node>``, the answers coming
+  to its own inbox, ``agent_inbox_prefix(node)``) and report their outcome
+  (``pyhami.allocated.<node>``).
 """
 
 from __future__ import annotations
@@ -30,19 +33,33 @@ from common.core.natsjwt import (
     seed_from_random,
     signer_from_seed,
 )
-from common.wire import RESYNC_SUBJECT, inventory_subject
+from common.wire import (
+    RESYNC_SUBJECT,
+    allocated_subject,
+    allocations_subject,
+    inventory_subject,
+)
 
 ACCOUNT = "PYHAMI"
 DAEMON_USER = "pyhami-daemon"
 WATCH_USER = "pyhami-watch"
 AGENT_USER_PREFIX = "pyhami-agent:"
+AGENT_INBOX_PREFIX = "_INBOX.pyhami-agent"
 ALL_PYHAMI_SUBJECTS = "pyhami.>"
 
 WATCH_PERMISSIONS = Permissions(publish=(), subscribe=(ALL_PYHAMI_SUBJECTS,))
 
 
+def agent_inbox_prefix(node: str) -> str:
+    """The inbox an agent's requests get their answers on: its node's own, so that no
+    agent may read another's answers."""
+    return f"{AGENT_INBOX_PREFIX}.{node}"
+
+
 def agent_permissions(node: str) -> Permissions:
-    return Permissions(publish=(inventory_subject(node),), subscribe=(RESYNC_SUBJECT,))
+    return Permissions(
+        publish=(inventory_subject(node), allocations_subject(node), allocated_subject(node)),
+        subscribe=(RESYNC_SUBJECT, f"{agent_inbox_prefix(node)}.>"))
 
 
 def agent_user(node: str) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from nats.aio.client import Client, Server
+from nats.aio.client import DEFAULT_INBOX_PREFIX, Client, Server
 from nats.aio.msg import Msg
 
 from common.arguments import variable_for
@@ -62,6 +62,9 @@ class NatsSettings:
     cert: Path | None = None
     key: Path | None = None
     reconnect_max_wait: float = DEFAULT_RECONNECT_MAX_S
+    inbox_prefix: str | None = None
+    """Where requests get their answers (nats-py's ``inbox_prefix``); an agent sets its
+    node's own (``common.busaccess.agent_inbox_prefix``), the one its permissions allow."""
 
 
 def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
@@ -262,6 +265,7 @@ async def connect(settings: NatsSettings, name: str, *,
             disconnected_cb=on_disconnected,
             tls=tls,
             **_credentials(settings),
+            inbox_prefix=settings.inbox_prefix or DEFAULT_INBOX_PREFIX,
         )
     except BaseException:
         await client.close()

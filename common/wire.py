@@ -5,6 +5,11 @@ at start, on every change it observes, after a reconnect, when asked through
 ``RESYNC_SUBJECT``, and as a heartbeat when it has published nothing for a
 heartbeat interval. Each message is complete on its own, so a receiver never
 needs an earlier one; ``instance`` and ``sequence`` order them.
+
+The agent's device plugin asks the daemon, with a NATS request (empty body) on
+``allocations_subject(node)``, which pods bound to its node still wait for their
+cards; the daemon answers ``PendingAllocations``. Once the kubelet's Allocate is
+served, the agent publishes an ``AllocationOutcome`` on ``allocated_subject(node)``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from common.core.model import (
     Uuid,
     repeated_card,
 )
-from common.core.names import InvalidName, check_subdomain, shown
+from common.core.names import InvalidName, check_label, check_subdomain, shown
 
 SCHEMA_VERSION = 1
 
@@ -32,6 +37,10 @@ INVENTORY_SUBJECT_PREFIX = "pyhami.inventory"
 # Node names may contain dots, which NATS reads as token separators: subscribe with ">".
 INVENTORY_SUBJECTS = f"{INVENTORY_SUBJECT_PREFIX}.>"
 RESYNC_SUBJECT = "pyhami.resync"
+ALLOCATIONS_SUBJECT_PREFIX = "pyhami.allocations"
+ALLOCATIONS_SUBJECTS = f"{ALLOCATIONS_SUBJECT_PREFIX}.>"
+ALLOCATED_SUBJECT_PREFIX = "pyhami.allocated"
+ALLOCATED_SUBJECTS = f"{ALLOCATED_SUBJECT_PREFIX}.>"
 
 _CARD_FIELDS = len(Card.__struct_fields__)
 
@@ -48,9 +57,19 @@ def inventory_subject(node: str) -> str:
     return f"{INVENTORY_SUBJECT_PREFIX}.{node}"
 
 
-def subject_node(subject: str) -> str:
-    """The node an inventory subject is for: what follows the prefix."""
-    return subject.removeprefix(f"{INVENTORY_SUBJECT_PREFIX}.")
+def subject_node(subject: str, prefix: str = INVENTORY_SUBJECT_PREFIX) -> str:
+    """The node a subject is for: what follows the prefix (unchecked)."""
+    return subject.removeprefix(f"{prefix}.")
+
+
+def allocations_subject(node: str) -> str:
+    """Where the agent of ``node`` asks for the pods waiting for their cards."""
+    return f"{ALLOCATIONS_SUBJECT_PREFIX}.{node}"
+
+
+def allocated_subject(node: str) -> str:
+    """Where the agent of ``node`` reports how the kubelet's Allocate went."""
+    return f"{ALLOCATED_SUBJECT_PREFIX}.{node}"
 
 
 class WireError(InvalidInput):
@@ -86,6 +105,13 @@ class ReportedCard(Card, frozen=True, forbid_unknown_fields=False):
 
 
 Cards = Annotated[list[ReportedCard], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]
+# A Kubernetes uid is a 36-character UUID; standalone uids are too.
+PodUid = Annotated[str, msgspec.Meta(max_length=128)]
+# The whole of a pod's annotations may take 256 KiB; one value cannot be longer.
+AnnotationValue = Annotated[str, msgspec.Meta(max_length=262144)]
+UnixSeconds = Annotated[int, msgspec.Meta(ge=0)]
+# Far more pods than a node admits at once; a bound on what a decoder accepts.
+PENDING_PODS_MAX = 16384
 
 
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,6 +149,40 @@ class ResyncRequest(msgspec.Struct, frozen=True, kw_only=True):
         return not self.nodes or node in self.nodes
 
 
+class PendingPod(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod bound to the node whose cards are still to be handed to its containers."""
+
+    namespace: str
+    name: str
+    uid: PodUid
+    devices: AnnotationValue
+    """The pod's ``hami.io/vgpu-devices-to-allocate`` (``common.core.decode_devices``)."""
+    bind_time: UnixSeconds
+    """The pod's ``hami.io/bind-time``."""
+
+
+PendingPods = Annotated[list[PendingPod], msgspec.Meta(max_length=PENDING_PODS_MAX)]
+
+
+class PendingAllocations(msgspec.Struct, frozen=True, kw_only=True):
+    """The daemon's answer to an allocations request: the pods bound to ``node`` whose
+    ``hami.io/bind-phase`` is ``allocating``, oldest ``bind_time`` first."""
+
+    node: str
+    pods: PendingPods
+
+
+class AllocationOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How the kubelet's Allocate went for one pod: its bind-phase becomes ``success``,
+    or ``failed`` with ``reason``."""
+
+    namespace: str
+    name: str
+    uid: PodUid
+    ok: bool
+    reason: Detail = ""
+
+
 class _Envelope(msgspec.Struct):
     schema: int
 
@@ -131,9 +191,12 @@ _encoder = msgspec.msgpack.Encoder()
 _inventory_decoder = msgspec.msgpack.Decoder(Inventory)
 _envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
 _resync_decoder = msgspec.msgpack.Decoder(ResyncRequest)
+_pending_decoder = msgspec.msgpack.Decoder(PendingAllocations)
+_outcome_decoder = msgspec.msgpack.Decoder(AllocationOutcome)
 
 
-def encode(message: Inventory | ResyncRequest) -> bytes:
+def encode(message: Inventory | ResyncRequest | PendingAllocations
+           | AllocationOutcome) -> bytes:
     return _encoder.encode(message)
 
 
@@ -181,3 +244,52 @@ def decode_resync(data: bytes) -> ResyncRequest:
 def _schema_error(schema: int) -> WireError:
     return WireError(f"inventory schema version {schema} is not supported "
                      f"(this build reads version {SCHEMA_VERSION})")
+
+
+def subject_node_checked(subject: str, prefix: str) -> str:
+    """The node named by ``subject`` under ``prefix``; raises ``WireError`` when the subject
+    is not under it or names no valid node."""
+    if not subject.startswith(f"{prefix}."):
+        raise WireError(f"subject {shown(subject)} is not under {prefix}")
+    try:
+        return _checked_node(subject_node(subject, prefix))
+    except WireError as error:
+        raise WireError(f"subject {shown(subject)}: {error}") from None
+
+
+def decode_pending(data: bytes) -> PendingAllocations:
+    """Raises ``WireError`` for a malformed answer or one naming an invalid node or pod."""
+    try:
+        pending = _pending_decoder.decode(data)
+    except msgspec.DecodeError as error:
+        raise WireError(f"malformed pending allocations: {error}") from None
+    _checked_node(pending.node)
+    for pod in pending.pods:
+        _check_pod_names(pod.namespace, pod.name, "pending allocations")
+    return pending
+
+
+def decode_outcome(data: bytes) -> AllocationOutcome:
+    """Raises ``WireError`` for a malformed outcome or one naming an invalid pod."""
+    try:
+        outcome = _outcome_decoder.decode(data)
+    except msgspec.DecodeError as error:
+        raise WireError(f"malformed allocation outcome: {error}") from None
+    _check_pod_names(outcome.namespace, outcome.name, "allocation outcome")
+    return outcome
+
+
+def _checked_node(node: str) -> str:
+    try:
+        check_subdomain("node", node)
+    except InvalidName as error:
+        raise WireError(str(error)) from None
+    return node
+
+
+def _check_pod_names(namespace: str, name: str, what: str) -> None:
+    try:
+        check_label("namespace", namespace)
+        check_subdomain("name", name)
+    except InvalidName as error:
+        raise WireError(f"{what} refused: {error}") from None

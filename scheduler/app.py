@@ -36,7 +36,14 @@ from common.core.natsjwt import public_key
 from common.messaging import Connection, NatsSettings
 from common.settings import setting
 from common.supervision import Supervisor
-from common.wire import INVENTORY_SUBJECTS, RESYNC_SUBJECT, ResyncRequest, encode
+from common.wire import (
+    ALLOCATED_SUBJECTS,
+    ALLOCATIONS_SUBJECTS,
+    INVENTORY_SUBJECTS,
+    RESYNC_SUBJECT,
+    ResyncRequest,
+    encode,
+)
 from scheduler.busauth import (
     DEFAULT_AGENT_SERVICE_ACCOUNT,
     DEFAULT_TOKEN_AUDIENCE,
@@ -497,7 +504,19 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             with supervisor.contained("inventory message"):
                 await service.receive_inventory(message.subject, message.data)
 
+        async def on_allocations_request(message: Msg) -> None:
+            with supervisor.contained("allocations request"):
+                pending = await service.pending_allocations(message.subject)
+                if pending is not None and message.reply:
+                    await connection.publish(message.reply, encode(pending))
+
+        async def on_allocation_outcome(message: Msg) -> None:
+            with supervisor.contained("allocation outcome"):
+                await service.allocation_outcome(message.subject, message.data)
+
         await connection.subscribe(INVENTORY_SUBJECTS, on_inventory)
+        await connection.subscribe(ALLOCATIONS_SUBJECTS, on_allocations_request)
+        await connection.subscribe(ALLOCATED_SUBJECTS, on_allocation_outcome)
         await connection.publish(RESYNC_SUBJECT,
                                  encode(ResyncRequest(requested_by="pyhami-scheduler")))
         with contextlib.suppress(TimeoutError):

@@ -28,6 +28,8 @@ def cordon_list(text: str) -> frozenset[str]:
     return frozenset(comma_list(text))
 
 EventType = Literal["Normal", "Warning"]
+AllocationPhase = Literal["success", "failed"]
+"""The ``hami.io/bind-phase`` a pod gets once its node's device plugin served it."""
 
 
 class ClusterError(SchedulerError, ExternalFailure):
@@ -108,6 +110,14 @@ class Cluster(Protocol):
         """
         ...
 
+    async def set_bind_phase(self, namespace: str, name: str, uid: str,
+                             phase: AllocationPhase) -> None:
+        """Write ``hami.io/bind-phase: phase`` on the pod, only if it is still uid ``uid``.
+
+        Raises ``ClusterError`` when the pod is gone, re-created, or the write fails.
+        """
+        ...
+
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:
         """Best effort: an event that cannot be written is logged, not raised."""
@@ -152,5 +162,5 @@ class WebhookCluster(Protocol):
         ...
 
 
-__all__ = ["AnnotationError", "Cluster", "ClusterError", "ClusterPod", "PodChange",
-           "StoreUnavailable", "WebhookCluster"]
+__all__ = ["AllocationPhase", "AnnotationError", "Cluster", "ClusterError", "ClusterPod",
+           "PodChange", "StoreUnavailable", "WebhookCluster"]

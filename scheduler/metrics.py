@@ -33,6 +33,7 @@ INVENTORY_RESULTS = ("accepted", "out_of_order", "sequence_jump", "rejected", "w
                      "card_conflict")
 RELEASE_CAUSES = ("expired", "bind_failed")
 AUTH_RESULTS = ("accepted", "refused", "malformed")
+ALLOCATION_RESULTS = ("success", "failed", "refused")
 UNSENT_REASONS: tuple[Unsent, ...] = get_args(Unsent)
 
 
@@ -197,6 +198,9 @@ class Metrics:
         self.released = Counter("pyhami_reservations_released_total",
                                 "Reservations released without a bind, by cause", ["cause"],
                                 registry=self.registry)
+        self.allocations = Counter("pyhami_device_allocations_total",
+                                   "Allocation outcomes the agents' device plugins reported, "
+                                   "by result", ["result"], registry=self.registry)
         # Every known label value from the start, so rate() and alerts see a zero first.
         for result in INVENTORY_RESULTS:
             self.inventory.labels(result)
@@ -204,6 +208,8 @@ class Metrics:
             self.released.labels(cause)
         for answer in AUTH_RESULTS:
             self.nats_auth.labels(answer)
+        for outcome in ALLOCATION_RESULTS:
+            self.allocations.labels(outcome)
 
     def exposition(self) -> bytes:
         """The classic text format (tests and tools that read it directly)."""

@@ -40,12 +40,14 @@ from nats.js.kv import KeyValue
 
 from common.core import PodManifest
 from common.core.admission import names_no_other_scheduler
+from common.core.annotations import BIND_PHASE_ANNOTATION
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
 from common.messaging import describe_error
 from scheduler.bodies import POD_BODY_LIMIT, read_body
 from scheduler.cluster import (
     SCHEDULER_NAME,
+    AllocationPhase,
     ClusterError,
     ClusterPod,
     EventType,
@@ -308,6 +310,30 @@ class StandaloneCluster:
         self._pods[key] = bound
         self._revisions[key] = revision
         self._changes.put_nowait(PodChange(bound.cluster_pod(), deleted=False))
+
+    async def set_bind_phase(self, namespace: str, name: str, uid: str,
+                             phase: AllocationPhase) -> None:
+        key = _key(namespace, name)
+        what = f"setting the bind-phase of pod {namespace}/{name} to {phase}"
+        async with self._writing.hold(key):
+            await self._settle(key)
+            pod = self._pods.get(key)
+            if pod is None:
+                raise ClusterError(f"{what}: the pod no longer exists")
+            if pod.uid != uid:
+                raise ClusterError(f"{what}: uid {uid} is not the pod's ({pod.uid})")
+            changed = msgspec.structs.replace(
+                pod, annotations={**pod.annotations, BIND_PHASE_ANNOTATION: phase})
+            value = _encoder.encode(changed)
+            last = self._revisions.get(key, 0)
+            try:
+                revision = await self._write(key, value, what,
+                                             lambda: self._bucket.update(key, value, last=last))
+            except KeyWrongLastSequenceError:
+                raise await self._changed_meanwhile(key, what) from None
+            self._pods[key] = changed
+            self._revisions[key] = revision
+            self._changes.put_nowait(PodChange(changed.cluster_pod(), deleted=False))
 
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:

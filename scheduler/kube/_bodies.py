@@ -51,6 +51,11 @@ def annotation_patch(uid: str, resource_version: str | None,
     return {"metadata": _guarded({"annotations": dict(annotations)}, uid, resource_version)}
 
 
+def bind_phase_patch(uid: str, phase: str) -> JsonObject:
+    """The merge patch that sets ``hami.io/bind-phase``, only on the pod of that uid."""
+    return {"metadata": _with_uid({"annotations": {BIND_PHASE_ANNOTATION: phase}}, uid)}
+
+
 def undo_annotation_patch(uid: str, resource_version: str | None) -> JsonObject:
     """The merge patch that withdraws an allocation whose binding failed (null deletes),
     only from the pod as this bind left it."""

@@ -15,6 +15,7 @@ from common.core.annotations import ALLOCATED_ANNOTATION, CORDON_ANNOTATION
 from scheduler.busauth import NODE_NAME_EXTRA, ReviewedToken
 from scheduler.cluster import (
     SCHEDULER_NAME,
+    AllocationPhase,
     ClusterError,
     ClusterPod,
     EventType,
@@ -26,6 +27,7 @@ from scheduler.kube._bodies import (
     JsonObject,
     PodEvent,
     annotation_patch,
+    bind_phase_patch,
     bind_refusal,
     binding_body,
     ca_bundle_patch,
@@ -220,6 +222,17 @@ class KubernetesCluster:
             return
         _client.patch_pod(self._core, namespace, name, capacity_freed_patch(
             stamp, pod.metadata.uid or "", pod.metadata.resource_version))
+
+    async def set_bind_phase(self, namespace: str, name: str, uid: str,
+                             phase: AllocationPhase) -> None:
+        what = f"setting the bind-phase of pod {namespace}/{name} to {phase}"
+        try:
+            await asyncio.to_thread(_client.patch_pod, self._core, namespace, name,
+                                    bind_phase_patch(uid, phase))
+        except API_FAILURES as error:
+            if answered_with(error, NOT_FOUND):
+                raise ClusterError(f"{what}: the pod no longer exists") from error
+            raise ClusterError(f"{what}: {describe_failure(error)}") from error
 
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:

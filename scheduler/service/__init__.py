@@ -48,6 +48,8 @@ class SchedulerService:
         self.rebuild = reactions.rebuild
         self.receive_inventory = reactions.receive_inventory
         self.ingest = reactions.ingest
+        self.pending_allocations = reactions.pending_allocations
+        self.allocation_outcome = reactions.allocation_outcome
         self.connection_resumed = reactions.connection_resumed
         self.follow_cluster = reactions.follow_cluster
         self.reconcile = reactions.reconcile

@@ -1,7 +1,7 @@
 """The reactions room: what the daemon does when the cluster or the bus speaks. The
-ledger rebuilt at start-up, agents' inventories, pods that change or end, a fresh list
-of the pods after a lost watch, node cordons, nodes that fall silent, reservations that
-no bind confirmed in time."""
+ledger rebuilt at start-up, agents' inventories, the device plugins' allocation requests
+and outcomes, pods that change or end, a fresh list of the pods after a lost watch, node
+cordons, nodes that fall silent, reservations that no bind confirmed in time."""
 
 from __future__ import annotations
 
@@ -9,9 +9,24 @@ import asyncio
 import logging
 
 from common.core import AnnotationError
+from common.core.annotations import (
+    BIND_PHASE_ANNOTATION,
+    BIND_TIME_ANNOTATION,
+    TO_ALLOCATE_ANNOTATION,
+)
 from common.messaging import RateLimitedLog
-from common.wire import Inventory, WireError, decode_inventory
-from scheduler.cluster import ClusterError, PodChange
+from common.wire import (
+    ALLOCATED_SUBJECT_PREFIX,
+    ALLOCATIONS_SUBJECT_PREFIX,
+    Inventory,
+    PendingAllocations,
+    PendingPod,
+    WireError,
+    decode_inventory,
+    decode_outcome,
+    subject_node_checked,
+)
+from scheduler.cluster import AllocationPhase, ClusterError, ClusterPod, PodChange
 from scheduler.metrics import Metrics
 from scheduler.service.shared import Reports, Room, Shared
 
@@ -19,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 CORDON_REFRESH_S = 15.0
 NODE_WATCH_S = 1.0
+ALLOCATING = "allocating"
+HANDED_PHASES = frozenset({"success", "failed"})
 
 
 class Reactions(Room):
@@ -41,6 +58,7 @@ class Reactions(Room):
                 continue
             if allocation is not None:
                 restored.append((pod.key, allocation))
+                self._note_handed(pod)
         self.state.restore(restored)
         await self.refresh_cordons()
         self.reports.mark_changed(*(a.node for _, a in restored))
@@ -103,6 +121,82 @@ class Reactions(Room):
         self.reports.retry_waiting()
         return inventory, set(result.vanished)
 
+    # The device plugins' allocations -------------------------------------------------
+
+    async def pending_allocations(self, subject: str) -> PendingAllocations | None:
+        """The answer to a device plugin's request on ``subject``: the pods bound to its
+        node whose bind-phase is ``allocating``, oldest bind-time first, each read from the
+        cluster now. None (no answer: the requester times out) for a subject that names no
+        valid node, counted and logged at a bounded rate, or while the cluster cannot be
+        read (a partial list could make the plugin refuse a pod it should serve)."""
+        try:
+            node = subject_node_checked(subject, ALLOCATIONS_SUBJECT_PREFIX)
+        except WireError as error:
+            self._refuse_allocation(f"allocations request refused: {error}")
+            return None
+        keys = sorted(key for key, allocation in self.state.fleet.allocations().items()
+                      if allocation.node == node and key in self.state.bound
+                      and key not in self.shared.handed)
+        try:
+            pods = await asyncio.gather(*(self.cluster.get_pod(*key.split("/", 1))
+                                          for key in keys))
+        except ClusterError as error:
+            self._refusals.warning("allocations_unread", "allocations of node %s not "
+                                   "answered: %s", node, error)
+            return None
+        pending = [entry for pod in pods if pod is not None
+                   if (entry := _pending(pod, node)) is not None]
+        pending.sort(key=lambda entry: (entry.bind_time, entry.namespace, entry.name))
+        return PendingAllocations(node=node, pods=pending)
+
+    async def allocation_outcome(self, subject: str, data: bytes) -> None:
+        """Set the pod's bind-phase as its node's device plugin reports (``failed`` with a
+        Warning Event saying why). Refused, counted and logged at a bounded rate: a
+        malformed outcome, and one for a pod that is not bound to the subject's node (an
+        agent reports only for its own node) or no longer has that uid."""
+        try:
+            node = subject_node_checked(subject, ALLOCATED_SUBJECT_PREFIX)
+            outcome = decode_outcome(data)
+        except WireError as error:
+            self._refuse_allocation(f"allocation outcome refused: {error}")
+            return
+        namespace, name = outcome.namespace, outcome.name
+        key = f"{namespace}/{name}"
+        held = self.state.fleet.allocation(key)
+        if key not in self.state.bound or held is None or held.node != node:
+            self._refuse_allocation(f"allocation outcome refused: pod {key} is not bound "
+                                    f"to node {node}")
+            return
+        try:
+            pod = await self.cluster.get_pod(namespace, name)
+            if pod is None or pod.uid != outcome.uid or pod.node != node:
+                self._refuse_allocation(f"allocation outcome refused: pod {key} of uid "
+                                        f"{outcome.uid} is not on node {node}")
+                return
+            phase: AllocationPhase = "success" if outcome.ok else "failed"
+            await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase)
+        except ClusterError as error:
+            self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s not "
+                                   "written: %s", key, error)
+            return
+        self.shared.handed.add(key)
+        self.metrics.allocations.labels(phase).inc()
+        if outcome.ok:
+            logger.info("pod %s: node %s's device plugin handed it its cards", key, node)
+            return
+        why = outcome.reason or "no reason given"
+        logger.warning("pod %s: node %s's device plugin could not allocate: %s", key, node, why)
+        await self.cluster.record_event(namespace, name, "Warning", "AllocationFailed",
+                                        f"node {node} could not hand the pod its cards: {why}")
+
+    def _refuse_allocation(self, why: str) -> None:
+        self.metrics.allocations.labels("refused").inc()
+        self._refusals.warning("allocation_refused", "%s", why)
+
+    def _note_handed(self, pod: ClusterPod) -> None:
+        if pod.annotations.get(BIND_PHASE_ANNOTATION) in HANDED_PHASES:
+            self.shared.handed.add(pod.key)
+
     def connection_resumed(self) -> None:
         """The daemon is on the bus again after an outage: whatever the agents sent
         meanwhile was missed, so their next messages may skip any number of sequences."""
@@ -138,6 +232,7 @@ class Reactions(Room):
         if change.deleted or pod.finished:
             await self._pod_ended(pod.key)
             return
+        self._note_handed(pod)
         if pod.key in self.state.bound or self.state.reservation(pod.key) is not None:
             return
         try:
@@ -153,6 +248,7 @@ class Reactions(Room):
     async def _pod_ended(self, key: str) -> None:
         self.shared.manifests.pop(key, None)
         self.shared.refused.pop(key, None)
+        self.shared.handed.discard(key)
         released = self.state.release(key)
         if released is not None:
             logger.info("pod %s ended: its cards on %s are free", key, released.node)
@@ -210,3 +306,16 @@ class Reactions(Room):
             if late:
                 await self.reports.capacity_changed(*(a.node for a in late.values()))
 
+
+
+def _pending(pod: ClusterPod, node: str) -> PendingPod | None:
+    """The pod as an allocations answer lists it, if it is on ``node`` and still waits for
+    its cards; a missing or unreadable bind-time sorts it first."""
+    annotations = pod.annotations
+    devices = annotations.get(TO_ALLOCATE_ANNOTATION)
+    if pod.node != node or annotations.get(BIND_PHASE_ANNOTATION) != ALLOCATING or not devices:
+        return None
+    bind_time = annotations.get(BIND_TIME_ANNOTATION, "")
+    readable = bind_time.isascii() and bind_time.isdigit() and len(bind_time) <= 12
+    return PendingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid, devices=devices,
+                      bind_time=int(bind_time) if readable else 0)

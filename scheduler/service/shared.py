@@ -100,6 +100,9 @@ class Shared:
         # Pods /filter refused, to retry when cards are freed: kube-scheduler may have
         # retried them a moment before pyhami saw the release, and then waits minutes.
         self.refused: dict[str, tuple[str, str]] = {}
+        self.handed: set[str] = set()
+        """Bound pods whose cards were handed to their containers (bind-phase success or
+        failed): an allocations request no longer reads them."""
         self._reporting: set[asyncio.Task[None]] = set()
 
     def in_background(self, report: Coroutine[None, None, None]) -> None:

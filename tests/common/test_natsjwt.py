@@ -102,7 +102,9 @@ def test_only_an_account_seed_signs() -> None:
         signer_from_seed(b"not a seed", "seed.txt")
 
 
-def test_an_agent_may_publish_its_own_inventory_and_hear_resyncs_only() -> None:
+def test_an_agent_may_speak_for_its_own_node_hear_resyncs_and_read_its_own_inbox() -> None:
     claims = agent_permissions("gpu-node-1").claims()
-    assert claims == {"pub": {"allow": ["pyhami.inventory.gpu-node-1"]},
-                      "sub": {"allow": ["pyhami.resync"]}}
+    assert claims == {"pub": {"allow": ["pyhami.inventory.gpu-node-1",
+                                        "pyhami.allocations.gpu-node-1",
+                                        "pyhami.allocated.gpu-node-1"]},
+                      "sub": {"allow": ["pyhami.resync", "_INBOX.pyhami-agent.gpu-node-1.>"]}}

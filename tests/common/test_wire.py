@@ -9,15 +9,24 @@ import pytest
 
 from common.core import Card, Node
 from common.wire import (
+    ALLOCATED_SUBJECT_PREFIX,
     SCHEMA_VERSION,
+    AllocationOutcome,
     Inventory,
+    PendingAllocations,
+    PendingPod,
     ReportedCard,
     ResyncRequest,
     WireError,
+    allocated_subject,
+    allocations_subject,
     decode_inventory,
+    decode_outcome,
+    decode_pending,
     decode_resync,
     encode,
     inventory_subject,
+    subject_node_checked,
 )
 
 
@@ -175,3 +184,51 @@ def test_a_card_listed_twice_in_one_inventory_is_refused(second: dict[str, objec
     document = msgspec.to_builtins(_inventory(CARDS))
     document["cards"][1].update(second)
     assert problem in str(_refusal(document))
+
+
+def test_allocation_messages_survive_encoding_and_name_their_subjects() -> None:
+    pending = PendingAllocations(node="gpu-node-1", pods=[PendingPod(
+        namespace="default", name="a", uid="u-1", devices="GPU-a,NVIDIA,1000,0:;",
+        bind_time=1700000000)])
+    assert decode_pending(encode(pending)) == pending
+    outcome = AllocationOutcome(namespace="default", name="a", uid="u-1", ok=False,
+                                reason="no such card")
+    assert decode_outcome(encode(outcome)) == outcome
+    assert allocations_subject("gpu.node-1") == "pyhami.allocations.gpu.node-1"
+    assert allocated_subject("gpu.node-1") == "pyhami.allocated.gpu.node-1"
+    assert subject_node_checked("pyhami.allocated.gpu.node-1",
+                                ALLOCATED_SUBJECT_PREFIX) == "gpu.node-1"
+
+
+@pytest.mark.parametrize(("subject", "message"), [
+    ("pyhami.allocated.Bad_Node", "subject 'pyhami.allocated.Bad_Node': node: 'Bad_Node' "
+                                  "is not a valid DNS-1123 subdomain"),
+    ("pyhami.inventory.node-a", "subject 'pyhami.inventory.node-a' is not under "
+                                "pyhami.allocated"),
+])
+def test_an_allocation_subject_must_name_a_valid_node(subject: str, message: str) -> None:
+    with pytest.raises(WireError, match=re.escape(message)):
+        subject_node_checked(subject, ALLOCATED_SUBJECT_PREFIX)
+
+
+def test_allocation_messages_with_bad_names_or_fields_are_refused() -> None:
+    bad_node = PendingAllocations(node="Node_A", pods=[])
+    with pytest.raises(WireError, match="node: 'Node_A' is not a valid DNS-1123 subdomain"):
+        decode_pending(encode(bad_node))
+    bad_pod = PendingAllocations(node="node-a", pods=[PendingPod(
+        namespace="default", name="A", uid="u", devices="", bind_time=0)])
+    with pytest.raises(WireError, match="pending allocations refused: name: 'A'"):
+        decode_pending(encode(bad_pod))
+    refused = "allocation outcome refused: namespace: 'kube.system'"
+    with pytest.raises(WireError, match=re.escape(refused)):
+        decode_outcome(encode(AllocationOutcome(namespace="kube.system", name="a", uid="u",
+                                                ok=True)))
+    long_uid = msgspec.msgpack.encode({"namespace": "default", "name": "a", "uid": "u" * 129,
+                                       "ok": True})
+    with pytest.raises(WireError, match=r"malformed allocation outcome: .*\$\.uid"):
+        decode_outcome(long_uid)
+    with pytest.raises(WireError, match=r"malformed allocation outcome: .*\$\.reason"):
+        decode_outcome(msgspec.msgpack.encode({"namespace": "default", "name": "a",
+                                               "uid": "u", "ok": True, "reason": "x" * 1025}))
+    with pytest.raises(WireError, match="malformed pending allocations"):
+        decode_pending(b"\xc1")

@@ -20,12 +20,19 @@ from nats.aio.msg import Msg
 from agent.service import Agent, AgentSettings
 from agent.simulated import SimulatedSource, profile_cards
 from common import telemetry
-from common.busaccess import DAEMON_USER, WATCH_USER, BusCredentials
+from common.busaccess import DAEMON_USER, WATCH_USER, BusCredentials, agent_inbox_prefix
 from common.certificates import Bundle
 from common.core.natsjwt import node_token, signer_from_seed
-from common.messaging import NatsSettings, tls_context
+from common.messaging import NatsSettings, connect, tls_context
 from common.natsserver import LocalNatsServer
-from common.wire import decode_inventory, encode, inventory_subject
+from common.wire import (
+    PendingAllocations,
+    allocations_subject,
+    decode_inventory,
+    decode_pending,
+    encode,
+    inventory_subject,
+)
 from pyhami.cli import main
 from pyhami.sandbox import RunningDaemon, standalone_config
 from pyhami.watch._model import WatchModel
@@ -288,3 +295,35 @@ async def test_pyhami_watch_as_the_watcher_sees_the_nodes_without_asking_anythin
         finally:
             await client.close()
     assert "permissions violation" not in caplog.text.lower()
+
+
+async def test_an_agent_asks_for_its_own_nodes_allocations_only(
+        bus: SecuredBus, daemon: RunningDaemon, caplog: pytest.LogCaptureFixture) -> None:
+    """The agent's connection settings carry its inbox: the answer comes back to it."""
+    settings = NatsSettings(servers=(bus.url,), token_file=bus.token_file("node-a"),
+                            inbox_prefix=agent_inbox_prefix("node-a"))
+    agent = await connect(settings, "pyhami-agent")
+    try:
+        reply = await agent.request(allocations_subject("node-a"), b"", timeout=5)
+        assert decode_pending(reply.data) == PendingAllocations(node="node-a", pods=[])
+        # The daemon answers every valid node's request: no answer means the server refused.
+        with pytest.raises(nats.errors.TimeoutError):
+            await agent.request(allocations_subject("node-b"), b"", timeout=1)
+        await eventually(lambda: _true_if('publish to "pyhami.allocations.node-b"' in (
+            caplog.text.lower())), "the server's refusal")
+    finally:
+        await agent.close()
+
+
+async def test_an_agent_cannot_read_another_agents_answers(
+        bus: SecuredBus, daemon: RunningDaemon) -> None:
+    with errors_seen() as (seen, record):
+        agent = await nats.connect(bus.url, token=bus.token_file("node-a").read_text(),
+                                   error_cb=record)
+        try:
+            await agent.subscribe(f"{agent_inbox_prefix('node-b')}.>")
+            await agent.flush()
+            await eventually(lambda: _true_if(bool(seen)), "the server's refusal")
+            assert "permissions violation for subscription" in seen[0].lower()
+        finally:
+            await agent.close()

@@ -1,0 +1,124 @@
+"""The device plugins' side of the bus against the live standalone daemon: a node's agent
+asks which pods wait for their cards and reports how the kubelet's Allocate went."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+
+from common.core import decode_devices
+from common.wire import (
+    AllocationOutcome,
+    PendingAllocations,
+    allocated_subject,
+    allocations_subject,
+    decode_pending,
+    encode,
+)
+from pyhami.demo import lab_pod
+from tests.harness import Lab, eventually
+
+NODE = "gpu-node-1"
+
+
+@pytest.fixture
+async def bus(lab: Lab) -> AsyncIterator[Client]:
+    client = await nats.connect(lab.nats.url)
+    yield client
+    await client.close()
+
+
+async def pending(bus: Client, node: str = NODE) -> PendingAllocations:
+    reply = await bus.request(allocations_subject(node), b"", timeout=5)
+    return decode_pending(reply.data)
+
+
+async def report(bus: Client, pod: dict[str, Any], ok: bool, reason: str = "",
+                 node: str = NODE) -> None:
+    outcome = AllocationOutcome(namespace=pod["namespace"], name=pod["name"], uid=pod["uid"],
+                                ok=ok, reason=reason)
+    await bus.publish(allocated_subject(node), encode(outcome))
+    await bus.flush()
+
+
+def allocations_counted(lab: Lab, result: str) -> float:
+    assert lab.daemon.service is not None
+    value = lab.daemon.service.metrics.registry.get_sample_value(
+        "pyhami_device_allocations_total", {"result": result})
+    assert value is not None
+    return value
+
+
+async def test_a_placed_pod_is_listed_for_its_node_with_its_cards(lab: Lab, bus: Client) -> None:
+    await lab.pods.submit_and_place(lab_pod("first", limits={"nvidia.com/gpu": 1,
+                                                             "nvidia.com/gpumem": 2000}))
+    await lab.pods.submit_and_place(lab_pod("second"))
+    first, second = await lab.pods.get("first"), await lab.pods.get("second")
+    answer = await pending(bus)
+    assert answer.node == NODE
+    assert [(p.name, p.uid) for p in answer.pods] == [("first", first["uid"]),
+                                                      ("second", second["uid"])]
+    listed = answer.pods[0]
+    notes = first["annotations"]
+    assert listed.devices == notes["hami.io/vgpu-devices-to-allocate"]
+    assert listed.bind_time == int(notes["hami.io/bind-time"])
+    assert decode_devices(listed.devices)[0][0].memory == 2000
+    assert (await pending(bus, "gpu-node-2")).pods == []
+
+
+async def test_success_sets_the_bind_phase_and_the_pod_is_no_longer_listed(
+        lab: Lab, bus: Client) -> None:
+    await lab.pods.submit_and_place(lab_pod("served"))
+    pod = await lab.pods.get("served")
+    await report(bus, pod, ok=True)
+
+    async def succeeded() -> bool:
+        return (await lab.pods.get("served"))["annotations"]["hami.io/bind-phase"] == "success"
+
+    await eventually(succeeded, "bind-phase success")
+    assert (await pending(bus)).pods == []
+    assert allocations_counted(lab, "success") == 1
+
+
+async def test_failure_sets_failed_with_an_event_saying_why(lab: Lab, bus: Client) -> None:
+    await lab.pods.submit_and_place(lab_pod("refused"))
+    await report(bus, await lab.pods.get("refused"), ok=False,
+                 reason="the kubelet asked for 2 devices, the pod holds 1 card")
+
+    async def failed() -> bool:
+        return (await lab.pods.get("refused"))["annotations"]["hami.io/bind-phase"] == "failed"
+
+    await eventually(failed, "bind-phase failed")
+    events = [(e["type"], e["reason"], e["message"])
+              for e in (await lab.pods.get("refused"))["events"]]
+    assert ("Warning", "AllocationFailed",
+            f"node {NODE} could not hand the pod its cards: the kubelet asked for 2 devices, "
+            "the pod holds 1 card") in events
+    assert allocations_counted(lab, "failed") == 1
+
+
+async def test_an_outcome_on_another_nodes_subject_is_refused_and_changes_nothing(
+        lab: Lab, bus: Client) -> None:
+    await lab.pods.submit_and_place(lab_pod("elsewhere"))
+    pod = await lab.pods.get("elsewhere")
+    await report(bus, pod, ok=True, node="gpu-node-2")
+    await report(bus, {**pod, "uid": "not-the-pods-uid"}, ok=True)
+    await report(bus, {**pod, "namespace": "Not_A_Namespace"}, ok=True)
+
+    async def all_refused() -> bool:
+        return allocations_counted(lab, "refused") == 3
+
+    await eventually(all_refused, "three refusals")
+    assert (await lab.pods.get("elsewhere"))["annotations"]["hami.io/bind-phase"] == "allocating"
+    assert [p.name for p in (await pending(bus)).pods] == ["elsewhere"]
+
+
+async def test_a_request_naming_no_valid_node_gets_no_answer(lab: Lab, bus: Client) -> None:
+    with pytest.raises(nats.errors.TimeoutError):
+        await bus.request(allocations_subject("Not_A_Node"), b"", timeout=1)
+    assert allocations_counted(lab, "refused") == 1
