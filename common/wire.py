@@ -32,6 +32,8 @@ INVENTORY_SUBJECT_PREFIX = "pyhami.inventory"
 # Node names may contain dots, which NATS reads as token separators: subscribe with ">".
 INVENTORY_SUBJECTS = f"{INVENTORY_SUBJECT_PREFIX}.>"
 RESYNC_SUBJECT = "pyhami.resync"
+ALLOCATIONS_SUBJECT_PREFIX = "pyhami.allocations"
+ALLOCATED_SUBJECT_PREFIX = "pyhami.allocated"
 
 _CARD_FIELDS = len(Card.__struct_fields__)
 
@@ -46,6 +48,18 @@ Cordoned = Annotated[list[Uuid], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]
 
 def inventory_subject(node: str) -> str:
     return f"{INVENTORY_SUBJECT_PREFIX}.{node}"
+
+
+def allocations_subject(node: str) -> str:
+    """Where an agent asks the daemon, by a request with an empty body, for the pods bound to
+    its node and still being allocated; the reply is ``PendingAllocations``."""
+    return f"{ALLOCATIONS_SUBJECT_PREFIX}.{node}"
+
+
+def allocated_subject(node: str) -> str:
+    """Where an agent publishes an ``AllocationOutcome`` once the kubelet's Allocate for a
+    pod is answered (or refused)."""
+    return f"{ALLOCATED_SUBJECT_PREFIX}.{node}"
 
 
 def subject_node(subject: str) -> str:
@@ -123,6 +137,37 @@ class ResyncRequest(msgspec.Struct, frozen=True, kw_only=True):
         return not self.nodes or node in self.nodes
 
 
+class PendingPod(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod bound to a node whose cards the node's kubelet has yet to allocate."""
+
+    namespace: str
+    name: str
+    uid: str
+    devices: str
+    """The ``hami.io/vgpu-devices-to-allocate`` value (``decode_devices`` reads it)."""
+    bind_time: int
+    """``hami.io/bind-time``, Unix seconds."""
+
+
+class PendingAllocations(msgspec.Struct, frozen=True, kw_only=True):
+    """The daemon's answer on ``allocations_subject``: the pods bound to ``node`` whose
+    bind phase is "allocating", oldest ``bind_time`` first."""
+
+    node: str
+    pods: list[PendingPod]
+
+
+class AllocationOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What became of one pod's allocation on its node: the daemon sets the pod's
+    ``hami.io/bind-phase`` to "success" or "failed" from it."""
+
+    namespace: str
+    name: str
+    uid: str
+    ok: bool
+    reason: str = ""
+
+
 class _Envelope(msgspec.Struct):
     schema: int
 
@@ -131,9 +176,12 @@ _encoder = msgspec.msgpack.Encoder()
 _inventory_decoder = msgspec.msgpack.Decoder(Inventory)
 _envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
 _resync_decoder = msgspec.msgpack.Decoder(ResyncRequest)
+_pending_decoder = msgspec.msgpack.Decoder(PendingAllocations)
+_outcome_decoder = msgspec.msgpack.Decoder(AllocationOutcome)
 
 
-def encode(message: Inventory | ResyncRequest) -> bytes:
+def encode(message: Inventory | ResyncRequest | PendingAllocations | AllocationOutcome
+           ) -> bytes:
     return _encoder.encode(message)
 
 
@@ -176,6 +224,22 @@ def decode_resync(data: bytes) -> ResyncRequest:
         return _resync_decoder.decode(data)
     except msgspec.DecodeError as error:
         raise WireError(f"malformed resync request: {error}") from None
+
+
+def decode_pending_allocations(data: bytes) -> PendingAllocations:
+    """Raises ``WireError`` when malformed."""
+    try:
+        return _pending_decoder.decode(data)
+    except msgspec.DecodeError as error:
+        raise WireError(f"malformed pending allocations: {error}") from None
+
+
+def decode_allocation_outcome(data: bytes) -> AllocationOutcome:
+    """Raises ``WireError`` when malformed."""
+    try:
+        return _outcome_decoder.decode(data)
+    except msgspec.DecodeError as error:
+        raise WireError(f"malformed allocation outcome: {error}") from None
 
 
 def _schema_error(schema: int) -> WireError:
