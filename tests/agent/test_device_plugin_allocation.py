@@ -162,7 +162,8 @@ def test_no_pending_pod_is_refused_and_reports_nobody() -> None:
 def test_a_refused_call_serves_none_of_its_containers() -> None:
     one = pod("one", [[grant(A)], [grant(B), grant(C)]], bind_time=100)
     result = refused(run([one], {}, [device_id(A, 0)], [device_id(B, 0)]))
-    assert "2 card(s)" in result.reason
+    assert "container #1 was given 2 card(s)" in result.reason
+    assert [(o.name, o.ok) for o in result.outcomes] == [("one", False)]
 
 
 def test_a_served_pod_is_never_served_again() -> None:
