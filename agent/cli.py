@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from agent.deviceplugin.plugin import DEFAULT_HAMI_CORE_DIR, DEFAULT_KUBELET_DIR, PluginSettings
 from agent.inventory import InventoryError, InventorySource
 from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
 from agent.service import Agent, AgentSettings
@@ -75,6 +76,18 @@ def register(commands: Subcommands) -> None:
                              f"(default: {DEFAULT_SPLIT_COUNT}); nvml only: a simulated "
                              "inventory states its own")
     add_settings(parser, AgentSettings, "cordoned")
+    plugin = parser.add_argument_group("kubelet device plugin")
+    plugin.add_argument("--device-plugin", action="store_true",
+                        help="serve the kubelet's device plugin API: advertise the cards as "
+                             "nvidia.com/gpu and give containers the cards pyhami chose")
+    plugin.add_argument("--kubelet-dir", type=Path, default=DEFAULT_KUBELET_DIR, metavar="DIR",
+                        help="the kubelet's device plugin folder, holding kubelet.sock "
+                             f"(default: {DEFAULT_KUBELET_DIR})")
+    plugin.add_argument("--hami-core-dir", type=Path, default=DEFAULT_HAMI_CORE_DIR,
+                        metavar="DIR",
+                        help="where HAMi-core's libvgpu.so is installed on the node; without "
+                             f"it memory slices are not enforced (default: "
+                             f"{DEFAULT_HAMI_CORE_DIR})")
     add_log_arguments(parser)
     add_nats_arguments(parser)
     parser.set_defaults(handler=run)
@@ -114,9 +127,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"pyhami agent: --inventory: {error}", file=sys.stderr)
         return 2
     settings = settings_from(AgentSettings, args, node=node)
+    plugin = PluginSettings(kubelet_dir=args.kubelet_dir, hami_core_dir=args.hami_core_dir) \
+        if args.device_plugin else None
     configure_logging(args)
     try:
-        asyncio.run(serve(Agent(settings, source, nats)))
+        asyncio.run(serve(Agent(settings, source, nats, device_plugin=plugin)))
     except InventoryError as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
         return 1

@@ -14,20 +14,24 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from agent.deviceplugin.plugin import DevicePlugin, PluginSettings
+from agent.deviceplugin.source import NatsAllocationSource
 from agent.inventory import InventorySource
 from agent.report import Report
 from common.arguments import positive_seconds
+from common.busaccess import agent_inbox_prefix
 from common.core.annotations import comma_list
 from common.messaging import Connection, NatsSettings
 from common.settings import setting
 from common.wire import (
     RESYNC_SUBJECT,
     Reason,
+    ReportedCard,
     ResyncRequest,
     WireError,
     decode_resync,
@@ -62,7 +66,8 @@ class AgentSettings:
 
 class Agent:
     def __init__(self, settings: AgentSettings, source: InventorySource, nats: NatsSettings,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 device_plugin: PluginSettings | None = None) -> None:
         self._settings = settings
         self._source = source
         self._nats = nats
@@ -70,15 +75,24 @@ class Agent:
         self._report = Report(settings.node, secrets.token_hex(8), settings.heartbeat_interval,
                               settings.cordoned)
         self._subject = inventory_subject(settings.node)
-        self._connection = Connection(nats, f"pyhami-agent {settings.node}")
+        # Replies come to the node's own inbox: the one its NATS permissions allow.
+        self._connection = Connection(
+            replace(nats, inbox_prefix=agent_inbox_prefix(settings.node)),
+            f"pyhami-agent {settings.node}")
         self._connection.when_up(self._on_up)
         self._published_once = False
         self._publishing = asyncio.Lock()
         self._last_publish = time.monotonic()
+        self._device_plugin = None if device_plugin is None else DevicePlugin(
+            settings.node, device_plugin, NatsAllocationSource(self._connection, settings.node))
 
     @property
     def connection(self) -> Connection:
         return self._connection
+
+    @property
+    def device_plugin(self) -> DevicePlugin | None:
+        return self._device_plugin
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then drain the connection and close the source.
@@ -97,6 +111,8 @@ class Agent:
             tasks = [asyncio.create_task(self._connection.run()),
                      asyncio.create_task(self._poll()),
                      asyncio.create_task(self._heartbeat())]
+            if self._device_plugin is not None:
+                tasks.append(asyncio.create_task(self._device_plugin.run()))
             await asyncio.wait({stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED)
             for task in tasks:
                 if task.done() and not task.cancelled():
@@ -116,10 +132,16 @@ class Agent:
 
     async def _open(self) -> None:
         await asyncio.to_thread(self._source.open)
-        self._report.observe(await asyncio.to_thread(self._source.read))
+        await self._observe(await asyncio.to_thread(self._source.read))
         if unknown := self._report.unknown_cordons():
             logger.warning("cordoned cards this node does not have: %s", ", ".join(unknown))
         self._last_publish = time.monotonic()
+
+    async def _observe(self, cards: list[ReportedCard]) -> list[str]:
+        """Record a read for the report and the device plugin; returns what changed."""
+        if self._device_plugin is not None:
+            await self._device_plugin.observe(cards)
+        return self._report.observe(cards)
 
     async def _on_up(self, client: Client, new_client: bool) -> None:
         url = client.connected_url
@@ -140,7 +162,7 @@ class Agent:
             except Exception:  # one failed read must not stop the agent: keep the last state
                 logger.exception("reading the inventory failed; keeping the last state")
                 continue
-            for line in self._report.observe(cards):
+            for line in await self._observe(cards):
                 logger.info("change: %s", line)
             if self._report.unpublished:
                 await self._publish("change")

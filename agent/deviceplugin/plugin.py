@@ -1,0 +1,305 @@
+"""The kubelet device plugin: a gRPC server on a unix socket in the kubelet's folder,
+registered with the kubelet as ``nvidia.com/gpu``, served again when the kubelet restarts.
+
+The kubelet removes every plugin socket and makes its own ``kubelet.sock`` anew when it
+starts; the plugin notices either within one ``watch_interval`` and serves and registers
+again. The decisions (which devices, which pod, what env) live in
+``agent.deviceplugin.allocation``; this module moves them over gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+
+from agent.deviceplugin._v1beta1 import api_pb2, api_pb2_grpc
+from agent.deviceplugin.allocation import (
+    CONTAINER_LIBRARY,
+    HEALTHY,
+    RESOURCE_NAME,
+    UNHEALTHY,
+    ContainerAllocation,
+    Device,
+    Granted,
+    HamiCore,
+    advertised_devices,
+    allocate,
+    preferred_devices,
+)
+from agent.deviceplugin.source import AllocationSource, AllocationSourceError
+from common.wire import AllocationOutcome, ReportedCard
+
+logger = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_HAMI_CORE_DIR = Path("/usr/local/vgpu")
+PLUGIN_SOCKET = "pyhami-nvidia-gpu.sock"
+WATCH_INTERVAL_S = 1.0
+REGISTER_TIMEOUT_S = 10.0
+STOP_GRACE_S = 0.5
+
+
+def hami_core(directory: Path) -> HamiCore | None:
+    """HAMi-core's host paths when ``directory`` holds libvgpu.so, writing the
+    ld.so.preload that loads it; None (logged) when memory slices cannot be enforced."""
+    library = directory / "libvgpu.so"
+    preload = directory / "ld.so.preload"
+    if not library.is_file():
+        logger.warning("no HAMi-core on this node (%s is missing): containers get their "
+                       "cards and limits in their environment, but memory slices are not "
+                       "enforced", library)
+        return None
+    content = CONTAINER_LIBRARY + "\n"
+    try:
+        if not preload.is_file() or preload.read_text() != content:
+            preload.write_text(content)
+    except OSError as error:
+        logger.warning("cannot write %s (%s): memory slices are not enforced on this node",
+                       preload, error.strerror or error)
+        return None
+    logger.info("HAMi-core found at %s: containers preload it", library)
+    return HamiCore(library=str(library), preload=str(preload))
+
+
+class DeviceFeed:
+    """The devices to advertise, following the agent's inventory; ListAndWatch waits on it."""
+
+    def __init__(self) -> None:
+        self._devices: tuple[Device, ...] = ()
+        self._cards: frozenset[str] = frozenset()
+        self._version = 0
+        self._changed = asyncio.Condition()
+
+    @property
+    def cards(self) -> frozenset[str]:
+        return self._cards
+
+    async def observe(self, cards: Sequence[ReportedCard]) -> None:
+        devices = advertised_devices(cards)
+        self._cards = frozenset(card.uuid for card in cards)
+        if devices == self._devices and self._version:
+            return
+        async with self._changed:
+            self._devices = devices
+            self._version += 1
+            self._changed.notify_all()
+
+    async def after(self, version: int) -> tuple[int, tuple[Device, ...]]:
+        """The devices once their version is past ``version``."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._version > version)
+            return self._version, self._devices
+
+
+def _device_message(device: Device) -> api_pb2.Device:
+    topology = None if device.numa is None else api_pb2.TopologyInfo(
+        nodes=[api_pb2.NUMANode(ID=device.numa)])
+    return api_pb2.Device(ID=device.id, health=HEALTHY if device.healthy else UNHEALTHY,
+                          topology=topology)
+
+
+def _container_response(allocation: ContainerAllocation) -> api_pb2.ContainerAllocateResponse:
+    return api_pb2.ContainerAllocateResponse(
+        envs=allocation.envs,
+        mounts=[api_pb2.Mount(container_path=m.container_path, host_path=m.host_path,
+                              read_only=m.read_only) for m in allocation.mounts])
+
+
+async def _abort(context: grpc.aio.ServicerContext, code: Any, message: str) -> NoReturn:
+    """Fail the call with ``message``: the kubelet shows it as the pod's admission error."""
+    await context.abort(code, message)
+    raise AssertionError("grpc.aio's abort raises")  # for the type checker: abort never returns
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    """The kubelet's calls; allocations are served one call at a time, in order."""
+
+    def __init__(self, node: str, feed: DeviceFeed, source: AllocationSource,
+                 hami: HamiCore | None) -> None:
+        self._node = node
+        self._feed = feed
+        self._source = source
+        self._hami = hami
+        self._progress: dict[str, int] = {}
+        self._unreported: list[AllocationOutcome] = []
+        self._allocating = asyncio.Lock()
+
+    async def GetDevicePluginOptions(self, request: api_pb2.Empty,
+                                     context: grpc.aio.ServicerContext
+                                     ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
+
+    async def ListAndWatch(self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        version = 0
+        while True:
+            version, devices = await self._feed.after(version)
+            yield api_pb2.ListAndWatchResponse(devices=[_device_message(d) for d in devices])
+
+    async def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest,
+                                     context: grpc.aio.ServicerContext
+                                     ) -> api_pb2.PreferredAllocationResponse:
+        async with self._allocating:
+            try:
+                pending = await self._source.pending(self._node)
+            except AllocationSourceError as error:
+                logger.warning("no preference for the kubelet: %s", error)
+                pending = []
+            responses = [
+                api_pb2.ContainerPreferredAllocationResponse(deviceIDs=preferred_devices(
+                    pending, self._progress, list(c.available_deviceIDs),
+                    list(c.must_include_deviceIDs), c.allocation_size))
+                for c in request.container_requests]
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    async def Allocate(self, request: api_pb2.AllocateRequest,
+                       context: grpc.aio.ServicerContext) -> api_pb2.AllocateResponse:
+        async with self._allocating:
+            await self._send_unreported()
+            try:
+                pending = await self._source.pending(self._node)
+            except AllocationSourceError as error:
+                logger.warning("Allocate refused: %s", error)
+                await _abort(context, grpc.StatusCode.UNAVAILABLE, str(error))
+            result = allocate(pending, self._progress,
+                              [list(c.devices_ids) for c in request.container_requests],
+                              node=self._node, node_cards=self._feed.cards,
+                              hami_core=self._hami)
+            self._unreported.extend(result.outcomes)
+            if isinstance(result, Granted):
+                self._progress = result.progress
+            await self._send_unreported()
+        if not isinstance(result, Granted):
+            logger.warning("Allocate refused: %s", result.reason)
+            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, result.reason)
+        for allocation in result.allocations:
+            logger.info("allocated container #%d of pod %s/%s: %s", allocation.position,
+                        allocation.pod.namespace, allocation.pod.name,
+                        allocation.envs["NVIDIA_VISIBLE_DEVICES"])
+        return api_pb2.AllocateResponse(
+            container_responses=[_container_response(a) for a in result.allocations])
+
+    async def PreStartContainer(self, request: api_pb2.PreStartContainerRequest,
+                                context: grpc.aio.ServicerContext
+                                ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
+
+    async def _send_unreported(self) -> None:
+        """Report what is owed; what cannot go now goes with the next call."""
+        while self._unreported:
+            try:
+                await self._source.report(self._unreported[0])
+            except AllocationSourceError as error:
+                logger.warning("%s; trying again at the next allocation", error)
+                return
+            self._unreported.pop(0)
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    kubelet_dir: Path = DEFAULT_KUBELET_DIR
+    hami_core_dir: Path = DEFAULT_HAMI_CORE_DIR
+    watch_interval: float = WATCH_INTERVAL_S
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What tells one socket file from the next made at the same path."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino, status.st_ctime_ns
+
+
+class DevicePlugin:
+    """Serves and registers for as long as ``run`` runs; ``observe`` feeds the inventory."""
+
+    def __init__(self, node: str, settings: PluginSettings, source: AllocationSource) -> None:
+        self._node = node
+        self._settings = settings
+        self._source = source
+        self._feed = DeviceFeed()
+        self.registrations = 0
+        """Times the kubelet accepted the registration (once per kubelet start)."""
+
+    @property
+    def socket(self) -> Path:
+        return self._settings.kubelet_dir / PLUGIN_SOCKET
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self._settings.kubelet_dir / KUBELET_SOCKET
+
+    async def observe(self, cards: Sequence[ReportedCard]) -> None:
+        await self._feed.observe(cards)
+
+    async def run(self) -> None:
+        """Serve, register, and start again whenever the kubelet does; until cancelled."""
+        servicer = DevicePluginServicer(self._node, self._feed, self._source,
+                                        hami_core(self._settings.hami_core_dir))
+        while True:
+            kubelet = await self._kubelet_up()
+            server = await self._serve(servicer)
+            try:
+                served = _identity(self.socket)
+                if await self._register(kubelet):
+                    while (_identity(self.kubelet_socket) == kubelet
+                           and _identity(self.socket) == served):
+                        await asyncio.sleep(self._settings.watch_interval)
+                    logger.info("the kubelet restarted (%s or %s changed): serving and "
+                                "registering again", self.kubelet_socket, self.socket)
+            finally:
+                await server.stop(STOP_GRACE_S)
+                if _identity(self.socket) == served:  # ours, not one a new start made
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.socket)
+
+    async def _kubelet_up(self) -> tuple[int, int, int]:
+        waited = False
+        while (kubelet := _identity(self.kubelet_socket)) is None:
+            if not waited:
+                logger.info("waiting for the kubelet's socket %s", self.kubelet_socket)
+                waited = True
+            await asyncio.sleep(self._settings.watch_interval)
+        return kubelet
+
+    async def _serve(self, servicer: DevicePluginServicer) -> grpc.aio.Server:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket)
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        await server.start()
+        return server
+
+    async def _register(self, kubelet: tuple[int, int, int]) -> bool:
+        """Register until the kubelet accepts; False when its socket changed meanwhile."""
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=RESOURCE_NAME,
+            options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True))
+        while _identity(self.kubelet_socket) == kubelet:
+            try:
+                async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+                    await api_pb2_grpc.RegistrationStub(channel).Register(
+                        request, timeout=REGISTER_TIMEOUT_S)
+            except grpc.aio.AioRpcError as error:
+                logger.warning("registering %s with the kubelet at %s failed (%s: %s); "
+                               "trying again", RESOURCE_NAME, self.kubelet_socket,
+                               error.code().name, error.details())
+                await asyncio.sleep(self._settings.watch_interval)
+                continue
+            self.registrations += 1
+            logger.info("registered %s with the kubelet at %s (socket %s)", RESOURCE_NAME,
+                        self.kubelet_socket, self.socket)
+            return True
+        return False

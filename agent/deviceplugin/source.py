@@ -1,0 +1,73 @@
+"""Where the device plugin learns which pods wait for their cards, and tells what became of
+them: a port, and its implementation over NATS (the daemon answers; the node needs no
+credentials for the Kubernetes API)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from nats.errors import Error as NatsError
+
+from agent.errors import AgentError
+from common.messaging import Connection, describe_error
+from common.wire import (
+    AllocationOutcome,
+    PendingPod,
+    WireError,
+    allocated_subject,
+    allocations_subject,
+    decode_pending,
+    encode,
+)
+
+REQUEST_TIMEOUT_S = 5.0
+
+
+class AllocationSourceError(AgentError):
+    """The pending pods cannot be learned, or an outcome cannot be told; the text says why."""
+
+
+class AllocationSource(Protocol):
+    async def pending(self, node: str) -> list[PendingPod]:
+        """The pods bound to ``node`` whose cards are still to be allocated, oldest
+        ``bind_time`` first; raises ``AllocationSourceError``."""
+
+    async def report(self, outcome: AllocationOutcome) -> None:
+        """Tell whether a pod's allocation succeeded; raises ``AllocationSourceError``."""
+
+
+class NatsAllocationSource:
+    """Asks the daemon on ``allocations_subject(node)``; reports on ``allocated_subject``."""
+
+    def __init__(self, connection: Connection, node: str,
+                 timeout: float = REQUEST_TIMEOUT_S) -> None:
+        self._connection = connection
+        self._node = node
+        self._timeout = timeout
+
+    async def pending(self, node: str) -> list[PendingPod]:
+        client = self._connection.client
+        if client is None or not client.is_connected:
+            raise AllocationSourceError("not connected to NATS: cannot ask the daemon which "
+                                        "pods wait for their cards")
+        subject = allocations_subject(node)
+        try:
+            reply = await client.request(subject, b"", timeout=self._timeout)
+        except (NatsError, TimeoutError) as error:
+            raise AllocationSourceError(f"the daemon did not answer on {subject} "
+                                        f"({describe_error(error)})") from None
+        try:
+            answer = decode_pending(reply.data)
+        except WireError as error:
+            raise AllocationSourceError(f"the daemon's answer on {subject}: {error}") from None
+        if answer.node != node:
+            raise AllocationSourceError(f"the daemon answered for node {answer.node!r} on "
+                                        f"{subject}")
+        return answer.pods
+
+    async def report(self, outcome: AllocationOutcome) -> None:
+        subject = allocated_subject(self._node)
+        unsent = await self._connection.publish(subject, encode(outcome))
+        if unsent is not None:
+            raise AllocationSourceError(f"the outcome for pod {outcome.namespace}/"
+                                        f"{outcome.name} was not sent on {subject} ({unsent})")

@@ -1,0 +1,286 @@
+"""The agent's device plugin against a fake kubelet and a real nats-server.
+
+The fake kubelet is a real gRPC Registration server on a temporary ``kubelet.sock``; on
+Register it dials the plugin's socket and calls it as the kubelet does (options, then a
+ListAndWatch stream; GetPreferredAllocation and Allocate when a test admits a pod). A
+small responder plays the daemon on the wire: it answers ``allocations_subject`` with the
+pods it holds as pending and drops a pod once its outcome arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from agent.deviceplugin._v1beta1 import api_pb2, api_pb2_grpc
+from agent.deviceplugin.allocation import card_of, device_id
+from agent.deviceplugin.plugin import PLUGIN_SOCKET, PluginSettings
+from agent.service import Agent, AgentSettings
+from agent.simulated import SimulatedSource, profile_cards
+from common.core.annotations import CardGrant, encode_devices
+from common.messaging import NatsSettings
+from common.natsserver import LocalNatsServer
+from common.wire import (
+    AllocationOutcome,
+    PendingAllocations,
+    PendingPod,
+    allocated_subject,
+    allocations_subject,
+    decode_outcome,
+    encode,
+)
+
+NODE = "gpu-node-1"
+CARDS = [card.uuid for card in profile_cards("t4x4", NODE)]
+WAIT_S = 10.0
+
+
+class FakeKubelet(api_pb2_grpc.RegistrationServicer):
+    """The kubelet's side of the device plugin API, as far as these tests need it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.registrations: asyncio.Queue[api_pb2.RegisterRequest] = asyncio.Queue()
+        self.lists: asyncio.Queue[list[api_pb2.Device]] = asyncio.Queue()
+        self._server: grpc.aio.Server | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        api_pb2_grpc.add_RegistrationServicer_to_server(self, server)
+        server.add_insecure_port(f"unix://{self.folder / 'kubelet.sock'}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            # The stream ends with an error when the plugin stopped first.
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await self._watch
+        if self._channel is not None:
+            await self._channel.close()
+        if self._server is not None:
+            await self._server.stop(0)
+
+    async def restart(self) -> None:
+        """As a kubelet start does: its socket made anew, every plugin socket removed."""
+        await self.stop()
+        for socket in self.folder.glob("*.sock"):
+            socket.unlink()
+        self.lists = asyncio.Queue()
+        await self.start()
+
+    async def Register(self, request: api_pb2.RegisterRequest,
+                       context: grpc.aio.ServicerContext) -> api_pb2.Empty:
+        self._channel = grpc.aio.insecure_channel(f"unix://{self.folder / request.endpoint}")
+        self._watch = asyncio.create_task(self._list_and_watch(self.plugin()))
+        await self.registrations.put(request)
+        return api_pb2.Empty()
+
+    def plugin(self) -> api_pb2_grpc.DevicePluginStub:
+        assert self._channel is not None
+        return api_pb2_grpc.DevicePluginStub(self._channel)
+
+    async def _list_and_watch(self, plugin: api_pb2_grpc.DevicePluginStub) -> None:
+        options = await plugin.GetDevicePluginOptions(api_pb2.Empty())
+        assert options.get_preferred_allocation_available
+        async for response in plugin.ListAndWatch(api_pb2.Empty()):
+            await self.lists.put(list(response.devices))
+
+    async def next_list(self) -> list[api_pb2.Device]:
+        return await asyncio.wait_for(self.lists.get(), WAIT_S)
+
+    async def admit(self, size: int) -> api_pb2.ContainerAllocateResponse:
+        """Admit a container asking for ``size`` devices: preference, then Allocate."""
+        plugin = self.plugin()
+        devices = [device_id(uuid, i) for uuid in CARDS for i in range(10)]
+        preferred = await plugin.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(
+            container_requests=[api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=devices, allocation_size=size)]))
+        chosen = list(preferred.container_responses[0].deviceIDs)
+        assert len(chosen) == size
+        response = await plugin.Allocate(api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]))
+        return response.container_responses[0]
+
+
+class Daemon:
+    """Plays the daemon on the wire: pending pods on request, outcomes collected."""
+
+    def __init__(self) -> None:
+        self.pending: list[PendingPod] = []
+        self.outcomes: asyncio.Queue[AllocationOutcome] = asyncio.Queue()
+
+    async def on_request(self, message: Msg) -> None:
+        await message.respond(encode(PendingAllocations(node=NODE, pods=list(self.pending))))
+
+    async def on_outcome(self, message: Msg) -> None:
+        outcome = decode_outcome(message.data)
+        self.pending = [pod for pod in self.pending if pod.uid != outcome.uid]
+        await self.outcomes.put(outcome)
+
+    async def next_outcome(self) -> AllocationOutcome:
+        return await asyncio.wait_for(self.outcomes.get(), WAIT_S)
+
+
+@pytest.fixture
+def folders() -> Iterator[tuple[Path, Path]]:
+    # Short: a unix socket path must fit in 108 bytes, and pytest's tmp_path may not.
+    root = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+    kubelet, hami = root / "kubelet", root / "vgpu"
+    kubelet.mkdir()
+    hami.mkdir()
+    yield kubelet, hami
+    shutil.rmtree(root)
+
+
+@asynccontextmanager
+async def node(url: str, kubelet_dir: Path, hami_dir: Path, source: SimulatedSource
+               ) -> AsyncIterator[tuple[FakeKubelet, Daemon]]:
+    daemon = Daemon()
+    client = await nats.connect(url)
+    await client.subscribe(allocations_subject(NODE), cb=daemon.on_request)
+    await client.subscribe(allocated_subject(NODE), cb=daemon.on_outcome)
+    await client.flush()
+    kubelet = FakeKubelet(kubelet_dir)
+    await kubelet.start()
+    agent = Agent(AgentSettings(NODE, poll_interval=0.2, heartbeat_interval=30.0), source,
+                  NatsSettings(servers=(url,), reconnect_max_wait=0.5),
+                  device_plugin=PluginSettings(kubelet_dir=kubelet_dir, hami_core_dir=hami_dir,
+                                               watch_interval=0.1))
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        yield kubelet, daemon
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+        await client.close()
+
+
+def t4x4() -> SimulatedSource:
+    return SimulatedSource(profile_cards("t4x4", NODE))
+
+
+def pending_pod(name: str, containers: list[list[CardGrant]], bind_time: int) -> PendingPod:
+    return PendingPod(namespace="lab", name=name, uid=f"uid-{name}",
+                      devices=encode_devices(containers), bind_time=bind_time)
+
+
+async def test_the_plugin_registers_and_lists_count_devices_per_card(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    kubelet_dir, hami_dir = folders
+    async with node(nats_server.url, kubelet_dir, hami_dir, t4x4()) as (kubelet, _):
+        request = await asyncio.wait_for(kubelet.registrations.get(), WAIT_S)
+        devices = await kubelet.next_list()
+    assert (request.version, request.endpoint, request.resource_name) == (
+        "v1beta1", PLUGIN_SOCKET, "nvidia.com/gpu")
+    assert request.options.get_preferred_allocation_available
+    assert len(devices) == 40
+    assert {card_of(d.ID) for d in devices} == set(CARDS)
+    assert {d.health for d in devices} == {"Healthy"}
+    assert {tuple(n.ID for n in d.topology.nodes) for d in devices} == {(0,)}
+
+
+async def test_a_card_turning_unhealthy_shows_in_the_next_list(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    source = t4x4()
+    async with node(nats_server.url, *folders, source) as (kubelet, _):
+        await kubelet.next_list()
+        source.set_health(2, False, "Xid 79")
+        devices = await kubelet.next_list()
+        source.set_health(2, True)
+        recovered = await kubelet.next_list()
+    unhealthy = {card_of(d.ID) for d in devices if d.health == "Unhealthy"}
+    assert unhealthy == {CARDS[2]}
+    assert sum(d.health == "Unhealthy" for d in devices) == 10
+    assert {d.health for d in recovered} == {"Healthy"}
+
+
+async def test_a_kubelet_restart_makes_the_plugin_register_again(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    async with node(nats_server.url, *folders, t4x4()) as (kubelet, _):
+        await asyncio.wait_for(kubelet.registrations.get(), WAIT_S)
+        await kubelet.next_list()
+        await kubelet.restart()
+        again = await asyncio.wait_for(kubelet.registrations.get(), WAIT_S)
+        devices = await kubelet.next_list()
+    assert again.resource_name == "nvidia.com/gpu"
+    assert len(devices) == 40
+
+
+async def test_allocate_gives_the_chosen_cards_limits_and_hami_core(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    kubelet_dir, hami_dir = folders
+    (hami_dir / "libvgpu.so").write_bytes(b"\x7fELF")
+    first = pending_pod("first", [[CardGrant(CARDS[3], 3000, 30)]], bind_time=100)
+    second = pending_pod("second", [[CardGrant(CARDS[1], 5000, 50),
+                                      CardGrant(CARDS[2], 6000, 50)]], bind_time=101)
+    async with node(nats_server.url, kubelet_dir, hami_dir, t4x4()) as (kubelet, daemon):
+        await kubelet.next_list()
+        daemon.pending = [first, second]
+        one = await kubelet.admit(1)
+        first_outcome = await daemon.next_outcome()
+        two = await kubelet.admit(2)
+        second_outcome = await daemon.next_outcome()
+    assert dict(one.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": CARDS[3],
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
+        "CUDA_DEVICE_SM_LIMIT": "30",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/vgpu/uid-first.cache",
+    }
+    assert [(m.container_path, m.host_path, m.read_only) for m in one.mounts] == [
+        ("/usr/local/vgpu/libvgpu.so", str(hami_dir / "libvgpu.so"), True),
+        ("/etc/ld.so.preload", str(hami_dir / "ld.so.preload"), True)]
+    assert (hami_dir / "ld.so.preload").read_text() == "/usr/local/vgpu/libvgpu.so\n"
+    assert (first_outcome.name, first_outcome.ok) == ("first", True)
+    assert two.envs["NVIDIA_VISIBLE_DEVICES"] == f"{CARDS[1]},{CARDS[2]}"
+    assert (two.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], two.envs["CUDA_DEVICE_MEMORY_LIMIT_1"]) == (
+        "5000m", "6000m")
+    assert (second_outcome.name, second_outcome.ok) == ("second", True)
+
+
+async def test_a_refused_allocate_fails_the_call_and_the_pod(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    wide = pending_pod("wide", [[CardGrant(CARDS[0], 1000, 10),
+                                 CardGrant(CARDS[1], 1000, 10)]], bind_time=100)
+    async with node(nats_server.url, *folders, t4x4()) as (kubelet, daemon):
+        await kubelet.next_list()
+        with pytest.raises(grpc.aio.AioRpcError) as nobody:
+            await kubelet.admit(1)
+        daemon.pending = [wide]
+        with pytest.raises(grpc.aio.AioRpcError) as mismatch:
+            await kubelet.admit(1)
+        outcome = await daemon.next_outcome()
+    assert nobody.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"no pod bound to node {NODE}" in (nobody.value.details() or "")
+    assert mismatch.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "2 card(s)" in (mismatch.value.details() or "")
+    assert (outcome.name, outcome.ok) == ("wide", False)
+    assert outcome.reason == mismatch.value.details()
+
+
+async def test_without_hami_core_allocate_mounts_nothing(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path],
+        caplog: pytest.LogCaptureFixture) -> None:
+    one = pending_pod("one", [[CardGrant(CARDS[0], 2000, 20)]], bind_time=100)
+    async with node(nats_server.url, *folders, t4x4()) as (kubelet, daemon):
+        await kubelet.next_list()
+        daemon.pending = [one]
+        response = await kubelet.admit(1)
+    assert list(response.mounts) == []
+    assert response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    assert sum("memory slices are not enforced" in r.getMessage() for r in caplog.records) == 1
