@@ -660,6 +660,33 @@ def test_the_bundled_nats_serves_tls_and_every_pod_verifies_it(helm: Path) -> No
         assert f"--nats-cert={tls_dir}/tls.crt" in ours["command"]
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_agent_serves_the_kubelet_its_device_plugin(helm: Path, enabled: bool) -> None:
+    command = [str(helm), "template", "pyhami", str(CHART), "--kube-version", KUBE_VERSION,
+               "--set", f"devicePlugin.enabled={str(enabled).lower()}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    (agent,) = [doc for doc in yaml.safe_load_all(done.stdout)
+                if doc and doc["kind"] == "DaemonSet"]
+    spec = agent["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+    if not enabled:
+        assert "--device-plugin" not in container["command"]
+        assert "device-plugins" not in volumes and "runAsUser" not in container[
+            "securityContext"]
+        return
+    assert "--device-plugin" in container["command"]
+    assert "--kubelet-dir=/var/lib/kubelet/device-plugins" in container["command"]
+    assert volumes["device-plugins"]["hostPath"]["path"] == mounts["device-plugins"] == (
+        "/var/lib/kubelet/device-plugins")
+    assert volumes["hami-core"]["hostPath"]["path"] == mounts["hami-core"] == "/usr/local/vgpu"
+    assert container["securityContext"]["runAsUser"] == 0
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # It still needs no Kubernetes API: no ServiceAccount token but the NATS one.
+    assert spec["automountServiceAccountToken"] is False
+
+
 def test_helm_install_and_uninstall_against_the_api_server(
         helm: Path, control_plane: ControlPlane, tmp_path: Path) -> None:
     """What a user runs: helm itself creates the release, and removes every object again."""
