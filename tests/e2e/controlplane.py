@@ -436,6 +436,18 @@ def recorded_env(request: dict[str, Any]) -> dict[str, str]:
             for pair in request["config"].get("envs", [])}
 
 
+def serving_unix(path: Path) -> bool:
+    """Whether something accepts connections on the unix socket ``path``."""
+    if not path.is_socket():
+        return False
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False  # left by a process that is gone
+    return True
+
+
 def _mounted(path: Path) -> bool:
     """Whether something is mounted on ``path``, a bind mount of its own folder included
     (which ``os.path.ismount`` does not see)."""
@@ -838,6 +850,11 @@ class ControlPlane:
         return KUBELET_DEVICE_PLUGINS
 
     @property
+    def kubelet_registration(self) -> Path:
+        """The kubelet's device plugin Registration socket."""
+        return KUBELET_DEVICE_PLUGINS / "kubelet.sock"
+
+    @property
     def cri_socket(self) -> Path:
         return self.data / "fake-cri" / "cri.sock"
 
@@ -870,9 +887,10 @@ class ControlPlane:
         kubelet = self._run("kubelet", [
             str(self.bin_dir / "kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
             f"--root-dir={self.kubelet_root}", f"--cert-dir={self.kubelet_root / 'pki'}",
-            f"--volume-plugin-dir={self.kubelet_root / 'volume-plugins'}",
             f"--hostname-override={KUBELET_NODE}", "--v=2"])
-        wait_for(self._kubelet_node_ready, f"the kubelet's Node {KUBELET_NODE} Ready",
+        # A restarted kubelet finds its Node Ready already: its socket says it is up.
+        wait_for(lambda: self._kubelet_node_ready() and serving_unix(self.kubelet_registration),
+                 f"the kubelet's Node {KUBELET_NODE} Ready and {self.kubelet_registration}",
                  START_TIMEOUT_S, interval=0.5, watch=[kubelet, self.processes["fake-cri"]])
         # The node lifecycle controller lifts the taints of a Ready node; none runs here.
         self.api.merge_patch(f"/api/v1/nodes/{KUBELET_NODE}", {"spec": {"taints": None}})
@@ -898,16 +916,9 @@ class ControlPlane:
         kubelet of this machine serves there."""
         if self.processes.get("kubelet") is not None and self.processes["kubelet"].running:
             raise RuntimeError("the suite's kubelet is already running")
-        registration = KUBELET_DEVICE_PLUGINS / "kubelet.sock"
-        if not registration.is_socket():
-            return
-        with socket.socket(socket.AF_UNIX) as probe:
-            try:
-                probe.connect(str(registration))
-            except OSError:
-                return  # left by a kubelet that is gone
-        raise RuntimeError(f"a kubelet already serves {registration} on this machine; the "
-                           "suite's kubelet would empty that folder")
+        if serving_unix(self.kubelet_registration):
+            raise RuntimeError(f"a kubelet already serves {self.kubelet_registration} on "
+                               "this machine; the suite's kubelet would empty that folder")
 
     def _grant_kubelet(self) -> None:
         """What the Node authorizer grants a kubelet, here through RBAC: ClusterRole
@@ -940,6 +951,7 @@ class ControlPlane:
             "cgroupsPerQOS": False, "enforceNodeAllocatable": [], "cgroupDriver": "cgroupfs",
             "failSwapOn": False, "failCgroupV1": False,
             "podLogsDir": str(self.kubelet_root / "pod-logs"),
+            "volumePluginDir": str(self.kubelet_root / "volume-plugins"),
             # Its HTTPS API (logs, exec) is not used; nobody but the suite reaches it.
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
             "authorization": {"mode": "AlwaysAllow"},

@@ -15,6 +15,7 @@ from tests.e2e.controlplane import (
     ApiError,
     ControlPlane,
     recorded_env,
+    serving_unix,
     versions,
     wait_for,
 )
@@ -51,14 +52,13 @@ def test_the_kubelet_registers_its_node_ready(kubelet: ControlPlane) -> None:
     # Capacity is the kubelet's own report; no device plugin has registered a GPU resource.
     assert int(node["status"]["allocatable"]["pods"]) > 0
     assert "nvidia.com/gpu" not in node["status"]["allocatable"]
-    # The kubelet serves the device plugin registration socket in its root dir.
-    assert (kubelet.kubelet_device_plugins / "kubelet.sock").is_socket()
+    # The kubelet serves the device plugin Registration in the fixed folder.
+    assert serving_unix(kubelet.kubelet_device_plugins / "kubelet.sock")
 
 
-def test_a_pod_bound_to_the_kubelet_runs_in_the_fake_runtime(
-        kubelet: ControlPlane, clean_namespace: None) -> None:
-    name = "plain-on-kubelet"
-    kubelet.api.create(PODS, {
+def run_plain_pod(plane: ControlPlane, name: str) -> dict[str, Any]:
+    """A pod without GPU bound to the kubelet's node, once it is Running."""
+    plane.api.create(PODS, {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": TEST_NAMESPACE},
         "spec": {"nodeName": KUBELET_NODE, "automountServiceAccountToken": False,
@@ -66,22 +66,51 @@ def test_a_pod_bound_to_the_kubelet_runs_in_the_fake_runtime(
                  "containers": [{"name": "app", "image": "ubuntu:22.04",
                                  "command": ["sleep", "infinity"],
                                  "env": [{"name": "E2E_MARK", "value": name}]}]}})
+    return wait_for(lambda: running(plane, name), f"pod {name} Running on {KUBELET_NODE}",
+                    watch=[plane.process("kubelet"), plane.process("fake-cri")])
 
-    def running() -> dict[str, Any] | None:
-        pod = kubelet.api.get(f"{PODS}/{name}")
-        return pod if pod["status"].get("phase") == "Running" else None
 
-    pod = wait_for(running, f"pod {name} Running on {KUBELET_NODE}",
-                   watch=[kubelet.process("kubelet"), kubelet.process("fake-cri")])
+def running(plane: ControlPlane, name: str) -> dict[str, Any] | None:
+    pod = plane.api.get(f"{PODS}/{name}")
+    return pod if pod["status"].get("phase") == "Running" else None
+
+
+def created_for(plane: ControlPlane, name: str) -> list[dict[str, Any]]:
+    """The CreateContainer requests the fake runtime received for pod ``name``."""
+    return [request for request in plane.recorded_containers()
+            if request["sandboxConfig"]["metadata"]["name"] == name]
+
+
+def test_a_pod_bound_to_the_kubelet_runs_in_the_fake_runtime(
+        kubelet: ControlPlane, clean_namespace: None) -> None:
+    name = "plain-on-kubelet"
+    pod = run_plain_pod(kubelet, name)
     [status] = pod["status"]["containerStatuses"]
     assert status["ready"] is True and "running" in status["state"]
     assert status["containerID"].startswith("fakeRuntime://")
 
-    [created] = [request for request in kubelet.recorded_containers()
-                 if request["sandboxConfig"]["metadata"]["name"] == name]
+    [created] = created_for(kubelet, name)
     assert created["sandboxConfig"]["metadata"]["namespace"] == TEST_NAMESPACE
     assert created["sandboxConfig"]["metadata"]["uid"] == pod["metadata"]["uid"]
     config = created["config"]
     assert config["metadata"]["name"] == "app"
     assert config["command"] == ["sleep", "infinity"]
     assert recorded_env(created)["E2E_MARK"] == name
+
+
+def test_a_restarted_kubelet_serves_again_and_keeps_its_pods(
+        kubelet: ControlPlane, clean_namespace: None) -> None:
+    name = "survives-restart"
+    before = run_plain_pod(kubelet, name)
+    registration = kubelet.kubelet_device_plugins / "kubelet.sock"
+    socket_before = registration.stat().st_ctime_ns
+    kubelet.stop_kubelet(runtime=False)
+    assert not serving_unix(registration)
+    kubelet.start_kubelet()
+    # A new Registration socket (a device plugin registers again on seeing it) ...
+    assert serving_unix(registration)
+    assert registration.stat().st_ctime_ns != socket_before
+    # ... and the running container found in the runtime, not created again.
+    after = wait_for(lambda: running(kubelet, name), f"pod {name} still Running")
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert len(created_for(kubelet, name)) == 1
