@@ -9,7 +9,7 @@
 # supported" and its watch cache then logs "Too large resource version"
 # timeouts. Binaries go to a cache outside the repository, keyed by the
 # Kubernetes version; what is already there is not built again (remove the
-# folder to rebuild). Helm (helm.sh/helm/v3) is built beside them: the suite renders
+# folder to rebuild), except fake-cri when its source changed. Helm (helm.sh/helm/v3) is built beside them: the suite renders
 # the chart in charts/ with it.
 #
 #   scripts/build-control-plane.sh          # build (or reuse) and print the folder
@@ -41,6 +41,14 @@ log() { printf '%s build-control-plane: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 have() { [[ -x "${OUT}/$1" ]]; }
 
+# fake-cri is built from this repository: rebuilt when tools/fake-cri/main.go changes
+# (its sha256 is kept beside the binary).
+FAKE_CRI_SOURCE="${REPO}/tools/fake-cri/main.go"
+fake_cri_sum() { sha256sum "${FAKE_CRI_SOURCE}" | cut -d' ' -f1; }
+fake_cri_current() {
+  have fake-cri && [[ "$(cat "${OUT}/fake-cri.sha256" 2>/dev/null)" == "$(fake_cri_sum)" ]]
+}
+
 # VERSIONS beside the binaries, one a line: the Kubernetes release, etcd's own
 # version, then Helm's.
 record_versions() {
@@ -53,9 +61,10 @@ record_versions() {
 mkdir -p "${OUT}"
 K8S_COMMANDS=(kube-apiserver kube-scheduler kubelet)
 missing_k8s=()
-for name in "${K8S_COMMANDS[@]}" fake-cri; do
+for name in "${K8S_COMMANDS[@]}"; do
   have "${name}" || missing_k8s+=("${name}")
 done
+fake_cri_current || missing_k8s+=(fake-cri)
 
 if (( ${#missing_k8s[@]} == 0 )) && have etcd && have helm; then
   log "all binaries present, nothing to build"
@@ -121,7 +130,7 @@ if (( ${#missing_k8s[@]} > 0 )); then
   log "${#staging[@]} staging modules replaced at ${staging_version}"
   # fake-cri is built inside this module: its k8s.io/cri-client is the release's.
   mkdir -p "${WORK}/k8s/fake-cri"
-  cp "${REPO}/tools/fake-cri/main.go" "${WORK}/k8s/fake-cri/main.go"
+  cp "${FAKE_CRI_SOURCE}" "${WORK}/k8s/fake-cri/main.go"
   get=()
   for name in "${K8S_COMMANDS[@]}"; do
     get+=("k8s.io/kubernetes/cmd/${name}@${K8S_VERSION}")
@@ -150,6 +159,7 @@ if (( ${#missing_k8s[@]} > 0 )); then
     (cd "${WORK}/k8s" && "${GO}" build -p "${JOBS}" -ldflags="${ldflags}" \
       -o "${WORK}/bin/${name}" "${package}")
     mv -f "${WORK}/bin/${name}" "${OUT}/"
+    [[ "${name}" == fake-cri ]] && fake_cri_sum >"${OUT}/fake-cri.sha256"
     log "${name} built in $((SECONDS - t1)) s"
   done
   log "Kubernetes binaries built in $((SECONDS - t0)) s"
