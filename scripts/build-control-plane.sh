@@ -9,8 +9,9 @@
 # supported" and its watch cache then logs "Too large resource version"
 # timeouts. Binaries go to a cache outside the repository, keyed by the
 # Kubernetes version; what is already there is not built again (remove the
-# folder to rebuild), except fake-cri when its source changed. Helm (helm.sh/helm/v3) is built beside them: the suite renders
-# the chart in charts/ with it.
+# folder to rebuild), except fake-cri when its source changed. Helm
+# (helm.sh/helm/v3) is built beside them: the suite renders the chart in
+# charts/ with it.
 #
 #   scripts/build-control-plane.sh          # build (or reuse) and print the folder
 #   scripts/build-control-plane.sh --print  # only print the folder
