@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Builds the control plane the end-to-end suite runs: kube-apiserver and
-# kube-scheduler from the k8s.io/kubernetes Go module at a pinned release, and
+# Builds the control plane the end-to-end suite runs: kube-apiserver,
+# kube-scheduler and kubelet from the k8s.io/kubernetes Go module at a pinned
+# release, fake-cri (tools/fake-cri: the fake CRI runtime of the same release's
+# k8s.io/cri-client, which the kubelet runs against), and
 # etcd built from go.etcd.io/etcd/server/v3 (v3.6, the series Kubernetes 1.36 is
 # tested with). Debian's etcd-server (3.4.23 on Debian 12) is an option: the
 # API server runs on it but reports "RequestWatchProgress feature is not
 # supported" and its watch cache then logs "Too large resource version"
 # timeouts. Binaries go to a cache outside the repository, keyed by the
 # Kubernetes version; what is already there is not built again (remove the
-# folder to rebuild). Helm (helm.sh/helm/v3) is built beside them: the suite renders
-# the chart in charts/ with it.
+# folder to rebuild), except fake-cri when its source changed. Helm
+# (helm.sh/helm/v3) is built beside them: the suite renders the chart in
+# charts/ with it.
 #
 #   scripts/build-control-plane.sh          # build (or reuse) and print the folder
 #   scripts/build-control-plane.sh --print  # only print the folder
@@ -27,6 +30,7 @@ ETCD_SOURCE="${PYHAMI_ETCD_SOURCE:-go}"
 ETCD_VERSION="${PYHAMI_ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${PYHAMI_HELM_VERSION:-v3.22.0}"
 CACHE_ROOT="${PYHAMI_CONTROL_PLANE_CACHE:-${HOME}/.cache/pyhami/control-plane}"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${CACHE_ROOT}/${K8S_VERSION}"
 
 if [[ "${1:-}" == "--print" ]]; then
@@ -38,6 +42,14 @@ log() { printf '%s build-control-plane: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 have() { [[ -x "${OUT}/$1" ]]; }
 
+# fake-cri is built from this repository: rebuilt when tools/fake-cri/main.go changes
+# (its sha256 is kept beside the binary).
+FAKE_CRI_SOURCE="${REPO}/tools/fake-cri/main.go"
+fake_cri_sum() { sha256sum "${FAKE_CRI_SOURCE}" | cut -d' ' -f1; }
+fake_cri_current() {
+  have fake-cri && [[ "$(cat "${OUT}/fake-cri.sha256" 2>/dev/null)" == "$(fake_cri_sum)" ]]
+}
+
 # VERSIONS beside the binaries, one a line: the Kubernetes release, etcd's own
 # version, then Helm's.
 record_versions() {
@@ -48,7 +60,14 @@ record_versions() {
 }
 
 mkdir -p "${OUT}"
-if have kube-apiserver && have kube-scheduler && have etcd && have helm; then
+K8S_COMMANDS=(kube-apiserver kube-scheduler kubelet)
+missing_k8s=()
+for name in "${K8S_COMMANDS[@]}"; do
+  have "${name}" || missing_k8s+=("${name}")
+done
+fake_cri_current || missing_k8s+=(fake-cri)
+
+if (( ${#missing_k8s[@]} == 0 )) && have etcd && have helm; then
   log "all binaries present, nothing to build"
   [[ "$(wc -l <"${OUT}/VERSIONS" 2>/dev/null || echo 0)" -ge 3 ]] || record_versions
   echo "${OUT}"
@@ -75,7 +94,7 @@ trap 'rm -rf "${WORK}"' EXIT
 
 start_all=${SECONDS}
 
-if ! have kube-apiserver || ! have kube-scheduler; then
+if (( ${#missing_k8s[@]} > 0 )); then
   log "downloading k8s.io/kubernetes@${K8S_VERSION}"
   t0=${SECONDS}
   k8s_dir="$("${GO}" mod download -json "k8s.io/kubernetes@${K8S_VERSION}" \
@@ -110,9 +129,15 @@ if ! have kube-apiserver || ! have kube-scheduler; then
     echo ")"
   } >"${WORK}/k8s/go.mod"
   log "${#staging[@]} staging modules replaced at ${staging_version}"
+  # fake-cri is built inside this module: its k8s.io/cri-client is the release's.
+  mkdir -p "${WORK}/k8s/fake-cri"
+  cp "${FAKE_CRI_SOURCE}" "${WORK}/k8s/fake-cri/main.go"
+  get=()
+  for name in "${K8S_COMMANDS[@]}"; do
+    get+=("k8s.io/kubernetes/cmd/${name}@${K8S_VERSION}")
+  done
   (cd "${WORK}/k8s" && "${GO}" mod download k8s.io/kubernetes \
-    && "${GO}" get "k8s.io/kubernetes/cmd/kube-apiserver@${K8S_VERSION}" \
-       "k8s.io/kubernetes/cmd/kube-scheduler@${K8S_VERSION}")
+    && "${GO}" get "${get[@]}" "k8s.io/cri-client@${staging_version}")
   log "modules resolved in $((SECONDS - t0)) s"
 
   t0=${SECONDS}
@@ -125,12 +150,20 @@ if ! have kube-apiserver || ! have kube-scheduler; then
     ldflags+=" -X ${pkg}.gitTreeState=clean"
     ldflags+=" -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
   done
-  log "building kube-apiserver and kube-scheduler (${JOBS} jobs)"
+  # Only what is missing; each is timed (kubelet alone takes minutes on two cores).
   mkdir -p "${WORK}/bin"
-  (cd "${WORK}/k8s" && "${GO}" build -p "${JOBS}" -ldflags="${ldflags}" -o "${WORK}/bin/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler)
-  mv -f "${WORK}/bin/kube-apiserver" "${WORK}/bin/kube-scheduler" "${OUT}/"
-  log "kube-apiserver and kube-scheduler built in $((SECONDS - t0)) s"
+  for name in "${missing_k8s[@]}"; do
+    t1=${SECONDS}
+    package="k8s.io/kubernetes/cmd/${name}"
+    [[ "${name}" == fake-cri ]] && package=./fake-cri
+    log "building ${name} (${JOBS} jobs)"
+    (cd "${WORK}/k8s" && "${GO}" build -p "${JOBS}" -ldflags="${ldflags}" \
+      -o "${WORK}/bin/${name}" "${package}")
+    mv -f "${WORK}/bin/${name}" "${OUT}/"
+    [[ "${name}" == fake-cri ]] && fake_cri_sum >"${OUT}/fake-cri.sha256"
+    log "${name} built in $((SECONDS - t1)) s"
+  done
+  log "Kubernetes binaries built in $((SECONDS - t0)) s"
 fi
 
 # Debian's etcd-server, unpacked: installing it would also start an etcd service.

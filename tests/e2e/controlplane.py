@@ -4,8 +4,10 @@ etcd, kube-apiserver (token authentication, RBAC), kube-scheduler with the chart
 configuration (``k8s/``'s, with the extender's mutual TLS on), nats-server, one simulated
 ``pyhami agent`` and the ``pyhami scheduler`` daemon, each a process of its own on free
 loopback ports. kube-scheduler calls the daemon over HTTPS with its client certificate,
-the only caller the daemon answers there. There is no kubelet and no
-kube-controller-manager: Nodes are created through the API and pods are bound, never run.
+the only caller the daemon answers there. There is no kube-controller-manager. The GPU
+node of the suite is created through the API and its pods are bound, never run; a test may
+add a real kubelet (``start_kubelet``) against a fake CRI runtime, which registers a node of
+its own and runs its pods in the runtime's memory.
 
 The binaries come from ``scripts/build-control-plane.sh`` (a cache outside the
 repository, keyed by version).
@@ -46,7 +48,7 @@ CHART = REPO / "charts" / "pyhami"
 BUILD_SCRIPT = REPO / "scripts" / "build-control-plane.sh"
 SCHEDULER_CONFIG_MAP = K8S_DIR / "scheduler-config.yaml"
 SCHEDULER_CONFIG_KEY = "config.yaml"
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "helm")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubelet", "fake-cri", "helm")
 
 SYSTEM_NAMESPACE = "pyhami-system"
 SCHEDULER_SERVICE_ACCOUNT = "pyhami-scheduler"
@@ -57,6 +59,15 @@ EXTENDER_TLS_VALUES = ("scheduler.extender.tls.enabled=true",
                        "scheduler.extender.tls.secretName=pyhami-extender-tls",
                        "scheduler.extender.tls.clientSecretName=pyhami-kube-scheduler-tls")
 NODE = "gpu-node-1"
+# The node a real kubelet registers (start_kubelet), as a user system:node:<name> in group
+# system:nodes with the ClusterRole system:node (the API server's Node authorizer is off).
+KUBELET_NODE = "gpu-node-2"
+KUBELET_USER = f"system:node:{KUBELET_NODE}"
+KUBELET_ROLE_BINDING = "pyhami-e2e-kubelet"
+# Where the kubelet serves the device plugin Registration (kubelet.sock) and looks for the
+# plugins' sockets: fixed in the kubelet (v1beta1.DevicePluginPath), whatever its --root-dir.
+# It empties the folder when it starts.
+KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 AGENT_SERVICE_ACCOUNT = "pyhami-agent"
 NATS_AUTH_SECRET = "pyhami-nats-auth"
 AGENT_TOKEN_AUDIENCE = "pyhami-nats"
@@ -418,6 +429,32 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
 
+def recorded_env(request: dict[str, Any]) -> dict[str, str]:
+    """The environment of a CreateContainer request the fake runtime recorded (a CRI
+    KeyValue's value is bytes, which protojson writes in base64)."""
+    return {pair["key"]: base64.b64decode(pair.get("value", "")).decode()
+            for pair in request["config"].get("envs", [])}
+
+
+def serving_unix(path: Path) -> bool:
+    """Whether something accepts connections on the unix socket ``path``."""
+    if not path.is_socket():
+        return False
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False  # left by a process that is gone
+    return True
+
+
+def _mounted(path: Path) -> bool:
+    """Whether something is mounted on ``path``, a bind mount of its own folder included
+    (which ``os.path.ismount`` does not see)."""
+    with open("/proc/self/mountinfo") as mounts:
+        return any(line.split()[4] == str(path) for line in mounts)
+
+
 def write_kubeconfig(path: Path, *, server: str, ca_file: Path, user: str, token: str) -> Path:
     document = {
         "apiVersion": "v1", "kind": "Config",
@@ -458,6 +495,8 @@ class ControlPlane:
     scheduler_config: dict[str, Any] = field(default_factory=dict)
     kube: KubeApi | None = None
     created: list[dict[str, Any]] = field(default_factory=list)
+    # The token the API server knows the kubelet's node identity by (tokens.csv).
+    kubelet_token: str = ""
 
     # Start and stop ---------------------------------------------------------------------
 
@@ -518,6 +557,7 @@ class ControlPlane:
         """Every process, newest first; always safe to call."""
         for name in reversed(list(self.processes)):
             self.processes[name].stop()
+        self._unmount_kubelet_root()
 
     def process(self, name: str) -> Process:
         return self.processes[name]
@@ -561,7 +601,9 @@ class ControlPlane:
                  "-out", str(client_ca))
         admin_token = os.urandom(16).hex()
         tokens = self.data / "tokens.csv"
-        tokens.write_text(f'{admin_token},e2e-admin,e2e-admin,"system:masters"\n')
+        self.kubelet_token = os.urandom(16).hex()
+        tokens.write_text(f'{admin_token},e2e-admin,e2e-admin,"system:masters"\n'
+                          f'{self.kubelet_token},{KUBELET_USER},{KUBELET_USER},"system:nodes"\n')
         tokens.chmod(0o600)
         self.api_port = free_port()
         apiserver = self._run("kube-apiserver", [
@@ -792,6 +834,136 @@ class ControlPlane:
         wait_for(lambda: self.api.get(lease)["spec"].get("holderIdentity"),
                  f"kube-scheduler to take the lease {SYSTEM_NAMESPACE}/{LEASE_NAME}",
                  START_TIMEOUT_S, interval=0.5, watch=[scheduler])
+
+
+    # The kubelet ----------------------------------------------------------------------------
+
+    @property
+    def kubelet_root(self) -> Path:
+        """The kubelet's --root-dir."""
+        return self.data / "kubelet"
+
+    @property
+    def kubelet_device_plugins(self) -> Path:
+        """Where the kubelet serves kubelet.sock and looks for device plugins' sockets: what
+        ``pyhami agent --device-plugin --kubelet-dir`` takes."""
+        return KUBELET_DEVICE_PLUGINS
+
+    @property
+    def kubelet_registration(self) -> Path:
+        """The kubelet's device plugin Registration socket."""
+        return KUBELET_DEVICE_PLUGINS / "kubelet.sock"
+
+    @property
+    def cri_socket(self) -> Path:
+        return self.data / "fake-cri" / "cri.sock"
+
+    @property
+    def cri_record(self) -> Path:
+        """Every CreateContainer request the fake runtime received, one JSON object a line
+        (protojson of runtime.v1.CreateContainerRequest; ``recorded_env`` reads its
+        environment)."""
+        return self.data / "fake-cri" / "containers.jsonl"
+
+    def recorded_containers(self) -> list[dict[str, Any]]:
+        """The CreateContainer requests the fake runtime received, oldest first."""
+        if not self.cri_record.exists():
+            return []
+        return [json.loads(line) for line in self.cri_record.read_text().splitlines() if line]
+
+    def start_kubelet(self) -> None:
+        """A real kubelet registering ``KUBELET_NODE``, against the fake CRI runtime (started
+        first unless it runs); returns once the Node is Ready. Called again after
+        ``stop_kubelet``, it reuses its root dir, as a restarted kubelet does."""
+        self._refuse_foreign_kubelet()
+        self._grant_kubelet()
+        if "fake-cri" not in self.processes or not self.processes["fake-cri"].running:
+            self._start_fake_cri()
+        kubeconfig = write_kubeconfig(
+            self.data / "kubelet.kubeconfig", server=self.server, ca_file=self.ca_file,
+            user=KUBELET_USER, token=self.kubelet_token)
+        config = self.data / "kubelet-config.yaml"
+        config.write_text(yaml.safe_dump(self._kubelet_config(), sort_keys=False))
+        kubelet = self._run("kubelet", [
+            str(self.bin_dir / "kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
+            f"--root-dir={self.kubelet_root}", f"--cert-dir={self.kubelet_root / 'pki'}",
+            f"--hostname-override={KUBELET_NODE}", "--v=2"])
+        # A restarted kubelet finds its Node Ready already: its socket says it is up.
+        wait_for(lambda: self._kubelet_node_ready() and serving_unix(self.kubelet_registration),
+                 f"the kubelet's Node {KUBELET_NODE} Ready and {self.kubelet_registration}",
+                 START_TIMEOUT_S, interval=0.5, watch=[kubelet, self.processes["fake-cri"]])
+        # The node lifecycle controller lifts the taints of a Ready node; none runs here.
+        self.api.merge_patch(f"/api/v1/nodes/{KUBELET_NODE}", {"spec": {"taints": None}})
+
+    def stop_kubelet(self, *, runtime: bool = True) -> None:
+        """Stop the kubelet, and the fake runtime too unless ``runtime`` is False (what a
+        kubelet restart leaves running). The Node stays in the API."""
+        names = ["kubelet", "fake-cri"] if runtime else ["kubelet"]
+        for name in names:
+            if name in self.processes:
+                self.processes[name].stop()
+        self._unmount_kubelet_root()
+
+    def _unmount_kubelet_root(self) -> None:
+        """The kubelet bind-mounts its root dir onto itself (to make it rshared); a stopped
+        kubelet leaves that mount, which would keep the folder from being removed."""
+        while _mounted(self.kubelet_root):
+            subprocess.run(["umount", str(self.kubelet_root)], check=True, capture_output=True,
+                           timeout=30)
+
+    def _refuse_foreign_kubelet(self) -> None:
+        """The kubelet empties ``KUBELET_DEVICE_PLUGINS`` when it starts: never while another
+        kubelet of this machine serves there."""
+        if self.processes.get("kubelet") is not None and self.processes["kubelet"].running:
+            raise RuntimeError("the suite's kubelet is already running")
+        if serving_unix(self.kubelet_registration):
+            raise RuntimeError(f"a kubelet already serves {self.kubelet_registration} on "
+                               "this machine; the suite's kubelet would empty that folder")
+
+    def _grant_kubelet(self) -> None:
+        """What the Node authorizer grants a kubelet, here through RBAC: ClusterRole
+        system:node."""
+        with contextlib.suppress(ApiError):  # already made by an earlier start
+            self.api.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": KUBELET_ROLE_BINDING},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "system:node"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                              "name": KUBELET_USER}]})
+
+    def _start_fake_cri(self) -> None:
+        self.cri_socket.parent.mkdir(parents=True, exist_ok=True)
+        self.cri_socket.unlink(missing_ok=True)
+        runtime = self._run("fake-cri", [
+            str(self.bin_dir / "fake-cri"), f"--endpoint=unix://{self.cri_socket}",
+            f"--record={self.cri_record}"])
+        wait_for(self.cri_socket.exists, "the fake CRI runtime's socket", START_TIMEOUT_S,
+                 watch=[runtime])
+
+    def _kubelet_config(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "containerRuntimeEndpoint": f"unix://{self.cri_socket}",
+            "address": "127.0.0.1", "port": free_port(), "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": free_port(),
+            # No cgroups of its own: the fake runtime runs nothing for them to limit.
+            "cgroupsPerQOS": False, "enforceNodeAllocatable": [], "cgroupDriver": "cgroupfs",
+            "failSwapOn": False, "failCgroupV1": False,
+            "podLogsDir": str(self.kubelet_root / "pod-logs"),
+            "volumePluginDir": str(self.kubelet_root / "volume-plugins"),
+            # Its HTTPS API (logs, exec) is not used; nobody but the suite reaches it.
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+        }
+
+    def _kubelet_node_ready(self) -> bool:
+        try:
+            node = self.api.get(f"/api/v1/nodes/{KUBELET_NODE}")
+        except ApiError:
+            return False
+        return any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in node.get("status", {}).get("conditions", []))
 
 
 @contextlib.contextmanager
