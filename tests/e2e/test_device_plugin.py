@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from common.core.annotations import ALLOCATED_ANNOTATION, BIND_PHASE_ANNOTATION, decode_devices
+from scheduler.service.reactions import CORDON_REFRESH_S
 from tests.e2e.controlplane import (
     KUBELET_NODE,
     ApiError,
@@ -50,6 +51,10 @@ def gpu_kubelet(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFa
         plane.stop_kubelet()
         with contextlib.suppress(ApiError):
             plane.api.delete(f"/api/v1/nodes/{KUBELET_NODE}")
+        # The other tests see one node again once the daemon has forgotten this one (it
+        # reads the Nodes again every CORDON_REFRESH_S).
+        wait_for(lambda: plane.statusz()["nodes"] == 1, f"the daemon forgetting {KUBELET_NODE}",
+                 timeout=CORDON_REFRESH_S * 3)
 
 
 def allocatable_gpus(plane: ControlPlane) -> int | None:
