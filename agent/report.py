@@ -41,6 +41,8 @@ class Report:
         self.version = version if version is not None else package_version()
         self.sequence = 0
         self._observed: list[ReportedCard] = []
+        self.slices_enforced: bool | None = None
+        """Told by the device plugin, when the agent serves one."""
         self._published: list[ReportedCard] | None = None
 
     @property
@@ -67,7 +69,8 @@ class Report:
                          instance=self.instance, sequence=self.sequence + 1,
                          timestamp=timestamp, reason=reason,
                          heartbeat_interval=self.heartbeat_interval,
-                         cards=list(self._observed), cordoned=list(self.cordoned))
+                         cards=list(self._observed), cordoned=list(self.cordoned),
+                         slices_enforced=self.slices_enforced)
 
     def confirm(self, message: Inventory) -> None:
         self.sequence = message.sequence

@@ -85,6 +85,8 @@ class Agent:
         self._last_publish = time.monotonic()
         self._device_plugin = None if device_plugin is None else DevicePlugin(
             settings.node, device_plugin, NatsAllocationSource(self._connection, settings.node))
+        if self._device_plugin is not None:
+            self._report.slices_enforced = self._device_plugin.slices_enforced
 
     @property
     def connection(self) -> Connection:

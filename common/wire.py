@@ -132,6 +132,9 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     cards: Cards
     cordoned: Cordoned = []
     """UUIDs the agent reports as cordoned: the scheduler must not use them."""
+    slices_enforced: bool | None = None
+    """With the agent's device plugin: whether HAMi-core is there to enforce the memory
+    and core slices in the containers; None when the agent serves no device plugin."""
 
     def to_node(self) -> Node:
         annotations = {CORDON_ANNOTATION: ",".join(self.cordoned)} if self.cordoned else {}

@@ -48,6 +48,8 @@ class Sources:
     """The nodes whose inventory is older than the node timeout."""
     ready: Callable[[], bool]
     """/readyz would answer 200."""
+    slices_enforced: Callable[[], dict[str, bool]]
+    """Nodes whose agent serves a device plugin -> whether HAMi-core enforces the slices."""
 
 
 def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
@@ -142,6 +144,12 @@ class DaemonCollector(Collector):
         for name, when in sorted(self._sources.last_heard().items()):
             heard.add_metric([name], when)
             stale.add_metric([name], 1.0 if name in stale_nodes else 0.0)
+        enforced = _gauge("pyhami_node_memory_slices_enforced",
+                          "1 where HAMi-core enforces the memory and core slices in the "
+                          "containers, 0 where the device plugin hands out cards without it",
+                          ["node"])
+        for name, yes in sorted(self._sources.slices_enforced().items()):
+            enforced.add_metric([name], 1.0 if yes else 0.0)
         healthy = _gauge("pyhami_gpu_healthy", "1 while the node's agent reports the card healthy",
                          CARD_LABELS)
         fleet = self._sources.fleet()
@@ -153,7 +161,7 @@ class DaemonCollector(Collector):
             "pyhami_allocations_on_vanished_cards",
             "Cards still holding allocations that their node no longer reports")
         orphans.add_metric([], len(fleet.orphans()))
-        yield from (build, ready, heard, stale, healthy, orphans)
+        yield from (build, ready, heard, stale, enforced, healthy, orphans)
 
 
 class ConnectionCollector(Collector):

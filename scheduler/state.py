@@ -97,6 +97,8 @@ class LiveState:
         self._cluster_cordons: dict[str, frozenset[str]] = {}
         # Least recently heard first, so finding the stale nodes stops at the first fresh one.
         self._clocks: OrderedDict[str, NodeClock] = OrderedDict()
+        # Nodes whose agent serves a device plugin -> whether HAMi-core enforces the slices.
+        self.slices_enforced: dict[str, bool] = {}
         # Card uuid -> the node that last reported it; checked against that node's report.
         self._card_node: dict[str, str] = {}
         # A node last heard at or before this moment may skip any number of sequences.
@@ -130,6 +132,10 @@ class LiveState:
         self._clocks[inventory.node] = NodeClock(inventory.instance, inventory.sequence, now)
         self._clocks.move_to_end(inventory.node)
         self._stale.discard(inventory.node)
+        if inventory.slices_enforced is None:
+            self.slices_enforced.pop(inventory.node, None)
+        else:
+            self.slices_enforced[inventory.node] = inventory.slices_enforced
         if inventory.node not in self._known:
             self._known.add(inventory.node)
             self._known_version += 1
@@ -254,6 +260,7 @@ class LiveState:
         self.fleet.remove_node(name)
         self._drop_card_nodes(self._reported.pop(name, None))
         self._clocks.pop(name, None)
+        self.slices_enforced.pop(name, None)
         self._first_heard.pop(name, None)
         self._stale.discard(name)
         if name in self._known:

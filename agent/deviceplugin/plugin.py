@@ -229,8 +229,14 @@ class DevicePlugin:
         self._settings = settings
         self._source = source
         self._feed = DeviceFeed()
+        self._hami = hami_core(settings.hami_core_dir)
         self.registrations = 0
         """Times the kubelet accepted the registration (once per kubelet start)."""
+
+    @property
+    def slices_enforced(self) -> bool:
+        """Whether HAMi-core is on this node to enforce the slices (looked at once, at start)."""
+        return self._hami is not None
 
     @property
     def socket(self) -> Path:
@@ -245,8 +251,7 @@ class DevicePlugin:
 
     async def run(self) -> None:
         """Serve, register, and start again whenever the kubelet does; until cancelled."""
-        servicer = DevicePluginServicer(self._node, self._feed, self._source,
-                                        hami_core(self._settings.hami_core_dir))
+        servicer = DevicePluginServicer(self._node, self._feed, self._source, self._hami)
         while True:
             kubelet = await self._kubelet_up()
             server = await self._serve(servicer)

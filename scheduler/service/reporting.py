@@ -33,7 +33,8 @@ class Reporting:
         self.metrics = Metrics(Sources(
             fleet=lambda: self.state.fleet, last_heard=self._last_heard,
             stale=lambda: self.state.stale_nodes(self._clock()).keys(),
-            ready=lambda: not self.not_ready_because()))
+            ready=lambda: not self.not_ready_because(),
+            slices_enforced=lambda: dict(self.state.slices_enforced)))
         self.readiness_checks: list[Check] = []
         """Each says why the daemon is not ready, or None (NATS, background tasks)."""
         self.status_parts: dict[str, Callable[[], object]] = {}

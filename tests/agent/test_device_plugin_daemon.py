@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -26,11 +27,20 @@ from tests.harness import PodClient, eventually
 __all__ = ["folders"]  # the fixture, shared
 
 
-@pytest.fixture
-async def placed_node(jetstream_server: LocalNatsServer, folders: tuple[Path, Path],
-                      http: aiohttp.ClientSession) -> AsyncIterator[tuple[FakeKubelet,
-                                                                           PodClient]]:
+@dataclass
+class Node:
+    kubelet: FakeKubelet
+    pods: PodClient
+    daemon: RunningDaemon
+
+
+@pytest.fixture(params=[False, True], ids=["without-hami-core", "with-hami-core"])
+async def placed_node(request: pytest.FixtureRequest, jetstream_server: LocalNatsServer,
+                      folders: tuple[Path, Path],
+                      http: aiohttp.ClientSession) -> AsyncIterator[Node]:
     kubelet_dir, hami_dir = folders
+    if request.param:
+        (hami_dir / "libvgpu.so").write_bytes(b"\x7fELF")
     kubelet = FakeKubelet(kubelet_dir)
     await kubelet.start()
     agent = Agent(AgentSettings(NODE, poll_interval=0.2, heartbeat_interval=0.5),
@@ -43,7 +53,7 @@ async def placed_node(jetstream_server: LocalNatsServer, folders: tuple[Path, Pa
     daemon = await RunningDaemon(standalone_config(jetstream_server.url)).start()
     try:
         await asyncio.wait_for(kubelet.registrations.get(), WAIT_S)
-        yield kubelet, PodClient(http, daemon.url)
+        yield Node(kubelet, PodClient(http, daemon.url), daemon)
     finally:
         await daemon.stop()
         stop.set()
@@ -52,8 +62,8 @@ async def placed_node(jetstream_server: LocalNatsServer, folders: tuple[Path, Pa
 
 
 async def test_the_container_gets_the_cards_the_daemon_chose_and_the_pod_succeeds(
-        placed_node: tuple[FakeKubelet, PodClient]) -> None:
-    kubelet, pods = placed_node
+        placed_node: Node) -> None:
+    kubelet, pods = placed_node.kubelet, placed_node.pods
     names = ["first", "second"]
     for name in names:
         await pods.submit_and_place(lab_pod(name, {"hami.io/gpu-scheduler-policy": "binpack"}))
@@ -70,3 +80,16 @@ async def test_the_container_gets_the_cards_the_daemon_chose_and_the_pod_succeed
             return current["annotations"].get(BIND_PHASE_ANNOTATION) == "success"
 
         await eventually(succeeded, f"{name}'s bind-phase success")
+
+
+async def test_the_daemon_says_where_slices_are_not_enforced(placed_node: Node) -> None:
+    """The agent reports whether HAMi-core is on its node; the daemon's metric says it."""
+    service = placed_node.daemon.service
+    assert service is not None
+    enforced = (placed_node.kubelet.folder.parent / "vgpu" / "libvgpu.so").exists()
+    line = f'pyhami_node_memory_slices_enforced{{node="{NODE}"}} {float(enforced)}'
+
+    async def reported() -> bool:
+        return line in service.metrics.exposition().decode()
+
+    await eventually(reported, line)
