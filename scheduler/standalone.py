@@ -300,16 +300,20 @@ class StandaloneCluster:
         merged = {**pod.annotations, **annotations}
         bound = msgspec.structs.replace(pod, node=node, phase="Running", annotations={
             name: value for name, value in merged.items() if value is not None})
-        value = _encoder.encode(bound)
+        await self._replace(key, bound, what)
+
+    async def _replace(self, key: str, pod: StoredPod, what: str) -> None:
+        """Write ``pod`` over the revision last read (compare-and-set), then keep it."""
+        value = _encoder.encode(pod)
         last = self._revisions.get(key, 0)
         try:
             revision = await self._write(key, value, what,
                                          lambda: self._bucket.update(key, value, last=last))
         except KeyWrongLastSequenceError:
             raise await self._changed_meanwhile(key, what) from None
-        self._pods[key] = bound
+        self._pods[key] = pod
         self._revisions[key] = revision
-        self._changes.put_nowait(PodChange(bound.cluster_pod(), deleted=False))
+        self._changes.put_nowait(PodChange(pod.cluster_pod(), deleted=False))
 
     async def set_bind_phase(self, namespace: str, name: str, uid: str,
                              phase: AllocationPhase) -> None:
@@ -322,18 +326,8 @@ class StandaloneCluster:
                 raise ClusterError(f"{what}: the pod no longer exists")
             if pod.uid != uid:
                 raise ClusterError(f"{what}: uid {uid} is not the pod's ({pod.uid})")
-            changed = msgspec.structs.replace(
-                pod, annotations={**pod.annotations, BIND_PHASE_ANNOTATION: phase})
-            value = _encoder.encode(changed)
-            last = self._revisions.get(key, 0)
-            try:
-                revision = await self._write(key, value, what,
-                                             lambda: self._bucket.update(key, value, last=last))
-            except KeyWrongLastSequenceError:
-                raise await self._changed_meanwhile(key, what) from None
-            self._pods[key] = changed
-            self._revisions[key] = revision
-            self._changes.put_nowait(PodChange(changed.cluster_pod(), deleted=False))
+            await self._replace(key, msgspec.structs.replace(
+                pod, annotations={**pod.annotations, BIND_PHASE_ANNOTATION: phase}), what)
 
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:
