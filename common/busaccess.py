@@ -172,6 +172,17 @@ class BusCredentials:
                 AUTH_CONFIG: self.server_config().encode()}
 
     @classmethod
+    def read(cls, directory: Path) -> BusCredentials:
+        """The credentials ``pyhami nats-auth init`` wrote into ``directory``."""
+        stored = {}
+        for name in (ISSUER_SEED, DAEMON_PASSWORD, WATCH_PASSWORD):
+            try:
+                stored[name] = (directory / name).read_bytes()
+            except OSError as error:
+                raise CredentialsError(f"{directory}: {name}: {error.strerror or error}") from None
+        return cls.from_stored(stored, str(directory))
+
+    @classmethod
     def from_stored(cls, data: Mapping[str, bytes], where: str) -> BusCredentials:
         missing = [key for key in (ISSUER_SEED, DAEMON_PASSWORD, WATCH_PASSWORD)
                    if not data.get(key, b"").strip()]

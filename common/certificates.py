@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import re
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common.core.errors import SettingsError
+from common.files import PRIVATE_MODE, write_files
 
 # Valid from a little before now: a peer's clock may run behind the issuer's.
 BACKDATE = datetime.timedelta(hours=1)
@@ -36,7 +36,7 @@ DEFAULT_DAYS = 365
 MAX_DAYS = 36500  # a hundred years: far enough, and within what X.509 dates can say
 KUBE_SCHEDULER_NAME = "kube-scheduler"
 CLIENT_NAME = "pyhami-client"
-KEY_MODE = 0o600
+KEY_MODE = PRIVATE_MODE
 CERT_MODE = 0o644
 
 _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -260,29 +260,11 @@ def write_bundle(directory: Path, *, dns: Sequence[str] = DEFAULT_DNS,
         raise SettingsError(str(error)) from None
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write_all({path: files[field] for field, path in bundle.paths().items()})
+        paths = bundle.paths()
+        write_files({path: files[field] for field, path in paths.items()},
+                    {path: KEY_MODE if path.suffix == ".key" else CERT_MODE
+                     for path in paths.values()})
     except OSError as error:
         raise SettingsError(f"{directory}: cannot write the bundle: "
                             f"{error.strerror or error}") from None
     return bundle
-
-
-def _write_all(contents: Mapping[Path, bytes]) -> None:
-    """Each file written beside its place first, then all moved into place, so that an
-    error leaves no half-written file behind."""
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for path, text in contents.items():
-            temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-            mode = KEY_MODE if path.suffix == ".key" else CERT_MODE
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-            staged.append((temporary, path))
-            with os.fdopen(descriptor, "wb") as file:
-                if mode == KEY_MODE:
-                    os.fchmod(file.fileno(), KEY_MODE)  # whatever the umask
-                file.write(text)
-        for temporary, path in staged:
-            os.replace(temporary, path)
-    finally:
-        for temporary, _ in staged:
-            temporary.unlink(missing_ok=True)

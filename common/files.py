@@ -1,7 +1,10 @@
-"""Reading the user's input files: cluster descriptions and Pod manifests."""
+"""The user's files: cluster descriptions and Pod manifests read, credentials written whole."""
 
 from __future__ import annotations
 
+import os
+import secrets
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -107,3 +110,27 @@ def _parse_json_pod(text: bytes | str, source: str) -> PodManifest | None:
 
 def load_pod(path: Path) -> PodManifest:
     return parse_pod_manifest(_read(path), str(path))
+
+
+PRIVATE_MODE = 0o600
+
+
+def write_files(contents: Mapping[Path, bytes], mode: Mapping[Path, int]) -> None:
+    """Each file written beside its place first, then all moved into place in the order
+    given, so that an error leaves no half-written file behind. Private files (mode
+    0600) get that mode whatever the umask. Raises ``OSError``."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in contents.items():
+            temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode[path])
+            staged.append((temporary, path))
+            with os.fdopen(descriptor, "wb") as file:
+                if mode[path] == PRIVATE_MODE:
+                    os.fchmod(file.fileno(), PRIVATE_MODE)
+                file.write(text)
+        for temporary, path in staged:
+            os.replace(temporary, path)
+    finally:
+        for temporary, _ in staged:
+            temporary.unlink(missing_ok=True)

@@ -10,9 +10,9 @@ projected ServiceAccount tokens instead, and the chart makes the rest.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from common.arguments import Subcommands
@@ -28,13 +28,13 @@ from common.busaccess import (
 from common.core.annotations import comma_list
 from common.core.names import InvalidName, check_subdomain
 from common.core.natsjwt import JwtError, node_token, signer_from_seed
+from common.files import PRIVATE_MODE, write_files
 
 SERVER_CONFIG = "nats.conf"
 FILES = (ISSUER_SEED, ISSUER_PUBLIC, DAEMON_PASSWORD, WATCH_PASSWORD, SERVER_CONFIG)
 # The TLS files ``pyhami certs init`` writes, which the server configuration names.
 TLS_FILES = ("nats.pem", "nats.key", "ca.pem")
 DEFAULT_TOKEN_DAYS = 365
-SECRET = 0o600
 
 
 def register(commands: Subcommands) -> None:
@@ -76,13 +76,10 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _write_secret(path: Path, text: str) -> None:
-    """Written beside, then renamed: a reader never sees half a file."""
-    partial = path.with_name(path.name + ".partial")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SECRET)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(text)
-    partial.replace(path)
+def _write_secrets(contents: Mapping[Path, str]) -> None:
+    """Mode 0600, each written whole, moved into place in the order given."""
+    write_files({path: text.encode() for path, text in contents.items()},
+                dict.fromkeys(contents, PRIVATE_MODE))
 
 
 def run_init(args: argparse.Namespace) -> int:
@@ -97,10 +94,10 @@ def run_init(args: argparse.Namespace) -> int:
         except InvalidName as error:
             return _fail(str(error))
     present = [name for name in FILES if (directory / name).exists()]
+    written: dict[Path, str] = {}
     if present and args.keep_existing and len(present) == len(FILES):
         try:
-            credentials = BusCredentials.from_stored(
-                {name: (directory / name).read_bytes() for name in FILES}, str(directory))
+            credentials = BusCredentials.read(directory)
         except CredentialsError as error:
             return _fail(f"{error} (--force makes a new set)")
         print(f"{directory}: NATS credentials already there; kept")
@@ -120,30 +117,28 @@ def run_init(args: argparse.Namespace) -> int:
                              "(run `pyhami certs init` first)")
             tls = ServerTls(cert=certs / "nats.pem", key=certs / "nats.key",
                             ca=certs / "ca.pem", verify_clients=args.verify_clients)
-        credentials = _write_credentials(directory, tls)
+        credentials = BusCredentials.new()
+        stored = credentials.stored()
+        written.update({directory / name: stored[name].decode()
+                        for name in (ISSUER_SEED, DAEMON_PASSWORD, WATCH_PASSWORD)})
+        written[directory / SERVER_CONFIG] = credentials.server_config(tls)
+        # Moved into place after the rest of the set: a complete set is what
+        # --keep-existing keeps.
+        written[directory / ISSUER_PUBLIC] = stored[ISSUER_PUBLIC].decode()
     now = int(time.time())
     for node in args.agents:
         path = directory / f"{node}.token"
-        if path.exists() and args.keep_existing:
-            continue
-        _write_secret(path, node_token(node, credentials.signer, now, now + args.days * 86400)
-                      + "\n")
+        if not (path.exists() and args.keep_existing):
+            written[path] = node_token(node, credentials.signer, now,
+                                       now + args.days * 86400) + "\n"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_secrets(written)
+    except OSError as error:
+        return _fail(f"{directory}: cannot write the credentials: {error.strerror or error}")
+    for path in written:
         print(f"wrote {path}")
     return 0
-
-
-def _write_credentials(directory: Path, tls: ServerTls | None) -> BusCredentials:
-    credentials = BusCredentials.new()
-    stored = credentials.stored()
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in (ISSUER_SEED, DAEMON_PASSWORD, WATCH_PASSWORD):
-        _write_secret(directory / name, stored[name].decode())
-    _write_secret(directory / SERVER_CONFIG, credentials.server_config(tls))
-    # Written last: a complete set is what --keep-existing keeps.
-    _write_secret(directory / ISSUER_PUBLIC, stored[ISSUER_PUBLIC].decode())
-    for name in FILES:
-        print(f"wrote {directory / name}")
-    return credentials
 
 
 def run_agent_token(args: argparse.Namespace) -> int:
@@ -159,7 +154,10 @@ def run_agent_token(args: argparse.Namespace) -> int:
     except (JwtError, InvalidName) as error:
         return _fail(str(error))
     if args.output:
-        _write_secret(Path(args.output), token + "\n")
+        try:
+            _write_secrets({Path(args.output): token + "\n"})
+        except OSError as error:
+            return _fail(f"--output: {args.output}: {error.strerror or error}")
         print(f"wrote {args.output}")
     else:
         print(token)

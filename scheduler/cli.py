@@ -17,13 +17,7 @@ from common.arguments import (
     address,
     defaults_from,
 )
-from common.busaccess import (
-    DAEMON_PASSWORD,
-    ISSUER_SEED,
-    WATCH_PASSWORD,
-    BusCredentials,
-    CredentialsError,
-)
+from common.busaccess import BusCredentials, CredentialsError
 from common.core.errors import SettingsError
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.logs import add_log_arguments, configure_logging
@@ -160,18 +154,11 @@ def _add_bus_auth_arguments(group: argparse._ArgumentGroup) -> None:
 
 
 def _stored_credentials(directory: Path) -> BusCredentials:
-    where = f"--nats-auth-dir {directory}"
-    stored = {}
-    for name in (ISSUER_SEED, DAEMON_PASSWORD, WATCH_PASSWORD):
-        try:
-            stored[name] = (directory / name).read_bytes()
-        except OSError as error:
-            raise SettingsError(f"{where}: {name}: {error.strerror or error} (run `pyhami "
-                                "nats-auth init` first)") from None
     try:
-        return BusCredentials.from_stored(stored, where)
+        return BusCredentials.read(directory)
     except CredentialsError as error:
-        raise SettingsError(str(error)) from None
+        raise SettingsError(f"--nats-auth-dir {error} (`pyhami nats-auth init DIR` writes "
+                            "them)") from None
 
 
 def _bus_auth_config(args: argparse.Namespace, mode: ClusterMode,

@@ -97,3 +97,17 @@ def test_init_mints_agent_tokens_and_keeps_them_with_the_set(tmp_path: Path) -> 
     third = (directory / "sim-h100.token").read_text().strip()
     assert node_of_token(third, issuer, int(time.time())) == "sim-h100"
     assert main(["nats-auth", "init", str(directory), "--agents", "a,*"]) == 2
+
+
+def test_a_folder_that_cannot_be_written_is_named_and_nothing_is_left(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a-file").write_text("")
+    assert main(["nats-auth", "init", str(tmp_path / "a-file" / "auth")]) == 2
+    assert "cannot write the credentials" in capsys.readouterr().err
+    directory = tmp_path / "auth"
+    assert main(["nats-auth", "init", str(directory)]) == 0
+    capsys.readouterr()
+    assert main(["nats-auth", "agent-token", "--issuer-seed", str(directory / "issuer.seed"),
+                 "--node", "gpu-1", "--output", str(tmp_path / "missing" / "t")]) == 2
+    assert "--output" in capsys.readouterr().err
+    assert not (tmp_path / "missing").exists()

@@ -72,8 +72,7 @@ def bus(tmp_path: Path, nats_server_factory: Callable[..., LocalNatsServer]) -> 
 
 @pytest.fixture
 async def daemon(bus: SecuredBus) -> AsyncIterator[RunningDaemon]:
-    credentials = BusCredentials.from_stored(
-        {path.name: path.read_bytes() for path in bus.directory.iterdir()}, "test")
+    credentials = BusCredentials.read(bus.directory)
     # No password given: the daemon takes its own from the credentials.
     running = await RunningDaemon(standalone_config(
         bus.url, bus_auth=BusAuthConfig(credentials))).start()
@@ -253,8 +252,7 @@ async def test_the_stack_runs_over_mutual_tls_with_the_projects_certificates(
                                              "-sd", str(tmp_path / "jetstream")], scheme="tls")
     bundle = Bundle.in_directory(tmp_path / "certs")
     tls = {"ca": bundle.ca, "cert": bundle.client, "key": bundle.client_key}
-    credentials = BusCredentials.from_stored(
-        {path.name: path.read_bytes() for path in directory.iterdir()}, "test")
+    credentials = BusCredentials.read(directory)
     daemon = await RunningDaemon(standalone_config(
         server.url, nats=NatsSettings(servers=(server.url,), **tls),
         bus_auth=BusAuthConfig(credentials))).start()
