@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -11,8 +12,21 @@ import aiohttp
 
 from common.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent
+from scheduler.service import SchedulerService
 
 WAIT_S = 15.0
+
+
+def metric_sample(exposition: str, series: str) -> float | None:
+    """The value of one series, named with its labels as /metrics writes them, if there."""
+    found = re.search(rf"^{re.escape(series)} (\S+)$", exposition, re.MULTILINE)
+    return float(found[1]) if found else None
+
+
+def inventory_count(service: SchedulerService, result: str) -> float | None:
+    """``pyhami_inventory_messages_total{result}`` as the daemon's /metrics shows it."""
+    return metric_sample(service.metrics.exposition().decode(),
+                         f'pyhami_inventory_messages_total{{result="{result}"}}')
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str,

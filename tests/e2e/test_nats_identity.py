@@ -8,7 +8,6 @@ publish another node's inventory, and a token for another audience admits nobody
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -22,6 +21,7 @@ from tests.e2e.controlplane import (
     http_get,
     wait_for,
 )
+from tests.harness import metric_sample
 
 OTHER_NODE = "gpu-node-2"
 
@@ -29,8 +29,7 @@ OTHER_NODE = "gpu-node-2"
 def metric(plane: ControlPlane, name: str) -> float:
     status, body = http_get(f"http://127.0.0.1:{plane.metrics_port}/metrics")
     assert status == 200
-    found = re.search(rf"^{re.escape(name)} (\S+)$", body.decode(), re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    return metric_sample(body.decode(), name) or 0.0
 
 
 def agent(plane: ControlPlane, name: str, node: str, token: str) -> Process:

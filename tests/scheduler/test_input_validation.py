@@ -34,7 +34,7 @@ from scheduler.protocol import ExtenderArgs, HostPriority
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.standalone import _key
 from tests.builders import manifest
-from tests.harness import Lab, eventually
+from tests.harness import Lab, eventually, inventory_count
 from tests.node_list import NodeList, inventory_message, silent
 
 NODE = "gpu-node-1"  # the lab's simulated node: four T4s, GPU-gpu-node-1-0..3
@@ -61,10 +61,7 @@ def service(lab: Lab) -> SchedulerService:
 
 
 def refused(lab: Lab, result: str) -> float:
-    """``pyhami_inventory_messages_total{result}`` as /metrics shows it."""
-    text = service(lab).metrics.exposition().decode()
-    found = re.search(rf'pyhami_inventory_messages_total{{result="{result}"}} (\S+)', text)
-    return float(found[1]) if found else 0.0
+    return inventory_count(service(lab), result) or 0.0
 
 
 async def until_refused(lab: Lab, result: str, count: float = 1.0) -> None:

@@ -5,7 +5,6 @@ while off the bus do not make the next one look forged."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -31,7 +30,7 @@ from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service import SchedulerService
 from scheduler.standalone import StandaloneCluster
 from scheduler.state import SEQUENCE_GAP_MAX
-from tests.harness import Lab, PodClient, eventually
+from tests.harness import Lab, PodClient, eventually, inventory_count
 
 NODE = "t4-a"
 
@@ -61,9 +60,7 @@ def service(lab: Lab) -> SchedulerService:
 
 
 def counted(lab: Lab, result: str) -> float:
-    text = service(lab).metrics.exposition().decode()
-    found = re.search(rf'pyhami_inventory_messages_total{{result="{result}"}} (\S+)', text)
-    return float(found[1]) if found else 0.0
+    return inventory_count(service(lab), result) or 0.0
 
 
 async def until_counted(lab: Lab, result: str) -> None:

@@ -5,7 +5,6 @@ node's next message may skip any number."""
 from __future__ import annotations
 
 import logging
-import re
 
 import msgspec
 import pytest
@@ -15,6 +14,7 @@ from common.wire import SCHEMA_VERSION, Inventory, inventory_subject
 from pyhami.sandbox import DEFAULTS
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.state import SEQUENCE_GAP_MAX, LiveState
+from tests.harness import inventory_count
 from tests.node_list import NodeList, silent
 
 NODE = "n"
@@ -111,10 +111,9 @@ def test_a_new_agent_instance_starts_afresh_and_the_old_one_can_come_back() -> N
 
 
 def counted(service: SchedulerService, result: str) -> float:
-    text = service.metrics.exposition().decode()
-    found = re.search(rf'pyhami_inventory_messages_total{{result="{result}"}} (\S+)', text)
-    assert found is not None, f"no {result} sample"
-    return float(found[1])
+    value = inventory_count(service, result)
+    assert value is not None, f"no {result} sample"
+    return value
 
 
 def test_the_service_counts_a_jump_under_its_own_result_and_logs_it(
