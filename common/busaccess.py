@@ -77,52 +77,6 @@ class ServerTls:
     verify_clients: bool = False
 
 
-def server_config(*, issuer: str, daemon_password: str, watch_password: str,
-                  tls: ServerTls | None = None) -> str:
-    """A nats-server configuration with pyhami's account, users and auth callout.
-
-    JetStream, ports and storage stay on the server's command line
-    (``--jetstream --store_dir DIR``); this file says who may connect.
-    """
-
-    def quoted(text: str | Path) -> str:
-        return json.dumps(str(text))
-
-    watch = WATCH_PERMISSIONS
-    lines = [
-        "# Who may connect to pyhami's NATS: written by `pyhami nats-auth init`.",
-        "accounts {",
-        f"  {ACCOUNT} {{",
-        "    jetstream: enabled",
-        "    users: [",
-        f"      {{ user: {quoted(DAEMON_USER)}, password: {quoted(daemon_password)} }}",
-        f"      {{ user: {quoted(WATCH_USER)}, password: {quoted(watch_password)},",
-        "        permissions: {",
-        "          publish: { deny: [\">\"] }",
-        f"          subscribe: {{ allow: {json.dumps(list(watch.subscribe))} }}",
-        "        }",
-        "      }",
-        "    ]",
-        "  }",
-        "}",
-        "authorization {",
-        "  auth_callout {",
-        f"    issuer: {quoted(issuer)}",
-        f"    account: {ACCOUNT}",
-        f"    auth_users: [ {quoted(DAEMON_USER)}, {quoted(WATCH_USER)} ]",
-        "  }",
-        "}",
-    ]
-    if tls is not None:
-        lines += [
-            "tls {",
-            f"  cert_file: {quoted(tls.cert)}",
-            f"  key_file: {quoted(tls.key)}",
-            f"  ca_file: {quoted(tls.ca)}",
-            f"  verify: {'true' if tls.verify_clients else 'false'}",
-            "}",
-        ]
-    return "\n".join(lines) + "\n"
 
 
 # Where the credentials are kept: files of `pyhami nats-auth init`, keys of the Secret.
@@ -161,8 +115,51 @@ class BusCredentials:
         return public_key(self.signer)
 
     def server_config(self, tls: ServerTls | None = None) -> str:
-        return server_config(issuer=self.issuer, daemon_password=self.daemon_password,
-                             watch_password=self.watch_password, tls=tls)
+        """A nats-server configuration with pyhami's account, users and auth callout.
+
+        JetStream, ports and storage stay on the server's command line
+        (``--jetstream --store_dir DIR``); this file says who may connect.
+        """
+
+        def quoted(text: str | Path) -> str:
+            return json.dumps(str(text))
+
+        # The nats-server configuration takes the same permission objects as a user JWT.
+        watch = WATCH_PERMISSIONS.claims()
+        lines = [
+            "# Who may connect to pyhami's NATS: written by `pyhami nats-auth init`.",
+            "accounts {",
+            f"  {ACCOUNT} {{",
+            "    jetstream: enabled",
+            "    users: [",
+            f"      {{ user: {quoted(DAEMON_USER)}, password: {quoted(self.daemon_password)} }}",
+            f"      {{ user: {quoted(WATCH_USER)}, password: {quoted(self.watch_password)},",
+            "        permissions: {",
+            f"          publish: {json.dumps(watch['pub'])}",
+            f"          subscribe: {json.dumps(watch['sub'])}",
+            "        }",
+            "      }",
+            "    ]",
+            "  }",
+            "}",
+            "authorization {",
+            "  auth_callout {",
+            f"    issuer: {quoted(self.issuer)}",
+            f"    account: {ACCOUNT}",
+            f"    auth_users: [ {quoted(DAEMON_USER)}, {quoted(WATCH_USER)} ]",
+            "  }",
+            "}",
+        ]
+        if tls is not None:
+            lines += [
+                "tls {",
+                f"  cert_file: {quoted(tls.cert)}",
+                f"  key_file: {quoted(tls.key)}",
+                f"  ca_file: {quoted(tls.ca)}",
+                f"  verify: {'true' if tls.verify_clients else 'false'}",
+                "}",
+            ]
+        return "\n".join(lines) + "\n"
 
     def stored(self) -> dict[str, bytes]:
         """Every file (Secret key) to keep, the server configuration fragment included."""
