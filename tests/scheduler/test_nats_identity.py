@@ -38,8 +38,9 @@ from pyhami.sandbox import RunningDaemon, standalone_config
 from pyhami.watch._model import WatchModel
 from pyhami.watch._shell import listen
 from scheduler.app import BusAuthConfig
+from scheduler.busauth import AUTH_CALLOUT_SUBJECT
 from scheduler.standalone import BUCKET
-from tests.harness import eventually
+from tests.harness import eventually, metric_sample
 
 
 @dataclass
@@ -325,3 +326,22 @@ async def test_an_agent_cannot_read_another_agents_answers(
             assert "permissions violation for subscription" in seen[0].lower()
         finally:
             await agent.close()
+
+
+async def test_only_the_server_can_ask_the_daemon_who_a_client_is(
+        bus: SecuredBus, daemon: RunningDaemon) -> None:
+    """A forged authorization request never reaches the responder: nats-server refuses
+    the callout subject to every client, the daemon's own user included."""
+    with errors_seen() as (seen, record):
+        sender = await nats.connect(bus.url, user=DAEMON_USER,
+                                    password=bus.secret("daemon.password"), error_cb=record)
+        try:
+            with pytest.raises(nats.errors.TimeoutError):
+                await sender.request(AUTH_CALLOUT_SUBJECT, b"not a jwt", timeout=0.5)
+            await eventually(lambda: _true_if(bool(seen)), "the server's refusal")
+        finally:
+            await sender.close()
+    assert "permissions violation" in seen[0].lower()
+    assert daemon.service is not None
+    text = daemon.service.metrics.exposition().decode()
+    assert metric_sample(text, 'pyhami_nats_auth_total{result="malformed"}') == 0.0
