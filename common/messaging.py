@@ -510,4 +510,7 @@ class Connection:
             logger.warning("could not drain the NATS connection (%s); closing it",
                            describe_error(error))
         if not client.is_closed:
-            await client.close()
+            # nats-py flushes what it buffered while reconnecting onto the transport it
+            # has just closed, and raises; the buffer is lost either way.
+            with contextlib.suppress(RuntimeError):
+                await client.close()

@@ -42,10 +42,12 @@ class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
     explain: list[ExplainRow]
     timestamp: float
     duration_ms: float
+    decider: str = ""
+    """The identity of the daemon that decided (``pyhami scheduler --identity``)."""
 
     @classmethod
     def of(cls, decision: Decision, verb: Literal["filter", "bind"], timestamp: float,
-           duration_ms: float) -> DecisionEvent:
+           duration_ms: float, decider: str = "") -> DecisionEvent:
         return cls(
             pod=decision.pod, verb=verb, scheduled=decision.node is not None,
             node=decision.node,
@@ -54,7 +56,7 @@ class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
             failed_nodes=dict(decision.failed_nodes or {}),
             ignored_policies=list(decision.ignored_policies), reason=decision.reason,
             explain=list(decision.explain or ()),
-            timestamp=timestamp, duration_ms=duration_ms,
+            timestamp=timestamp, duration_ms=duration_ms, decider=decider,
         )
 
 

@@ -15,10 +15,11 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import socket
 import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 import msgspec
@@ -57,6 +58,13 @@ from scheduler.busauth import (
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, WebhookCluster
 from scheduler.errors import SchedulerError
 from scheduler.http import extender_app, metrics_app
+from scheduler.leadership import (
+    FollowedLease,
+    Leadership,
+    LeaseSettingsError,
+    NatsLease,
+    Sole,
+)
 from scheduler.metrics import ConnectionCollector
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.standalone import PendingLoop, StandaloneCluster, pod_api
@@ -153,6 +161,34 @@ class BusAuthConfig:
 
 
 @dataclass(frozen=True)
+class LeadershipConfig:
+    """Several daemons, one decider at a time (docs/ha.md)."""
+
+    identity: str | None = setting(
+        None, metavar="NAME",
+        help="this daemon's name, carried by every decision it publishes (default: on "
+             "Kubernetes the host name, which in a pod is the pod's name and how its "
+             "kube-scheduler names itself in its Lease; standalone HOST:PORT, the host name "
+             "and --listen's port)")
+    leader_lease: str | None = setting(
+        None, metavar="NAMESPACE/NAME",
+        help="Kubernetes: the Lease kube-scheduler's leader election holds; this daemon "
+             "leads while its kube-scheduler holds it (default <--namespace>/"
+             "<--scheduler-name>, as the shipped configuration names it; 'none': lead always)")
+    lease_ttl: float = setting(
+        4.0, parse=positive_seconds, metavar="SECONDS",
+        help="standalone: the daemons' lease in NATS expires this long after its holder last "
+             "renewed it; the same on every daemon (default {default})")
+    lease_renew_period: float = setting(
+        1.0, parse=positive_seconds, metavar="SECONDS",
+        help="standalone: the holder renews the lease this often (default {default})")
+    lease_renew_deadline: float = setting(
+        2.5, parse=positive_seconds, metavar="SECONDS",
+        help="standalone: the holder stops deciding this long after its last renewal was "
+             "sent; shorter than --lease-ttl (default {default})")
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     nats: NatsSettings
     mode: ClusterMode
@@ -180,6 +216,14 @@ class DaemonConfig:
     webhook: WebhookConfig | None = None
     bus_auth: BusAuthConfig | None = None
     extender_tls: ExtenderTls | None = None
+    leadership: LeadershipConfig = field(default_factory=LeadershipConfig)
+
+    @property
+    def identity(self) -> str:
+        if self.leadership.identity:
+            return self.leadership.identity
+        host = socket.gethostname()
+        return host if self.mode != "standalone" else f"{host}:{self.listen[1]}"
 
 
 def telemetry_publisher(connection: Connection) -> Callable[
@@ -415,6 +459,8 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
     runners: list[web.AppRunner] = []
     service: SchedulerService | None = None
     standalone: StandaloneCluster | None = None
+    lease: NatsLease | None = None
+    loop: PendingLoop | None = None
     phase = ["connecting to NATS"]
 
     async def when_up(client: Client, new_client: bool) -> None:
@@ -426,6 +472,8 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
         if new_client and standalone is not None:
             # A replacement client: what was built on the old one is built again.
             await standalone.reattach(client)
+            if lease is not None:
+                await lease.reattach(client)
         await connection.publish(RESYNC_SUBJECT, encode(ResyncRequest(
             requested_by="pyhami-scheduler")))
 
@@ -487,12 +535,15 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             service.status_parts["webhook"] = webhook.status
         service.metrics.registry.register(ConnectionCollector(connection))
         app = extender_app(service, url_prefix=config.url_prefix, noop=config.noop_endpoint)
-        loop: PendingLoop | None = None
         if standalone is not None:
             loop = PendingLoop(service, standalone, config.retry_period,
                                config.scheduler_name)
             app.add_routes(pod_api(standalone, loop))
         service.status_parts["extender"] = lambda: _extender_status(config, extender_files)
+        if standalone is not None:
+            lease = await _standalone_lease(config, client, standalone, service,
+                                            lambda: loop)
+        service.shared.leadership = _leadership(config, kubernetes, service, lease)
         for runner in starting:
             runners.remove(runner)
             await runner.cleanup()
@@ -504,13 +555,18 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             with supervisor.contained("inventory message"):
                 await service.receive_inventory(message.subject, message.data)
 
+        # Only the leader answers the device plugins: a standby's view may lag.
         async def on_allocations_request(message: Msg) -> None:
+            if not service.shared.leadership.leading():
+                return
             with supervisor.contained("allocations request"):
                 pending = await service.pending_allocations(message.subject)
                 if pending is not None and message.reply:
                     await connection.publish(message.reply, encode(pending))
 
         async def on_allocation_outcome(message: Msg) -> None:
+            if not service.shared.leadership.leading():
+                return
             with supervisor.contained("allocation outcome"):
                 await service.allocation_outcome(message.subject, message.data)
 
@@ -523,6 +579,12 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             await asyncio.wait_for(stop.wait(), config.resync_wait)
         if stop.is_set() or await _unless_stopped(stop, _rebuilt(service)) is None:
             return
+        leadership = service.shared.leadership
+        phase[0] = "learning which daemon leads"
+        await _unless_stopped(stop, leadership.start())
+        if stop.is_set():
+            return
+        supervisor.start("leadership", leadership.run)
         supervisor.start("follow-cluster", service.follow_cluster)
         supervisor.start("expire-reservations", service.expire_reservations)
         supervisor.start("follow-cordons", service.follow_cordons)
@@ -531,14 +593,18 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             supervisor.start("settle-pod-store", standalone.keep_settled)
         if loop is not None and config.drive_pending:
             supervisor.start("pending-loop", loop.run)
-        logger.info("pyhami scheduler ready on %s:%d%s", *config.listen,
+        logger.info("pyhami scheduler %s ready on %s:%d%s, %s", config.identity,
+                    *config.listen,
                     "" if extender_files is None
-                    else " (HTTPS, mutual TLS)" if extender_files.mutual else " (HTTPS)")
+                    else " (HTTPS, mutual TLS)" if extender_files.mutual else " (HTTPS)",
+                    leadership.role)
         if started is not None:
             started(service)
         await stop.wait()
     finally:
         await supervisor.stop()
+        if service is not None:
+            await service.shared.leadership.resign()
         if callout is not None:
             await callout.close()
         for runner in runners:
@@ -546,6 +612,45 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
         if service is not None:
             await service.settle(SETTLE_S)
         await connection.close()
+
+
+async def _standalone_lease(config: DaemonConfig, client: Client,
+                            standalone: StandaloneCluster, service: SchedulerService,
+                            pending_loop: Callable[[], PendingLoop | None]) -> NatsLease:
+    """The standalone daemons' lease: once elected, a daemon reads every pod afresh and
+    rebuilds its ledger before it decides; standing by, it drops its reservations."""
+
+    async def elected() -> None:
+        await standalone.reload()
+        await service.rebuild()
+        loop = pending_loop()
+        if loop is not None:
+            loop.retry_now()
+
+    settings = config.leadership
+    lease = NatsLease(config.identity, ttl=settings.lease_ttl,
+                      renew_period=settings.lease_renew_period,
+                      renew_deadline=settings.lease_renew_deadline,
+                      on_elected=elected, on_demoted=service.stand_by)
+    try:
+        await lease.open(client)
+    except LeaseSettingsError as error:
+        raise StartupError(str(error)) from None
+    standalone.refusal = lease.refusal
+    return lease
+
+
+def _leadership(config: DaemonConfig, kubernetes: KubernetesCluster | None,
+                service: SchedulerService, lease: NatsLease | None) -> Leadership:
+    if lease is not None:
+        return lease
+    followed = config.leadership.leader_lease
+    if kubernetes is None or not followed or followed == "none":
+        return Sole(config.identity)
+    namespace, _, name = followed.partition("/")
+    # Elected: a fresh list of the pods, for any the pod watch has not brought yet.
+    return FollowedLease(kubernetes, namespace, name, config.identity,
+                         on_elected=service.reconcile)
 
 
 def _extender_status(config: DaemonConfig,

@@ -29,11 +29,13 @@ from scheduler.app import (
     ClusterMode,
     DaemonConfig,
     ExtenderTls,
+    LeadershipConfig,
     StartupError,
     WebhookConfig,
     run_daemon,
 )
 from scheduler.busauth import DEFAULT_AGENT_SERVICE_ACCOUNT, DEFAULT_TOKEN_AUDIENCE
+from scheduler.leadership import LeaseSettingsError, check_lease_timing
 from scheduler.service import ServiceSettings
 from scheduler.tls_files import TlsError
 
@@ -77,6 +79,9 @@ def register(commands: Subcommands) -> None:
     parser.add_argument("--namespace", metavar="NS",
                         help="the daemon's namespace, where the webhook's Secret is "
                              f"(default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})")
+    add_settings(parser.add_argument_group(
+        "high availability", "several daemons, one decider at a time (docs/ha.md)"),
+        LeadershipConfig)
     _add_bus_auth_arguments(parser.add_argument_group(
         "NATS auth callout", "admit each agent as its own node's, from its token "
         "(docs/security.md)"))
@@ -219,6 +224,35 @@ def _webhook_config(args: argparse.Namespace, mode: ClusterMode) -> WebhookConfi
         cert_file=cert_file, key_file=key_file, namespace=namespace)
 
 
+def _leadership_config(args: argparse.Namespace, mode: ClusterMode) -> LeadershipConfig:
+    """Raises ``SettingsError`` for a name or lease timing that cannot work."""
+    identity = args.identity
+    if identity is not None and (not identity or len(identity) > 253 or not identity.isprintable()
+                                 or any(c.isspace() for c in identity)):
+        raise SettingsError(f"--identity: {identity!r} must be 1 to 253 printable characters "
+                            "without spaces")
+    lease = args.leader_lease
+    if mode == "standalone":
+        if lease is not None:
+            raise SettingsError("--leader-lease follows kube-scheduler's Lease: with "
+                                "--standalone the daemons hold a lease in NATS (--lease-*)")
+        try:
+            check_lease_timing(args.lease_ttl, args.lease_renew_period,
+                               args.lease_renew_deadline)
+        except LeaseSettingsError as error:
+            raise SettingsError(str(error)) from None
+    elif lease is None:
+        lease = f"{daemon_namespace(args)}/{args.scheduler_name}"
+    elif lease != "none":
+        namespace, _, name = lease.partition("/")
+        try:
+            check_label("--leader-lease namespace", namespace)
+            check_subdomain("--leader-lease name", name)
+        except InvalidName as error:
+            raise SettingsError(f"{error} (expected NAMESPACE/NAME, or none)") from None
+    return settings_from(LeadershipConfig, args, leader_lease=lease)
+
+
 def daemon_namespace(args: argparse.Namespace) -> str:
     namespace: str = args.namespace or os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
     try:
@@ -261,6 +295,7 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
         webhook=_webhook_config(args, mode), extender_tls=_extender_tls(args),
         bus_auth=_bus_auth_config(args, mode, daemon_namespace(args)),
+        leadership=_leadership_config(args, mode),
     )
 
 

@@ -39,12 +39,15 @@ def _json(value: object) -> web.Response:
 
 
 def _verb(decoder: msgspec.json.Decoder[Args], what: str, check: Callable[[Args], None],
-          answer: Callable[[Args], Awaitable[object]]) -> Handler:
+          answer: Callable[[Args], Awaitable[object]],
+          refusal: Callable[[], str | None]) -> Handler:
     """A POST handler: decode the body as ``what`` and ``check`` its names, answer as JSON;
     400 naming the problem when the body does not decode or a name is refused, 413 when
-    it is over the limit."""
+    it is over the limit, 503 while this daemon may not decide (``refusal``)."""
 
     async def handle(request: web.Request) -> web.Response:
+        if (standby := refusal()) is not None:
+            return web.Response(status=503, text=f"{standby}\n")
         body = await read_body(request, EXTENDER_BODY_LIMIT)
         try:
             args = decoder.decode(body)
@@ -85,11 +88,14 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     app.add_routes([
         web.post(f"{prefix}/filter",
-                 _verb(_args, "ExtenderArgs", check_extender_args, service.filter)),
+                 _verb(_args, "ExtenderArgs", check_extender_args, service.filter,
+                       service.refusal)),
         web.post(f"{prefix}/prioritize",
-                 _verb(_args, "ExtenderArgs", check_extender_args, service.prioritize)),
+                 _verb(_args, "ExtenderArgs", check_extender_args, service.prioritize,
+                       service.refusal)),
         web.post(f"{prefix}/bind",
-                 _verb(_binding_args, "ExtenderBindingArgs", check_binding_args, service.bind)),
+                 _verb(_binding_args, "ExtenderBindingArgs", check_binding_args, service.bind,
+                       service.refusal)),
         web.post(f"{prefix}/explain", explain),
         *health_routes(service),
         web.get("/statusz", statusz),
@@ -98,7 +104,7 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
     if noop:
         app.add_routes([web.post(f"{prefix}/noop",
                                  _verb(_args, "ExtenderArgs", check_extender_args,
-                                       answer_at_once))])
+                                       answer_at_once, lambda: None))])
     return app
 
 
@@ -111,6 +117,10 @@ def health_routes(service: SchedulerService) -> list[web.RouteDef]:
     async def readyz(_: web.Request) -> web.Response:
         if not_ready := service.not_ready_because():
             return web.Response(status=503, text="; ".join(not_ready) + "\n")
+        leadership = service.shared.leadership
+        if leadership.role == "standby":  # on Kubernetes: it serves, its kube-scheduler waits
+            holder = leadership.describe().get("holder") or "no one yet"
+            return web.Response(text=f"standby: ready to serve; the leader is {holder}\n")
         return web.Response(text="ready\n")
 
     return [web.get("/healthz", healthz), web.get("/readyz", readyz)]

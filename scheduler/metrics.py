@@ -48,6 +48,8 @@ class Sources:
     """The nodes whose inventory is older than the node timeout."""
     ready: Callable[[], bool]
     """/readyz would answer 200."""
+    leading: Callable[[], bool]
+    """This daemon decides (not a standby)."""
     slices_enforced: Callable[[], dict[str, bool]]
     """Nodes whose agent serves a device plugin -> whether HAMi-core enforces the slices."""
 
@@ -135,6 +137,9 @@ class DaemonCollector(Collector):
         build.add_metric(self._build, 1.0)
         ready = GaugeMetricFamily("pyhami_ready", "1 while /readyz would answer 200")
         ready.add_metric([], 1.0 if self._sources.ready() else 0.0)
+        leader = GaugeMetricFamily(
+            "pyhami_leader", "1 while this daemon decides, 0 while it stands by")
+        leader.add_metric([], 1.0 if self._sources.leading() else 0.0)
         heard = _gauge("pyhami_node_last_heard_timestamp_seconds",
                        "When the node's agent last reported, in seconds since the epoch",
                        ["node"])
@@ -161,7 +166,7 @@ class DaemonCollector(Collector):
             "pyhami_allocations_on_vanished_cards",
             "Cards still holding allocations that their node no longer reports")
         orphans.add_metric([], len(fleet.orphans()))
-        yield from (build, ready, heard, stale, enforced, healthy, orphans)
+        yield from (build, ready, leader, heard, stale, enforced, healthy, orphans)
 
 
 class ConnectionCollector(Collector):

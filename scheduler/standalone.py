@@ -127,6 +127,8 @@ class StandaloneCluster:
         self._writing = KeyedLocks()  # one write of a pod at a time, settling included
         self._events: dict[str, deque[PodEvent]] = {}
         self._changes: asyncio.Queue[PodChange] = asyncio.Queue()
+        self.refusal: Callable[[], str | None] = lambda: None
+        """Why this daemon may not write the bucket now (a standby); None when it may."""
 
     @classmethod
     async def open(cls, connection: Client, bucket: str = BUCKET) -> StandaloneCluster:
@@ -143,6 +145,13 @@ class StandaloneCluster:
         """Use the bucket through a new NATS client (the old one was closed for good)."""
         self._bucket = await connection.jetstream().key_value(bucket)
         self._connection = connection
+
+    async def reload(self) -> None:
+        """Read every pod afresh (this daemon was elected: the one before it wrote)."""
+        self._pods.clear()
+        self._revisions.clear()
+        self._unsettled.clear()
+        await self._load()
 
     async def _load(self) -> None:
         try:
@@ -172,6 +181,8 @@ class StandaloneCluster:
         Raises ``StoreUnavailable`` when it was not applied, or may have been (then it is
         undone by ``keep_settled``), and ``KeyWrongLastSequenceError`` when the pod changed.
         """
+        if (standby := self.refusal()) is not None:
+            raise StoreUnavailable(f"{what}: {standby}; nothing was written")
         if not self._connection.is_connected:
             raise StoreUnavailable(f"{what}: the NATS connection is down; nothing was written")
         try:
@@ -193,6 +204,8 @@ class StandaloneCluster:
         """Undo the writes that got no answer, once the bucket answers; runs forever."""
         while True:
             await asyncio.sleep(period)
+            if self.refusal() is not None:
+                continue  # a standby writes nothing; it reads every pod again if elected
             for key in list(self._unsettled):
                 try:
                     async with self._writing.hold(key):
@@ -433,7 +446,7 @@ class PendingLoop:
                 await asyncio.wait_for(self._retry.wait(), self._retry_period)
 
     async def schedule_pending(self) -> None:
-        if not self._service.ready:
+        if not self._service.ready or self._service.refusal() is not None:
             return
         for pod in self._cluster.pending():
             # A pod naming another scheduler waits for that one's /filter and /bind, as
@@ -488,8 +501,15 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
     def json_response(value: object, status: int = 200) -> web.Response:
         return web.Response(body=encode(value), status=status, content_type="application/json")
 
+    def standing_by() -> web.Response | None:
+        """A standby's pods may be stale and it writes none: 503 naming the holder."""
+        standby = cluster.refusal()
+        return None if standby is None else web.Response(status=503, text=f"{standby}\n")
+
     @routes.post("/api/pods")
     async def submit(request: web.Request) -> web.Response:
+        if (refused := standing_by()) is not None:
+            return refused
         try:
             manifest = parse_pod_manifest(await read_body(request, POD_BODY_LIMIT),
                                           "request body")
@@ -510,6 +530,8 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
 
     @routes.get("/api/pods")
     async def list_pods(_: web.Request) -> web.Response:
+        if (refused := standing_by()) is not None:
+            return refused
         return json_response([
             _pod_view(p, cluster.events(p.manifest.namespace, p.manifest.metadata.name))
             for p in cluster.pods()
@@ -517,6 +539,8 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
 
     @routes.get("/api/pods/{namespace}/{name}")
     async def get_pod(request: web.Request) -> web.Response:
+        if (refused := standing_by()) is not None:
+            return refused
         namespace, name = _path_names(request)
         found = next((p for p in cluster.pods() if p.manifest.metadata.namespace == namespace
                       and p.manifest.metadata.name == name), None)
@@ -526,6 +550,8 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
 
     @routes.delete("/api/pods/{namespace}/{name}")
     async def delete_pod(request: web.Request) -> web.Response:
+        if (refused := standing_by()) is not None:
+            return refused
         namespace, name = _path_names(request)
         try:
             deleted = await cluster.delete(namespace, name)

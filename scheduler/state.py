@@ -375,6 +375,19 @@ class LiveState:
         return {key: allocation for key in late
                 if (allocation := self.release_reservation(key)) is not None}
 
+    def drop_reservations(self) -> dict[str, Allocation]:
+        """Release every reservation (a standby's bind will never confirm them)."""
+        return {key: allocation for key in list(self.reservations)
+                if (allocation := self.release_reservation(key)) is not None}
+
+    def replace_ledger(self, entries: Iterable[tuple[str, Allocation]]) -> None:
+        """Forget every booking, then restore these (the ledger read afresh)."""
+        for key in list(self.fleet.allocations()):
+            self.fleet.release(key)
+        self.reservations.clear()
+        self.bound.clear()
+        self.restore(entries)
+
     def restore(self, entries: Iterable[tuple[str, Allocation]]) -> None:
         """Rebuild the ledger from the pods' allocation annotations."""
         for key, allocation in entries:

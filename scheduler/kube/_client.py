@@ -165,6 +165,13 @@ class AuthenticationApi(Protocol):
                             _request_timeout: Timeout) -> urllib3.BaseHTTPResponse: ...
 
 
+class CoordinationApi(Protocol):
+    """The call of ``client.CoordinationV1Api`` used here, as ``CoreApi``."""
+
+    def read_namespaced_lease(self, name: str, namespace: str, *, _preload_content: bool,
+                              _request_timeout: Timeout) -> urllib3.BaseHTTPResponse: ...
+
+
 def core_api(api_client: ApiClient) -> CoreApi:
     return cast(CoreApi, client.CoreV1Api(api_client))
 
@@ -175,6 +182,10 @@ def admission_api(api_client: ApiClient) -> AdmissionApi:
 
 def authentication_api(api_client: ApiClient) -> AuthenticationApi:
     return cast(AuthenticationApi, client.AuthenticationV1Api(api_client))
+
+
+def coordination_api(api_client: ApiClient) -> CoordinationApi:
+    return cast(CoordinationApi, client.CoordinationV1Api(api_client))
 
 
 def _drain(response: urllib3.BaseHTTPResponse) -> bytes:
@@ -283,6 +294,14 @@ def patch_webhook_configuration(admission: AdmissionApi, name: str,
     _drain(admission.patch_mutating_webhook_configuration(
         name, patch, _content_type=_JSON_PATCH, _preload_content=False,
         _request_timeout=REQUEST_TIMEOUT))
+
+
+# kube-scheduler's leader election ------------------------------------------------------
+
+
+def read_lease(coordination: CoordinationApi, namespace: str, name: str) -> bytes:
+    return _drain(coordination.read_namespaced_lease(
+        name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
 
 
 # Agents' tokens -------------------------------------------------------------------------

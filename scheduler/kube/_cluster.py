@@ -49,6 +49,7 @@ from scheduler.kube._client import (
 from scheduler.kube._events import SeriesCache, write_event
 from scheduler.kube._watch import PodWatcher
 from scheduler.kube._wire import (
+    Lease,
     NodeList,
     Pod,
     PodToBind,
@@ -75,6 +76,7 @@ class KubernetesCluster:
         self._core = _client.core_api(api_client)
         self._admission = _client.admission_api(api_client)
         self._authentication = _client.authentication_api(api_client)
+        self._coordination = _client.coordination_api(api_client)
         self.scheduler_name = scheduler_name
         self.instance = (instance or f"{scheduler_name}-{socket.gethostname()}")[:128]
         # Pod uids for events, most recently seen last; touched on the event loop only.
@@ -127,6 +129,17 @@ class KubernetesCluster:
             raise ClusterError(f"listing nodes failed: {describe_failure(error)}") from error
         return {node.metadata.name: cordon_list((node.metadata.annotations or {}).get(
                     CORDON_ANNOTATION, "")) for node in nodes}
+
+    async def lease_holder(self, namespace: str, name: str) -> str | None:
+        try:
+            data = await asyncio.to_thread(_client.read_lease, self._coordination, namespace,
+                                           name)
+            return msgspec.json.decode(data, type=Lease).spec.holder_identity or ""
+        except API_FAILURES as error:
+            if answered_with(error, NOT_FOUND):
+                return None
+            raise ClusterError(f"reading Lease {namespace}/{name} failed: "
+                               f"{describe_failure(error)}") from error
 
     # Writes --------------------------------------------------------------------------
 

@@ -64,6 +64,14 @@ class NodeList(msgspec.Struct):
     items: list[Node] = []
 
 
+class LeaseSpec(msgspec.Struct, rename="camel"):
+    holder_identity: str | None = None
+
+
+class Lease(msgspec.Struct):
+    spec: LeaseSpec = msgspec.field(default_factory=LeaseSpec)
+
+
 class Secret(msgspec.Struct):
     data: dict[str, bytes] | None = None  # base64 on the wire
 

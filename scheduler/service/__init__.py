@@ -51,6 +51,7 @@ class SchedulerService:
         self.pending_allocations = reactions.pending_allocations
         self.allocation_outcome = reactions.allocation_outcome
         self.connection_resumed = reactions.connection_resumed
+        self.stand_by = reactions.stand_by
         self.follow_cluster = reactions.follow_cluster
         self.reconcile = reactions.reconcile
         self.on_pod_change = reactions.on_pod_change
@@ -67,6 +68,11 @@ class SchedulerService:
         self.ledger = reporting.ledger
         self.retry_signal = reporting.retry_signal
         self.settle = shared.settle
+
+    def refusal(self) -> str | None:
+        """Why the verbs and the pod API answer 503 now (a standalone standby); None when
+        they serve."""
+        return self.shared.leadership.refusal()
 
     @property
     def ready(self) -> bool:

@@ -47,7 +47,10 @@ class Reactions(Room):
         self._refusals = RateLimitedLog(shared.clock, logger)
 
     async def rebuild(self) -> None:
-        """Rebuild the ledger from the pods' allocation annotations, then answer /filter."""
+        """Rebuild the ledger from the pods' allocation annotations, then answer /filter.
+
+        Whatever the ledger held is replaced: a standalone daemon elected again reads the
+        pods its predecessor bound."""
         pods = await self.cluster.list_pods()
         restored = []
         for pod in pods:
@@ -59,7 +62,7 @@ class Reactions(Room):
             if allocation is not None:
                 restored.append((pod.key, allocation))
                 self._note_handed(pod)
-        self.state.restore(restored)
+        self.state.replace_ledger(restored)
         await self.refresh_cordons()
         self.reports.mark_changed(*(a.node for _, a in restored))
         logger.info("ledger rebuilt from %d pods holding cards", len(restored))
@@ -196,6 +199,14 @@ class Reactions(Room):
     def _note_handed(self, pod: ClusterPod) -> None:
         if pod.annotations.get(BIND_PHASE_ANNOTATION) in HANDED_PHASES:
             self.shared.handed.add(pod.key)
+
+    async def stand_by(self) -> None:
+        """This daemon stopped deciding: the reservations it made will never be bound."""
+        dropped = self.state.drop_reservations()
+        if dropped:
+            logger.info("standing by: %d reservations released", len(dropped))
+            await self.reports.capacity_changed(*(a.node for a in dropped.values()),
+                                                retry_waiting=False)
 
     def connection_resumed(self) -> None:
         """The daemon is on the bus again after an outage: whatever the agents sent

@@ -34,6 +34,7 @@ class Reporting:
             fleet=lambda: self.state.fleet, last_heard=self._last_heard,
             stale=lambda: self.state.stale_nodes(self._clock()).keys(),
             ready=lambda: not self.not_ready_because(),
+            leading=lambda: self.shared.leadership.leading(),  # noqa: PLW0108 (set at start-up)
             slices_enforced=lambda: dict(self.state.slices_enforced)))
         self.readiness_checks: list[Check] = []
         """Each says why the daemon is not ready, or None (NATS, background tasks)."""
@@ -53,15 +54,17 @@ class Reporting:
             self.retry_waiting()
 
     async def decided(self, decision: Decision, verb: Literal["filter", "bind"],
-                      duration_ms: float) -> None:
-        await self._publish(DecisionEvent.of(decision, verb, self._wall_clock(), duration_ms))
+                      duration_ms: float, decided_at: float) -> None:
+        await self._publish(DecisionEvent.of(decision, verb, decided_at, duration_ms,
+                                             decider=self.shared.leadership.identity))
         await self._publish_usage()
 
     def retry_waiting(self) -> None:
         for event in self._retry_signals:
             event.set()
         refused = self.shared.refused
-        if refused:
+        # kube-scheduler calls only the leader's extender: the leader stamps the retries.
+        if refused and self.shared.leadership.leading():
             waiting = list(refused.values())
             refused.clear()
             stamp = str(self._wall_clock())
@@ -99,7 +102,11 @@ class Reporting:
     # Views for operators --------------------------------------------------------------
 
     def not_ready_because(self) -> list[str]:
-        """Why /readyz answers 503; empty when ready."""
+        """Why /readyz answers 503; empty when ready. A standby that may not serve (the
+        standalone one) says so first."""
+        standby = self.shared.leadership.refusal()
+        if standby is not None:
+            return [standby]
         reasons = [] if self.shared.ready else ["rebuilding the ledger"]
         reasons.extend(reason for check in self.readiness_checks if (reason := check()))
         return reasons
@@ -110,6 +117,7 @@ class Reporting:
         return {
             "ready": not not_ready,
             "not_ready_because": not_ready,
+            "leadership": self.shared.leadership.describe(),
             **{name: part() for name, part in self.status_parts.items()},
             "nodes": sum(1 for _ in self.state.fleet.nodes()),
             "node_names": sorted(n.name for n in self.state.fleet.nodes()),

@@ -15,7 +15,8 @@ from typing import Literal, Protocol
 from common.arguments import positive_seconds
 from common.core import Decision, Defaults, PodManifest
 from common.settings import setting
-from scheduler.cluster import Cluster
+from scheduler.cluster import SCHEDULER_NAME, Cluster
+from scheduler.leadership import Leadership, Sole
 from scheduler.metrics import Metrics
 from scheduler.state import LiveState
 
@@ -75,8 +76,9 @@ class Reports(Protocol):
         """Pods waiting for capacity may fit now: ask for them to be tried again."""
 
     async def decided(self, decision: Decision, verb: Literal["filter", "bind"],
-                      duration_ms: float) -> None:
-        """Publish a decision and the usage it changed."""
+                      duration_ms: float, decided_at: float) -> None:
+        """Publish a decision (made at ``decided_at``, seconds since the epoch) and the
+        usage it changed."""
 
 
 class Shared:
@@ -94,6 +96,8 @@ class Shared:
         self.wall_clock = wall_clock
         self.ready = False
         """The ledger is rebuilt: /filter answers (``not_ready_because`` says the rest)."""
+        self.leadership: Leadership = Sole(SCHEDULER_NAME)
+        """Whether this daemon decides; set at start-up where several run."""
         self.inventory_accepted = 0
         self.manifests: dict[str, PodManifest] = {}
         """The pods /filter saw, so that /bind can decide again without asking the cluster."""

@@ -74,13 +74,19 @@ class Verbs(Room):
         except PodRejected as error:
             decision = rejected(args.pod.key, str(error))
             self._count("filter", decision)
-            self.shared.in_background(self._after_filter(args.pod, decision, _ms_since(started)))
+            self.shared.in_background(self._after_filter(args.pod, decision, _ms_since(started),
+                                                         self._wall_clock()))
             unresolvable = {name: f"PodRejected: {error}" for name in names}
             return ExtenderFilterResult(failed_and_unresolvable_nodes=unresolvable)
         if not request.wants_gpu:
             return self._pass_through(args, names)
+        # Asked again here, with nothing awaited before the booking: a daemon paused since
+        # the door (by the kernel, say) may have lost the lease meanwhile.
+        if (standby := self.shared.leadership.refusal()) is not None:
+            return ExtenderFilterResult(error=standby)
         self.shared.manifests[request.key] = args.pod
         decision = self.state.filter(request, names, self._clock(), explain_chosen=True)
+        decided_at = self._wall_clock()
         if decision.node is not None:
             self.reports.mark_changed(decision.node)
             self.shared.refused.pop(request.key, None)
@@ -89,7 +95,7 @@ class Verbs(Room):
         self._count("filter", decision)
         self.metrics.filter_duration.observe(time.perf_counter() - started)
         self.shared.in_background(
-            self._after_filter(args.pod, decision, _ms_since(started), request))
+            self._after_filter(args.pod, decision, _ms_since(started), decided_at, request))
         failed = decision.failed_nodes or {}
         if decision.node is None:
             return ExtenderFilterResult(node_names=[] if args.node_names is not None else None,
@@ -109,7 +115,7 @@ class Verbs(Room):
                                     if args.nodes else None)
 
     async def _after_filter(self, pod: PodManifest, decision: Decision, duration_ms: float,
-                            request: PodRequest | None = None) -> None:
+                            decided_at: float, request: PodRequest | None = None) -> None:
         namespace = pod.namespace
         name = pod.metadata.name
         if decision.ignored_policies:
@@ -124,7 +130,7 @@ class Verbs(Room):
             logger.debug("pod %s node %s card %d (%s): computer score is %.6f%s", decision.pod,
                          row.node, row.index, row.uuid, row.score,
                          f", filtered by {row.filtered_by}" if row.filtered_by else "")
-        await self.reports.decided(decision, "filter", duration_ms)
+        await self.reports.decided(decision, "filter", duration_ms, decided_at)
 
     def explain(self, pod: PodManifest,
                 node_names: Collection[str] | None = None) -> dict[str, object]:

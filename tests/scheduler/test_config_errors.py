@@ -93,3 +93,49 @@ def test_a_new_duration_flag_that_is_no_positive_number(flag: str, value: str) -
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert f"argument {flag}: " in done.stderr
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--lease-ttl", "2", "--lease-renew-deadline", "3"],
+     "--lease-renew-deadline (3s) must be shorter than --lease-ttl (2s)"),
+    (["--lease-renew-period", "3"],
+     "--lease-renew-period (3s) must be shorter than --lease-renew-deadline (2.5s)"),
+    (["--identity", "two words"], "--identity: 'two words' must be 1 to 253 printable"),
+    (["--leader-lease", "pyhami-system/x"], "--leader-lease follows kube-scheduler's Lease"),
+])
+def test_lease_settings_that_cannot_keep_one_decider(flags: list[str], named: str) -> None:
+    line = one_clear_line(scheduler("--standalone", "--nats",
+                                    f"nats://127.0.0.1:{free_port()}", *flags))
+    assert named in line
+
+
+def test_a_leader_lease_that_names_no_lease(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG_WITHOUT_CONTEXT)
+    line = one_clear_line(scheduler("--kubeconfig", str(kubeconfig), "--nats",
+                                    f"nats://127.0.0.1:{free_port()}",
+                                    "--leader-lease", "Not_A/namespace"))
+    assert "--leader-lease namespace" in line
+    assert line.endswith("(expected NAMESPACE/NAME, or none)")
+
+
+def test_daemons_with_different_lease_ttls_refuse_to_share_a_bucket(
+        jetstream_server: LocalNatsServer) -> None:
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pyhami.cli", "scheduler", "--standalone", "--nats",
+         jetstream_server.url, "--listen", f"127.0.0.1:{free_port()}", "--metrics",
+         f"127.0.0.1:{free_port()}", "--resync-wait", "0.1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert first.stdout is not None
+        for line in first.stdout:  # the bucket exists once the first daemon is ready
+            if "ready on" in line:
+                break
+        second = scheduler("--standalone", "--nats", jetstream_server.url, "--lease-ttl", "6",
+                           "--lease-renew-deadline", "5")
+    finally:
+        first.terminate()
+        first.wait(timeout=20)
+    line = one_clear_line(second)
+    assert ("the lease bucket pyhami-leader expires entries after 4s but --lease-ttl is 6s"
+            in line)

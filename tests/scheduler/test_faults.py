@@ -21,9 +21,6 @@ import json
 import os
 import random
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -37,7 +34,7 @@ import pytest
 from agent.simulated import uuid_for
 from common.natsserver import LocalNatsServer, free_port
 from tests.invariants import settled_violations
-from tests.paths import REPO
+from tests.processes import Process
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -50,46 +47,6 @@ OUTAGE_S = 1.0
 RECOVERY_TIMEOUT_S = 60.0
 NODES = ("node-a", "node-b", "node-c")
 VICTIM_NODE = "node-b"
-
-
-def _environment() -> dict[str, str]:
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), *filter(None, [environment.get("PYTHONPATH")])])
-    return environment
-
-
-class Process:
-    """One pyhami command as a process of its own; ``kill`` is SIGKILL."""
-
-    def __init__(self, arguments: list[str], log: Path) -> None:
-        self.arguments = arguments
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "pyhami.cli", *self.arguments], stdout=out,
-                stderr=subprocess.STDOUT, env=_environment(), cwd=REPO)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-        self.process = None
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.process = None
 
 
 @dataclass

@@ -1,0 +1,130 @@
+"""``NatsLease``, the standalone daemons' election, on a real nats-server with JetStream:
+one holder at a time, a handover on resigning, a restarted daemon taking its own lease
+back, and a holder that stops deciding at its deadline by its own clock alone."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from common.natsserver import LocalNatsServer
+from scheduler.leadership import LeaseSettingsError, NatsLease
+
+TTL, RENEW, DEADLINE = 4.0, 1.0, 2.5
+
+
+class Clock:
+    """The monotonic clock a lease reads, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def client(jetstream_server: LocalNatsServer) -> AsyncIterator[Client]:
+    connection = await nats.connect(jetstream_server.url)
+    yield connection
+    await connection.close()
+
+
+def lease(identity: str, elected: list[str], clock: Clock | None = None,
+          ttl: float = TTL) -> NatsLease:
+    async def on_elected() -> None:
+        elected.append(identity)
+
+    async def on_demoted() -> None:
+        elected.append(f"{identity} stood down")
+
+    if clock is None:
+        return NatsLease(identity, ttl=ttl, renew_period=RENEW, renew_deadline=DEADLINE,
+                         on_elected=on_elected, on_demoted=on_demoted)
+    return NatsLease(identity, ttl=ttl, renew_period=RENEW, renew_deadline=DEADLINE,
+                     on_elected=on_elected, on_demoted=on_demoted, clock=clock)
+
+
+async def test_one_holder_and_a_standby_that_names_it(client: Client) -> None:
+    elected: list[str] = []
+    first, second = lease("a", elected), lease("b", elected)
+    await first.open(client)
+    await second.open(client)
+    await first.start()
+    await second.start()
+    assert (first.role, second.role) == ("leader", "standby")
+    assert second.refusal() == "standby: a holds the lease"
+    assert first.refusal() is None
+    assert elected == ["a"]
+    await first.renew_or_take()
+    await second.renew_or_take()
+    assert (first.leading(), second.leading()) == (True, False)
+
+
+async def test_resigning_hands_the_lease_on_at_once(client: Client) -> None:
+    elected: list[str] = []
+    first, second = lease("a", elected), lease("b", elected)
+    for one in (first, second):
+        await one.open(client)
+        await one.start()
+    await first.resign()
+    assert not first.leading()
+    await second.renew_or_take()
+    assert second.leading()
+    assert elected == ["a", "b"]
+
+
+async def test_a_daemon_restarted_with_its_identity_takes_its_lease_back(
+        client: Client) -> None:
+    elected: list[str] = []
+    before = lease("a", elected)
+    await before.open(client)
+    await before.start()  # then it dies without resigning: its entry lives on
+    after, other = lease("a", elected), lease("b", elected)
+    for one in (other, after):
+        await one.open(client)
+        await one.start()
+    assert (after.leading(), other.leading()) == (True, False)
+    assert elected == ["a", "a"]
+
+
+async def test_the_holder_stops_deciding_at_its_deadline_without_hearing_anything(
+        client: Client) -> None:
+    clock = Clock()
+    elected: list[str] = []
+    holder = lease("a", elected, clock)
+    await holder.open(client)
+    await holder.start()
+    assert holder.leading()
+    clock.now += DEADLINE - 0.01
+    assert holder.leading()
+    clock.now += 0.02  # past the deadline: its last renewal went out 2.5 s ago
+    assert not holder.leading()
+    assert (holder.refusal() or "").startswith("standby")
+
+
+async def test_a_holder_whose_lease_was_taken_over_stands_down(client: Client) -> None:
+    elected: list[str] = []
+    holder, other = lease("a", elected), lease("b", elected)
+    for one in (holder, other):
+        await one.open(client)
+        await one.start()
+    # The entry expired (here: deleted, as the server would) and b took it meanwhile.
+    bucket = await client.jetstream().key_value("pyhami-leader")
+    await bucket.delete("leader")
+    await other.renew_or_take()
+    assert other.leading()
+    await holder.renew_or_take()
+    assert not holder.leading()
+    assert elected == ["a", "b", "a stood down"]
+
+
+async def test_a_bucket_made_with_another_ttl_is_refused_by_name(client: Client) -> None:
+    first = lease("a", [])
+    await first.open(client)
+    with pytest.raises(LeaseSettingsError, match=r"expires entries after 4s but --lease-ttl "
+                                                 r"is 6s"):
+        await lease("b", [], ttl=6.0).open(client)
