@@ -44,10 +44,13 @@ class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
     duration_ms: float
     decider: str = ""
     """The identity of the daemon that decided (``pyhami scheduler --identity``)."""
+    term: int = 0
+    """The decider's term of leadership, where terms are counted (standalone: the lease's
+    revision when it took it, so later terms have larger numbers); 0 elsewhere."""
 
     @classmethod
     def of(cls, decision: Decision, verb: Literal["filter", "bind"], timestamp: float,
-           duration_ms: float, decider: str = "") -> DecisionEvent:
+           duration_ms: float, *, decider: str = "", term: int = 0) -> DecisionEvent:
         return cls(
             pod=decision.pod, verb=verb, scheduled=decision.node is not None,
             node=decision.node,
@@ -56,7 +59,7 @@ class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
             failed_nodes=dict(decision.failed_nodes or {}),
             ignored_policies=list(decision.ignored_policies), reason=decision.reason,
             explain=list(decision.explain or ()),
-            timestamp=timestamp, duration_ms=duration_ms, decider=decider,
+            timestamp=timestamp, duration_ms=duration_ms, decider=decider, term=term,
         )
 
 

@@ -593,11 +593,10 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             supervisor.start("settle-pod-store", standalone.keep_settled)
         if loop is not None and config.drive_pending:
             supervisor.start("pending-loop", loop.run)
-        logger.info("pyhami scheduler %s ready on %s:%d%s, %s", config.identity,
-                    *config.listen,
+        logger.info("pyhami scheduler ready on %s:%d%s as %s, %s", *config.listen,
                     "" if extender_files is None
                     else " (HTTPS, mutual TLS)" if extender_files.mutual else " (HTTPS)",
-                    leadership.role)
+                    config.identity, leadership.role)
         if started is not None:
             started(service)
         await stop.wait()

@@ -28,6 +28,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
+from common.core.errors import SettingsError
 from common.messaging import describe_error
 from scheduler.cluster import ClusterError
 
@@ -43,6 +44,9 @@ Hook = Callable[[], Awaitable[None]]
 class Leadership(Protocol):
     identity: str
     """This daemon's name (``--identity``), carried by every decision it publishes."""
+    term: int
+    """Which term of leadership its decisions belong to, where terms are counted (the
+    standalone lease); 0 elsewhere."""
 
     @property
     def role(self) -> Role: ...
@@ -76,6 +80,7 @@ class Sole:
     """The only daemon: always the leader."""
 
     role: Role = "leader"
+    term = 0
 
     def __init__(self, identity: str) -> None:
         self.identity = identity
@@ -123,6 +128,7 @@ class FollowedLease:
         self.identity = identity
         self._period = period
         self._on_elected = on_elected
+        self.term = 0
         self.role: Role = "leader"
         self.holder: str | None = None
         self._unread: str | None = None
@@ -178,7 +184,7 @@ class FollowedLease:
         return None
 
 
-class LeaseSettingsError(ValueError):
+class LeaseSettingsError(SettingsError):
     """The lease's settings cannot keep one decider at a time."""
 
 
@@ -220,7 +226,9 @@ class NatsLease:
         self._authority_until = 0.0
         self._deciding = False
         self.holder: str | None = None
-        self.terms = 0
+        self.term = 0
+        """The bucket revision at which this daemon last took the lease: terms of all the
+        daemons are ordered by it."""
 
     async def open(self, client: Client) -> None:
         """Open (or make) the bucket; raises ``LeaseSettingsError`` when it exists with
@@ -270,7 +278,7 @@ class NatsLease:
         return {"role": self.role, "identity": self.identity,
                 "holder": self.identity if self.leading() else self.holder,
                 "lease": f"NATS key-value {LEASE_BUCKET}/{LEASE_KEY}", "ttl_s": self._ttl,
-                "terms": self.terms}
+                "term": self.term}
 
     async def start(self) -> None:
         await self.renew_or_take()
@@ -336,9 +344,9 @@ class NatsLease:
         self._revision = revision
         self._authority_until = sent + self._renew_deadline
         self.holder = self.identity
-        self.terms += 1
+        self.term = revision
         logger.info("leading: took the lease %s/%s (term %d)", LEASE_BUCKET, LEASE_KEY,
-                    self.terms)
+                    revision)
         try:
             await self._on_elected()
         except BaseException:

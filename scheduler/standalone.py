@@ -147,11 +147,27 @@ class StandaloneCluster:
         self._connection = connection
 
     async def reload(self) -> None:
-        """Read every pod afresh (this daemon was elected: the one before it wrote)."""
+        """Read every pod afresh (this daemon was elected: another may have written).
+
+        This daemon's own writes that got no answer are settled first, against what it
+        answered; one that cannot be settled yet keeps its answered version in memory,
+        for ``keep_settled`` to finish.
+        """
+        for key in list(self._unsettled):
+            with contextlib.suppress(StoreUnavailable):
+                async with self._writing.hold(key):
+                    await self._settle(key)
+        answered = {key: (self._pods.get(key), self._revisions.get(key, 0))
+                    for key in self._unsettled}
         self._pods.clear()
         self._revisions.clear()
-        self._unsettled.clear()
         await self._load()
+        for key, (pod, revision) in answered.items():
+            if pod is None:
+                self._pods.pop(key, None)
+                self._revisions.pop(key, None)
+            else:
+                self._pods[key], self._revisions[key] = pod, revision
 
     async def _load(self) -> None:
         try:

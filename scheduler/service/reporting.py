@@ -55,8 +55,10 @@ class Reporting:
 
     async def decided(self, decision: Decision, verb: Literal["filter", "bind"],
                       duration_ms: float, decided_at: float) -> None:
+        leadership = self.shared.leadership
         await self._publish(DecisionEvent.of(decision, verb, decided_at, duration_ms,
-                                             decider=self.shared.leadership.identity))
+                                             decider=leadership.identity,
+                                             term=leadership.term))
         await self._publish_usage()
 
     def retry_waiting(self) -> None:

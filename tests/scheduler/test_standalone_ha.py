@@ -213,9 +213,11 @@ class Load:
 
 @dataclass
 class Decisions:
-    """Every decision published on ``pyhami.decisions``: (when made, decider)."""
+    """Every decision published on ``pyhami.decisions``: (when made, decider), and each
+    term of leadership's first and last decision."""
 
     made: list[tuple[float, str]] = field(default_factory=list)
+    terms: dict[tuple[int, str], list[float]] = field(default_factory=dict)
 
     @contextlib.asynccontextmanager
     async def following(self, url: str) -> AsyncIterator[Decisions]:
@@ -225,6 +227,8 @@ class Decisions:
             event = decode_decision(message.data)
             if event.scheduled:
                 self.made.append((event.timestamp, event.decider))
+                span = self.terms.setdefault((event.term, event.decider), [event.timestamp] * 2)
+                span[0], span[1] = min(span[0], event.timestamp), max(span[1], event.timestamp)
 
         await client.subscribe(DECISIONS_SUBJECT, cb=record)
         try:
@@ -232,19 +236,26 @@ class Decisions:
         finally:
             await client.drain()
 
-    def blocks(self) -> list[str]:
-        """The deciders in time order, each run of one decider counted once."""
-        return [decider for decider, _ in itertools.groupby(d for _, d in sorted(self.made))]
+    def overlapping_terms(self) -> list[str]:
+        """Terms, in the order the lease was taken, whose decisions did not all come before
+        the next term's first: two deciders at once. A term names its decider."""
+        found = []
+        ordered = sorted(self.terms.items())
+        for (term, decider), (_, last) in ordered[:-1]:
+            for (later, other), (first, _) in ordered:
+                if later > term and first < last:
+                    found.append(f"{decider}'s term {term} decided until {last:.3f}, after "
+                                 f"{other}'s term {later} began at {first:.3f}")
+        return found
+
+    def switches(self) -> list[str]:
+        """Each change of decider: the last decision before it and the first after."""
+        ordered = sorted(self.made)
+        return [f"{before[1]} at {before[0]:.3f}, then {after[1]} at {after[0]:.3f}"
+                for before, after in itertools.pairwise(ordered) if before[1] != after[1]]
 
     def first_after(self, moment: float, decider: str) -> float | None:
         return min((t for t, d in self.made if d == decider and t > moment), default=None)
-
-
-def answer_blocks(answers: list[Answer]) -> list[str]:
-    """The daemons that answered /filter with a node, in the order they were asked, each
-    run of one daemon counted once."""
-    return [daemon for daemon, _ in itertools.groupby(
-        a.daemon for a in sorted(answers, key=lambda a: a.sent))]
 
 
 def overlapping(answers: list[Answer]) -> list[str]:
@@ -315,9 +326,12 @@ async def test_two_daemons_never_decide_at_once_and_the_standby_takes_over(
     report["refused_5xx"] = load.refused
     (stand.logs / "ha-report.json").write_text(json.dumps(report, indent=2))
     print("standalone HA:", json.dumps(report))
-    assert decisions.blocks() == [a, b, a], decisions.blocks()
-    assert answer_blocks(load.chose) == [a, b, a]
+    assert decisions.overlapping_terms() == [], decisions.switches()
+    assert 0 not in {term for term, _ in decisions.terms}
     assert overlapping(load.chose) == []
+    # Each fault handed the lease on: the terms, in order, begin with a, b, a.
+    assert [decider for _, decider in sorted(decisions.terms)][:3] == [a, b, a], (
+        decisions.switches())
     assert violations == []
     assert load.bound and {load.bound[n] for n in load.bound} == {a, b}
 
@@ -373,7 +387,8 @@ async def test_a_holder_cut_off_from_nats_stops_deciding_before_the_standby_star
     report["decisions"] = dict(collections.Counter(d for _, d in decisions.made))
     (stand.logs / "ha-partition-report.json").write_text(json.dumps(report, indent=2))
     print("standalone HA, partition:", json.dumps(report))
-    assert answer_blocks(load.chose) == [a, b]
     assert overlapping(load.chose) == []
-    assert decisions.blocks() == [a, b]
+    assert decisions.overlapping_terms() == [], decisions.switches()
+    assert [decider for _, decider in sorted(decisions.terms)][:2] == [a, b], (
+        decisions.switches())
     assert violations == []
