@@ -810,6 +810,7 @@ def test_helm_install_and_uninstall_against_the_api_server(
         done = run("install", release.name, str(CHART), "--create-namespace")
         assert done.returncode == 0, done.stderr
         assert "kubectl label node GPU-NODE gpu=on" in done.stdout, "no NOTES"
+        assert f"get lease {release.scheduler} " in done.stdout, "NOTES name no leader"
         status = json.loads(run("status", release.name, "--output", "json").stdout)
         assert status["info"]["status"] == "deployed"
         assert api.get(webhook)["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
