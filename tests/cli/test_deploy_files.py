@@ -237,6 +237,16 @@ def test_scheduler_config_hands_gpu_resources_to_the_extender() -> None:
     assert config["leaderElection"]["resourceName"] == SCHEDULER_NAME
 
 
+def test_the_daemons_follow_the_lease_kube_scheduler_elects_on() -> None:
+    election = yaml.safe_load(shipped_scheduler_config())["leaderElection"]
+    deployment = _objects()[("Deployment", "pyhami-scheduler")]
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    command = containers["extender"]["command"]
+    parse_pyhami(command, "Deployment pyhami-scheduler")
+    lease = f"{election['resourceNamespace']}/{election['resourceName']}"
+    assert f"--leader-lease={lease}" in command
+
+
 def test_k8s_runs_two_scheduler_pods_that_a_drain_moves_one_at_a_time() -> None:
     objects = _objects()
     deployment = objects[("Deployment", "pyhami-scheduler")]

@@ -227,6 +227,8 @@ def test_the_scheduler_runs_the_values_replicas_policies_and_extender(
         assert config["leaderElection"] == {"leaderElect": True,
                                             "resourceNamespace": release.namespace,
                                             "resourceName": release.scheduler, **election}
+        # The daemons follow the Lease kube-scheduler elects its leader on.
+        assert f"--leader-lease={release.namespace}/{release.scheduler}" in command
         env = {e["name"]: e for e in ours.container("Deployment", release.scheduler,
                                                     "extender")["env"]}
         assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
