@@ -237,6 +237,39 @@ def test_scheduler_config_hands_gpu_resources_to_the_extender() -> None:
     assert config["leaderElection"]["resourceName"] == SCHEDULER_NAME
 
 
+def test_the_daemons_follow_the_lease_kube_scheduler_elects_on() -> None:
+    election = yaml.safe_load(shipped_scheduler_config())["leaderElection"]
+    deployment = _objects()[("Deployment", "pyhami-scheduler")]
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    command = containers["extender"]["command"]
+    parse_pyhami(command, "Deployment pyhami-scheduler")
+    lease = f"{election['resourceNamespace']}/{election['resourceName']}"
+    assert f"--leader-lease={lease}" in command
+
+
+def test_k8s_runs_two_scheduler_pods_that_a_drain_moves_one_at_a_time() -> None:
+    objects = _objects()
+    deployment = objects[("Deployment", "pyhami-scheduler")]
+    budget = objects[("PodDisruptionBudget", "pyhami-scheduler")]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0,
+                                                               "maxSurge": 1}
+    assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+    assert budget["spec"]["maxUnavailable"] == 1, "0 would block every node drain"
+    pod = deployment["spec"]["template"]
+    (preferred,) = pod["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    term = preferred["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+
+
+def test_k8s_leader_election_runs_kubernetes_default_timings() -> None:
+    election = yaml.safe_load(shipped_scheduler_config())["leaderElection"]
+    assert (election["leaseDuration"], election["renewDeadline"], election["retryPeriod"]) == (
+        "15s", "10s", "2s")
+
+
 def test_scheduler_pod_wires_kube_scheduler_to_the_extender() -> None:
     config = yaml.safe_load(shipped_scheduler_config())
     deployment = _objects()[("Deployment", "pyhami-scheduler")]

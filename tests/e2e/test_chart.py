@@ -3,8 +3,8 @@
 Two releases, each in a namespace of its own and under its own name (so that their
 cluster-scoped objects do not meet those of ``k8s/`` the suite already created): the
 chart's defaults, and ``ci/custom-values.yaml`` (an existing NATS, the webhook with a
-Secret of its own, the extender over mutual TLS, the monitoring objects, three replicas,
-other policies). The API
+Secret of its own, the extender over mutual TLS, the monitoring objects, three replicas
+kept on different nodes, faster leader election, other policies). The API
 server validates every object on creation; nothing runs them (no controllers, no
 kubelet), so only what was stored is checked. A third release goes through ``helm
 install`` and ``helm uninstall`` themselves. ``k8s/`` must be the chart's rendering.
@@ -64,6 +64,12 @@ class Release:
 
 DEFAULTS = Release("pyhami-defaults", "pyhami-chart-defaults", None, "pyhami-defaults")
 CUSTOM = Release("gpu", "pyhami-chart-custom", CHART / "ci" / "custom-values.yaml", "gpu-pyhami")
+# kube-scheduler's leader election timings each release renders: Kubernetes' defaults, and
+# those of ci/custom-values.yaml.
+LEADER_ELECTION = {
+    DEFAULTS: {"leaseDuration": "15s", "renewDeadline": "10s", "retryPeriod": "2s"},
+    CUSTOM: {"leaseDuration": "6s", "renewDeadline": "4s", "retryPeriod": "1s"},
+}
 
 
 @dataclass
@@ -186,7 +192,9 @@ def test_each_value_set_renders_the_objects_it_asks_for(
         installed: dict[Release, Installed]) -> None:
     defaults = {kind for kind, _ in installed[DEFAULTS].stored}
     custom = {kind for kind, _ in installed[CUSTOM].stored}
-    assert {"StatefulSet", "MutatingWebhookConfiguration", "Deployment", "DaemonSet"} <= defaults
+    assert {"StatefulSet", "MutatingWebhookConfiguration", "Deployment", "DaemonSet",
+            "PodDisruptionBudget"} <= defaults
+    assert "PodDisruptionBudget" in custom
     assert not defaults & set(MONITORING_KINDS), "monitoring objects are opt-in"
     assert "StatefulSet" not in custom, "an existing NATS needs no bundled one"
     assert set(MONITORING_KINDS) | {"MutatingWebhookConfiguration"} <= custom
@@ -197,7 +205,7 @@ def test_each_value_set_renders_the_objects_it_asks_for(
 
 def test_the_scheduler_runs_the_values_replicas_policies_and_extender(
         installed: dict[Release, Installed]) -> None:
-    for release, replicas, gpu, node in ((DEFAULTS, 1, "spread", "binpack"),
+    for release, replicas, gpu, node in ((DEFAULTS, 2, "spread", "binpack"),
                                          (CUSTOM, 3, "binpack", "spread")):
         ours = installed[release]
         deployment = ours.get("Deployment", release.scheduler)
@@ -215,9 +223,12 @@ def test_the_scheduler_runs_the_values_replicas_policies_and_extender(
         assert extender["urlPrefix"] == f"{scheme}://127.0.0.1:8888"
         managed = {r["name"] for r in extender["managedResources"] if r["ignoredByScheduler"]}
         assert "nvidia.com/priority" in managed
+        election = LEADER_ELECTION[release]
         assert config["leaderElection"] == {"leaderElect": True,
                                             "resourceNamespace": release.namespace,
-                                            "resourceName": release.scheduler}
+                                            "resourceName": release.scheduler, **election}
+        # The daemons follow the Lease kube-scheduler elects its leader on.
+        assert f"--leader-lease={release.namespace}/{release.scheduler}" in command
         env = {e["name"]: e for e in ours.container("Deployment", release.scheduler,
                                                     "extender")["env"]}
         assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
@@ -225,6 +236,83 @@ def test_the_scheduler_runs_the_values_replicas_policies_and_extender(
     kube_scheduler = installed[CUSTOM].container("Deployment", CUSTOM.scheduler, "kube-scheduler")
     assert kube_scheduler["image"] == f"registry.k8s.io/kube-scheduler:{KUBE_VERSION}"
     assert kube_scheduler["command"][-1] == "--v=4"
+
+
+def test_a_drain_moves_the_scheduler_pods_one_at_a_time(
+        installed: dict[Release, Installed], control_plane: ControlPlane) -> None:
+    api = control_plane.api
+    for release in (DEFAULTS, CUSTOM):
+        ours = installed[release]
+        budget = api.get(api.path("policy/v1", "PodDisruptionBudget", release.namespace,
+                                  release.scheduler))
+        # A budget of 0 would block every drain of a node a scheduler pod runs on.
+        assert budget["spec"]["maxUnavailable"] == 1
+        assert "minAvailable" not in budget["spec"]
+        assert selected(budget["spec"]["selector"], pod_labels(ours)) == {release.scheduler}
+        deployment = ours.get("Deployment", release.scheduler)
+        assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+        # A rollout starts the new pod before it stops an old one.
+        assert deployment["spec"]["strategy"] == {
+            "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+
+
+@pytest.mark.parametrize(("release", "rule"), [
+    (DEFAULTS, "preferredDuringSchedulingIgnoredDuringExecution"),
+    (CUSTOM, "requiredDuringSchedulingIgnoredDuringExecution"),
+], ids=["soft", "hard"])
+def test_the_scheduler_pods_keep_to_different_nodes(
+        installed: dict[Release, Installed], release: Release, rule: str) -> None:
+    ours = installed[release]
+    affinity = ours.get("Deployment", release.scheduler)["spec"]["template"]["spec"]["affinity"]
+    (terms,) = affinity["podAntiAffinity"].values()
+    assert set(affinity["podAntiAffinity"]) == {rule}
+    (term,) = terms
+    if rule.startswith("preferred"):
+        assert term["weight"] == 100
+        term = term["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert selected(term["labelSelector"], pod_labels(ours)) == {release.scheduler}
+
+
+def helm_template_set(helm: Path, *settings: str) -> list[dict[str, Any]]:
+    """The chart's defaults rendered with these --set settings."""
+    command = [str(helm), "template", "pyhami", str(CHART), "--kube-version", KUBE_VERSION]
+    for setting in settings:
+        command += ["--set", setting]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.mark.parametrize("settings", [["scheduler.replicas=1"],
+                                      ["scheduler.podDisruptionBudget.enabled=false"]])
+def test_no_disruption_budget_for_one_replica_or_when_off(helm: Path,
+                                                          settings: list[str]) -> None:
+    kinds = {doc["kind"] for doc in helm_template_set(helm, *settings)}
+    assert "PodDisruptionBudget" not in kinds and "Deployment" in kinds
+
+
+def test_an_affinity_of_the_users_keeps_the_anti_affinity_unless_it_has_its_own(
+        helm: Path) -> None:
+    def affinity(*settings: str) -> dict[str, Any]:
+        (deployment,) = [d for d in helm_template_set(helm, *settings)
+                         if d["kind"] == "Deployment"]
+        found: dict[str, Any] = deployment["spec"]["template"]["spec"].get("affinity", {})
+        return found
+
+    zone = ("scheduler.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0]")
+    node_rule = [f"{zone}.key=zone", f"{zone}.operator=Exists"]
+    assert set(affinity(*node_rule)) == {"nodeAffinity", "podAntiAffinity"}
+    assert set(affinity(*node_rule, "scheduler.antiAffinity=none")) == {"nodeAffinity"}
+    assert affinity("scheduler.antiAffinity=none") == {}
+    own = ("scheduler.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+           "[0]")
+    mine = affinity("scheduler.antiAffinity=hard", f"{own}.weight=5",
+                    f"{own}.podAffinityTerm.topologyKey=zone",
+                    f"{own}.podAffinityTerm.labelSelector.matchLabels.team=a")
+    assert mine["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0][
+        "weight"] == 5
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in mine["podAntiAffinity"]
 
 
 def mounts(ours: Installed, container: str) -> dict[str, str]:
@@ -621,6 +709,24 @@ def test_network_policies_can_be_turned_off(helm: Path) -> None:
      "scheduler.extender.tls.clientSecretName needs scheduler.extender.tls.enabled"),
     (["scheduler.extender.tls.mutual=true"],
      "at '/scheduler/extender/tls': additional properties 'mutual' not allowed"),
+    (["scheduler.leaderElection.renewDeadline=ten"],
+     "at '/scheduler/leaderElection/renewDeadline': 'ten' does not match pattern"),
+    (["scheduler.leaderElection.leaseDuration=1500ms"],
+     "at '/scheduler/leaderElection/leaseDuration': '1500ms' does not match pattern"),
+    (["scheduler.leaderElection.renewDeadline=15s"],
+     "scheduler.leaderElection.renewDeadline (15s) must be shorter than "
+     "scheduler.leaderElection.leaseDuration (15s)"),
+    (["scheduler.leaderElection.leaseDuration=1m", "scheduler.leaderElection.renewDeadline=1m"],
+     "scheduler.leaderElection.renewDeadline (1m) must be shorter than"),
+    (["scheduler.leaderElection.renewDeadline=2.4s"],
+     "scheduler.leaderElection.renewDeadline (2.4s) must be longer than 1.2 x "
+     "scheduler.leaderElection.retryPeriod (2s)"),
+    (["scheduler.leaderElection.retryPeriod=0s"],
+     "scheduler.leaderElection.retryPeriod must be longer than 0"),
+    (["scheduler.podDisruptionBudget.maxUnavailable=0"],
+     "at '/scheduler/podDisruptionBudget/maxUnavailable': 'oneOf' failed"),
+    (["scheduler.antiAffinity=strict"],
+     "at '/scheduler/antiAffinity': value must be one of 'soft', 'hard', 'none'"),
 ])
 def test_values_that_cannot_work_are_refused_by_name(helm: Path, settings: list[str],
                                                      message: str) -> None:
@@ -706,6 +812,7 @@ def test_helm_install_and_uninstall_against_the_api_server(
         done = run("install", release.name, str(CHART), "--create-namespace")
         assert done.returncode == 0, done.stderr
         assert "kubectl label node GPU-NODE gpu=on" in done.stdout, "no NOTES"
+        assert f"get lease {release.scheduler} " in done.stdout, "NOTES name no leader"
         status = json.loads(run("status", release.name, "--output", "json").stdout)
         assert status["info"]["status"] == "deployed"
         assert api.get(webhook)["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"

@@ -44,6 +44,22 @@ def test_the_shipped_images_match_the_tested_kubernetes(control_plane: ControlPl
     assert pod_spec["serviceAccountName"] == SCHEDULER_SERVICE_ACCOUNT
 
 
+def test_the_disruption_budget_covers_the_two_scheduler_pods(control_plane: ControlPlane) -> None:
+    api = control_plane.api
+    deployment = api.get(api.path("apps/v1", "Deployment", SYSTEM_NAMESPACE, "pyhami-scheduler"))
+    budget = api.get(api.path("policy/v1", "PodDisruptionBudget", SYSTEM_NAMESPACE,
+                              "pyhami-scheduler"))
+    assert deployment["spec"]["replicas"] == 2
+    assert budget["spec"]["maxUnavailable"] == 1
+    wanted = budget["spec"]["selector"]["matchLabels"]
+    assert wanted.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    others = [doc for doc in manifests() if doc["kind"] in {"DaemonSet", "StatefulSet"}]
+    assert others, "k8s/ ships the agent and NATS too"
+    for other in others:
+        labels = other["spec"]["template"]["metadata"]["labels"]
+        assert not wanted.items() <= labels.items(), f"the budget covers {other['kind']} pods"
+
+
 def test_kube_scheduler_runs_the_charts_configuration_with_mutual_tls(
         control_plane: ControlPlane) -> None:
     chart: dict[str, Any] = yaml.safe_load(control_plane.chart_config)

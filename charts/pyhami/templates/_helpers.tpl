@@ -145,6 +145,35 @@ flags show in ps. */}}
 {{- end }}
 {{- end -}}
 
+{{/* The scheduler pods' affinity: scheduler.affinity, with a podAntiAffinity that keeps
+them on different nodes (scheduler.antiAffinity) unless scheduler.affinity has its own. */}}
+{{- define "pyhami.schedulerAffinity" -}}
+{{- $affinity := deepCopy (.Values.scheduler.affinity | default dict) -}}
+{{- $mode := .Values.scheduler.antiAffinity -}}
+{{- if and (ne $mode "none") (not (hasKey $affinity "podAntiAffinity")) -}}
+{{- $ours := include "pyhami.selectorLabels" (dict "root" . "component" "scheduler") | fromYaml -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" $ours) -}}
+{{- if eq $mode "hard" -}}
+{{- $_ := set $affinity "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) -}}
+{{- else -}}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) -}}
+{{- end -}}
+{{- end -}}
+{{- if $affinity }}{{ toYaml $affinity }}{{ end -}}
+{{- end -}}
+
+{{/* A duration as values.schema.json admits it (15s, 1m30s, 1.5s, 500ms), in
+milliseconds. */}}
+{{- define "pyhami.durationMs" -}}
+{{- $factors := dict "h" 3600000 "m" 60000 "s" 1000 "ms" 1 -}}
+{{- $ms := 0.0 -}}
+{{- range regexFindAll "[0-9.]+(ms|h|m|s)" . -1 -}}
+{{- $unit := regexFind "(ms|h|m|s)$" . -}}
+{{- $ms = addf $ms (mulf (trimSuffix $unit . | float64) (get $factors $unit)) -}}
+{{- end -}}
+{{- $ms -}}
+{{- end -}}
+
 {{/* Refuse settings that cannot work, naming the value. */}}
 {{- define "pyhami.validate" -}}
 {{- $auth := .Values.nats.auth -}}
@@ -177,6 +206,19 @@ flags show in ps. */}}
 {{- end -}}
 {{- if and $extenderTls.clientSecretName (not $extenderTls.enabled) -}}
 {{- fail "scheduler.extender.tls.clientSecretName needs scheduler.extender.tls.enabled: client certificates are asked for over HTTPS only" -}}
+{{- end -}}
+{{- $election := .Values.scheduler.leaderElection -}}
+{{- $lease := include "pyhami.durationMs" $election.leaseDuration | float64 -}}
+{{- $renew := include "pyhami.durationMs" $election.renewDeadline | float64 -}}
+{{- $retry := include "pyhami.durationMs" $election.retryPeriod | float64 -}}
+{{- if le $retry 0.0 -}}
+{{- fail "scheduler.leaderElection.retryPeriod must be longer than 0" -}}
+{{- end -}}
+{{- if le $lease $renew -}}
+{{- fail (printf "scheduler.leaderElection.renewDeadline (%s) must be shorter than scheduler.leaderElection.leaseDuration (%s): kube-scheduler refuses it otherwise" $election.renewDeadline $election.leaseDuration) -}}
+{{- end -}}
+{{- if le $renew (mulf 1.2 $retry) -}}
+{{- fail (printf "scheduler.leaderElection.renewDeadline (%s) must be longer than 1.2 x scheduler.leaderElection.retryPeriod (%s): kube-scheduler exits otherwise" $election.renewDeadline $election.retryPeriod) -}}
 {{- end -}}
 {{- if and .Values.webhook.enabled .Values.webhook.tls.existingSecret (not .Values.webhook.tls.caBundle) -}}
 {{- fail "webhook.tls.caBundle is required with webhook.tls.existingSecret: the base64 PEM CA that signed its certificate" -}}
