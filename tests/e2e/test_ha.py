@@ -239,7 +239,7 @@ def test_leader_pair_killed_mid_burst_the_standby_pair_binds_every_pod(
     with observed.lock:
         after = sorted(at for name, at in observed.bound_at.items()
                        if name not in bound_at_kill)
-        lease_at = observed.holder_since(f"{STANDBY}_")
+    lease_at = observed.holder_since(f"{STANDBY}_")
     assert lease_at is not None
     figures = {
         "pods": BURST, "bound_before_kill": len(bound_at_kill),
