@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import ctypes
 import json
 import os
@@ -54,6 +55,9 @@ SYSTEM_NAMESPACE = "pyhami-system"
 SCHEDULER_SERVICE_ACCOUNT = "pyhami-scheduler"
 SCHEDULER_NAME = "pyhami-scheduler"
 LEASE_NAME = "pyhami-scheduler"
+# The session's scheduler pod: the names of its two processes.
+DAEMON = "pyhami-scheduler"
+KUBE_SCHEDULER = "kube-scheduler"
 # k8s/'s values, with the extender over HTTPS and kube-scheduler as its only caller.
 EXTENDER_TLS_VALUES = ("scheduler.extender.tls.enabled=true",
                        "scheduler.extender.tls.secretName=pyhami-extender-tls",
@@ -305,6 +309,41 @@ def allowed(api: KubeApi, user: str, verb: str, resource: str, *,
 
 # Processes ------------------------------------------------------------------------------
 
+
+@dataclass(frozen=True)
+class DaemonPorts:
+    """Where one ``pyhami scheduler`` listens: its extender (mutual TLS), its metrics and
+    probes, its webhook."""
+
+    extender: int
+    metrics: int
+    webhook: int
+
+    @classmethod
+    def free(cls) -> DaemonPorts:
+        return cls(free_port(), free_port(), free_port())
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.extender}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics}"
+
+
+def in_uts_namespace(hostname: str) -> list[str]:
+    """The prefix that runs a command in a UTS namespace of its own under ``hostname`` (as
+    root); raises ``RuntimeError`` when this machine does not allow it."""
+    probe = subprocess.run(["unshare", "--uts", "hostname", hostname], capture_output=True,
+                           text=True, timeout=30, check=False)
+    if probe.returncode != 0:
+        raise RuntimeError(f"unshare --uts cannot run a process under the host name "
+                           f"{hostname} here (it needs root, or CAP_SYS_ADMIN): "
+                           f"{probe.stderr.strip()}")
+    # The shell names the host, then becomes the command: one process, in its own group.
+    return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname]
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -370,6 +409,14 @@ class Process:
         with contextlib.suppress(ProcessLookupError):  # anything it left in its group
             os.killpg(popen.pid, signal.SIGKILL)
         return popen.returncode
+
+    def kill(self) -> None:
+        """SIGKILL to the whole process group at once: no chance to clean up, as when its
+        node dies. Not running afterwards, so no wait watches it any more."""
+        popen, self.popen = self.popen, None
+        assert popen is not None and popen.poll() is None, f"{self.name} is not running"
+        os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait(STOP_TIMEOUT_S)
 
     def describe(self) -> str:
         return f"{self.name} log ({self.log}) ends:\n{tail(self.log)}"
@@ -551,7 +598,7 @@ class ControlPlane:
         self._start_nats()
         self.start_agent()
         self._wait_daemon_ready()
-        self._start_kube_scheduler()
+        self.start_kube_scheduler()
 
     def stop(self) -> None:
         """Every process, newest first; always safe to call."""
@@ -704,7 +751,7 @@ class ControlPlane:
 
     def _start_nats(self) -> None:
         auth = wait_for(self.nats_auth, f"the daemon's Secret {NATS_AUTH_SECRET}",
-                        START_TIMEOUT_S, watch=[self.processes["pyhami-scheduler"]])
+                        START_TIMEOUT_S, watch=[self.processes[DAEMON]])
         directory = self.data / "nats"
         directory.mkdir(exist_ok=True)
         (directory / "auth.conf").write_text(auth["auth.conf"])
@@ -774,67 +821,122 @@ class ControlPlane:
             self.webhook_tls = server_files(self.data / "webhook-tls")
             self.nats_url = f"nats://127.0.0.1:{free_port()}"
             self.extender_tls = ExtenderPki.make(self.data / "extender-tls")
-        assert self.webhook_tls is not None
+        self.launch_daemon(DAEMON, self.daemon_ports)
+
+    def launch_daemon(self, name: str, ports: DaemonPorts, *flags: str) -> Process:
+        """A ``pyhami scheduler`` as the session's daemon runs, on ``ports``, with ``flags``
+        added: the same ServiceAccount, NATS credentials Secret, extender and webhook
+        certificates."""
+        assert self.webhook_tls is not None, "the session's daemon was never started"
         pki = self.extender_pki
-        self._run("pyhami-scheduler", [
+        return self._run(name, [
             *self.pyhami_command(), "scheduler", "--kubeconfig", str(self.scheduler_kubeconfig),
             *self.nats_flags(), "--namespace", SYSTEM_NAMESPACE,
-            "--listen", f"127.0.0.1:{self.daemon_port}",
-            "--metrics", f"127.0.0.1:{self.metrics_port}", "--resync-wait", "1",
+            "--listen", f"127.0.0.1:{ports.extender}",
+            "--metrics", f"127.0.0.1:{ports.metrics}", "--resync-wait", "1",
             "--extender-cert-file", str(pki.server.cert),
             "--extender-key-file", str(pki.server.key),
             "--extender-client-ca-file", str(pki.client_ca),
-            "--webhook-listen", f"127.0.0.1:{self.webhook_port}",
+            "--webhook-listen", f"127.0.0.1:{ports.webhook}",
             "--tls-cert-file", str(self.webhook_tls.cert),
-            "--tls-private-key-file", str(self.webhook_tls.key)])
+            "--tls-private-key-file", str(self.webhook_tls.key), *flags])
+
+    @property
+    def daemon_ports(self) -> DaemonPorts:
+        """The session's daemon's."""
+        return DaemonPorts(self.daemon_port, self.metrics_port, self.webhook_port)
 
     def _wait_daemon_ready(self) -> None:
+        self.wait_daemon_ready(DAEMON, self.daemon_ports)
+
+    def wait_daemon_ready(self, name: str, ports: DaemonPorts) -> None:
+        """Until the daemon ``name`` answers /readyz and counts the agent's node."""
         def ready() -> bool:
             # As the kubelet probes it: on the metrics port, without a client certificate.
-            if http_get(f"http://127.0.0.1:{self.metrics_port}/readyz")[0] != 200:
+            if http_get(f"{ports.metrics_url}/readyz")[0] != 200:
                 return False
-            return bool(self.statusz()["nodes"] == 1)
+            return bool(self.statusz(ports)["nodes"] == 1)
 
-        wait_for(ready, "pyhami scheduler /readyz and the agent's inventory", START_TIMEOUT_S,
-                 watch=[self.processes["pyhami-scheduler"], self.processes["agent"]])
+        wait_for(ready, f"{name} /readyz and the agent's inventory", START_TIMEOUT_S,
+                 watch=[self.processes[name], self.processes["agent"]])
 
     def stop_daemon(self) -> int | None:
-        return self.processes["pyhami-scheduler"].stop()
+        return self.processes[DAEMON].stop()
 
-    def statusz(self) -> dict[str, Any]:
-        status, body = http_get(f"{self.daemon_url}/statusz", context=self.as_kube_scheduler)
+    def statusz(self, ports: DaemonPorts | None = None) -> dict[str, Any]:
+        """A daemon's /statusz (the session's by default), asked as kube-scheduler."""
+        return self.extender_json("/statusz", ports)
+
+    def ledgerz(self, ports: DaemonPorts | None = None) -> dict[str, Any]:
+        """A daemon's /ledgerz (the session's by default), asked as kube-scheduler."""
+        return self.extender_json("/ledgerz", ports)
+
+    def extender_json(self, path: str, ports: DaemonPorts | None = None) -> dict[str, Any]:
+        url = (ports or self.daemon_ports).url
+        status, body = http_get(f"{url}{path}", context=self.as_kube_scheduler)
         if status != 200:
-            raise ValueError(f"/statusz answered {status}")
+            raise ValueError(f"{path} answered {status}")
         document: dict[str, Any] = json.loads(body)
         return document
 
-    def _start_kube_scheduler(self) -> None:
-        self.chart_config = chart_scheduler_config(self.bin_dir)
-        self.scheduler_config = render_scheduler_config(
-            self.chart_config, extender_url=self.daemon_url,
-            kubeconfig=str(self.scheduler_kubeconfig), tls=self.extender_pki)
-        config_file = self.data / "kube-scheduler-config.yaml"
-        config_file.write_text(yaml.safe_dump(self.scheduler_config, sort_keys=False))
+    def start_kube_scheduler(self) -> None:
+        """The session's kube-scheduler, for the session's daemon; waits until it holds the
+        lease (its identity is this machine's host name)."""
+        if not self.chart_config:
+            self.chart_config = chart_scheduler_config(self.bin_dir)
+            self.scheduler_config = render_scheduler_config(
+                self.chart_config, extender_url=self.daemon_url,
+                kubeconfig=str(self.scheduler_kubeconfig), tls=self.extender_pki)
         self.scheduler_port = free_port()
+        scheduler = self.launch_kube_scheduler(KUBE_SCHEDULER, self.scheduler_config,
+                                               self.scheduler_port)
+        mine = f"{socket.gethostname()}_"
+        wait_for(lambda: self.lease_holder().startswith(mine),
+                 f"kube-scheduler to take the lease {SYSTEM_NAMESPACE}/{LEASE_NAME} "
+                 f"as {mine}...", START_TIMEOUT_S, interval=0.5, watch=[scheduler])
+
+    def kube_scheduler_config(self, daemon_url: str) -> dict[str, Any]:
+        """The session's kube-scheduler configuration with another daemon as its extender."""
+        config = copy.deepcopy(self.scheduler_config)
+        (extender,) = config["extenders"]
+        extender["urlPrefix"] = daemon_url
+        return config
+
+    def launch_kube_scheduler(self, name: str, config: dict[str, Any], port: int, *,
+                              hostname: str | None = None) -> Process:
+        """kube-scheduler with ``config`` and the Deployment's flags, serving on ``port``;
+        waits for its /healthz. With ``hostname`` it runs in a UTS namespace of its own under
+        that host name, which is the identity it takes the lease by, as in its own pod."""
+        config_file = self.data / f"{name}-config.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         # The Deployment's flags; then what the pod network would give: its own port.
-        scheduler = self._run("kube-scheduler", [
+        command = [
             str(self.bin_dir / "kube-scheduler"), f"--config={config_file}",
             *shipped_kube_scheduler_flags(),
-            f"--secure-port={self.scheduler_port}", "--bind-address=127.0.0.1",
+            f"--secure-port={port}", "--bind-address=127.0.0.1",
             f"--authentication-kubeconfig={self.scheduler_kubeconfig}",
             f"--authorization-kubeconfig={self.scheduler_kubeconfig}",
-        ])
+        ]
+        if hostname is not None:
+            command = [*in_uts_namespace(hostname), *command]
+        scheduler = self._run(name, command)
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # kube-scheduler's own self-signed serving cert
-        wait_for(lambda: http_get(f"https://127.0.0.1:{self.scheduler_port}/healthz",
+        wait_for(lambda: http_get(f"https://127.0.0.1:{port}/healthz",
                                   context=insecure)[0] == 200,
-                 "kube-scheduler /healthz", START_TIMEOUT_S, watch=[scheduler])
-        lease = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases/{LEASE_NAME}"
-        wait_for(lambda: self.api.get(lease)["spec"].get("holderIdentity"),
-                 f"kube-scheduler to take the lease {SYSTEM_NAMESPACE}/{LEASE_NAME}",
-                 START_TIMEOUT_S, interval=0.5, watch=[scheduler])
+                 f"{name} /healthz", START_TIMEOUT_S, watch=[scheduler])
+        return scheduler
 
+    def lease(self) -> dict[str, Any]:
+        """kube-scheduler's leader-election Lease."""
+        return self.api.get(f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/"
+                            f"leases/{LEASE_NAME}")
+
+    def lease_holder(self) -> str:
+        """``<host name>_<uuid>`` of the kube-scheduler leading; empty when released."""
+        holder: str = self.lease()["spec"].get("holderIdentity") or ""
+        return holder
 
     # The kubelet ----------------------------------------------------------------------------
 
