@@ -595,11 +595,16 @@ def test_monitoring_objects_watch_the_metrics_service(installed: dict[Release, I
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     rules = {rule["alert"]: rule["expr"] for group in custom.get(
         "PrometheusRule", CUSTOM.scheduler)["spec"]["groups"] for rule in group["rules"]}
-    assert set(rules) == {"PyhamiNodeStale", "PyhamiNatsDisconnected", "PyhamiSchedulerNotReady"}
+    assert set(rules) == {"PyhamiNodeStale", "PyhamiNatsDisconnected", "PyhamiSchedulerNotReady",
+                          "PyhamiNoLeader", "PyhamiSeveralLeaders"}
     for alert, metric in (("PyhamiNodeStale", "pyhami_node_stale"),
                           ("PyhamiNatsDisconnected", "pyhami_nats_connected"),
-                          ("PyhamiSchedulerNotReady", "pyhami_ready")):
+                          ("PyhamiSchedulerNotReady", "pyhami_ready"),
+                          ("PyhamiNoLeader", "sum(pyhami_leader{"),
+                          ("PyhamiSeveralLeaders", "sum(pyhami_leader{")):
         assert metric in rules[alert], rules[alert]
+    assert rules["PyhamiNoLeader"].endswith("== 0")
+    assert rules["PyhamiSeveralLeaders"].endswith("> 1")
     dashboard = custom.get("ConfigMap", f"{CUSTOM.fullname}-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     shipped = (CHART / "dashboards" / "pyhami.json").read_text()
