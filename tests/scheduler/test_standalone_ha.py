@@ -270,16 +270,22 @@ def overlapping(answers: list[Answer]) -> list[str]:
     return found
 
 
+async def holder_then_standby(stand: Stand, session: aiohttp.ClientSession) -> None:
+    """daemon-a started and ready (it takes the lease), then daemon-b standing by."""
+    a, b = DAEMONS
+    stand.daemons[a].start()
+    await _wait("daemon-a ready", lambda: _ready_says(session, stand.urls[a], 200, "ready"))
+    stand.daemons[b].start()
+    await _wait("daemon-b standing by", lambda: _ready_says(
+        session, stand.urls[b], 503, f"standby: {a} holds the lease"))
+
+
 async def test_two_daemons_never_decide_at_once_and_the_standby_takes_over(
         stand: Stand) -> None:
     a, b = DAEMONS
     report: dict[str, object] = {}
     async with aiohttp.ClientSession() as session:
-        stand.daemons[a].start()
-        await _wait("daemon-a ready", lambda: _ready_says(session, stand.urls[a], 200, "ready"))
-        stand.daemons[b].start()
-        await _wait("daemon-b standing by", lambda: _ready_says(
-            session, stand.urls[b], 503, f"standby: {a} holds the lease"))
+        await holder_then_standby(stand, session)
         async with session.post(f"{stand.urls[b]}/filter", json={
                 "Pod": lab_pod("asked-of-the-standby"), "NodeNames": list(NODES)}) as answer:
             assert (answer.status, await answer.text()) == (
@@ -357,11 +363,7 @@ async def test_a_holder_cut_off_from_nats_stops_deciding_before_the_standby_star
                                stand.logs)
     report: dict[str, object] = {}
     async with aiohttp.ClientSession() as session:
-        stand.daemons[a].start()
-        await _wait("daemon-a ready", lambda: _ready_says(session, stand.urls[a], 200, "ready"))
-        stand.daemons[b].start()
-        await _wait("daemon-b standing by", lambda: _ready_says(
-            session, stand.urls[b], 503, f"standby: {a} holds the lease"))
+        await holder_then_standby(stand, session)
         async with Decisions().following(stand.nats.url) as decisions, \
                 Load(session, stand.urls).running() as load:
             await asyncio.sleep(LOAD_BEFORE_FAULT_S)
