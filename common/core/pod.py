@@ -64,6 +64,10 @@ class PodSpec(msgspec.Struct, rename="camel"):
     init_containers: list[Container] | None = None
     node_name: str | None = None
     scheduler_name: str | None = None
+    priority: int | None = None
+    """Set by the API server from the pod's PriorityClass (0 without one)."""
+    preemption_policy: str | None = None
+    """``Never``: the pod waits for room and evicts nobody (default PreemptLowerPriority)."""
 
 
 class ObjectMeta(msgspec.Struct):
