@@ -51,6 +51,8 @@ class ClusterPod:
     node: str | None
     phase: str
     annotations: Mapping[str, str]
+    started: float = 0.0
+    """When it started (else when it was created), seconds since the epoch."""
 
     @property
     def namespace(self) -> str:
@@ -63,6 +65,10 @@ class ClusterPod:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def priority(self) -> int:
+        return self.manifest.spec.priority or 0
 
     @property
     def finished(self) -> bool:
@@ -83,6 +89,44 @@ class ClusterPod:
         containers = decode_devices(text)
         init_count = len(self.manifest.spec.init_containers or ())
         return Allocation(node, containers, min(init_count, len(containers)))
+
+
+@dataclass(frozen=True, slots=True)
+class LabelRequirement:
+    key: str
+    operator: str  # In, NotIn, Exists, DoesNotExist
+    values: tuple[str, ...] = ()
+
+    def holds(self, labels: Mapping[str, str]) -> bool:
+        present = self.key in labels
+        if self.operator == "In":
+            return present and labels[self.key] in self.values
+        if self.operator == "NotIn":
+            return not present or labels[self.key] not in self.values
+        if self.operator == "Exists":
+            return present
+        if self.operator == "DoesNotExist":
+            return not present
+        return False  # an operator the API server would have refused
+
+
+@dataclass(frozen=True, slots=True)
+class DisruptionBudget:
+    """A PodDisruptionBudget: which pods of its namespace it covers, and how many more of
+    them may go now."""
+
+    namespace: str
+    selected: bool
+    """False for a budget without a selector: it covers no pod."""
+    match_labels: Mapping[str, str]
+    match_expressions: tuple[LabelRequirement, ...]
+    disruptions_allowed: int
+
+    def covers(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Whether the budget covers a pod (an empty selector covers its whole namespace)."""
+        return (self.selected and namespace == self.namespace
+                and all(labels.get(key) == value for key, value in self.match_labels.items())
+                and all(requirement.holds(labels) for requirement in self.match_expressions))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +165,15 @@ class Cluster(Protocol):
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:
         """Best effort: an event that cannot be written is logged, not raised."""
+        ...
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the pod, only if it is still uid ``uid``, to preempt it; its cards are
+        freed when its deletion is seen. Raises ``ClusterError``."""
+        ...
+
+    async def disruption_budgets(self) -> list[DisruptionBudget]:
+        """Every PodDisruptionBudget (none outside Kubernetes). Raises ``ClusterError``."""
         ...
 
     async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
@@ -163,4 +216,5 @@ class WebhookCluster(Protocol):
 
 
 __all__ = ["AllocationPhase", "AnnotationError", "Cluster", "ClusterError", "ClusterPod",
-           "PodChange", "StoreUnavailable", "WebhookCluster"]
+           "DisruptionBudget", "LabelRequirement", "PodChange", "StoreUnavailable",
+           "WebhookCluster"]

@@ -64,6 +64,50 @@ class ExtenderBindingResult(msgspec.Struct, rename="pascal"):
     error: str = ""
 
 
+class MetaPod(msgspec.Struct, rename={"uid": "UID"}):
+    uid: Annotated[str, msgspec.Meta(max_length=128)] = ""
+
+
+class MetaVictims(msgspec.Struct, rename="pascal"):
+    pods: Annotated[list[MetaPod], msgspec.Meta(max_length=NODES_MAX)] | None = None
+    num_pdb_violations: int = msgspec.field(default=0, name="NumPDBViolations")
+
+
+class ObjectUid(msgspec.Struct):
+    uid: Annotated[str, msgspec.Meta(max_length=128)] = ""
+
+
+class PodUid(msgspec.Struct):
+    """A victim sent whole (``nodeCacheCapable: false``): only its uid is read."""
+
+    metadata: ObjectUid = msgspec.field(default_factory=ObjectUid)
+
+
+class Victims(msgspec.Struct, rename="pascal"):
+    pods: Annotated[list[PodUid], msgspec.Meta(max_length=NODES_MAX)] | None = None
+    num_pdb_violations: int = msgspec.field(default=0, name="NumPDBViolations")
+
+
+class ExtenderPreemptionArgs(msgspec.Struct, rename="pascal"):
+    pod: PodManifest
+    node_name_to_victims: Annotated[dict[str, Victims | None],
+                                    msgspec.Meta(max_length=NODES_MAX)] | None = None
+    node_name_to_meta_victims: Annotated[dict[str, MetaVictims | None],
+                                         msgspec.Meta(max_length=NODES_MAX)] | None = None
+
+    def offered(self) -> dict[str, list[str]]:
+        """Each candidate node and the uids of the victims kube-scheduler offers there."""
+        if self.node_name_to_meta_victims is not None:
+            return {node: [p.uid for p in (victims.pods or ())] if victims else []
+                    for node, victims in self.node_name_to_meta_victims.items()}
+        return {node: [p.metadata.uid for p in (victims.pods or ())] if victims else []
+                for node, victims in (self.node_name_to_victims or {}).items()}
+
+
+class ExtenderPreemptionResult(msgspec.Struct, rename="pascal"):
+    node_name_to_meta_victims: dict[str, MetaVictims] = {}
+
+
 _node_name = msgspec.json.Decoder(NamedNode)
 
 
@@ -96,3 +140,10 @@ def check_binding_args(args: ExtenderBindingArgs) -> None:
     check_subdomain("PodName", args.pod_name)
     check_label("PodNamespace", args.pod_namespace)
     check_subdomain("Node", args.node)
+
+
+def check_preemption_args(args: ExtenderPreemptionArgs) -> None:
+    """Raises ``InvalidName`` for a pod or candidate node name Kubernetes would refuse."""
+    check_pod_names(args.pod, "Pod.")
+    for node in args.offered():
+        check_subdomain("NodeNameToMetaVictims key", node)

@@ -50,6 +50,7 @@ from scheduler.cluster import (
     AllocationPhase,
     ClusterError,
     ClusterPod,
+    DisruptionBudget,
     EventType,
     PodChange,
     StoreUnavailable,
@@ -81,7 +82,8 @@ class StoredPod(msgspec.Struct, kw_only=True):
 
     def cluster_pod(self) -> ClusterPod:
         return ClusterPod(manifest=self.manifest, uid=self.uid, node=self.node,
-                          phase=self.phase, annotations=self.annotations)
+                          phase=self.phase, annotations=self.annotations,
+                          started=self.submitted)
 
 
 class PodEvent(msgspec.Struct):
@@ -370,6 +372,15 @@ class StandaloneCluster:
                 events.append(event)
                 return
         events.append(PodEvent(kind, reason, message, 1, now, now))
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        pod = self._pods.get(_key(namespace, name))
+        if pod is None or pod.uid != uid:
+            return  # gone, or another pod under the name now
+        await self.delete(namespace, name)
+
+    async def disruption_budgets(self) -> list[DisruptionBudget]:
+        return []
 
     async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         """Nothing to do: the pending loop tries waiting pods whenever cards are freed."""

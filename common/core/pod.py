@@ -75,6 +75,7 @@ class ObjectMeta(msgspec.Struct):
     namespace: str | None = None
     uid: str | None = None
     annotations: dict[str, str] | None = None
+    labels: dict[str, str] | None = None
 
 
 class PodManifest(msgspec.Struct):

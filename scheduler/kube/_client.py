@@ -126,6 +126,10 @@ class CoreApi(Protocol):
         _request_timeout: Timeout,
     ) -> urllib3.BaseHTTPResponse: ...
 
+    def delete_namespaced_pod(self, name: str, namespace: str, *, body: JsonObject,
+                              _preload_content: bool,
+                              _request_timeout: Timeout) -> urllib3.BaseHTTPResponse: ...
+
     def create_namespaced_event(self, namespace: str, body: JsonObject, *,
                                 _preload_content: bool,
                                 _request_timeout: Timeout) -> urllib3.BaseHTTPResponse: ...
@@ -165,6 +169,14 @@ class AuthenticationApi(Protocol):
                             _request_timeout: Timeout) -> urllib3.BaseHTTPResponse: ...
 
 
+class PolicyApi(Protocol):
+    """The call of ``client.PolicyV1Api`` used here, as ``CoreApi``."""
+
+    def list_pod_disruption_budget_for_all_namespaces(
+        self, *, _preload_content: bool, _request_timeout: Timeout,
+    ) -> urllib3.BaseHTTPResponse: ...
+
+
 class CoordinationApi(Protocol):
     """The call of ``client.CoordinationV1Api`` used here, as ``CoreApi``."""
 
@@ -182,6 +194,10 @@ def admission_api(api_client: ApiClient) -> AdmissionApi:
 
 def authentication_api(api_client: ApiClient) -> AuthenticationApi:
     return cast(AuthenticationApi, client.AuthenticationV1Api(api_client))
+
+
+def policy_api(api_client: ApiClient) -> PolicyApi:
+    return cast(PolicyApi, client.PolicyV1Api(api_client))
 
 
 def coordination_api(api_client: ApiClient) -> CoordinationApi:
@@ -246,6 +262,19 @@ def create_binding(core: CoreApi, namespace: str, name: str, body: JsonObject) -
     # refused binding still raises ApiException.
     _drain(core.create_namespaced_pod_binding(
         name, namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
+
+
+def delete_pod(core: CoreApi, namespace: str, name: str, uid: str) -> None:
+    """Delete the pod only if it is still uid ``uid`` (a pod re-created under the name is
+    left alone), with its own grace period, as kube-scheduler deletes a victim."""
+    _drain(core.delete_namespaced_pod(
+        name, namespace, body={"preconditions": {"uid": uid}}, _preload_content=False,
+        _request_timeout=REQUEST_TIMEOUT))
+
+
+def list_disruption_budgets(policy: PolicyApi) -> bytes:
+    return _drain(policy.list_pod_disruption_budget_for_all_namespaces(
+        _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
 
 
 def list_nodes(core: CoreApi) -> bytes:

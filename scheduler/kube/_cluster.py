@@ -18,6 +18,7 @@ from scheduler.cluster import (
     AllocationPhase,
     ClusterError,
     ClusterPod,
+    DisruptionBudget,
     EventType,
     PodChange,
     cordon_list,
@@ -49,6 +50,7 @@ from scheduler.kube._client import (
 from scheduler.kube._events import SeriesCache, write_event
 from scheduler.kube._watch import PodWatcher
 from scheduler.kube._wire import (
+    DisruptionBudgetList,
     Lease,
     NodeList,
     Pod,
@@ -57,6 +59,7 @@ from scheduler.kube._wire import (
     TokenReview,
     WebhookConfiguration,
     decode_pod,
+    disruption_budget,
 )
 from scheduler.service import KeyedLocks
 
@@ -77,6 +80,7 @@ class KubernetesCluster:
         self._admission = _client.admission_api(api_client)
         self._authentication = _client.authentication_api(api_client)
         self._coordination = _client.coordination_api(api_client)
+        self._policy = _client.policy_api(api_client)
         self.scheduler_name = scheduler_name
         self.instance = (instance or f"{scheduler_name}-{socket.gethostname()}")[:128]
         # Pod uids for events, most recently seen last; touched on the event loop only.
@@ -265,6 +269,24 @@ class KubernetesCluster:
         except Exception as error:
             logger.warning("event %s on pod %s/%s not recorded: %s", reason, namespace, name,
                            describe_failure(error))
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        try:
+            await asyncio.to_thread(_client.delete_pod, self._core, namespace, name, uid)
+        except API_FAILURES as error:
+            if answered_with(error, NOT_FOUND):
+                return  # gone already: what eviction wanted
+            raise ClusterError(f"deleting pod {namespace}/{name} to preempt it failed: "
+                               f"{describe_failure(error)}") from error
+
+    async def disruption_budgets(self) -> list[DisruptionBudget]:
+        try:
+            data = await asyncio.to_thread(_client.list_disruption_budgets, self._policy)
+            budgets = msgspec.json.decode(data, type=DisruptionBudgetList).items
+        except API_FAILURES as error:
+            raise ClusterError(f"listing PodDisruptionBudgets failed: "
+                               f"{describe_failure(error)}") from error
+        return [disruption_budget(budget) for budget in budgets]
 
     async def _pod_uid(self, namespace: str, name: str) -> str | None:
         uid = self._uids.get(f"{namespace}/{name}")

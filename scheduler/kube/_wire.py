@@ -6,11 +6,13 @@ docstring for why the client's own models are not used.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import msgspec
 
 from common.core import PodManifest
 from common.core.pod import ObjectMeta, PodSpec
-from scheduler.cluster import ClusterPod
+from scheduler.cluster import ClusterPod, DisruptionBudget, LabelRequirement
 
 
 class Metadata(msgspec.Struct, rename="camel"):
@@ -18,11 +20,14 @@ class Metadata(msgspec.Struct, rename="camel"):
     namespace: str | None = None
     uid: str | None = None
     annotations: dict[str, str] | None = None
+    labels: dict[str, str] | None = None
     resource_version: str | None = None
+    creation_timestamp: datetime | None = None
 
 
-class PodStatus(msgspec.Struct):
+class PodStatus(msgspec.Struct, rename="camel"):
     phase: str = "Unknown"
+    start_time: datetime | None = None
 
 
 class Pod(msgspec.Struct):
@@ -62,6 +67,37 @@ class Node(msgspec.Struct):
 
 class NodeList(msgspec.Struct):
     items: list[Node] = []
+
+
+class Requirement(msgspec.Struct):
+    key: str = ""
+    operator: str = ""
+    values: list[str] | None = None
+
+
+class Selector(msgspec.Struct, rename="camel"):
+    match_labels: dict[str, str] | None = None
+    match_expressions: list[Requirement] | None = None
+
+
+class BudgetSpec(msgspec.Struct):
+    selector: Selector | None = None
+
+
+class BudgetStatus(msgspec.Struct, rename="camel"):
+    disruptions_allowed: int = 0
+
+
+class PodDisruptionBudget(msgspec.Struct):
+    """A policy/v1 PodDisruptionBudget as the API sends it."""
+
+    metadata: Metadata = msgspec.field(default_factory=Metadata)
+    spec: BudgetSpec = msgspec.field(default_factory=BudgetSpec)
+    status: BudgetStatus = msgspec.field(default_factory=BudgetStatus)
+
+
+class DisruptionBudgetList(msgspec.Struct):
+    items: list[PodDisruptionBudget] = []
 
 
 class LeaseSpec(msgspec.Struct, rename="camel"):
@@ -130,13 +166,27 @@ def cluster_pod(pod: Pod) -> ClusterPod:
     annotations = meta.annotations or {}
     manifest = PodManifest(
         metadata=ObjectMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid,
-                            annotations=annotations),
+                            annotations=annotations, labels=meta.labels),
         spec=pod.spec,
     )
+    # Not started yet (or no kubelet reports it): when it was created.
+    started = pod.status.start_time or meta.creation_timestamp
     return ClusterPod(manifest=manifest, uid=meta.uid or "", node=pod.spec.node_name,
-                      phase=pod.status.phase, annotations=annotations)
+                      phase=pod.status.phase, annotations=annotations,
+                      started=started.timestamp() if started is not None else 0.0)
 
 
 def decode_pod(data: bytes | str) -> ClusterPod:
     """A pod from the API's JSON (a v1.Pod). Raises ``msgspec.DecodeError``."""
     return cluster_pod(msgspec.json.decode(data, type=Pod))
+
+
+def disruption_budget(budget: PodDisruptionBudget) -> DisruptionBudget:
+    selector = budget.spec.selector
+    return DisruptionBudget(
+        namespace=budget.metadata.namespace or "", selected=selector is not None,
+        match_labels=dict((selector.match_labels or {}) if selector else {}),
+        match_expressions=tuple(
+            LabelRequirement(r.key, r.operator, tuple(r.values or ()))
+            for r in ((selector.match_expressions or []) if selector else [])),
+        disruptions_allowed=budget.status.disruptions_allowed)
