@@ -16,8 +16,10 @@ from scheduler.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
     check_binding_args,
     check_extender_args,
+    check_preemption_args,
 )
 from scheduler.service import SchedulerService
 
@@ -26,6 +28,7 @@ Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 _args = msgspec.json.Decoder(ExtenderArgs)
 _binding_args = msgspec.json.Decoder(ExtenderBindingArgs)
+_preemption_args = msgspec.json.Decoder(ExtenderPreemptionArgs)
 _encoder = msgspec.json.Encoder()
 JSON = "application/json"
 
@@ -96,6 +99,9 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         web.post(f"{prefix}/bind",
                  _verb(_binding_args, "ExtenderBindingArgs", check_binding_args, service.bind,
                        service.refusal)),
+        web.post(f"{prefix}/preempt",
+                 _verb(_preemption_args, "ExtenderPreemptionArgs", check_preemption_args,
+                       service.preempt, service.refusal)),
         web.post(f"{prefix}/explain", explain),
         *health_routes(service),
         web.get("/statusz", statusz),

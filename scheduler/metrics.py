@@ -34,6 +34,10 @@ INVENTORY_RESULTS = ("accepted", "out_of_order", "sequence_jump", "rejected", "w
 RELEASE_CAUSES = ("expired", "bind_failed")
 AUTH_RESULTS = ("accepted", "refused", "malformed")
 ALLOCATION_RESULTS = ("success", "failed", "refused")
+PREEMPTION_RESULTS = (("daemon", "evicted"), ("daemon", "failed"),
+                      ("kube-scheduler", "answered"), ("kube-scheduler", "none"))
+"""evicted: victims deleted; failed: a deletion refused; answered: victims named to
+kube-scheduler; none: no node where lower-priority pods could make room."""
 UNSENT_REASONS: tuple[Unsent, ...] = get_args(Unsent)
 
 
@@ -214,6 +218,14 @@ class Metrics:
         self.allocations = Counter("pyhami_device_allocations_total",
                                    "Allocation outcomes the agents' device plugins reported, "
                                    "by result", ["result"], registry=self.registry)
+        self.preemptions = Counter(
+            "pyhami_preemptions_total",
+            "Preemptions for GPU pods: by who evicts (daemon: pyhami itself; "
+            "kube-scheduler: through the preempt verb) and result", ["by", "result"],
+            registry=self.registry)
+        self.preempted = Counter("pyhami_preemption_victims_total",
+                                 "Pods pyhami itself evicted to make room for a GPU pod of "
+                                 "higher priority", registry=self.registry)
         # Every known label value from the start, so rate() and alerts see a zero first.
         for result in INVENTORY_RESULTS:
             self.inventory.labels(result)
@@ -223,6 +235,8 @@ class Metrics:
             self.nats_auth.labels(answer)
         for outcome in ALLOCATION_RESULTS:
             self.allocations.labels(outcome)
+        for by, result in PREEMPTION_RESULTS:
+            self.preemptions.labels(by, result)
 
     def exposition(self) -> bytes:
         """The classic text format (tests and tools that read it directly)."""

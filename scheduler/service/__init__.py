@@ -1,7 +1,8 @@
 """The decision daemon's service: one facade over its three rooms.
 
 ``verbs`` answers kube-scheduler, ``reactions`` follows the cluster and the bus,
-``reporting`` tells others (telemetry, retries, metrics, status); they share one
+``preemption`` makes room for GPU pods of higher priority, ``reporting`` tells others
+(telemetry, retries, metrics, status); they share one
 ``Shared`` state and meet nowhere else (docs/architecture.md, "The daemon's rooms").
 The HTTP layer (``scheduler.http``), the wiring (``scheduler.app``) and the tests use
 the facade; everything that changes the ledger happens on one event loop.
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from scheduler.cluster import Cluster
+from scheduler.service.preemption import Preemptions
 from scheduler.service.reactions import Reactions
 from scheduler.service.reporting import Publish, Reporting
 from scheduler.service.shared import (
@@ -35,6 +37,8 @@ class SchedulerService:
         self.reporting = reporting = Reporting(shared, publish)
         self.verbs = verbs = Verbs(shared, reporting.metrics, reporting)
         self.reactions = reactions = Reactions(shared, reporting.metrics, reporting)
+        self.preemptions = preemptions = Preemptions(shared, reporting.metrics, reporting)
+        shared.on_refused = preemptions.refused
         self.settings = settings
         self.cluster = cluster
         self.state = shared.state
@@ -44,6 +48,7 @@ class SchedulerService:
         self.prioritize = verbs.prioritize
         self.bind = verbs.bind
         self.explain = verbs.explain
+        self.preempt = preemptions.answer
         # Reactions: the daemon's background tasks started by scheduler.app.
         self.rebuild = reactions.rebuild
         self.receive_inventory = reactions.receive_inventory

@@ -62,6 +62,8 @@ class Reactions(Room):
             if allocation is not None:
                 restored.append((pod.key, allocation))
                 self._note_handed(pod)
+                self.shared.holders[pod.key] = pod
+        self.shared.holders = {key: self.shared.holders[key] for key, _ in restored}
         self.state.replace_ledger(restored)
         await self.refresh_cordons()
         self.reports.mark_changed(*(a.node for _, a in restored))
@@ -244,6 +246,8 @@ class Reactions(Room):
             await self._pod_ended(pod.key)
             return
         self._note_handed(pod)
+        if pod.node is not None and pod.manifest.asks_for_gpu:
+            self.shared.holders[pod.key] = pod  # its priority and start, for preemption
         if pod.key in self.state.bound or self.state.reservation(pod.key) is not None:
             return
         try:
@@ -260,6 +264,7 @@ class Reactions(Room):
         self.shared.manifests.pop(key, None)
         self.shared.refused.pop(key, None)
         self.shared.handed.discard(key)
+        self.shared.holders.pop(key, None)
         released = self.state.release(key)
         if released is not None:
             logger.info("pod %s ended: its cards on %s are free", key, released.node)

@@ -8,14 +8,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from common.arguments import positive_seconds
-from common.core import Decision, Defaults, PodManifest
+from common.core import Decision, Defaults, PodManifest, PodRequest
 from common.settings import setting
-from scheduler.cluster import SCHEDULER_NAME, Cluster
+from scheduler.cluster import SCHEDULER_NAME, Cluster, ClusterPod
 from scheduler.leadership import Leadership, Sole
 from scheduler.metrics import Metrics
 from scheduler.state import LiveState
@@ -104,6 +104,13 @@ class Shared:
         # Pods /filter refused, to retry when cards are freed: kube-scheduler may have
         # retried them a moment before pyhami saw the release, and then waits minutes.
         self.refused: dict[str, tuple[str, str]] = {}
+        self.holders: dict[str, ClusterPod] = {}
+        """The bound pods that ask for GPUs, as last seen: who may be preempted, with the
+        priority and start time preemption weighs."""
+        self.on_refused: Callable[[PodManifest, PodRequest, Sequence[str]], None] = (
+            lambda pod, request, nodes: None)
+        """Told of every GPU pod /filter found no node for, with the nodes it was offered
+        (the preemption room acts on it)."""
         self.handed: set[str] = set()
         """Bound pods whose cards were handed to their containers (bind-phase success or
         failed): an allocations request no longer reads them."""

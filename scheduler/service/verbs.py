@@ -92,6 +92,7 @@ class Verbs(Room):
             self.shared.refused.pop(request.key, None)
         else:
             self.shared.refused[request.key] = (args.pod.namespace, args.pod.metadata.name)
+            self.shared.on_refused(args.pod, request, names)
         self._count("filter", decision)
         self.metrics.filter_duration.observe(time.perf_counter() - started)
         self.shared.in_background(

@@ -227,8 +227,8 @@ def test_scheduler_config_hands_gpu_resources_to_the_extender() -> None:
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert [p["schedulerName"] for p in config["profiles"]] == [SCHEDULER_NAME]
     (extender,) = config["extenders"]
-    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
-        "filter", "prioritize", "bind")
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"],
+            extender["preemptVerb"]) == ("filter", "prioritize", "bind", "preempt")
     assert extender["nodeCacheCapable"] is True and extender["enableHTTPS"] is False
     assert extender["httpTimeout"] and extender["weight"] >= 1
     managed = {r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]}

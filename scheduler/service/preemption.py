@@ -1,0 +1,236 @@
+"""The preemption room: a GPU pod of higher priority gets its cards by evicting the fewest
+pods of lower priority (docs/preemption.md).
+
+The choice is the decision core's (``common.core.preemption``); this room feeds it the
+pods holding cards, with their priorities, start times and disruption budgets, and acts
+on it by one of two ways:
+
+- **kube-scheduler's preempt verb** (``answer``). kube-scheduler calls it with the nodes
+  its own dry run chose and the victims it found there (its in-tree filters only: for a
+  node pyhami alone rejects it finds none). On a node where it offers victims, pyhami
+  answers them if, once they are gone, the pod fits its cards too, else leaves the node
+  out: it never adds to victims kube-scheduler found. On a node where it offers none,
+  pyhami names the victims itself, among the node's lower-priority pods.
+- **the daemon itself** (``refused``). kube-scheduler v1.36 never calls the verb for a
+  node only the extender rejected (its dry run fails there first: ``expected at least
+  one victim pod``). So when /filter finds no node for a pod that may preempt and
+  kube-scheduler has not asked about it within ``PREEMPT_GRACE_S``, the leading daemon
+  picks the best node and set, deletes the victims (uid preconditions), and records
+  Events; their cards are freed when their deletions are seen, and the pod is tried
+  again at once (the capacity-freed stamp).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.core import (
+    PodManifest,
+    PodRejected,
+    PodRequest,
+    Preemption,
+    Tenant,
+    best_preemption,
+    parse_pod,
+    preemption_on_node,
+)
+from scheduler.cluster import ClusterError, ClusterPod, DisruptionBudget
+from scheduler.metrics import Metrics
+from scheduler.protocol import (
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    MetaPod,
+    MetaVictims,
+)
+from scheduler.service.shared import Reports, Room, Shared
+
+logger = logging.getLogger(__name__)
+
+PREEMPT_GRACE_S = 1.0
+"""kube-scheduler calls the preempt verb right after the /filter that found no node; a
+pod it has not asked about by then is preempted for by the daemon."""
+UNDER_WAY_S = 120.0
+"""How long the victims of one preemption are awaited before the pod may preempt again."""
+NEVER = "Never"
+
+
+@dataclass(frozen=True, slots=True)
+class UnderWay:
+    victims: frozenset[str]
+    node: str
+    since: float
+
+
+class Preemptions(Room):
+    """Both ways of preempting, over the shared live state."""
+
+    def __init__(self, shared: Shared, metrics: Metrics, reports: Reports) -> None:
+        super().__init__(shared, metrics, reports)
+        self._asked: dict[str, float] = {}
+        """Pods kube-scheduler sent to the preempt verb, and when."""
+        self._under_way: dict[str, UnderWay] = {}
+        """Preemptors whose victims are being deleted."""
+
+    # kube-scheduler's preempt verb ------------------------------------------------------
+
+    async def answer(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        """Each candidate node where the pod's cards can be freed, with its victims."""
+        pod = args.pod
+        self._note_asked(pod.key)
+        request = self._preemptor(pod)
+        answered: dict[str, MetaVictims] = {}
+        if request is not None:
+            priority = pod.spec.priority or 0
+            tenants = self._tenants(await self._budgets())
+            keys = {holder.uid: key for key, holder in self.shared.holders.items()}
+            for node, uids in args.offered().items():
+                if uids:  # kube-scheduler's victims: enough for the cards too?
+                    gone = [keys[uid] for uid in uids if uid in keys]
+                    if self._fits_without(node, request, gone):
+                        answered[node] = MetaVictims([MetaPod(uid) for uid in uids],
+                                                     _offered_violations(args, node))
+                    continue
+                choice = preemption_on_node(self.state.fleet, node, request, priority,
+                                            tenants)
+                if choice is not None and choice.victims:
+                    answered[node] = MetaVictims(
+                        [MetaPod(self.shared.holders[key].uid) for key in choice.victims],
+                        choice.pdb_violations)
+        self.metrics.preemptions.labels("kube-scheduler",
+                                        "answered" if answered else "none").inc()
+        return ExtenderPreemptionResult(answered)
+
+    def _fits_without(self, node: str, request: PodRequest, gone: Sequence[str]) -> bool:
+        fleet = self.state.fleet
+        for key in gone:
+            fleet = fleet.without(key)
+        return preemption_on_node(fleet, node, request, 0, {}) is not None
+
+    def _note_asked(self, key: str) -> None:
+        now = self._clock()
+        if len(self._asked) > ASKED_KEPT:
+            self._asked = {k: t for k, t in self._asked.items() if now - t < PREEMPT_GRACE_S}
+        self._asked[key] = now
+
+    # The daemon's own preemption ----------------------------------------------------------
+
+    def refused(self, pod: PodManifest, request: PodRequest, nodes: Sequence[str]) -> None:
+        """/filter found no node for ``pod``: unless kube-scheduler asks the preempt verb
+        about it, preempt for it once the grace is over."""
+        if (not self.shared.leadership.leading() or self._preemptor(pod) is None
+                or self._awaiting_victims(request.key)):
+            return
+        self.shared.in_background(self._preempt_unless_asked(pod, request, list(nodes),
+                                                             self._clock()))
+
+    async def _preempt_unless_asked(self, pod: PodManifest, request: PodRequest,
+                                    nodes: list[str], refused_at: float) -> None:
+        await asyncio.sleep(PREEMPT_GRACE_S)
+        key = request.key
+        if (self._asked.get(key, float("-inf")) >= refused_at
+                or not self.shared.leadership.leading() or key in self.state.bound
+                or self.state.reservation(key) is not None or self._awaiting_victims(key)):
+            return
+        priority = pod.spec.priority or 0
+        tenants = self._tenants(await self._budgets())
+        choices = [choice for node in nodes
+                   if (choice := preemption_on_node(self.state.fleet, node, request, priority,
+                                                    tenants)) is not None and choice.victims]
+        best = best_preemption(choices, tenants)
+        if best is None:
+            logger.debug("pod %s: no lower-priority pods whose cards would make room", key)
+            return
+        await self._evict(pod, key, priority, best)
+
+    async def _evict(self, pod: PodManifest, key: str, priority: int,
+                     chosen: Preemption) -> None:
+        self._under_way[key] = UnderWay(frozenset(chosen.victims), chosen.node, self._clock())
+        names = ", ".join(chosen.victims)
+        logger.info("pod %s (priority %d): preempting %s on node %s", key, priority, names,
+                    chosen.node)
+        await self.cluster.record_event(
+            pod.namespace, pod.metadata.name, "Normal", "Preempting",
+            f"evicting {len(chosen.victims)} pods of lower priority on node {chosen.node} "
+            f"to free their cards: {names}")
+        for victim in chosen.victims:
+            holder = self.shared.holders.get(victim)
+            if holder is None:
+                continue  # ended meanwhile: its cards are free already
+            try:
+                await self.cluster.evict(holder.namespace, holder.name, holder.uid)
+            except ClusterError as error:
+                logger.warning("pod %s: preempting %s failed: %s", key, victim, error)
+                self.metrics.preemptions.labels("daemon", "failed").inc()
+                continue
+            self.metrics.preempted.inc()
+            await self.cluster.record_event(
+                holder.namespace, holder.name, "Warning", "Preempted",
+                f"preempted by pod {key} of priority {priority} (this pod's: "
+                f"{holder.priority}), to free its cards on node {chosen.node}")
+        self.metrics.preemptions.labels("daemon", "evicted").inc()
+
+    def _awaiting_victims(self, key: str) -> bool:
+        under_way = self._under_way.get(key)
+        if under_way is None:
+            return False
+        if (self._clock() - under_way.since > UNDER_WAY_S
+                or not under_way.victims & self.shared.holders.keys()):
+            del self._under_way[key]  # its victims are gone (or never went): done with it
+            return False
+        return True
+
+    # What both ways weigh ------------------------------------------------------------------
+
+    def _preemptor(self, pod: PodManifest) -> PodRequest | None:
+        """The pod's request, if it asks for GPUs and may preempt."""
+        if pod.spec.preemption_policy == NEVER:
+            return None
+        try:
+            request = parse_pod(pod, self.settings.defaults)
+        except PodRejected:
+            return None
+        return request if request.wants_gpu else None
+
+    async def _budgets(self) -> list[DisruptionBudget]:
+        try:
+            return await self.cluster.disruption_budgets()
+        except ClusterError as error:
+            # Unknown budgets: count every victim as a violation, so a choice without
+            # victims covered by none cannot be told apart, rather than claim none.
+            logger.warning("PodDisruptionBudgets not read: %s", error)
+            return [_EVERY_POD]
+
+    def _tenants(self, budgets: Sequence[DisruptionBudget]) -> dict[str, Tenant]:
+        """The pods that may be preempted: bound, holding cards, not already on their way
+        out for another preemptor."""
+        leaving = {victim for under_way in self._under_way.values()
+                   for victim in under_way.victims}
+        return {key: Tenant(priority=holder.priority, started=holder.started,
+                            disruption_allowed=not _protected(holder, budgets))
+                for key, holder in self.shared.holders.items()
+                if key in self.state.bound and key not in leaving}
+
+
+ASKED_KEPT = 1024
+_EVERY_POD = DisruptionBudget(namespace="", selected=True, match_labels={},
+                              match_expressions=(), disruptions_allowed=0)
+
+
+def _protected(pod: ClusterPod, budgets: Sequence[DisruptionBudget]) -> bool:
+    """Evicting the pod would take a budget covering it below what it allows."""
+    labels = pod.manifest.metadata.labels or {}
+    return any(budget.disruptions_allowed <= 0
+               and (budget is _EVERY_POD or budget.covers(pod.namespace, labels))
+               for budget in budgets)
+
+
+def _offered_violations(args: ExtenderPreemptionArgs, node: str) -> int:
+    """kube-scheduler's own count of the budgets its victims on ``node`` violate."""
+    for offered in (args.node_name_to_meta_victims, args.node_name_to_victims):
+        victims = (offered or {}).get(node)
+        if victims is not None:
+            return victims.num_pdb_violations
+    return 0
