@@ -14,6 +14,7 @@ from common.core.policy import (
     parse_chain,
     parse_default_chain,
 )
+from common.core.preemption import Preemption, Tenant, best_preemption, preemption_on_node
 from common.core.reasons import FailedNode, NodeReasons, NodeRefusal
 from common.core.render import decision_document
 
@@ -39,7 +40,10 @@ __all__ = [
     "PodRecord",
     "PodRejected",
     "PodRequest",
+    "Preemption",
+    "Tenant",
     "Usage",
+    "best_preemption",
     "decide",
     "decision_document",
     "decode_devices",
@@ -48,5 +52,6 @@ __all__ = [
     "parse_chain",
     "parse_default_chain",
     "parse_pod",
+    "preemption_on_node",
     "rejected",
 ]

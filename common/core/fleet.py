@@ -329,13 +329,20 @@ class Fleet:
         """The fleet as if pod ``key`` held nothing, leaving this one as it is: a copy of
         the nodes and the ledger less the pod (this fleet itself when the pod holds nothing).
         The copy builds its own layout when first asked."""
-        if key not in self._allocations:
+        return self.without_all((key,))
+
+    def without_all(self, keys: Iterable[str]) -> Fleet:
+        """The fleet as if none of the pods ``keys`` held anything, as ``without`` does for
+        one pod (this fleet itself when none of them holds anything)."""
+        held = [key for key in keys if key in self._allocations]
+        if not held:
             return self
         other = Fleet()
         other._nodes = dict(self._nodes)
         other._allocations = dict(self._allocations)
         other._usage = dict(self._usage)
-        other.release(key)
+        for key in held:
+            other.release(key)
         return other
 
     def release(self, key: str) -> Allocation | None:
