@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 PREEMPT_GRACE_S = 1.0
 """kube-scheduler calls the preempt verb right after the /filter that found no node; a
 pod it has not asked about by then is preempted for by the daemon."""
+CANDIDATES_MAX = 16
+"""The daemon picks the best of the first nodes where victims make room, as kube-scheduler
+looks at a bounded number of candidate nodes."""
 UNDER_WAY_S = 120.0
 """How long the victims of one preemption are awaited before the pod may preempt again."""
 NEVER = "Never"
@@ -60,6 +63,7 @@ NEVER = "Never"
 @dataclass(frozen=True, slots=True)
 class UnderWay:
     victims: frozenset[str]
+    """Their uids: a pod re-created under a victim's name is another pod."""
     node: str
     since: float
 
@@ -99,6 +103,7 @@ class Preemptions(Room):
                     answered[node] = MetaVictims(
                         [MetaPod(self.shared.holders[key].uid) for key in choice.victims],
                         choice.pdb_violations)
+                await asyncio.sleep(0)  # tens of ms a node: the verbs go on meanwhile
         self.metrics.preemptions.labels("kube-scheduler",
                                         "answered" if answered else "none").inc()
         return ExtenderPreemptionResult(answered)
@@ -136,9 +141,14 @@ class Preemptions(Room):
             return
         priority = pod.spec.priority or 0
         tenants = self._tenants(await self._budgets())
-        choices = [choice for node in nodes
-                   if (choice := preemption_on_node(self.state.fleet, node, request, priority,
-                                                    tenants)) is not None and choice.victims]
+        choices: list[Preemption] = []
+        for node in nodes:
+            choice = preemption_on_node(self.state.fleet, node, request, priority, tenants)
+            if choice is not None and choice.victims:
+                choices.append(choice)
+                if len(choices) == CANDIDATES_MAX:
+                    break
+            await asyncio.sleep(0)  # tens of ms a node: the verbs go on meanwhile
         best = best_preemption(choices, tenants)
         if best is None:
             logger.debug("pod %s: no lower-priority pods whose cards would make room", key)
@@ -147,7 +157,10 @@ class Preemptions(Room):
 
     async def _evict(self, pod: PodManifest, key: str, priority: int,
                      chosen: Preemption) -> None:
-        self._under_way[key] = UnderWay(frozenset(chosen.victims), chosen.node, self._clock())
+        holders = self.shared.holders
+        self._under_way[key] = UnderWay(
+            frozenset(holders[victim].uid for victim in chosen.victims if victim in holders),
+            chosen.node, self._clock())
         names = ", ".join(chosen.victims)
         logger.info("pod %s (priority %d): preempting %s on node %s", key, priority, names,
                     chosen.node)
@@ -173,14 +186,18 @@ class Preemptions(Room):
         self.metrics.preemptions.labels("daemon", "evicted").inc()
 
     def _awaiting_victims(self, key: str) -> bool:
-        under_way = self._under_way.get(key)
-        if under_way is None:
-            return False
-        if (self._clock() - under_way.since > UNDER_WAY_S
-                or not under_way.victims & self.shared.holders.keys()):
-            del self._under_way[key]  # its victims are gone (or never went): done with it
-            return False
-        return True
+        self._forget_finished()
+        return key in self._under_way
+
+    def _forget_finished(self) -> None:
+        """Drop the preemptions whose victims are all gone, or that waited too long."""
+        if not self._under_way:
+            return
+        now = self._clock()
+        present = {holder.uid for holder in self.shared.holders.values()}
+        self._under_way = {key: under_way for key, under_way in self._under_way.items()
+                           if now - under_way.since <= UNDER_WAY_S
+                           and under_way.victims & present}
 
     # What both ways weigh ------------------------------------------------------------------
 
@@ -206,12 +223,13 @@ class Preemptions(Room):
     def _tenants(self, budgets: Sequence[DisruptionBudget]) -> dict[str, Tenant]:
         """The pods that may be preempted: bound, holding cards, not already on their way
         out for another preemptor."""
+        self._forget_finished()
         leaving = {victim for under_way in self._under_way.values()
                    for victim in under_way.victims}
         return {key: Tenant(priority=holder.priority, started=holder.started,
                             disruption_allowed=not _protected(holder, budgets))
                 for key, holder in self.shared.holders.items()
-                if key in self.state.bound and key not in leaving}
+                if key in self.state.bound and holder.uid not in leaving}
 
 
 ASKED_KEPT = 1024

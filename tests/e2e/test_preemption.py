@@ -110,3 +110,23 @@ def test_a_request_no_victims_can_satisfy_preempts_nobody(control_plane: Control
     lab.wait_event("too-big", "FilteringFailed")
     assert_nobody_preempted(lab, "too-big", set(tenants) | {"too-big"})
 
+
+
+@pytest.mark.usefixtures("priority_classes", "clean_namespace")
+def test_the_preempt_verb_names_the_tenants_of_one_card(control_plane: ControlPlane) -> None:
+    """As kube-scheduler from the release with the fix would ask: the node offered with
+    no victims, pyhami names them (uids of real pods, which kube-scheduler resolves)."""
+    lab = Lab(control_plane)
+    tenants = fill_the_node(lab)
+    uids = {name: lab.read(name)["metadata"]["uid"] for name in tenants}
+    preemptor = gpu_pod("urgent", HIGH, {POLICY: "mutex"})
+    preemptor["spec"]["priority"] = PRIORITIES[HIGH]  # as the API server would have set it
+    status, answer = control_plane.post_extender("/preempt", {
+        "Pod": preemptor, "NodeNameToMetaVictims": {NODE: {"Pods": [], "NumPDBViolations": 0}}})
+    assert status == 200, answer
+    named = answer["NodeNameToMetaVictims"][NODE]
+    by_uid = {uid: name for name, uid in uids.items()}
+    assert sorted(by_uid.get(p["UID"], p["UID"]) for p in named["Pods"]) == sorted(
+        name for name, card in tenants.items() if card == 3), answer
+    assert named["NumPDBViolations"] == 0
+    assert pod_names(lab) == set(tenants)  # answering evicts nobody: kube-scheduler does
