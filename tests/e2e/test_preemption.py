@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.controlplane import NODE, ControlPlane
+from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import PODS, POLICY, USE_UUID, Lab, card_uuid, lab_pod
 
 LOW, HIGH = "pyhami-e2e-low", "pyhami-e2e-high"
@@ -46,6 +46,7 @@ def priority_classes(control_plane: ControlPlane) -> Iterator[None]:
 def gpu_pod(name: str, priority_class: str, annotations: dict[str, str] | None = None,
             memory: str = "1000") -> dict[str, Any]:
     pod = lab_pod(name, annotations)
+    pod["metadata"]["labels"] = {"card": name.split("-")[1] if name.startswith("low-") else ""}
     pod["spec"]["priorityClassName"] = priority_class
     pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE}
     pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = memory
@@ -130,3 +131,27 @@ def test_the_preempt_verb_names_the_tenants_of_one_card(control_plane: ControlPl
         name for name, card in tenants.items() if card == 3), answer
     assert named["NumPDBViolations"] == 0
     assert pod_names(lab) == set(tenants)  # answering evicts nobody: kube-scheduler does
+
+
+BUDGETS = f"/apis/policy/v1/namespaces/{TEST_NAMESPACE}/poddisruptionbudgets"
+
+
+@pytest.fixture
+def card_3_budget(control_plane: ControlPlane) -> Iterator[None]:
+    """A PodDisruptionBudget that lets none of card 3's tenants go."""
+    control_plane.api.create(BUDGETS, {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "card-3"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"card": "3"}}}})
+    yield
+    control_plane.api.delete(f"{BUDGETS}/card-3")
+
+
+@pytest.mark.usefixtures("priority_classes", "card_3_budget", "clean_namespace")
+def test_a_card_whose_tenants_a_budget_protects_is_spared(control_plane: ControlPlane) -> None:
+    """Fewest budget violations come first: card 0's three tenants go, not card 3's two."""
+    lab = Lab(control_plane)
+    tenants = fill_the_node(lab)
+    lab.create_manifest(gpu_pod("urgent", HIGH, {POLICY: "mutex"}))
+    assert lab.wait_placed("urgent").card == 0
+    assert pod_names(lab) == {n for n, card in tenants.items() if card != 0} | {"urgent"}
