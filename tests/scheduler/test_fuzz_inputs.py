@@ -1,7 +1,7 @@
 """Fuzzing every door of the standalone daemon: no input may cause a server error, a crash,
 or break an invariant (docs/reliability.md).
 
-Targets: extender bodies (/filter, /prioritize, /bind), pod manifests (POST /api/pods,
+Targets: extender bodies (/filter, /prioritize, /bind, /preempt), pod manifests (POST /api/pods,
 YAML and JSON), pod-API paths (GET/DELETE /api/pods/{ns}/{name}), and inventory messages
 on NATS. Each target runs against a fresh, real standalone stack (``tests.fuzzing``):
 first the issue's known hostile inputs, then hypothesis-generated ones in batches. After
@@ -390,6 +390,55 @@ def test_fuzzed_binds_never_get_a_server_error_or_break_the_ledger(
     found = campaign(stack, tally, binding_bodies,
                      lambda body: stack.send(tally, "POST", "/bind", body),
                      seeds=seeds, tmp_path=tmp_path, before_batch=fresh_pods)
+    verdict(tally, found)
+
+
+def with_priority(pod: Any, priority: Any) -> Any:
+    """The pod with ``spec.priority`` set, when it is a pod with a spec at all."""
+    if isinstance(pod, dict) and isinstance(pod.get("spec"), dict):
+        return {**pod, "spec": {**pod["spec"], "priority": priority}}
+    return pod
+
+
+meta_victims = st.fixed_dictionaries(
+    {}, optional={"Pods": mostly(st.lists(st.fixed_dictionaries(
+        {}, optional={"UID": mostly(st.text(max_size=40))}), max_size=4)),
+        "NumPDBViolations": mostly(st.integers(-2**70, 2**70))})
+preemption_args = st.fixed_dictionaries(
+    {"Pod": st.builds(with_priority, mostly(any_pods),
+                      st.one_of(st.integers(-10, 2000), st.integers(-2**70, 2**70), junk))},
+    optional={"NodeNameToMetaVictims": mostly(st.dictionaries(
+                  st.one_of(st.sampled_from(NODE_NAMES), names), st.one_of(st.none(),
+                                                                          meta_victims),
+                  max_size=4)),
+              "NodeNameToVictims": mostly(st.dictionaries(
+                  st.one_of(st.sampled_from(NODE_NAMES), names), st.one_of(st.none(), junk),
+                  max_size=3))})
+preemption_bodies = st.one_of(preemption_args.map(to_json), preemption_args.map(to_json),
+                              pick(hostile_pod_bodies()), st.binary(max_size=64))
+
+
+def test_fuzzed_preemption_args_never_get_a_server_error_or_evict_through_the_verb(
+        stack: FuzzStack, tmp_path: Path) -> None:
+    """The preempt verb only answers: whatever it is sent, no pod goes."""
+    tally = Tally("extender /preempt")
+    seeds = [to_json({"Pod": with_priority(known_pod(name), 1000), "NodeNameToMetaVictims": {
+        node: {"Pods": [], "NumPDBViolations": 0} for node in NODE_NAMES}})
+        for name in ("urgent", "n" * 4100)]
+    seeds.append(to_json({"Pod": known_pod("x"), "NodeNameToMetaVictims": {"n" * 5000: None}}))
+
+    def fresh_pods() -> None:
+        stack.delete_every_pod()
+        seed_bound_pods(stack)
+
+    def evicted() -> list[str]:
+        listed = {p["name"] for p in json.loads(stack.request("GET", "/api/pods").body)}
+        return [f"the preempt verb evicted {name}" for name in BIND_PODS if name not in listed]
+
+    found = campaign(stack, tally, preemption_bodies,
+                     lambda body: stack.send(tally, "POST", "/preempt", body),
+                     seeds=seeds, tmp_path=tmp_path, before_batch=fresh_pods,
+                     batch_problems=evicted)
     verdict(tally, found)
 
 
