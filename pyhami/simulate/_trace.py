@@ -1,0 +1,29 @@
+"""What a simulation replays: the cluster's nodes and the pods that arrive, as the
+formats (``_formats``) read them and the engine (``_engine``) takes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.core import PodManifest
+from common.core.model import Node
+
+
+@dataclass(frozen=True, slots=True)
+class SimPod:
+    """One pod of the workload."""
+
+    manifest: PodManifest
+    """Name, namespace, containers' GPU limits and annotations (policy, GPU type), as a
+    pod manifest carries them."""
+    arrival: float
+    """Seconds from the workload's start."""
+    duration: float | None = None
+    """How long it runs once placed; None: until the end of the simulation."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    nodes: list[Node]
+    pods: list[SimPod]
+    """In arrival order."""
