@@ -51,6 +51,19 @@ class _ManifestLoader(_SafeLoader):
         return super().construct_object(node, deep)
 
 
+def parse_document(text: bytes | str, source: str) -> object:
+    """A YAML or JSON document as plain values (JSON is YAML), read by the safe loader
+    without aliases. Raises ``InputFileError`` naming ``source``."""
+    try:
+        return yaml.load(text, Loader=_ManifestLoader)
+    except yaml.YAMLError as error:
+        raise InputFileError(f"{source}: not YAML or JSON: {error}".replace("\n", " ")) from None
+    except RecursionError:
+        raise InputFileError(f"{source}: nested too deeply") from None
+    except ValueError as error:  # an integer of over 4,300 digits, a date like 2001-13-45
+        raise InputFileError(f"{source}: a value cannot be read: {error}") from None
+
+
 class _Kind(msgspec.Struct):
     kind: str = "Pod"
 
@@ -69,14 +82,7 @@ def parse_pod_manifest(text: bytes | str, source: str) -> PodManifest:
         manifest = _parse_json_pod(text, source)
         if manifest is not None:
             return manifest
-    try:
-        document = yaml.load(text, Loader=_ManifestLoader)
-    except yaml.YAMLError as error:
-        raise InputFileError(f"{source}: not YAML or JSON: {error}".replace("\n", " ")) from None
-    except RecursionError:
-        raise InputFileError(f"{source}: nested too deeply") from None
-    except ValueError as error:  # an integer of over 4,300 digits, a date like 2001-13-45
-        raise InputFileError(f"{source}: a value cannot be read: {error}") from None
+    document = parse_document(text, source)
     if not isinstance(document, dict):
         raise InputFileError(f"{source}: expected a Pod manifest (a mapping)")
     kind = document.get("kind", "Pod")

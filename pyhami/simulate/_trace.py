@@ -27,3 +27,5 @@ class Trace:
     nodes: list[Node]
     pods: list[SimPod]
     """In arrival order."""
+    cpu_only: int = 0
+    """Pods of the workload file that ask for no GPU, left out of ``pods``."""
