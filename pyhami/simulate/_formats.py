@@ -235,13 +235,13 @@ class _Row:
 
 
 def _rows(path: Path, text: str, columns: Sequence[str]) -> Iterator[_Row]:
-    reader = csv.reader(io.StringIO(text.lstrip("\r\n"), newline=""))
+    reader = csv.reader(io.StringIO(text, newline=""))
     try:
-        header = [name.strip() for name in next(reader)]
+        header = [name.strip() for name in next((fields for fields in reader if fields), [])]
         missing = [name for name in columns if name not in header]
         if missing:
-            raise InputFileError(f"{path}: line 1: no column {', '.join(missing)} "
-                                 f"(openb's columns are {','.join(columns)})")
+            raise InputFileError(f"{path}: line {reader.line_num}: no column "
+                                 f"{', '.join(missing)} (openb's columns are {','.join(columns)})")
         for fields in reader:
             if not any(field.strip() for field in fields):
                 continue

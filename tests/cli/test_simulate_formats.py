@@ -227,6 +227,11 @@ class TestOpenbErrors:
         with pytest.raises(InputFileError, match=r"pods\.csv: line 1: no column gpu_spec"):
             load_trace(nodes, pods)
 
+    def test_line_numbers_count_blank_lines_before_the_header(self, tmp_path: Path) -> None:
+        nodes, pods = openb(tmp_path, nodes=f"\n\n{NODE_HEADER}\nn-1,1,1,x,T4\n")
+        with pytest.raises(InputFileError, match=r"line 4, column gpu: 'x' is not a number"):
+            load_trace(nodes, pods)
+
     def test_a_non_number_names_line_and_column(self, tmp_path: Path) -> None:
         nodes, pods = openb(tmp_path, pods=ONE_POD + "pod-b,1,1,one,1000,,LS,Running,0,9,0\n")
         with pytest.raises(InputFileError,
