@@ -72,18 +72,21 @@ class Sample:
     """Seconds from the workload's start (in ``inflate`` mode, repeats follow each other)."""
     arrived: float
     """GPU demand arrived so far / the cluster's GPU capacity (may exceed 1). A pod's
-    demand, in cards, is the sum over its GPU containers of cards x the share of a card
-    each takes: the larger of its ``gpucores`` / 100 and its memory share
+    demand, in cards, is the sum over its containers (init containers aside) of cards x
+    the share of a card each takes: the larger of its ``gpucores`` / 100 and its memory share
     (``gpumem-percentage`` / 100, or ``gpumem`` over the cluster's mean card memory)."""
     allocation: float
     """Allocated share of all cards' cores (booked cores / the cards' cores), 0..1."""
     fragmentation: float
     """Share of the cluster's GPU capacity that is fragmented, 0..1, per Weng et al.
     (ATC '23): for each typical pod (the workload's GPU requests, weighted by how often
-    they occur), a node's free GPU capacity that the pod cannot use (a card whose free
+    they occur; a request is its first GPU container's cards, share of a card and GPU
+    type constraint), a node's free GPU capacity that the pod cannot use (a card whose free
     share is below the pod's per-card share; all of the node's free capacity when the
     pod fits the node nowhere), averaged over the typical pods and summed over nodes.
-    Computed exactly after every change (only the node that changed is recomputed)."""
+    Computed exactly after every change (only the node that changed is recomputed).
+    Unlike the paper, pods asking for no GPU are not among the typical pods and nodes
+    have no CPU limit: pyhami models GPUs only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +170,9 @@ def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
     fleet = fleet_from_cluster(ClusterFile(nodes=list(trace.nodes)))
     layout = fleet.layout
     requests = _Requests(layout)
+    in_order = sorted(trace.pods, key=lambda pod: pod.arrival)  # stable: ties keep order
     submissions = [requests.submission(pod.manifest, defaults, pod.arrival, pod.duration)
-                   for pod in trace.pods]
+                   for pod in in_order]
     if inflate is not None:
         submissions = _inflated(submissions, inflate, len(layout.devices))
     replay = _Replay(fleet, requests, len(layout.devices))

@@ -154,6 +154,14 @@ class TestDepartures:
         assert result.refused == 0
 
 
+def test_pods_listed_out_of_order_arrive_in_time_order() -> None:
+    # "late" is listed first but arrives after "early" has taken the only card.
+    pods = [SimPod(manifest("late"), 5.0), SimPod(manifest("early"), 1.0, 10.0)]
+    result = run([node("n1", 1)], pods)
+    assert [s.time for s in result.samples] == [1.0, 5.0]
+    assert result.waits == [0.0, 6.0]
+
+
 def test_malformed_pods_and_pods_without_gpu() -> None:
     bad = manifest("bad", annotations={NUMA_BIND_ANNOTATION: "maybe"})
     no_gpu = PodManifest(metadata=ObjectMeta(name="cpu-only"),
