@@ -1,0 +1,467 @@
+"""Replaying a workload through the decision core, one policy chain at a time.
+
+Events run in time order: arrivals, and departures (a pod placed at time ``t`` with a
+duration ``d`` leaves at ``t + d``; one without a duration stays). At equal times the
+departures come first, then the arrivals in trace order. Each arriving pod is decided by
+``common.core.decide`` on a fleet built from the trace's nodes, exactly as the extender
+decides it; a pod that fits nowhere waits, and waiting pods are tried again, in arrival
+order, whenever departures free capacity.
+
+Retrying waiting pods cheaply, and why it finds what a full retry would: a node's usage
+only grows between departures, and every check of the core is monotone in usage (more
+usage never lets a pod fit where it did not), so a waiting pod that failed on every node
+when last tried still fails on every node nobody left since. After a batch of departures
+the waiting pods are therefore tried on the freed nodes only. Two shortcuts skip pods
+without calling ``decide``: pods whose requests are identical (all but the name) fail or
+fit alike, so once one fails in a batch the later ones are skipped; and a request whose
+first GPU container finds too few cards with enough free cores, memory and slots on every
+freed node (a necessary condition of the core's card checks) is not tried at all. The
+choice among the freed nodes is the one a full retry makes: the nodes that fit are the
+same, and so are their scores.
+
+``inflate=X`` follows Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing
+Workloads with Fragmentation Gradient Descent" (USENIX ATC '23): the workload's pods are
+submitted again and again, in trace order and with unique names, until the GPU demand
+that arrived reaches X times the cluster's GPU capacity. As in the paper, pods never
+depart in that mode (durations are ignored), so a pod that fits nowhere when it arrives
+is refused at the end.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from common.core import (
+    ClusterFile,
+    Defaults,
+    Fleet,
+    NodePolicy,
+    PodManifest,
+    PodRejected,
+    PodRequest,
+    decide,
+    fleet_from_cluster,
+    parse_default_chain,
+    parse_pod,
+)
+from common.core.fleet import BoolArray, FloatArray, IntArray, Layout, ratio
+from common.core.placement import PodView
+from common.core.pod import ContainerRequest
+from common.core.reasons import removed_most
+from common.files import InputFileError
+from pyhami.simulate._trace import Trace
+
+SERIES_POINTS = 200
+"""The most points ``PolicyRun.document`` keeps per series."""
+NO_NODE = "NoNode"
+"""The reason counted for a pod refused with no node judged (a cluster with no node)."""
+_SHARE_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The cluster just after one arrival was decided (one sample per arrival)."""
+
+    time: float
+    """Seconds from the workload's start (in ``inflate`` mode, repeats follow each other)."""
+    arrived: float
+    """GPU demand arrived so far / the cluster's GPU capacity (may exceed 1). A pod's
+    demand, in cards, is the sum over its containers (init containers aside) of cards x
+    the share of a card each takes: the larger of its ``gpucores`` / 100 and its memory share
+    (``gpumem-percentage`` / 100, or ``gpumem`` over the cluster's mean card memory)."""
+    allocation: float
+    """Allocated share of all cards' cores (booked cores / the cards' cores), 0..1."""
+    fragmentation: float
+    """Share of the cluster's GPU capacity that is fragmented, 0..1, per Weng et al.
+    (ATC '23): for each typical pod (the workload's GPU requests, weighted by how often
+    they occur; a request is its first GPU container's cards, share of a card and GPU
+    type constraint), a node's free GPU capacity that the pod cannot use (a card whose free
+    share is below the pod's per-card share; all of the node's free capacity when the
+    pod fits the node nowhere), averaged over the typical pods and summed over nodes.
+    Computed exactly after every change (only the node that changed is recomputed).
+    Unlike the paper, pods asking for no GPU are not among the typical pods and nodes
+    have no CPU limit: pyhami models GPUs only."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRun:
+    policy: str
+    node_policy: str
+    pods: int
+    placed: int
+    refused: int
+    refused_by_reason: dict[str, int]
+    """Malformed pods by the kind of their error (``PodRejected``); pods still waiting at
+    the end by the reason that removed most cards over the nodes, as the daemon counts."""
+    peak_allocation: float
+    samples: list[Sample]
+    """One per arrival, in order."""
+    waits: list[float]
+    """Seconds each placed pod waited, in the order they were placed."""
+
+    def document(self) -> dict[str, object]:
+        """The run as ``--output json`` writes it; each series keeps at most
+        ``SERIES_POINTS`` samples, evenly spread, the first and last among them."""
+        kept = _evenly_spread(self.samples, SERIES_POINTS)
+        return {
+            "policy": self.policy,
+            "node_policy": self.node_policy,
+            "pods": self.pods,
+            "placed": self.placed,
+            "refused": self.refused,
+            "refused_by_reason": dict(sorted(self.refused_by_reason.items())),
+            "peak_allocation": round(self.peak_allocation, 6),
+            "allocation_at_arrived": [[round(s.arrived, 6), round(s.allocation, 6)]
+                                      for s in kept],
+            "fragmentation_at_arrived": [[round(s.arrived, 6), round(s.fragmentation, 6)]
+                                         for s in kept],
+            "wait_seconds": wait_summary(self.waits),
+        }
+
+
+def wait_summary(waits: list[float]) -> dict[str, float]:
+    """p50, p95 (nearest rank) and max of the waits; all 0 when no pod was placed."""
+    if not waits:
+        return {"p50": 0.0, "p95": 0.0, "max": 0.0}
+    ordered = sorted(waits)
+
+    def rank(percent: int) -> float:
+        return ordered[max(math.ceil(percent * len(ordered) / 100) - 1, 0)]
+
+    return {"p50": rank(50), "p95": rank(95), "max": ordered[-1]}
+
+
+def _evenly_spread(samples: list[Sample], most: int) -> list[Sample]:
+    if len(samples) <= most:
+        return samples
+    positions = np.unique(np.linspace(0, len(samples) - 1, most).round().astype(np.int64))
+    return [samples[i] for i in positions.tolist()]
+
+
+@dataclass(frozen=True, slots=True)
+class _Submission:
+    """One pod as it arrives: its request (or why it is malformed) and its demand."""
+
+    request: PodRequest | PodRejected
+    kind: int
+    """Index of the pod's request among the distinct requests (-1: malformed)."""
+    arrival: float
+    duration: float | None
+    demand: float
+
+
+def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
+             inflate: float | None = None,
+             progress: Callable[[int, int], None] | None = None) -> PolicyRun:
+    """Replay ``trace`` with ``policy`` (a chain, the cluster default; a pod's own
+    annotation overrides it) and ``node_policy``.
+
+    Raises ``SettingsError`` for a chain that names an unknown policy,
+    ``ClusterFileError`` for inconsistent nodes, and ``InputFileError`` when ``inflate``
+    cannot be reached (no GPU card, or no pod asking for a GPU).
+    """
+    defaults = Defaults(parse_default_chain(policy), node_policy)
+    fleet = fleet_from_cluster(ClusterFile(nodes=list(trace.nodes)))
+    layout = fleet.layout
+    requests = _Requests(layout)
+    in_order = sorted(trace.pods, key=lambda pod: pod.arrival)  # stable: ties keep order
+    submissions = [requests.submission(pod.manifest, defaults, pod.arrival, pod.duration)
+                   for pod in in_order]
+    if inflate is not None:
+        submissions = _inflated(submissions, inflate, len(layout.devices))
+    replay = _Replay(fleet, requests, len(layout.devices))
+    replay.run(submissions, progress)
+    return PolicyRun(
+        policy=policy,
+        node_policy=node_policy.value,
+        pods=len(submissions),
+        placed=len(replay.waits),
+        refused=sum(replay.refused.values()),
+        refused_by_reason=dict(replay.refused),
+        peak_allocation=replay.peak_allocation,
+        samples=replay.samples,
+        waits=replay.waits,
+    )
+
+
+def _inflated(submissions: list[_Submission], target: float,
+              cards: int) -> list[_Submission]:
+    """The workload repeated, in order, until its demand reaches ``target`` x ``cards``;
+    no pod departs. Repeats keep their spacing, one after the other in time."""
+    total = sum(s.demand for s in submissions)
+    if cards == 0:
+        raise InputFileError("inflate: the cluster has no GPU card")
+    if total <= 0:
+        raise InputFileError("inflate: no pod of the workload asks for a GPU")
+    first = min(s.arrival for s in submissions)
+    span = max(s.arrival for s in submissions) - first + 1.0
+    inflated: list[_Submission] = []
+    arrived = 0.0
+    repeat = 0
+    while arrived < target * cards:
+        for submission in submissions:
+            request = submission.request
+            if repeat and isinstance(request, PodRequest):
+                request = replace(request, key=f"{request.key}#{repeat}")
+            inflated.append(replace(submission, request=request, duration=None,
+                                    arrival=repeat * span + submission.arrival))
+            arrived += submission.demand
+            if arrived >= target * cards:
+                break
+        repeat += 1
+    return inflated
+
+
+class _Requests:
+    """Distinct requests (all but the pod's name), their demand and card needs."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.kinds: dict[PodRequest, int] = {}
+        self.examples: list[PodRequest] = []
+        self.counts: list[int] = []
+        self.mean_memory = float(layout.memory.mean()) if len(layout.devices) else 1.0
+
+    def submission(self, manifest: PodManifest, defaults: Defaults, arrival: float,
+                   duration: float | None) -> _Submission:
+        try:
+            request = parse_pod(manifest, defaults)
+        except PodRejected as error:
+            return _Submission(error, -1, arrival, duration, 0.0)
+        signature = replace(request, key="")
+        kind = self.kinds.get(signature)
+        if kind is None:
+            kind = self.kinds[signature] = len(self.examples)
+            self.examples.append(request)
+            self.counts.append(0)
+        self.counts[kind] += 1
+        demand = sum(c.cards * self.share(c) for c in request.containers if not c.is_init)
+        return _Submission(request, kind, arrival, duration, demand)
+
+    def share(self, container: ContainerRequest) -> float:
+        """The share of one card a container takes: its cores or its memory, the larger."""
+        memory = (container.memory_percent / 100 if container.memory_mib is None
+                  else container.memory_mib / self.mean_memory)
+        return min(max(container.cores / 100, memory), 1.0)
+
+
+class _CardNeeds:
+    """Per distinct request, what its first GPU container needs of each card: a
+    necessary condition of the core's card checks, vectorised over requests."""
+
+    def __init__(self, requests: _Requests) -> None:
+        firsts = [r.gpu_containers[0] if r.wants_gpu else None for r in requests.examples]
+        self.cards: IntArray = np.array([c.cards if c else 0 for c in firsts], dtype=np.int64)
+        self.cores: IntArray = np.array([c.cores if c else 0 for c in firsts], dtype=np.int64)
+        self.memory_mib: IntArray = np.array(
+            [c.memory_mib if c and c.memory_mib is not None else -1 for c in firsts],
+            dtype=np.int64)
+        self.memory_percent: IntArray = np.array(
+            [c.memory_percent if c else 0 for c in firsts], dtype=np.int64)
+        self.mutex: BoolArray = np.array([r.chain.mutex for r in requests.examples],
+                                         dtype=np.bool_)
+
+    def may_fit(self, layout: Layout, kinds: IntArray, nodes: list[int]) -> BoolArray:
+        """For each of ``kinds``: whether some node of ``nodes`` has enough cards that
+        pass the cores, memory, slots, health and mutex checks."""
+        cards = np.concatenate([np.arange(layout.start[n], layout.start[n + 1])
+                                for n in nodes])
+        offsets = np.cumsum([0, *(int(layout.node_cards[n]) for n in nodes[:-1])])
+        used = layout.used[cards]
+        usedcores = layout.usedcores[cards]
+        cores = layout.cores[cards]
+        memory = layout.memory[cards]
+        free_memory = memory - layout.usedmem[cards]
+        open_card = layout.healthy[cards] & ~layout.cordoned[cards] & (used < layout.count[cards])
+        want_cores = self.cores[kinds][:, None]
+        want_mib = self.memory_mib[kinds][:, None]
+        want_memory = np.where(want_mib >= 0, want_mib,
+                               memory[None, :] * self.memory_percent[kinds][:, None] // 100)
+        passes = (open_card[None, :]
+                  & (cores - usedcores >= want_cores)
+                  & (free_memory[None, :] >= want_memory)
+                  & ((want_cores < 100) | (used == 0)[None, :])
+                  & ((want_cores > 0) | (usedcores < cores)[None, :])
+                  & (~self.mutex[kinds][:, None] | (used == 0)[None, :]))
+        per_node = np.add.reduceat(passes.astype(np.int64), offsets, axis=1)
+        return np.asarray((per_node >= self.cards[kinds][:, None]).any(axis=1), dtype=np.bool_)
+
+
+class _Fragmentation:
+    """Weng et al.'s fragmentation of each node for the workload's typical pods."""
+
+    def __init__(self, layout: Layout, requests: _Requests) -> None:
+        self.layout = layout
+        shapes: Counter[tuple[int, float, int]] = Counter()
+        type_masks: dict[int, BoolArray] = {}
+        for request, count in zip(requests.examples, requests.counts, strict=True):
+            if not request.wants_gpu:
+                continue
+            first = request.gpu_containers[0]
+            mask = PodView(layout, request).type_ok
+            mask_id = -1
+            if mask is not None:
+                mask_id = next((k for k, m in type_masks.items() if np.array_equal(m, mask)),
+                               len(type_masks))
+                type_masks.setdefault(mask_id, mask)
+            shapes[(first.cards, requests.share(first), mask_id)] += count
+        ordered = sorted(shapes.items())
+        total = sum(shapes.values())
+        self.weight: FloatArray = np.array([n / total for _, n in ordered], dtype=np.float64)
+        self.cards: IntArray = np.array([s[0] for s, _ in ordered], dtype=np.int64)
+        self.share: FloatArray = np.array([s[1] for s, _ in ordered], dtype=np.float64)
+        everywhere = np.ones(len(layout.devices), dtype=np.bool_)
+        self.type_ok: BoolArray = np.array(
+            [type_masks.get(s[2], everywhere) for s, _ in ordered],
+            dtype=np.bool_).reshape(len(ordered), len(layout.devices))
+        self.node_fragment: FloatArray = np.zeros(len(layout.node_names), dtype=np.float64)
+        for node in range(len(layout.node_names)):
+            self.update(node)
+
+    def free_share(self, where: slice) -> FloatArray:
+        """Each card's free share: the smaller of its free cores and free memory; none
+        when its slots are taken, it is unhealthy or cordoned."""
+        lay = self.layout
+        free = np.minimum(1.0 - ratio(lay.usedcores[where], lay.cores[where]),
+                          1.0 - ratio(lay.usedmem[where], lay.memory[where]))
+        closed = (lay.used[where] >= lay.count[where]) | ~lay.healthy[where] \
+            | lay.cordoned[where] | (lay.cores[where] == 0) | (lay.memory[where] == 0)
+        free[closed] = 0.0
+        result: FloatArray = np.clip(free, 0.0, 1.0)
+        return result
+
+    def update(self, node: int) -> None:
+        if not len(self.weight):
+            return
+        where = self.layout.node_slice(node)
+        free = self.free_share(where)
+        usable = self.type_ok[:, where] & (free[None, :] >= self.share[:, None]
+                                           - _SHARE_TOLERANCE)
+        fits = usable.sum(axis=1) >= self.cards
+        stranded = np.where(fits, (free[None, :] * ~usable).sum(axis=1), free.sum())
+        self.node_fragment[node] = float(self.weight @ stranded)
+
+    def value(self, capacity: int) -> float:
+        return float(self.node_fragment.sum()) / capacity if capacity else 0.0
+
+
+class _Replay:
+    """The mutable state of one run."""
+
+    def __init__(self, fleet: Fleet, requests: _Requests, capacity: int) -> None:
+        self.fleet = fleet
+        self.layout = fleet.layout
+        self.requests = requests
+        self.capacity = capacity
+        self.total_cores = int(self.layout.cores.sum())
+        self.needs = _CardNeeds(requests)
+        self.fragmentation = _Fragmentation(self.layout, requests)
+        self.departures: list[tuple[float, int]] = []
+        self.submissions: list[_Submission] = []
+        # Waiting pods (submission positions) per distinct request, in arrival order.
+        self.waiting: dict[int, deque[int]] = {}
+        self.samples: list[Sample] = []
+        self.waits: list[float] = []
+        self.refused: Counter[str] = Counter()
+        self.peak_allocation = 0.0
+        self.arrived = 0.0
+
+    def run(self, submissions: list[_Submission],
+            progress: Callable[[int, int], None] | None) -> None:
+        self.submissions = submissions
+        total = len(submissions)
+        every = max(total // 100, 1)
+        for position, submission in enumerate(submissions):
+            while self.departures and self.departures[0][0] <= submission.arrival:
+                self._depart_next()
+            self._arrive(position, submission)
+            if progress is not None and (position + 1) % every == 0:
+                progress(position + 1, total)
+        while self.departures and self.waiting:
+            self._depart_next()
+        self._refuse_waiting()
+        if progress is not None:
+            progress(total, total)
+
+    def _allocation(self) -> float:
+        return int(self.layout.usedcores.sum()) / self.total_cores if self.total_cores else 0.0
+
+    def _arrive(self, position: int, submission: _Submission) -> None:
+        self.arrived += submission.demand
+        request = submission.request
+        if isinstance(request, PodRejected):
+            self.refused[type(request).__name__] += 1
+        elif not request.wants_gpu:
+            self.waits.append(0.0)
+        elif self.waiting.get(submission.kind):
+            # An identical request already waits: it fits nowhere, nor does this one.
+            self.waiting[submission.kind].append(position)
+        elif not self._try(position, submission.arrival, None):
+            self.waiting[submission.kind] = deque([position])
+        self.samples.append(Sample(
+            time=submission.arrival,
+            arrived=self.arrived / self.capacity if self.capacity else 0.0,
+            allocation=self._allocation(),
+            fragmentation=self.fragmentation.value(self.capacity)))
+
+    def _try(self, position: int, now: float, nodes: frozenset[str] | None) -> bool:
+        """Decide one pod and place it if it fits; whether it was placed."""
+        submission = self.submissions[position]
+        request = submission.request
+        assert isinstance(request, PodRequest)
+        decision = decide(self.fleet, request, nodes=nodes)
+        if decision.allocation is None or decision.node is None:
+            return False
+        self.fleet.allocate(str(position), decision.allocation)
+        self.fragmentation.update(self.layout.node_position[decision.node])
+        self.peak_allocation = max(self.peak_allocation, self._allocation())
+        self.waits.append(now - submission.arrival)
+        if submission.duration is not None:
+            heapq.heappush(self.departures, (now + submission.duration, position))
+        return True
+
+    def _depart_next(self) -> None:
+        """Every departure at the earliest departure time, then the waiting pods retried
+        on the nodes they freed."""
+        now = self.departures[0][0]
+        freed: set[int] = set()
+        while self.departures and self.departures[0][0] == now:
+            _, position = heapq.heappop(self.departures)
+            allocation = self.fleet.release(str(position))
+            if allocation is not None:
+                node = self.layout.node_position[allocation.node]
+                self.fragmentation.update(node)
+                freed.add(node)
+        if freed and self.waiting:
+            self._retry(sorted(freed), now)
+
+    def _retry(self, freed: list[int], now: float) -> None:
+        kinds = np.array(list(self.waiting), dtype=np.int64)
+        may_fit = self.needs.may_fit(self.layout, kinds, freed)
+        names = frozenset(self.layout.node_names[n] for n in freed)
+        # Heads of the candidate requests, merged by arrival order.
+        heads = [(self.waiting[kind][0], kind) for kind in kinds[may_fit].tolist()]
+        heapq.heapify(heads)
+        while heads:
+            position, kind = heapq.heappop(heads)
+            if not self._try(position, now, names):
+                continue  # identical requests behind it fail the same way
+            queue = self.waiting[kind]
+            queue.popleft()
+            if queue:
+                heapq.heappush(heads, (queue[0], kind))
+            else:
+                del self.waiting[kind]
+
+    def _refuse_waiting(self) -> None:
+        for kind, queue in self.waiting.items():
+            decision = decide(self.fleet, self.requests.examples[kind])
+            reason = removed_most((decision.failures or {}).values()) or NO_NODE
+            self.refused[reason] += len(queue)
+        self.waiting.clear()
