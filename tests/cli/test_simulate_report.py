@@ -36,6 +36,7 @@ from pyhami.simulate._report import (
 from pyhami.simulate._results import percentile, thinned
 from pyhami.simulate._trace import Trace
 from tests.paths import EXAMPLES
+from tests.simulate_example import write_example
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -373,3 +374,22 @@ class TestCommand:
         assert main([*self.files(tmp_path), "--policy", "spread", "--plot", str(plot)]) == 2
         assert capsys.readouterr() == ("", f"pyhami simulate: {plot}: No such file or "
                                            "directory\n")
+
+
+def test_the_example_files_hold_the_cluster_and_workload_described() -> None:
+    folder = EXAMPLES / "simulate"
+    nodes = (folder / "nodes.csv").read_text().splitlines()
+    # 4 nodes of 8 V100M32, 8 of 4 T4, 8 of 2 P100: 80 cards.
+    assert len(nodes) == 1 + 20
+    assert sum(int(row.split(",")[3]) for row in nodes[1:]) == 80
+    pods = [row.split(",") for row in (folder / "pods.csv").read_text().splitlines()[1:]]
+    arrivals = [int(row[8]) for row in pods]
+    assert arrivals == sorted(arrivals)
+    # Past the cards' capacity by at most one pod's demand.
+    demand = sum(int(row[3]) * int(row[4]) for row in pods) / 1000
+    assert 1.25 * 80 <= demand < 1.25 * 80 + 4
+
+
+def test_the_generator_writes_the_committed_example(tmp_path: Path) -> None:
+    for written in write_example(tmp_path):
+        assert written.read_text() == (EXAMPLES / "simulate" / written.name).read_text()
