@@ -142,13 +142,16 @@ def progress_bars(labels: Sequence[str],
 
 # The plot.
 
+# An axis ends at one of these times a power of ten: a fifth of each is a round tick.
+AXIS_TOPS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+
+
 def nice_ceiling(value: float) -> float:
-    """The smallest of 1, 2, 2.5 and 5 times a power of ten that is at least ``value``
-    (1 for nothing): the top of an axis with round ticks."""
+    """The smallest axis top that is at least ``value`` (1 for nothing)."""
     if value <= 0:
         return 1.0
     power = 10.0 ** math.floor(math.log10(value))
-    for multiple in (1.0, 2.0, 2.5, 5.0):
+    for multiple in AXIS_TOPS:
         if multiple * power >= value * (1 - 1e-9):  # a value already round stays
             return multiple * power
     return 10 * power

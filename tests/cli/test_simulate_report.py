@@ -194,12 +194,14 @@ class TestPlot:
         assert [dash is None for _, dash in styles] == [True] * 7 + [False] * 2
 
     def test_the_x_axis_reaches_past_capacity_for_an_inflated_workload(self) -> None:
-        assert [nice_ceiling(v) for v in (0.0, 0.003, 0.2, 0.21, 0.3, 1.0, 1.3, 2.6, 6.0)] == [
-            1.0, 0.005, 0.2, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0]
+        tops = [nice_ceiling(v) for v in (0.0, 0.0031, 0.2, 0.21, 0.13, 1.0, 1.3, 2.6, 7.0, 9.0)]
+        assert tops == pytest.approx([1.0, 0.004, 0.2, 0.25, 0.15, 1.0, 1.5, 3.0, 8.0, 10.0])
         run = policy_run(samples=[sample(1.0, 0.5, 0.0), sample(1.3, 0.6, 0.0)])
-        panel = polylines(ET.fromstring(plot_svg([run], "inflated")))["GPU allocation"]
-        # Arrived up to 130%: the axis runs to 200%, x = 60 + 360 * arrived / 2.
-        assert panel == ["240.0,144.0 294.0,122.4"]
+        svg = ET.fromstring(plot_svg([run], "inflated"))
+        # Arrived up to 130%: the axis runs to 150%, x = 60 + 360 * arrived / 1.5.
+        assert polylines(svg)["GPU allocation"] == ["300.0,144.0 372.0,122.4"]
+        x_ticks = [t.text for t in svg.iter(f"{SVG}text") if t.get("class") == "x-tick"]
+        assert x_ticks[:6] == ["0%", "30%", "60%", "90%", "120%", "150%"]
 
     def test_text_is_escaped(self) -> None:
         title = "a<b & 'c' \"d\""
