@@ -51,11 +51,22 @@ class Fallback:
     flag: str
     variable: str
 
+    @property
+    def repeated(self) -> bool:
+        """An option given once per value (``action="append"``): its variable holds the
+        values separated by spaces."""
+        return isinstance(self.action, argparse._AppendAction)
+
     def convert(self, text: str) -> Any:
         """The variable's text as the option's value; raises ``ArgumentTypeError`` with the
         message argparse gives for the same text on the command line."""
         if isinstance(self.action, argparse._StoreTrueAction):
             return switch_value(text)
+        if self.repeated:
+            return [self.convert_one(word) for word in text.split()]
+        return self.convert_one(text)
+
+    def convert_one(self, text: str) -> Any:
         convert = self.action.type
         if convert is None:
             value: Any = text
@@ -88,10 +99,12 @@ def fallback_for(action: argparse.Action) -> Fallback | None:
         raise TypeError(f"{action.option_strings[0]}: an option needs a --long name, which "
                         "names its environment variable")
     flag = long_names[0]
-    store = type(action) is argparse._StoreAction and action.nargs is None
-    if not (store or isinstance(action, argparse._StoreTrueAction)):
-        raise TypeError(f"{flag}: the environment rule serves options with one value and "
-                        f"store_true switches, not {type(action).__name__}")
+    one_value = type(action) in (argparse._StoreAction, argparse._AppendAction)
+    if not ((one_value and action.nargs is None)
+            or isinstance(action, argparse._StoreTrueAction)):
+        raise TypeError(f"{flag}: the environment rule serves options with one value, "
+                        f"repeatable or not, and store_true switches, not "
+                        f"{type(action).__name__}")
     if action.type is not None and not callable(action.type):
         raise TypeError(f"{flag}: type must be a callable")
     return Fallback(action, flag, variable_for(flag))
@@ -119,11 +132,18 @@ class CommandParser(argparse.ArgumentParser):
         if self.environ is None:
             return super().parse_known_args(args, namespace)
         # Set before parsing: argparse then skips these defaults, and the command line
-        # overwrites them.
+        # overwrites them. A repeatable option's values would be added to the variable's,
+        # so its variable fills in after parsing, only where the command line gave none.
+        from_environment = self._from_environment(self.environ)
+        repeated = {f.action.dest: f.action.default for f in self.fallbacks if f.repeated}
         seeded = namespace if namespace is not None else argparse.Namespace()
-        for dest, value in self._from_environment(self.environ).items():
-            setattr(seeded, dest, value)
+        for dest, value in from_environment.items():
+            if dest not in repeated:
+                setattr(seeded, dest, value)
         parsed, extras = super().parse_known_args(args, seeded)
+        for dest, default in repeated.items():
+            if dest in from_environment and getattr(parsed, dest) is default:
+                setattr(parsed, dest, from_environment[dest])
         self._check_requirements(parsed)
         return parsed, extras
 
@@ -135,7 +155,8 @@ class CommandParser(argparse.ArgumentParser):
         values: dict[str, Any] = {}
         for fallback in self.fallbacks:
             text = environ.get(fallback.variable, "")
-            if not text:
+            blank = not text.strip() if fallback.repeated else not text
+            if blank:
                 continue
             try:
                 values[fallback.action.dest] = fallback.convert(text)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from agent import cli as agent_cli
 from common.arguments import CommandParser, use_environment
 from common.version import package_version
-from pyhami import bench, certs, decide, demo, explain, natsauth, watch
+from pyhami import bench, certs, decide, demo, explain, natsauth, simulate, watch
 from scheduler import cli as scheduler_cli
 
 
@@ -20,8 +20,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     parser = CommandParser(prog="pyhami", description=__doc__)
     parser.add_argument("--version", action="version", version=f"pyhami {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (decide, explain, bench, demo, watch, certs, natsauth, agent_cli,
-                   scheduler_cli):
+    for module in (decide, explain, simulate, bench, demo, watch, certs, natsauth,
+                   agent_cli, scheduler_cli):
         module.register(commands)
     use_environment(parser, os.environ if environ is None else environ)
     return parser

@@ -195,9 +195,29 @@ class TestEnvironmentRule:
 
     def test_an_option_the_rule_cannot_serve_is_refused_when_the_rule_is_applied(self) -> None:
         parser = CommandParser(prog="tool")
-        parser.add_argument("--tag", action="append")
-        with pytest.raises(TypeError, match="--tag: the environment rule serves"):
+        parser.add_argument("--verbose", action="count")
+        with pytest.raises(TypeError, match="--verbose: the environment rule serves"):
             use_environment(parser, {})
+
+    def test_a_repeatable_options_variable_holds_its_values_separated_by_spaces(
+            self, capsys: pytest.CaptureFixture[str]) -> None:
+        def tool(environ: dict[str, str]) -> CommandParser:
+            parser = CommandParser(prog="tool")
+            parser.add_argument("--tag", action="append", type=int, required=True)
+            use_environment(parser, environ)
+            return parser
+
+        assert tool({"PYHAMI_TAG": " 3  5 "}).parse_args([]).tag == [3, 5]
+        # The command line replaces the variable's values rather than adding to them.
+        assert tool({"PYHAMI_TAG": "3 5"}).parse_args(["--tag", "7", "--tag", "8"]).tag == [7, 8]
+        with pytest.raises(SystemExit):
+            tool({"PYHAMI_TAG": "3 x"}).parse_args([])
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            "tool: error: PYHAMI_TAG (for --tag): invalid int value: 'x'")
+        with pytest.raises(SystemExit):
+            tool({"PYHAMI_TAG": "  "}).parse_args([])  # blank counts as unset
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            "tool: error: the following arguments are required: --tag (or PYHAMI_TAG)")
 
     def test_a_whole_command_from_the_environment(self) -> None:
         done = pyhami("decide", environ={

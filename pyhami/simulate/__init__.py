@@ -1,0 +1,123 @@
+"""``pyhami simulate``: replay a cluster's workload through the decision core under each
+card policy chain given, side by side, to choose the chain that suits the cluster."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from common.arguments import Subcommands, policy_chain
+from common.core import NodePolicy
+from common.files import InputFileError
+from pyhami.output import add_output_argument, print_json, stdout_console
+from pyhami.simulate._engine import simulate
+from pyhami.simulate._formats import load_trace
+from pyhami.simulate._report import (
+    plot_html,
+    plot_svg,
+    progress_bars,
+    simulation_document,
+    summary_table,
+)
+from pyhami.simulate._results import PolicyRun, Sample
+
+__all__ = ["PolicyRun", "Sample", "register"]
+
+PLOT_FORMATS = {".html": plot_html, ".svg": plot_svg}
+
+
+def register(commands: Subcommands) -> None:
+    parser = commands.add_parser(
+        "simulate", help="replay a workload on a cluster under each policy chain")
+    parser.add_argument("--cluster", type=Path, required=True,
+                        help="the nodes and their cards: a cluster file as pyhami decide reads "
+                             "it (JSON or YAML), or an openb node list (CSV)")
+    parser.add_argument("--workload", type=Path, required=True,
+                        help="the pods and their arrivals: pyhami's workload file (JSON or "
+                             "YAML), or an openb pod list (CSV)")
+    parser.add_argument("--policy", action="append", type=policy_chain, required=True,
+                        metavar="CHAIN",
+                        help="a card policy chain as hami.io/gpu-scheduler-policy takes it "
+                             "(spread, binpack, mutex,binpack, ...), the cluster default; "
+                             "repeat it to compare several")
+    parser.add_argument("--node-policy", choices=[policy.value for policy in NodePolicy],
+                        default=NodePolicy.BINPACK.value,
+                        help="the cluster default node policy (default: binpack)")
+    parser.add_argument("--inflate", type=inflation, metavar="X",
+                        help="repeat the workload until its arrivals reach X times the "
+                             "cluster's GPU capacity (default: the workload once)")
+    add_output_argument(parser, "table", "table: one row per policy; json: one document")
+    parser.add_argument("--plot", type=plot_file, metavar="FILE",
+                        help="also draw allocation and fragmentation against the arrived "
+                             "workload, one line per policy: FILE.svg or FILE.html")
+    parser.set_defaults(handler=run)
+
+
+def inflation(text: str) -> float:
+    try:
+        factor = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(factor) or factor <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number above 0")
+    return factor
+
+
+def plot_file(text: str) -> Path:
+    path = Path(text)
+    suffix = path.suffix.lower()
+    if suffix in PLOT_FORMATS:
+        return path
+    supported = " or ".join(PLOT_FORMATS)
+    if suffix == ".png":
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: PNG needs a plotting library, which pyhami does not ship; write "
+            f"{supported} (a browser opens either, and can save it as an image)")
+    raise argparse.ArgumentTypeError(f"{text!r}: a plot is written as {supported}")
+
+
+def run(args: argparse.Namespace) -> int:
+    for path in (args.cluster, args.workload):
+        # Both named before either is read: the first may take a while to load.
+        if not path.exists():
+            return refuse(f"{path}: no such file")
+        if not path.is_file():
+            return refuse(f"{path}: not a file")
+    try:
+        trace = load_trace(args.cluster, args.workload)
+    except InputFileError as error:
+        return refuse(str(error))
+    except OSError as error:
+        return refuse(f"{error.filename}: {error.strerror or error}")
+    node_policy = NodePolicy(args.node_policy)
+    stderr = Console(stderr=True) if sys.stderr.isatty() else None
+    with progress_bars(args.policy, stderr) as callbacks:
+        runs = [simulate(trace, policy=policy, node_policy=node_policy, inflate=args.inflate,
+                         progress=callback)
+                for policy, callback in zip(args.policy, callbacks, strict=True)]
+    nodes, cards = len(trace.nodes), sum(len(node.devices) for node in trace.nodes)
+    if args.plot is not None:
+        title = (f"pyhami simulate: {args.workload.name} ({len(trace.pods)} pods) on "
+                 f"{args.cluster.name} ({nodes} nodes, {cards} cards)")
+        try:
+            args.plot.write_text(PLOT_FORMATS[args.plot.suffix.lower()](runs, title),
+                                 encoding="utf-8")
+        except OSError as error:
+            return refuse(f"{args.plot}: {error.strerror or error}")
+    if args.output == "json":
+        print_json(simulation_document(nodes, cards, len(trace.pods), runs))
+    else:
+        console = stdout_console()
+        console.print(Text(f"{nodes} nodes, {cards} cards; {len(trace.pods)} pods"))
+        console.print(summary_table(runs))
+    return 0
+
+
+def refuse(message: str) -> int:
+    print(f"pyhami simulate: {message}", file=sys.stderr)
+    return 2

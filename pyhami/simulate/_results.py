@@ -1,0 +1,85 @@
+"""What one simulated run yields: the state after each arrival, and the run's totals."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+# A series in the JSON document keeps at most this many points, spread evenly.
+DOCUMENT_POINTS = 200
+SHARE_DIGITS = 4
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    time: float
+    """Seconds from the workload's start."""
+    arrived: float
+    """GPU demand arrived so far / the cluster's GPU capacity (may exceed 1)."""
+    allocation: float
+    """Allocated share of all cards' cores, 0..1."""
+    fragmentation: float
+    """Share of the cluster's GPU capacity that is fragmented (FGD's definition), 0..1."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRun:
+    policy: str
+    node_policy: str
+    pods: int
+    placed: int
+    refused: int
+    refused_by_reason: dict[str, int]
+    peak_allocation: float
+    samples: list[Sample]
+    """One per arrival, in order."""
+    waits: list[float]
+    """Seconds each placed pod waited."""
+
+    def document(self) -> dict[str, object]:
+        """The run as ``--output json`` prints it."""
+        points = thinned(self.samples, DOCUMENT_POINTS)
+        return {
+            "policy": self.policy,
+            "node_policy": self.node_policy,
+            "pods": self.pods,
+            "placed": self.placed,
+            "refused": self.refused,
+            "refused_by_reason": dict(self.refused_by_reason),
+            "peak_allocation": self.peak_allocation,
+            "allocation_at_arrived": [[round(s.arrived, SHARE_DIGITS),
+                                       round(s.allocation, SHARE_DIGITS)] for s in points],
+            "fragmentation_at_arrived": [[round(s.arrived, SHARE_DIGITS),
+                                          round(s.fragmentation, SHARE_DIGITS)]
+                                         for s in points],
+            "wait_seconds": {"p50": milliseconds(percentile(self.waits, 0.5)),
+                             "p95": milliseconds(percentile(self.waits, 0.95)),
+                             "max": milliseconds(max(self.waits, default=None))},
+        }
+
+
+def thinned(items: Sequence[T], limit: int) -> list[T]:
+    """At most ``limit`` (at least 2) of ``items``, evenly spread, the first and the last
+    kept."""
+    if len(items) <= limit:
+        return list(items)
+    last = len(items) - 1
+    return [items[round(i * last / (limit - 1))] for i in range(limit)]
+
+
+def milliseconds(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
+
+
+def percentile(values: Sequence[float], share: float) -> float | None:
+    """Linear between the closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = share * (len(ordered) - 1)
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
