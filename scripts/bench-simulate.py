@@ -26,7 +26,8 @@ from common.core.pod import (
     PodSpec,
     ResourceRequirements,
 )
-from pyhami.simulate._engine import PolicyRun, simulate, wait_summary
+from pyhami.simulate._engine import simulate
+from pyhami.simulate._results import PolicyRun, percentile
 from pyhami.simulate._trace import SimPod, Trace
 
 MODELS = (("A100-SXM4-80GB", 81920), ("V100-SXM2-32GB", 32768), ("T4", 15360),
@@ -88,10 +89,11 @@ def workload(rng: np.random.Generator) -> list[SimPod]:
 
 def report(run: PolicyRun, seconds: float) -> str:
     last = run.samples[-1]
+    p95 = percentile(run.waits, 0.95) or 0.0
     return (f"{run.policy:<20} {seconds:6.2f} s  placed {run.placed:5d}  refused "
             f"{run.refused:5d}  peak allocation {run.peak_allocation:.3f}  at end: arrived "
             f"{last.arrived:.2f} allocation {last.allocation:.3f} fragmentation "
-            f"{last.fragmentation:.3f}  wait p95 {wait_summary(run.waits)['p95'] / 3600:.1f} h")
+            f"{last.fragmentation:.3f}  wait p95 {p95 / 3600:.1f} h")
 
 
 def main() -> None:

@@ -30,7 +30,6 @@ is refused at the end.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -55,93 +54,12 @@ from common.core.placement import PodView
 from common.core.pod import ContainerRequest
 from common.core.reasons import removed_most
 from common.files import InputFileError
+from pyhami.simulate._results import PolicyRun, Sample
 from pyhami.simulate._trace import Trace
 
-SERIES_POINTS = 200
-"""The most points ``PolicyRun.document`` keeps per series."""
 NO_NODE = "NoNode"
 """The reason counted for a pod refused with no node judged (a cluster with no node)."""
 _SHARE_TOLERANCE = 1e-9
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """The cluster just after one arrival was decided (one sample per arrival)."""
-
-    time: float
-    """Seconds from the workload's start (in ``inflate`` mode, repeats follow each other)."""
-    arrived: float
-    """GPU demand arrived so far / the cluster's GPU capacity (may exceed 1). A pod's
-    demand, in cards, is the sum over its containers (init containers aside) of cards x
-    the share of a card each takes: the larger of its ``gpucores`` / 100 and its memory share
-    (``gpumem-percentage`` / 100, or ``gpumem`` over the cluster's mean card memory)."""
-    allocation: float
-    """Allocated share of all cards' cores (booked cores / the cards' cores), 0..1."""
-    fragmentation: float
-    """Share of the cluster's GPU capacity that is fragmented, 0..1, per Weng et al.
-    (ATC '23): for each typical pod (the workload's GPU requests, weighted by how often
-    they occur; a request is its first GPU container's cards, share of a card and GPU
-    type constraint), a node's free GPU capacity that the pod cannot use (a card whose free
-    share is below the pod's per-card share; all of the node's free capacity when the
-    pod fits the node nowhere), averaged over the typical pods and summed over nodes.
-    Computed exactly after every change (only the node that changed is recomputed).
-    Unlike the paper, pods asking for no GPU are not among the typical pods and nodes
-    have no CPU limit: pyhami models GPUs only."""
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyRun:
-    policy: str
-    node_policy: str
-    pods: int
-    placed: int
-    refused: int
-    refused_by_reason: dict[str, int]
-    """Malformed pods by the kind of their error (``PodRejected``); pods still waiting at
-    the end by the reason that removed most cards over the nodes, as the daemon counts."""
-    peak_allocation: float
-    samples: list[Sample]
-    """One per arrival, in order."""
-    waits: list[float]
-    """Seconds each placed pod waited, in the order they were placed."""
-
-    def document(self) -> dict[str, object]:
-        """The run as ``--output json`` writes it; each series keeps at most
-        ``SERIES_POINTS`` samples, evenly spread, the first and last among them."""
-        kept = _evenly_spread(self.samples, SERIES_POINTS)
-        return {
-            "policy": self.policy,
-            "node_policy": self.node_policy,
-            "pods": self.pods,
-            "placed": self.placed,
-            "refused": self.refused,
-            "refused_by_reason": dict(sorted(self.refused_by_reason.items())),
-            "peak_allocation": round(self.peak_allocation, 6),
-            "allocation_at_arrived": [[round(s.arrived, 6), round(s.allocation, 6)]
-                                      for s in kept],
-            "fragmentation_at_arrived": [[round(s.arrived, 6), round(s.fragmentation, 6)]
-                                         for s in kept],
-            "wait_seconds": wait_summary(self.waits),
-        }
-
-
-def wait_summary(waits: list[float]) -> dict[str, float]:
-    """p50, p95 (nearest rank) and max of the waits; all 0 when no pod was placed."""
-    if not waits:
-        return {"p50": 0.0, "p95": 0.0, "max": 0.0}
-    ordered = sorted(waits)
-
-    def rank(percent: int) -> float:
-        return ordered[max(math.ceil(percent * len(ordered) / 100) - 1, 0)]
-
-    return {"p50": rank(50), "p95": rank(95), "max": ordered[-1]}
-
-
-def _evenly_spread(samples: list[Sample], most: int) -> list[Sample]:
-    if len(samples) <= most:
-        return samples
-    positions = np.unique(np.linspace(0, len(samples) - 1, most).round().astype(np.int64))
-    return [samples[i] for i in positions.tolist()]
 
 
 @dataclass(frozen=True, slots=True)

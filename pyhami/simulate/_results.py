@@ -15,14 +15,27 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Sample:
+    """The cluster just after one arrival was decided (one sample per arrival)."""
+
     time: float
-    """Seconds from the workload's start."""
+    """Seconds from the workload's start (in ``inflate`` mode, repeats follow each other)."""
     arrived: float
-    """GPU demand arrived so far / the cluster's GPU capacity (may exceed 1)."""
+    """GPU demand arrived so far / the cluster's GPU capacity (may exceed 1). A pod's
+    demand, in cards, is the sum over its containers (init containers aside) of cards x
+    the share of a card each takes: the larger of its ``gpucores`` / 100 and its memory share
+    (``gpumem-percentage`` / 100, or ``gpumem`` over the cluster's mean card memory)."""
     allocation: float
-    """Allocated share of all cards' cores, 0..1."""
+    """Allocated share of all cards' cores (booked cores / the cards' cores), 0..1."""
     fragmentation: float
-    """Share of the cluster's GPU capacity that is fragmented (FGD's definition), 0..1."""
+    """Share of the cluster's GPU capacity that is fragmented, 0..1, per Weng et al.
+    (ATC '23): for each typical pod (the workload's GPU requests, weighted by how often
+    they occur; a request is its first GPU container's cards, share of a card and GPU
+    type constraint), a node's free GPU capacity that the pod cannot use (a card whose free
+    share is below the pod's per-card share; all of the node's free capacity when the
+    pod fits the node nowhere), averaged over the typical pods and summed over nodes.
+    Computed exactly after every change (only the node that changed is recomputed).
+    Unlike the paper, pods asking for no GPU are not among the typical pods and nodes
+    have no CPU limit: pyhami models GPUs only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +46,13 @@ class PolicyRun:
     placed: int
     refused: int
     refused_by_reason: dict[str, int]
+    """Malformed pods by the kind of their error (``PodRejected``); pods still waiting at
+    the end by the reason that removed most cards over the nodes, as the daemon counts."""
     peak_allocation: float
     samples: list[Sample]
     """One per arrival, in order."""
     waits: list[float]
-    """Seconds each placed pod waited."""
+    """Seconds each placed pod waited, in the order they were placed."""
 
     def document(self) -> dict[str, object]:
         """The run as ``--output json`` prints it."""
@@ -48,7 +63,7 @@ class PolicyRun:
             "pods": self.pods,
             "placed": self.placed,
             "refused": self.refused,
-            "refused_by_reason": dict(self.refused_by_reason),
+            "refused_by_reason": dict(sorted(self.refused_by_reason.items())),
             "peak_allocation": self.peak_allocation,
             "allocation_at_arrived": [[round(s.arrived, SHARE_DIGITS),
                                        round(s.allocation, SHARE_DIGITS)] for s in points],

@@ -309,8 +309,8 @@ class TestDocument:
         assert document["peak_allocation"] == 1.0
         assert document["allocation_at_arrived"] == [[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]]
         assert document["fragmentation_at_arrived"] == [[1.0, 0.0], [2.0, 0.0], [3.0, 0.0]]
-        # Waits 0 and 7: nearest rank, p50 is the first, p95 the second.
-        assert document["wait_seconds"] == {"p50": 0.0, "p95": 7.0, "max": 7.0}
+        # Waits 0 and 7, linear between ranks: p50 0 + 7 x 0.5, p95 0 + 7 x 0.95.
+        assert document["wait_seconds"] == {"p50": 3.5, "p95": 6.65, "max": 7.0}
 
     def test_long_series_are_thinned_to_200_points_first_and_last_kept(self) -> None:
         pods = [SimPod(manifest(f"p{i}", percent=10), float(i)) for i in range(500)]

@@ -15,11 +15,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from common.core import NodePolicy
-from common.core.model import Card, Node
-from common.files import InputFileError
-from pyhami import simulate as command
-from pyhami.cli import build_parser, main
+from pyhami.cli import build_parser
 from pyhami.output import stdout_console
 from pyhami.simulate import PolicyRun, Sample
 from pyhami.simulate._report import (
@@ -34,7 +30,6 @@ from pyhami.simulate._report import (
     top_reasons,
 )
 from pyhami.simulate._results import percentile, thinned
-from pyhami.simulate._trace import Trace
 from tests.paths import EXAMPLES
 from tests.simulate_example import write_example
 
@@ -298,84 +293,74 @@ class TestArguments:
         assert (done.returncode, done.stderr) == (2, f"pyhami simulate: {tmp_path}: not a file\n")
 
 
-class FakeParts:
-    """The formats and the engine replaced: a trace of 2 nodes with 3 cards, and runs
-    built by hand, one per policy asked."""
+def write_two_cards(folder: Path) -> list[str]:
+    """One node with two cards, and the workload binpack places whole but spread cannot:
+    two half-card pods, then one whole-card pod."""
+    cards = [{"uuid": f"GPU-{i}", "index": i, "type": "NVIDIA", "memory": 16000}
+             for i in range(2)]
+    (folder / "cluster.json").write_text(json.dumps({"nodes": [{"name": "a",
+                                                                "devices": cards}]}))
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[tuple[str, NodePolicy, float | None, bool]] = []
-        monkeypatch.setattr(command, "load_trace", self.load_trace)
-        monkeypatch.setattr(command, "simulate", self.simulate)
+    def pod(name: str, percent: int) -> dict[str, Any]:
+        limits = {"nvidia.com/gpu": 1, "nvidia.com/gpucores": percent,
+                  "nvidia.com/gpumem-percentage": percent}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
 
-    def load_trace(self, cluster: Path, workload: Path) -> Trace:
-        def card(index: int) -> Card:
-            return Card(uuid=f"GPU-{index}", index=index, type="NVIDIA", memory=16000)
-
-        return Trace(nodes=[Node(name="a", devices=[card(0), card(1)]),
-                            Node(name="b", devices=[card(2)])], pods=[])
-
-    def simulate(self, trace: Trace, *, policy: str, node_policy: NodePolicy,
-                 inflate: float | None = None, progress: Any = None) -> PolicyRun:
-        self.calls.append((policy, node_policy, inflate, progress is not None))
-        return FILLING if policy == "binpack" else STALLING
+    pods = [{"arrival": 0, "pod": pod("half-1", 50)}, {"arrival": 1, "pod": pod("half-2", 50)},
+            {"arrival": 2, "pod": pod("whole", 100)}]
+    (folder / "workload.json").write_text(json.dumps({"pods": pods}))
+    return ["simulate", "--cluster", str(folder / "cluster.json"),
+            "--workload", str(folder / "workload.json")]
 
 
 class TestCommand:
-    def files(self, tmp_path: Path) -> list[str]:
-        for name in ("nodes.csv", "pods.csv"):
-            (tmp_path / name).write_text("")
-        return ["simulate", "--cluster", str(tmp_path / "nodes.csv"),
-                "--workload", str(tmp_path / "pods.csv")]
+    """The command end to end: the real formats and engine, as a user runs it."""
 
-    def test_json_and_the_plot(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                               capsys: pytest.CaptureFixture[str]) -> None:
-        parts = FakeParts(monkeypatch)
+    def test_json_and_the_plot(self, tmp_path: Path) -> None:
         plot = tmp_path / "out.html"
-        assert main([*self.files(tmp_path), "--policy", "binpack", "--policy", "mutex,spread",
-                     "--node-policy", "spread", "--inflate", "2.5", "-o", "json",
-                     "--plot", str(plot)]) == 0
-        # stderr is not a terminal here: no bars, no callbacks.
-        assert parts.calls == [("binpack", NodePolicy.SPREAD, 2.5, False),
-                               ("mutex,spread", NodePolicy.SPREAD, 2.5, False)]
-        out, err = capsys.readouterr()
-        assert err == ""
-        assert json.loads(out) == {"cluster": {"nodes": 2, "cards": 3}, "workload": {"pods": 0},
-                                   "policies": [FILLING.document(), STALLING.document()]}
+        done = pyhami(*write_two_cards(tmp_path)[1:], "--policy", "binpack",
+                      "--policy", "spread", "-o", "json", "--plot", plot)
+        assert (done.returncode, done.stderr) == (0, "")
+        document = json.loads(done.stdout)
+        assert document["cluster"] == {"nodes": 1, "cards": 2}
+        assert document["workload"] == {"pods": 3}
+        binpack, spread = document["policies"]
+        # binpack: both halves on card 0, the whole pod on card 1: all cores booked.
+        assert (binpack["policy"], binpack["placed"], binpack["refused"],
+                binpack["peak_allocation"]) == ("binpack", 3, 0, 1.0)
+        # spread: one half on each card, no card left whole: half the cores booked.
+        assert (spread["policy"], spread["placed"], spread["refused"],
+                spread["peak_allocation"]) == ("spread", 2, 1, 0.5)
+        assert sum(spread["refused_by_reason"].values()) == 1
         page = plot.read_text()
         assert page.startswith("<!DOCTYPE html>")
-        assert "<h1>pyhami simulate: pods.csv (0 pods) on nodes.csv (2 nodes, 3 cards)</h1>" \
-            in page
+        assert page.count("<polyline") == 4  # two policies, two panels
 
-    def test_the_table(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                       capsys: pytest.CaptureFixture[str]) -> None:
-        FakeParts(monkeypatch)
-        assert main([*self.files(tmp_path), "--policy", "binpack"]) == 0
-        lines = capsys.readouterr().out.splitlines()
-        assert lines[0] == "2 nodes, 3 cards; 0 pods"
-        assert lines[1].split()[:2] == ["policy", "node"]
-        assert lines[2].split()[:5] == ["binpack", "binpack", "4", "3", "1"]
-        assert len(lines) == 3
+    def test_the_table(self, tmp_path: Path) -> None:
+        done = pyhami(*write_two_cards(tmp_path)[1:], "--policy", "binpack")
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0] == "1 nodes, 2 cards; 3 pods"
+        assert lines[2].split()[:5] == ["binpack", "binpack", "3", "3", "0"]
 
-    def test_a_file_the_formats_refuse_is_one_line(
-            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-            capsys: pytest.CaptureFixture[str]) -> None:
-        def refuse(cluster: Path, workload: Path) -> Trace:
-            raise InputFileError(f"{workload}: line 3: num_gpu: 'two' is not a number")
+    def test_a_file_the_formats_refuse_is_one_line(self, tmp_path: Path) -> None:
+        argv = write_two_cards(tmp_path)
+        (tmp_path / "pods.csv").write_text(
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+            "creation_time,deletion_time,scheduled_time\n"
+            "p1,1000,1024,two,0,,LS,Running,0,10,1\n")
+        done = pyhami("--cluster", argv[2], "--workload", tmp_path / "pods.csv",
+                      "--policy", "spread")
+        assert done.returncode == 2
+        assert done.stderr.startswith(f"pyhami simulate: {tmp_path / 'pods.csv'}: line 2")
+        assert "num_gpu" in done.stderr and done.stderr.count("\n") == 1
 
-        monkeypatch.setattr(command, "load_trace", refuse)
-        argv = self.files(tmp_path)
-        assert main([*argv, "--policy", "spread"]) == 2
-        assert capsys.readouterr() == ("", f"pyhami simulate: {argv[-1]}: line 3: num_gpu: "
-                                           "'two' is not a number\n")
-
-    def test_an_unwritable_plot_is_one_line(self, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-        FakeParts(monkeypatch)
+    def test_an_unwritable_plot_is_one_line(self, tmp_path: Path) -> None:
         plot = tmp_path / "missing-folder" / "out.svg"
-        assert main([*self.files(tmp_path), "--policy", "spread", "--plot", str(plot)]) == 2
-        assert capsys.readouterr() == ("", f"pyhami simulate: {plot}: No such file or "
-                                           "directory\n")
+        done = pyhami(*write_two_cards(tmp_path)[1:], "--policy", "spread", "--plot", plot)
+        assert (done.returncode, done.stderr) == (
+            2, f"pyhami simulate: {plot}: No such file or directory\n")
 
 
 def test_the_example_files_hold_the_cluster_and_workload_described() -> None:
