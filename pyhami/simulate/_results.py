@@ -70,6 +70,8 @@ class PolicyRun:
             "fragmentation_at_arrived": [[round(s.arrived, SHARE_DIGITS),
                                           round(s.fragmentation, SHARE_DIGITS)]
                                          for s in points],
+            "allocation_over_time": [[round(s.time, 3), round(s.allocation, SHARE_DIGITS)]
+                                     for s in points],
             "wait_seconds": {"p50": milliseconds(percentile(self.waits, 0.5)),
                              "p95": milliseconds(percentile(self.waits, 0.95)),
                              "max": milliseconds(max(self.waits, default=None))},

@@ -309,6 +309,8 @@ class TestDocument:
         assert document["peak_allocation"] == 1.0
         assert document["allocation_at_arrived"] == [[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]]
         assert document["fragmentation_at_arrived"] == [[1.0, 0.0], [2.0, 0.0], [3.0, 0.0]]
+        # Arrivals at 0, 3 and 10; the one card is busy throughout.
+        assert document["allocation_over_time"] == [[0.0, 1.0], [3.0, 1.0], [10.0, 1.0]]
         # Waits 0 and 7, linear between ranks: p50 0 + 7 x 0.5, p95 0 + 7 x 0.95.
         assert document["wait_seconds"] == {"p50": 3.5, "p95": 6.65, "max": 7.0}
 

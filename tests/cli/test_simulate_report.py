@@ -67,6 +67,7 @@ class TestDocument:
             "peak_allocation": 0.75,
             "allocation_at_arrived": [[0.25, 0.25], [0.5, 0.5], [1.0, 0.75]],
             "fragmentation_at_arrived": [[0.25, 0.0], [0.5, 0.1], [1.0, 0.2]],
+            "allocation_over_time": [[25.0, 0.25], [50.0, 0.5], [100.0, 0.75]],
             # 0, 10, 20, 30: the median halfway between 10 and 20; p95 at rank 2.85.
             "wait_seconds": {"p50": 15.0, "p95": 28.5, "max": 30.0},
         }
