@@ -22,8 +22,10 @@ from common.messaging import Connection, Unsent
 from common.version import package_version
 
 MIB = 1024 * 1024
+# From 100 us (a /filter on a small cluster) to a minute: under a burst a /bind waits on the
+# API server, and its quantiles must not all read the top bucket.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                   0.25, 0.5, 1.0, 2.5)
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # HAMi registers its scheduler collector wrapped with this constant label.
 HAMI_ZONE = "vGPU"
 CARD_LABELS = ["node", "device_uuid", "device_index", "device_type"]

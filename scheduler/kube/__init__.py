@@ -26,7 +26,6 @@ from scheduler.kube._bodies import (
     bind_refusal,
     binding_body,
     recurrence_patch,
-    undo_annotation_patch,
 )
 from scheduler.kube._client import describe_failure
 from scheduler.kube._cluster import KubernetesCluster
@@ -45,5 +44,4 @@ __all__ = [
     "decode_pod",
     "describe_failure",
     "recurrence_patch",
-    "undo_annotation_patch",
 ]

@@ -13,9 +13,7 @@ from datetime import UTC, datetime
 from typing import TypeAlias
 
 from common.core.annotations import (
-    ALLOCATED_ANNOTATION,
     BIND_PHASE_ANNOTATION,
-    TO_ALLOCATE_ANNOTATION,
 )
 from common.core.names import SUBDOMAIN_MAX
 from scheduler.cluster import CAPACITY_FREED_ANNOTATION, EventType
@@ -38,7 +36,7 @@ def _with_uid(fields: JsonObject, uid: str) -> JsonObject:
 
 
 def _guarded(fields: JsonObject, uid: str, resource_version: str | None) -> JsonObject:
-    # resourceVersion in a patch is a precondition: the API answers 409 Conflict when the
+    # resourceVersion in a patch or a Binding is a precondition: the API answers 409 when the
     # pod changed since that version was read, rather than writing over the change.
     fields = _with_uid(fields, uid)
     return {**fields, "resourceVersion": resource_version} if resource_version else fields
@@ -56,16 +54,6 @@ def bind_phase_patch(uid: str, phase: str) -> JsonObject:
     return {"metadata": _with_uid({"annotations": {BIND_PHASE_ANNOTATION: phase}}, uid)}
 
 
-def undo_annotation_patch(uid: str, resource_version: str | None) -> JsonObject:
-    """The merge patch that withdraws an allocation whose binding failed (null deletes),
-    only from the pod as this bind left it."""
-    return {"metadata": _guarded({"annotations": {
-        BIND_PHASE_ANNOTATION: "failed",
-        ALLOCATED_ANNOTATION: None,
-        TO_ALLOCATE_ANNOTATION: None,
-    }}, uid, resource_version)}
-
-
 def bind_refusal(pod: PodToBind, uid: str, scheduler_name: str) -> str | None:
     """Why /bind, or a nudge to retry, must leave this pod alone, or None: only a pending
     pod of pyhami's scheduler name, on no node yet, is pyhami's to write on and bind."""
@@ -81,12 +69,19 @@ def bind_refusal(pod: PodToBind, uid: str, scheduler_name: str) -> str | None:
     return None
 
 
-def binding_body(namespace: str, name: str, uid: str, node: str) -> JsonObject:
-    """A v1.Binding of the pod to ``node``; with ``uid``, the API refuses another pod."""
+def binding_body(namespace: str, name: str, uid: str, node: str, *,
+                 resource_version: str | None = None,
+                 annotations: Mapping[str, str] | None = None) -> JsonObject:
+    """A v1.Binding of the pod to ``node``, carrying ``annotations`` for the API server to
+    write on the pod in the same update; with ``uid`` and ``resource_version``, the API
+    refuses (409) a pod that is no longer the one read."""
+    metadata: JsonObject = {"name": name, "namespace": namespace}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     return {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": _with_uid({"name": name, "namespace": namespace}, uid),
+        "metadata": _guarded(metadata, uid, resource_version),
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from common.core.annotations import ALLOCATED_ANNOTATION, CORDON_ANNOTATION
+from common.core.annotations import CORDON_ANNOTATION
 from scheduler.busauth import NODE_NAME_EXTRA, ReviewedToken
 from scheduler.cluster import (
     SCHEDULER_NAME,
@@ -36,7 +36,6 @@ from scheduler.kube._bodies import (
     secret_body,
     timestamp,
     token_review_body,
-    undo_annotation_patch,
 )
 from scheduler.kube._client import (
     API_FAILURES,
@@ -67,7 +66,6 @@ from scheduler.service import KeyedLocks
 logger = logging.getLogger("scheduler.kube")
 
 UID_CACHE_SIZE = 4096
-WITHDRAW_ATTEMPTS = 3
 
 
 class KubernetesCluster:
@@ -154,7 +152,10 @@ class KubernetesCluster:
 
     def _bind(self, namespace: str, name: str, uid: str, node: str,
               annotations: dict[str, str | None]) -> None:
-        """Read the pod, check it is pyhami's to bind, annotate it as read, bind it."""
+        """Read the pod, check it is pyhami's to bind, then bind it as read with its
+        annotations in one write: kube-apiserver copies a Binding's annotations onto the pod
+        and sets its node in the same update, refusing it (409) when the pod is no longer
+        the uid and resourceVersion read. A failed Binding leaves nothing written."""
         what = f"binding pod {namespace}/{name} to node {node}"
         try:
             pod = msgspec.json.decode(_client.read_pod(self._core, namespace, name),
@@ -170,54 +171,26 @@ class KubernetesCluster:
         uid = uid or pod.metadata.uid or ""
         version = pod.metadata.resource_version
         present = pod.metadata.annotations or {}
-        # A removal of an annotation the pod does not carry is no write at all.
-        annotations = {name: value for name, value in annotations.items()
-                       if value is not None or name in present}
-        if annotations:
+        # A Binding sets annotations but cannot remove one: a removal (an allocation its
+        # author wrote on a pod that asks for no GPU) is a patch first, as read.
+        removals = {key: None for key, value in annotations.items()
+                    if value is None and key in present}
+        if removals:
             try:
                 patched = msgspec.json.decode(_client.patch_pod(
-                    self._core, namespace, name, annotation_patch(uid, version, annotations)),
+                    self._core, namespace, name, annotation_patch(uid, version, removals)),
                     type=Pod)
             except API_FAILURES as error:
-                raise ClusterError(f"{what}: writing the allocation annotations failed: "
+                raise ClusterError(f"{what}: removing the allocation annotations failed: "
                                    f"{describe_failure(error)}") from error
             version = patched.metadata.resource_version
+        written = {key: value for key, value in annotations.items() if value is not None}
         try:
-            _client.create_binding(self._core, namespace, name,
-                                   binding_body(namespace, name, uid, node))
+            _client.create_binding(self._core, namespace, name, binding_body(
+                namespace, name, uid, node, resource_version=version, annotations=written))
         except API_FAILURES as error:
-            failure = f"{what}: creating the Binding failed: {describe_failure(error)}"
-            allocated = annotations.get(ALLOCATED_ANNOTATION)
-            if not allocated:
-                raise ClusterError(failure) from error
-            try:
-                outcome = self._withdraw(namespace, name, uid, version, allocated)
-            except API_FAILURES as undo_error:
-                raise ClusterError(f"{failure}; withdrawing the allocation annotations failed "
-                                   f"too: {describe_failure(undo_error)}") from error
-            raise ClusterError(f"{failure} ({outcome})") from error
-
-    def _withdraw(self, namespace: str, name: str, uid: str, version: str | None,
-                  allocated: str) -> str:
-        """Take back the annotations a failed bind wrote, unless the pod moved on since:
-        a Binding that did go through after all, or another bind that placed the pod."""
-        for _ in range(WITHDRAW_ATTEMPTS):
-            try:
-                _client.patch_pod(self._core, namespace, name,
-                                  undo_annotation_patch(uid, version))
-                return "allocation annotations withdrawn"
-            except API_FAILURES as error:
-                if answered_with(error, NOT_FOUND):
-                    return "the pod is gone"
-                if not answered_with(error, CONFLICT):
-                    raise
-            pod = msgspec.json.decode(_client.read_pod(self._core, namespace, name),
-                                      type=PodToBind)
-            ours = (pod.metadata.annotations or {}).get(ALLOCATED_ANNOTATION) == allocated
-            if pod.spec.node_name or not ours:
-                return "the pod changed meanwhile; its annotations are left as they are"
-            version = pod.metadata.resource_version
-        return "the pod kept changing; its allocation annotations are left on it unbound"
+            raise ClusterError(f"{what}: creating the Binding failed: "
+                               f"{describe_failure(error)}") from error
 
     async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         try:

@@ -54,7 +54,6 @@ from scheduler.kube import (
     decode_pod,
     describe_failure,
     recurrence_patch,
-    undo_annotation_patch,
 )
 
 TOKEN = "stub-token"
@@ -157,14 +156,6 @@ def test_the_annotation_patch_carries_the_uid_and_the_version_read_as_guards() -
     assert annotation_patch("", None, annotations) == {"metadata": {"annotations": annotations}}
 
 
-def test_the_undo_patch_marks_failure_and_deletes_the_allocation() -> None:
-    patch = undo_annotation_patch("u-1", "8")
-    assert json.loads(json.dumps(patch)) == {"metadata": {
-        "uid": "u-1", "resourceVersion": "8", "annotations": {
-            BIND_PHASE_ANNOTATION: "failed", ALLOCATED_ANNOTATION: None,
-            TO_ALLOCATE_ANNOTATION: None}}}
-
-
 @pytest.mark.parametrize(("pod", "refusal"), [
     (pod_json("p", scheduler=SCHEDULER_NAME), None),
     (pod_json("p", scheduler=SCHEDULER_NAME, uid="other"),
@@ -179,12 +170,17 @@ def test_bind_takes_only_a_pending_unplaced_pod_of_its_scheduler_name(
     assert bind_refusal(target, "uid-p", SCHEDULER_NAME) == refusal
 
 
-def test_the_binding_targets_the_node() -> None:
+def test_the_binding_targets_the_node_and_carries_the_annotations_and_guards() -> None:
     assert binding_body("ml", "train-1", "u-1", "n2") == {
         "apiVersion": "v1", "kind": "Binding",
         "metadata": {"name": "train-1", "namespace": "ml", "uid": "u-1"},
         "target": {"apiVersion": "v1", "kind": "Node", "name": "n2"},
     }
+    notes = {ALLOCATED_ANNOTATION: "GPU-a,NVIDIA,1000,30:;"}
+    assert binding_body("ml", "train-1", "u-1", "n2", resource_version="9",
+                        annotations=notes)["metadata"] == {
+        "name": "train-1", "namespace": "ml", "annotations": notes, "uid": "u-1",
+        "resourceVersion": "9"}
 
 
 def pod_event(message: str = "0/2 nodes fit", *, pod: str = "train-1",
@@ -441,6 +437,8 @@ class StubApiServer:
         return answer
 
     async def _binding(self, request: web.Request) -> web.Response:
+        """As kube-apiserver binds: the uid and resourceVersion given are preconditions,
+        the Binding's annotations are copied onto the pod with its node, in one update."""
         name = request.match_info["name"]
         pod = self.pods.get(f"{request.match_info['ns']}/{name}")
         assigned = pod["spec"].get("nodeName") if pod is not None else None
@@ -449,8 +447,20 @@ class StubApiServer:
                 status_json(409, "Conflict", f'pod {name} is already assigned to node '
                             f'"{assigned or "n9"}"'), status=409)
         if pod is not None:
-            target = (await request.json())["target"]["name"]
-            change(pod, lambda placed: placed["spec"].update(nodeName=target))
+            binding = await request.json()
+            meta = binding["metadata"]
+            if meta.get("resourceVersion", pod["metadata"]["resourceVersion"]) != (
+                    pod["metadata"]["resourceVersion"]):
+                return web.json_response(status_json(
+                    409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": the '
+                    "object has been modified; please apply your changes to the latest "
+                    "version and try again"), status=409)
+
+            def bind(placed: dict[str, Any]) -> None:
+                placed["spec"]["nodeName"] = binding["target"]["name"]
+                placed["metadata"]["annotations"].update(meta.get("annotations", {}))
+
+            change(pod, bind)
         return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
                                   "status": "Success", "code": 201}, status=201)
 
@@ -603,21 +613,20 @@ def pending_pod(version: str = "5") -> dict[str, Any]:
     return pod_json("p", namespace="ml", uid="u-p", scheduler=SCHEDULER_NAME, version=version)
 
 
-async def test_bind_reads_the_pod_annotates_it_as_read_then_binds(harness: Harness) -> None:
+async def test_bind_reads_the_pod_then_binds_it_with_its_annotations_in_one_write(
+        harness: Harness) -> None:
     api = harness.api
     api.pods["ml/p"] = pending_pod(version="5")
     await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
 
     assert [(r.method, r.path) for r in api.requests] == [
         ("GET", "/api/v1/namespaces/ml/pods/p"),
-        ("PATCH", "/api/v1/namespaces/ml/pods/p"),
         ("POST", "/api/v1/namespaces/ml/pods/p/binding"),
     ]
-    _, patch, binding = api.requests
-    assert patch.content_type == "application/merge-patch+json"
-    assert patch.body == {"metadata": {"annotations": ANNOTATIONS, "uid": "u-p",
-                                       "resourceVersion": "5"}}
-    assert binding.body == binding_body("ml", "p", "u-p", "n1")
+    binding = api.requests[1].body
+    assert binding["metadata"] == {"name": "p", "namespace": "ml", "uid": "u-p",
+                                   "resourceVersion": "5", "annotations": ANNOTATIONS}
+    assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
     assert api.pods["ml/p"]["spec"]["nodeName"] == "n1"
     assert api.pods["ml/p"]["metadata"]["annotations"] == ANNOTATIONS
 
@@ -625,9 +634,27 @@ async def test_bind_reads_the_pod_annotates_it_as_read_then_binds(harness: Harne
 async def test_a_pod_without_gpus_is_bound_without_annotations(harness: Harness) -> None:
     api = harness.api
     api.pods["ml/p"] = pending_pod()
-    await harness.cluster.bind("ml", "p", "u-p", "n1", {})
-    assert [r.method for r in api.requests] == ["GET", "POST"]
+    await harness.cluster.bind("ml", "p", "u-p", "n1",
+                               {ALLOCATED_ANNOTATION: None, TO_ALLOCATE_ANNOTATION: None})
+    assert [r.method for r in api.requests] == ["GET", "POST"]  # nothing to remove
     assert api.pods["ml/p"]["metadata"]["annotations"] == {}
+
+
+async def test_an_allocation_its_author_wrote_is_removed_as_read_before_the_binding(
+        harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pending_pod(version="5")
+    api.pods["ml/p"]["metadata"]["annotations"] = {ALLOCATED_ANNOTATION: "GPU-x,NVIDIA,1,0:;",
+                                                   "team": "vision"}
+    await harness.cluster.bind("ml", "p", "u-p", "n1",
+                               {ALLOCATED_ANNOTATION: None, TO_ALLOCATE_ANNOTATION: None})
+    _, patch, binding = api.requests
+    # A Binding can set annotations, never remove one: the removal is a patch, as read.
+    assert patch.body == {"metadata": {"annotations": {ALLOCATED_ANNOTATION: None},
+                                       "uid": "u-p", "resourceVersion": "5"}}
+    assert binding.body["metadata"]["resourceVersion"] == "6"
+    assert api.pods["ml/p"]["metadata"]["annotations"] == {"team": "vision"}
+    assert api.pods["ml/p"]["spec"]["nodeName"] == "n1"
 
 
 @pytest.mark.parametrize(("pod", "refusal"), [
@@ -650,78 +677,40 @@ async def test_bind_leaves_alone_a_pod_that_is_not_pyhamis_to_bind(
     assert [r.method for r in api.requests] == ["GET"]  # nothing written
 
 
-async def test_a_pod_changed_between_the_read_and_the_write_is_not_overwritten(
+async def test_a_pod_changed_between_the_read_and_the_binding_is_left_as_it_is(
         harness: Harness) -> None:
     api = harness.api
     api.pods["ml/p"] = pending_pod()
     api.after_read = [lambda pod: pod["metadata"]["annotations"].update(team="vision")]
     with pytest.raises(ClusterError) as raised:
         await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
-    assert "writing the allocation annotations failed: HTTP 409 Conflict" in str(raised.value)
-    assert api.sent("POST", "/binding") == []
+    assert "creating the Binding failed: HTTP 409 Conflict" in str(raised.value)
     assert api.pods["ml/p"]["metadata"]["annotations"] == {"team": "vision"}
+    assert "nodeName" not in api.pods["ml/p"]["spec"]
 
 
-async def test_a_refused_binding_withdraws_the_annotations(harness: Harness) -> None:
+async def test_a_refused_binding_leaves_nothing_written(harness: Harness) -> None:
     api = harness.api
     api.pods["ml/p"] = pending_pod(version="5")
     api.binding_status = 409
     with pytest.raises(ClusterError) as raised:
         await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
-
     assert str(raised.value) == (
         "binding pod ml/p to node n1: creating the Binding failed: HTTP 409 Conflict: "
-        'pod p is already assigned to node "n9" (allocation annotations withdrawn)')
-    patches = api.sent("PATCH", "/pods/p")
-    assert [p.body for p in patches] == [
-        {"metadata": {"annotations": ANNOTATIONS, "uid": "u-p", "resourceVersion": "5"}},
-        {"metadata": {"uid": "u-p", "resourceVersion": "6", "annotations": {
-            BIND_PHASE_ANNOTATION: "failed", ALLOCATED_ANNOTATION: None,
-            TO_ALLOCATE_ANNOTATION: None}}},
-    ]
-    assert ALLOCATED_ANNOTATION not in api.pods["ml/p"]["metadata"]["annotations"]
+        'pod p is already assigned to node "n9"')
+    assert api.sent("PATCH", "/pods/p") == []
+    assert api.pods["ml/p"]["metadata"]["annotations"] == {}
 
 
-async def test_the_undo_leaves_the_annotations_of_a_pod_another_bind_placed(
-        harness: Harness) -> None:
+async def test_a_refused_removal_stops_before_the_binding(harness: Harness) -> None:
     api = harness.api
     api.pods["ml/p"] = pending_pod()
-    theirs = {**ANNOTATIONS, ALLOCATED_ANNOTATION: "GPU-z,NVIDIA,2000,0:;", NODE_ANNOTATION: "n2"}
-
-    def placed_by_another_bind(pod: dict[str, Any]) -> None:
-        pod["metadata"]["annotations"] = dict(theirs)
-        pod["spec"]["nodeName"] = "n2"
-
-    api.after_patch = [placed_by_another_bind]
-    with pytest.raises(ClusterError) as raised:
-        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
-    assert str(raised.value).endswith(
-        'already assigned to node "n2" (the pod changed meanwhile; its annotations are left '
-        "as they are)")
-    assert api.pods["ml/p"]["metadata"]["annotations"] == theirs
-
-
-async def test_a_failed_undo_is_reported_with_the_binding_failure(harness: Harness) -> None:
-    api = harness.api
-    api.pods["ml/p"] = pending_pod()
-    api.binding_status = 409
-    api.patch_statuses = [200, 500]
-    with pytest.raises(ClusterError) as raised:
-        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
-    message = str(raised.value)
-    assert "creating the Binding failed: HTTP 409 Conflict" in message
-    assert message.endswith("withdrawing the allocation annotations failed too: "
-                            "HTTP 500 InternalError: etcd is down")
-
-
-async def test_a_refused_patch_stops_before_the_binding(harness: Harness) -> None:
-    api = harness.api
-    api.pods["ml/p"] = pending_pod()
+    api.pods["ml/p"]["metadata"]["annotations"] = {ALLOCATED_ANNOTATION: "GPU-x,NVIDIA,1,0:;"}
     api.patch_statuses = [422]
     with pytest.raises(ClusterError) as raised:
-        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+        await harness.cluster.bind("ml", "p", "u-p", "n1", {ALLOCATED_ANNOTATION: None})
     assert str(raised.value) == (
-        "binding pod ml/p to node n1: writing the allocation annotations failed: "
+        "binding pod ml/p to node n1: removing the allocation annotations failed: "
         "HTTP 422 Invalid: metadata.uid: field is immutable")
     assert api.sent("POST", "/binding") == []
 

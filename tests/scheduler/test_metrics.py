@@ -21,8 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.simulated import profile_cards
 from common.core.annotations import ALLOCATED_ANNOTATION, decode_devices
+from common.core.fleet import Fleet
 from common.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
+from scheduler.metrics import Metrics, Sources
 from scheduler.service import SchedulerService, ServiceSettings
 from tests.harness import PodClient, eventually
 from tests.paths import REPO
@@ -313,3 +315,16 @@ async def test_the_dashboard_queries_only_what_the_daemon_exposes(
     for panel in panels:
         assert panel["datasource"]["uid"] == "${DS_PROMETHEUS}", panel["title"]
         assert all(t["datasource"]["uid"] == "${DS_PROMETHEUS}" for t in panel["targets"])
+
+
+def test_the_latency_histograms_reach_a_minute() -> None:
+    """A bind that waits 20 s on a busy API server lands below the top bucket, so its
+    quantiles can tell 3 s from 20 s."""
+    metrics = Metrics(Sources(fleet=Fleet, last_heard=dict, stale=frozenset,
+                              ready=lambda: True, leading=lambda: True,
+                              slices_enforced=dict))
+    metrics.bind_duration.observe(20.0)
+    text = metrics.exposition().decode()
+    assert 'pyhami_bind_duration_seconds_bucket{le="10.0"} 0.0' in text
+    assert 'pyhami_bind_duration_seconds_bucket{le="30.0"} 1.0' in text
+    assert 'pyhami_bind_duration_seconds_bucket{le="60.0"} 1.0' in text
