@@ -27,7 +27,7 @@ K8S = REPO / "k8s"
 GPU_RESOURCES = {"nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage",
                  "nvidia.com/gpucores", "nvidia.com/priority"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding",
-                  "MutatingWebhookConfiguration"}
+                  "MutatingWebhookConfiguration", "FlowSchema"}
 
 
 def parse_pyhami(command: list[str], where: str) -> argparse.Namespace:

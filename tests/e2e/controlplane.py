@@ -544,6 +544,8 @@ class ControlPlane:
     created: list[dict[str, Any]] = field(default_factory=list)
     # The token the API server knows the kubelet's node identity by (tokens.csv).
     kubelet_token: str = ""
+    # The scheduler pod's ServiceAccount token (kube-scheduler and the daemon use it).
+    scheduler_token: str = ""
 
     # Start and stop ---------------------------------------------------------------------
 
@@ -709,6 +711,7 @@ class ControlPlane:
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
              "spec": {"expirationSeconds": 4 * 3600}})
         token: str = request["status"]["token"]
+        self.scheduler_token = token
         self.scheduler_kubeconfig = write_kubeconfig(
             self.data / "pyhami-scheduler.kubeconfig", server=self.server, ca_file=self.ca_file,
             user=f"system:serviceaccount:{SYSTEM_NAMESPACE}:{SCHEDULER_SERVICE_ACCOUNT}",

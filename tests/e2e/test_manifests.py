@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import ssl
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pytest
@@ -143,3 +146,39 @@ def test_pyhami_daemon_was_never_forbidden(control_plane: ControlPlane) -> None:
     log = control_plane.process("pyhami-scheduler").log.read_text(errors="replace")
     refused = [line for line in log.splitlines() if "HTTP 403" in line or "Forbidden" in line]
     assert not refused, "the pyhami daemon was refused:\n" + "\n".join(refused[:10])
+
+
+def priority_of(control_plane: ControlPlane, token: str) -> tuple[str, str]:
+    """The FlowSchema and priority level kube-apiserver files a request under, by uid, as
+    its priority-and-fairness response headers name them."""
+    context = ssl.create_default_context(cafile=str(control_plane.ca_file))
+    request = urllib.request.Request(
+        f"{control_plane.server}/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods?limit=1",
+        headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+        return (answer.headers["X-Kubernetes-PF-FlowSchema-UID"],
+                answer.headers["X-Kubernetes-PF-PriorityLevel-UID"])
+
+
+def test_the_scheduler_pods_requests_get_a_schedulers_priority(
+        control_plane: ControlPlane) -> None:
+    """kube-apiserver files the scheduler pod's requests under the shipped FlowSchema, at
+    the priority level its built-in one gives kube-scheduler, not workload-low."""
+    flowcontrol = "/apis/flowcontrol.apiserver.k8s.io/v1"
+    ours = control_plane.api.get(f"{flowcontrol}/flowschemas/pyhami-scheduler")
+    builtin = control_plane.api.get(f"{flowcontrol}/flowschemas/kube-scheduler")
+    high = control_plane.api.get(f"{flowcontrol}/prioritylevelconfigurations/workload-high")
+    assert ours["spec"]["priorityLevelConfiguration"] == builtin["spec"][
+        "priorityLevelConfiguration"] == {"name": "workload-high"}
+    assert priority_of(control_plane, control_plane.scheduler_token) == (
+        ours["metadata"]["uid"], high["metadata"]["uid"])
+    # Another ServiceAccount's request still lands in workload-low.
+    agent = control_plane.api.create(
+        f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/serviceaccounts/pyhami-agent/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+         "spec": {"expirationSeconds": 600}})["status"]["token"]
+    low = control_plane.api.get(f"{flowcontrol}/prioritylevelconfigurations/workload-low")
+    with pytest.raises(urllib.error.HTTPError) as forbidden:
+        priority_of(control_plane, agent)  # the agent may not list pods: 403, still filed
+    assert forbidden.value.headers["X-Kubernetes-PF-PriorityLevel-UID"] == (
+        low["metadata"]["uid"])
