@@ -192,7 +192,7 @@ class Verbs(Room):
             if held is not None and held.node == args.node:
                 return ExtenderBindingResult()  # a repeat of the bind that placed it
             where = held.node if held is not None else "another node"
-            return await self._refuse_bind(args, f"pod {key} is already bound to {where}")
+            return self._refuse_bind(args, f"pod {key} is already bound to {where}")
         allocation: Allocation | None = None
         try:
             allocation = await self._allocation_on(key, args)
@@ -203,17 +203,18 @@ class Verbs(Room):
                 self.state.release_reservation(key)
                 self.metrics.released.labels("bind_failed").inc()
                 await self.reports.capacity_changed(args.node)
-            return await self._refuse_bind(args, str(error))
+            return self._refuse_bind(args, str(error))
         if allocation is not None:
             self.state.confirm(key, allocation)
         self.shared.manifests.pop(key, None)
         self.metrics.decisions.labels("bind", "bound", "").inc()
         return ExtenderBindingResult()
 
-    async def _refuse_bind(self, args: ExtenderBindingArgs, why: str) -> ExtenderBindingResult:
+    def _refuse_bind(self, args: ExtenderBindingArgs, why: str) -> ExtenderBindingResult:
         self.metrics.decisions.labels("bind", "failed", "BindingFailed").inc()
-        await self.cluster.record_event(args.pod_namespace, args.pod_name, "Warning",
-                                        "BindingFailed", why)
+        # After the answer: kube-scheduler waits for neither the Event nor its API write.
+        self.shared.in_background(self.cluster.record_event(
+            args.pod_namespace, args.pod_name, "Warning", "BindingFailed", why))
         return ExtenderBindingResult(error=why)
 
     def _bind_annotations(self, key: str, node: str,
