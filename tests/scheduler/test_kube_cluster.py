@@ -415,12 +415,8 @@ class StubApiServer:
         if pod is None:
             return web.json_response(pod_json(name))
         patch = (await request.json())["metadata"]
-        if patch.get("resourceVersion", pod["metadata"]["resourceVersion"]) != (
-                pod["metadata"]["resourceVersion"]):
-            return web.json_response(status_json(
-                409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": the object '
-                "has been modified; please apply your changes to the latest version and try "
-                "again"), status=409)
+        if (stale := modified_since(pod, patch, name)) is not None:
+            return stale
 
         def merge(target: dict[str, Any]) -> None:
             notes = target["metadata"]["annotations"]
@@ -437,8 +433,8 @@ class StubApiServer:
         return answer
 
     async def _binding(self, request: web.Request) -> web.Response:
-        """As kube-apiserver binds: the uid and resourceVersion given are preconditions,
-        the Binding's annotations are copied onto the pod with its node, in one update."""
+        """As kube-apiserver binds: the resourceVersion given is a precondition, the
+        Binding's annotations are copied onto the pod with its node, in one update."""
         name = request.match_info["name"]
         pod = self.pods.get(f"{request.match_info['ns']}/{name}")
         assigned = pod["spec"].get("nodeName") if pod is not None else None
@@ -449,12 +445,8 @@ class StubApiServer:
         if pod is not None:
             binding = await request.json()
             meta = binding["metadata"]
-            if meta.get("resourceVersion", pod["metadata"]["resourceVersion"]) != (
-                    pod["metadata"]["resourceVersion"]):
-                return web.json_response(status_json(
-                    409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": the '
-                    "object has been modified; please apply your changes to the latest "
-                    "version and try again"), status=409)
+            if (stale := modified_since(pod, meta, name)) is not None:
+                return stale
 
             def bind(placed: dict[str, Any]) -> None:
                 placed["spec"]["nodeName"] = binding["target"]["name"]
@@ -607,6 +599,19 @@ async def test_the_kubeconfig_token_is_sent(tmp_path: Path) -> None:
 ANNOTATIONS = {ALLOCATED_ANNOTATION: "GPU-a,NVIDIA,1000,30:;",
                TO_ALLOCATE_ANNOTATION: "GPU-a,NVIDIA,1000,30:;",
                NODE_ANNOTATION: "n1", BIND_PHASE_ANNOTATION: "allocating"}
+
+
+def modified_since(pod: dict[str, Any], metadata: dict[str, Any],
+                   name: str) -> web.Response | None:
+    """The API server's 409 for a write whose resourceVersion precondition the pod no
+    longer meets (a patch's or a Binding's); None when it meets it or names none."""
+    current = pod["metadata"]["resourceVersion"]
+    if metadata.get("resourceVersion", current) == current:
+        return None
+    return web.json_response(status_json(
+        409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": the object has '
+        "been modified; please apply your changes to the latest version and try again"),
+        status=409)
 
 
 def pending_pod(version: str = "5") -> dict[str, Any]:
