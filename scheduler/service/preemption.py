@@ -109,9 +109,7 @@ class Preemptions(Room):
         return ExtenderPreemptionResult(answered)
 
     def _fits_without(self, node: str, request: PodRequest, gone: Sequence[str]) -> bool:
-        fleet = self.state.fleet
-        for key in gone:
-            fleet = fleet.without(key)
+        fleet = self.state.fleet.without_all(gone)
         return preemption_on_node(fleet, node, request, 0, {}) is not None
 
     def _note_asked(self, key: str) -> None:
@@ -125,7 +123,12 @@ class Preemptions(Room):
     def refused(self, pod: PodManifest, request: PodRequest, nodes: Sequence[str]) -> None:
         """/filter found no node for ``pod``: unless kube-scheduler asks the preempt verb
         about it, preempt for it once the grace is over."""
-        if (not self.shared.leadership.leading() or self._preemptor(pod) is None
+        # /filter parsed the pod already; what is left is cheap: a pod no holder of cards
+        # ranks below (every pod of an all-default-priority cluster) costs nothing more.
+        priority = pod.spec.priority or 0
+        if (not self.shared.leadership.leading() or pod.spec.preemption_policy == NEVER
+                or not any(holder.priority < priority
+                           for holder in self.shared.holders.values())
                 or self._awaiting_victims(request.key)):
             return
         self.shared.in_background(self._preempt_unless_asked(pod, request, list(nodes),
@@ -141,8 +144,12 @@ class Preemptions(Room):
             return
         priority = pod.spec.priority or 0
         tenants = self._tenants(await self._budgets())
+        # Only nodes where a pod of lower priority holds cards can be made room on.
+        holding = {allocation.node for key, tenant in tenants.items()
+                   if tenant.priority < priority
+                   and (allocation := self.state.fleet.allocation(key)) is not None}
         choices: list[Preemption] = []
-        for node in nodes:
+        for node in (name for name in nodes if name in holding):
             choice = preemption_on_node(self.state.fleet, node, request, priority, tenants)
             if choice is not None and choice.victims:
                 choices.append(choice)
