@@ -35,7 +35,7 @@ from scheduler.app import (
     run_daemon,
 )
 from scheduler.busauth import DEFAULT_AGENT_SERVICE_ACCOUNT, DEFAULT_TOKEN_AUDIENCE
-from scheduler.leadership import LeaseSettingsError, check_lease_timing
+from scheduler.leadership import check_lease_timing
 from scheduler.service import ServiceSettings
 from scheduler.tls_files import TlsError
 
@@ -186,12 +186,8 @@ def _bus_auth_config(args: argparse.Namespace, mode: ClusterMode,
     else:
         credentials = _stored_credentials(Path(args.nats_auth_dir))
     account = args.agent_service_account or f"{namespace}/{DEFAULT_AGENT_SERVICE_ACCOUNT}"
-    agent_namespace, _, agent_name = account.partition("/")
-    try:
-        check_label("--agent-service-account namespace", agent_namespace)
-        check_subdomain("--agent-service-account name", agent_name)
-    except InvalidName as error:
-        raise SettingsError(f"{error} (expected NAMESPACE/NAME)") from None
+    agent_namespace, agent_name = _namespaced_name("--agent-service-account", account,
+                                                   "expected NAMESPACE/NAME")
     if not args.agent_token_audience.strip():
         raise SettingsError("--agent-token-audience: must not be empty")
     return BusAuthConfig(credentials, secret, namespace, audience=args.agent_token_audience,
@@ -236,21 +232,25 @@ def _leadership_config(args: argparse.Namespace, mode: ClusterMode) -> Leadershi
         if lease is not None:
             raise SettingsError("--leader-lease follows kube-scheduler's Lease: with "
                                 "--standalone the daemons hold a lease in NATS (--lease-*)")
-        try:
-            check_lease_timing(args.lease_ttl, args.lease_renew_period,
-                               args.lease_renew_deadline)
-        except LeaseSettingsError as error:
-            raise SettingsError(str(error)) from None
+        # A LeaseSettingsError is a SettingsError: it names the flags.
+        check_lease_timing(args.lease_ttl, args.lease_renew_period, args.lease_renew_deadline)
     elif lease is None:
         lease = f"{daemon_namespace(args)}/{args.scheduler_name}"
     elif lease != "none":
-        namespace, _, name = lease.partition("/")
-        try:
-            check_label("--leader-lease namespace", namespace)
-            check_subdomain("--leader-lease name", name)
-        except InvalidName as error:
-            raise SettingsError(f"{error} (expected NAMESPACE/NAME, or none)") from None
+        _namespaced_name("--leader-lease", lease, "expected NAMESPACE/NAME, or none")
     return settings_from(LeadershipConfig, args, leader_lease=lease)
+
+
+def _namespaced_name(flag: str, value: str, expected: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` split and checked as Kubernetes checks them; raises
+    ``SettingsError`` naming the flag, the part and what was ``expected``."""
+    namespace, _, name = value.partition("/")
+    try:
+        check_label(f"{flag} namespace", namespace)
+        check_subdomain(f"{flag} name", name)
+    except InvalidName as error:
+        raise SettingsError(f"{error} ({expected})") from None
+    return namespace, name
 
 
 def daemon_namespace(args: argparse.Namespace) -> str:
