@@ -123,12 +123,8 @@ class Preemptions(Room):
     def refused(self, pod: PodManifest, request: PodRequest, nodes: Sequence[str]) -> None:
         """/filter found no node for ``pod``: unless kube-scheduler asks the preempt verb
         about it, preempt for it once the grace is over."""
-        # /filter parsed the pod already; what is left is cheap: a pod no holder of cards
-        # ranks below (every pod of an all-default-priority cluster) costs nothing more.
-        priority = pod.spec.priority or 0
+        # /filter parsed the pod already; this runs on its path, so only cheap checks here.
         if (not self.shared.leadership.leading() or pod.spec.preemption_policy == NEVER
-                or not any(holder.priority < priority
-                           for holder in self.shared.holders.values())
                 or self._awaiting_victims(request.key)):
             return
         self.shared.in_background(self._preempt_unless_asked(pod, request, list(nodes),
@@ -143,13 +139,18 @@ class Preemptions(Room):
                 or self.state.reservation(key) is not None or self._awaiting_victims(key)):
             return
         priority = pod.spec.priority or 0
+        # Only nodes where a pod of lower priority holds cards can be made room on; where
+        # there is none (every pod of an all-default-priority cluster), no budgets are read.
+        fleet = self.state.fleet
+        holding = {allocation.node for key, holder in self.shared.holders.items()
+                   if holder.priority < priority
+                   and (allocation := fleet.allocation(key)) is not None}
+        nodes = [name for name in nodes if name in holding]
+        if not nodes:
+            return
         tenants = self._tenants(await self._budgets())
-        # Only nodes where a pod of lower priority holds cards can be made room on.
-        holding = {allocation.node for key, tenant in tenants.items()
-                   if tenant.priority < priority
-                   and (allocation := self.state.fleet.allocation(key)) is not None}
         choices: list[Preemption] = []
-        for node in (name for name in nodes if name in holding):
+        for node in nodes:
             choice = preemption_on_node(self.state.fleet, node, request, priority, tenants)
             if choice is not None and choice.victims:
                 choices.append(choice)
