@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -70,7 +70,7 @@ class Decision:
     node: str | None = None
     cards: tuple[tuple[PlacedCard, ...], ...] = ()
     allocation: Allocation | None = None
-    failures: dict[str, FailedNode] | None = None
+    failures: Mapping[str, FailedNode] | None = None
     """Why each node refused fails the pod, as data (``failed_nodes`` writes it out)."""
     ignored_policies: tuple[str, ...] = ()
     reason: str | None = None
@@ -146,23 +146,61 @@ def _holds_a_set(view: PodView, request: ContainerRequest, codes: CodeArray,
     return enough & has_set
 
 
+class NodeFailures(Mapping[str, FailedNode]):
+    """Node -> why it fails the pod, worked out and written only when first read: a pod
+    scheduled among thousands of nodes mostly needs none of it."""
+
+    __slots__ = ("_build", "_built", "_count")
+
+    def __init__(self, build: Callable[[], dict[str, FailedNode]], count: int) -> None:
+        self._build = build
+        self._count = count
+        self._built: dict[str, FailedNode] | None = None
+
+    def _all(self) -> dict[str, FailedNode]:
+        if self._built is None:
+            self._built = self._build()
+        return self._built
+
+    def __getitem__(self, name: str) -> FailedNode:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return self._count
+
+
 def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArray,
-                      nodes: BoolArray) -> dict[str, NodeReasons]:
+                      nodes: BoolArray, more: dict[str, FailedNode]) -> NodeFailures:
+    """The reasons of the nodes failed from check counts alone, then of ``more``."""
     layout = view.layout
     failing = np.flatnonzero(nodes)
-    rows = np.column_stack((by_node[failing], layout.node_cards[failing],
-                            layout.topology_known[failing]))
-    # Many nodes fail the same way: build each distinct set of reasons once.
-    memo: dict[bytes, NodeReasons] = {}
-    failed: dict[str, NodeReasons] = {}
-    for node, row in zip(failing.tolist(), rows, strict=True):
-        key = row.tobytes()
-        reasons = memo.get(key)
-        if reasons is None:
-            counts = _counted_failure(request, view, node, row[:CHECK_COUNT].tolist())
-            reasons = memo[key] = NodeReasons.of(counts, int(row[CHECK_COUNT]))
-        failed[layout.node_names[node]] = reasons
-    return failed
+    # A copy of the rows: the counts are kept in the layout and change with the next booking.
+    rows = np.column_stack(
+        (by_node[failing], layout.node_cards[failing], layout.topology_known[failing]))
+
+    def build() -> dict[str, FailedNode]:
+        failed: dict[str, FailedNode] = {}
+        if len(failing):
+            # Many nodes fail the same way: build each distinct set of reasons once, from
+            # the first node with that row (a row holds all that the reasons depend on).
+            keys = rows.view(np.dtype((np.void, rows.itemsize * rows.shape[1]))).ravel()
+            _, first, group = np.unique(keys, return_index=True, return_inverse=True)
+            distinct = [
+                NodeReasons.of(_counted_failure(request, view, int(failing[i]),
+                                                rows[i, :CHECK_COUNT].tolist()),
+                               int(rows[i, CHECK_COUNT]))
+                for i in first.tolist()
+            ]
+            names = layout.node_names
+            failed = {names[node]: distinct[g]
+                      for node, g in zip(failing.tolist(), group.tolist(), strict=True)}
+        failed.update(more)
+        return failed
+
+    return NodeFailures(build, len(failing) + len(more))
 
 
 def _best_node(scores: FloatArray, fits: BoolArray, policy: NodePolicy) -> int | None:
@@ -208,12 +246,10 @@ def decide(
             considered[[positions[n] for n in wanted if n in positions]] = True
 
     first = pod.gpu_containers[0]
-    codes = view.card_codes(first, slice(None))
-    by_node = np.bincount(
-        layout.check_base + codes, minlength=node_count * CHECK_COUNT
-    ).reshape(node_count, CHECK_COUNT)
+    codes, by_node = view.first_checks()
 
     failed: dict[str, FailedNode] = {}
+    counted = np.zeros(node_count, dtype=np.bool_)
     placements: dict[int, Placement] = {}
     fits = np.zeros(node_count, dtype=np.bool_)
     one_by_one = considered.copy()
@@ -227,7 +263,6 @@ def decide(
         if pod.numa_bind and first.cards > 1:
             one_by_one |= counted & (by_node[:, CardCheck.ELIGIBLE] > 0)
             counted &= ~one_by_one
-        failed.update(_counted_failures(view, first, by_node, counted))
 
     if one_by_one.any():
         view.scores()
@@ -240,6 +275,7 @@ def decide(
             placements[node] = result
             fits[node] = True
 
+    failures = _counted_failures(view, first, by_node, counted, failed)
     chosen_node = _best_node(layout.node_scores(), fits, pod.node_policy)
     placement: Placement = []
     if chosen_node is not None:
@@ -258,13 +294,13 @@ def decide(
         only_chosen[chosen_node] = True
         rows = _explain(view, codes, only_chosen, chosen_node, placement)
     if chosen_node is None:
-        message = refusal_message(fleet, pod, failed) if describe else None
-        return Decision(pod=pod.key, scheduled=False, failures=failed,
+        message = refusal_message(fleet, pod, failures) if describe else None
+        return Decision(pod=pod.key, scheduled=False, failures=failures,
                         ignored_policies=pod.ignored_policies, message=message, explain=rows)
-    return _scheduled(view, chosen_node, placement, failed, rows)
+    return _scheduled(view, chosen_node, placement, failures, rows)
 
 
-def _scheduled(view: PodView, node: int, placement: Placement, failed: dict[str, FailedNode],
+def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[str, FailedNode],
                rows: tuple[ExplainRow, ...] | None) -> Decision:
     layout, pod = view.layout, view.pod
     start = int(layout.start[node])

@@ -145,8 +145,26 @@ class CardGroups:
         self.group_node: IntArray = np.array(group_node, dtype=np.int64)
 
 
+CHANGE_LOG_MAX = 1 << 16
+"""Changed cards a layout remembers; past that, cached checks are computed afresh."""
+
+
+@dataclass(slots=True)
+class CachedChecks:
+    """One request shape's check code per card and their counts per node, as of ``seen``
+    entries of the layout's change log."""
+
+    codes: npt.NDArray[np.int8]
+    by_node: IntArray
+    seen: int
+
+
 class Layout:
-    """Flat per-card arrays for a fixed set of nodes and cards."""
+    """Flat per-card arrays for a fixed set of nodes and cards.
+
+    Usage changes are applied in place and logged (``changed``), so what is derived from
+    the cards (check codes, node scores) is brought up to date for the changed cards only.
+    """
 
     def __init__(self, nodes: Iterable[Node]) -> None:
         ordered = sorted(nodes, key=lambda n: n.name)
@@ -204,6 +222,9 @@ class Layout:
         self.node_usedmem: IntArray = np.zeros(node_total, dtype=np.int64)
         self.node_usedcores: IntArray = np.zeros(node_total, dtype=np.int64)
         self._node_score: FloatArray | None = None
+        self._stale_scores: set[int] = set()
+        self.changed: list[int] = []
+        self.check_cache: dict[tuple[object, ...], CachedChecks] = {}
 
         # Which cards may form one set under numa-bind, topology-aware, or both.
         cliques: list[int | None] = []
@@ -233,6 +254,14 @@ class Layout:
         self.node_used[node] += used - self.used[card]
         self.used[card] = used
 
+    def _touched(self, card: int) -> None:
+        if len(self.changed) >= CHANGE_LOG_MAX:
+            self.changed.clear()
+            self.check_cache.clear()
+        self.changed.append(card)
+        if self._node_score is not None:
+            self._stale_scores.add(int(self.node_of[card]))
+
     def set_usage(self, card: int, usage: Usage) -> None:
         node = self.node_of[card]
         self.node_usedmem[node] += usage.memory - self.usedmem[card]
@@ -241,25 +270,34 @@ class Layout:
         self.usedmem[card] = usage.memory
         self.usedcores[card] = usage.cores
         self._set_used(card, occupied_slots(usage.tenants, int(self.processes[card])))
-        self._node_score = None
+        self._touched(card)
 
     def set_dynamic(self, card: int, device: Card, cordoned: bool) -> None:
+        if (bool(self.healthy[card]) == device.health and bool(self.cordoned[card]) == cordoned
+                and int(self.processes[card]) == device.processes):
+            return  # an agent's periodic report that changes nothing invalidates nothing
         self.healthy[card] = device.health
         self.cordoned[card] = cordoned
         self.processes[card] = device.processes
         self._set_used(card, occupied_slots(int(self.tenants[card]), device.processes))
-        self._node_score = None
+        self._touched(card)
 
     def node_scores(self) -> FloatArray:
         """Every node's score before the pod, from its cards' sums (0 to
         ``score_max(NODE_WEIGHTS)``)."""
         if self._node_score is None:
-            self._node_score = utilization_score(
-                ratio(self.node_used, self.node_count),
-                ratio(self.node_usedcores, self.node_cores),
-                ratio(self.node_usedmem, self.node_memory),
-                NODE_WEIGHTS)
+            self._node_score = self._score_nodes(slice(None))
+        elif self._stale_scores:
+            stale = np.fromiter(self._stale_scores, dtype=np.int64, count=len(self._stale_scores))
+            self._node_score[stale] = self._score_nodes(stale)
+        self._stale_scores.clear()
         return self._node_score
+
+    def _score_nodes(self, nodes: slice | IntArray) -> FloatArray:
+        return utilization_score(ratio(self.node_used[nodes], self.node_count[nodes]),
+                                 ratio(self.node_usedcores[nodes], self.node_cores[nodes]),
+                                 ratio(self.node_usedmem[nodes], self.node_memory[nodes]),
+                                 NODE_WEIGHTS)
 
 
 class Fleet:

@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from common.core.fleet import (
     BoolArray,
+    CachedChecks,
     FloatArray,
     IntArray,
     Layout,
@@ -33,6 +34,10 @@ from common.core.reasons import (
 
 CodeArray = npt.NDArray[np.int8]
 _UNKNOWN_NUMA_LAST = 1 << 62
+CACHED_REQUEST_SHAPES = 32
+"""Request shapes (what the card checks depend on) whose checks a layout keeps."""
+_REFRESH_SHARE = 8
+"""Past 1/8 of the cards changed, checking them all again is cheaper than one by one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +91,7 @@ class PodView:
         return self.score_cards(where).tolist()  # type: ignore[no-any-return]
 
     def card_codes(
-        self, request: ContainerRequest, where: slice, extra: Extra | None = None
+        self, request: ContainerRequest, where: slice | IntArray, extra: Extra | None = None
     ) -> CodeArray:
         """Per card, the first failing check of ``CardCheck`` (0 when the card is eligible)."""
         lay = self.layout
@@ -118,6 +123,35 @@ class PodView:
         codes[lay.cordoned[where]] = CardCheck.CORDONED
         codes[~lay.healthy[where]] = CardCheck.NOT_HEALTHY
         return codes
+
+    def first_checks(self) -> tuple[CodeArray, IntArray]:
+        """Every card's check code for the pod's first GPU container, and per node the
+        count of each code (``(nodes, CHECK_COUNT)``). Read-only: kept in the layout per
+        request shape and brought up to date from the cards changed since."""
+        lay, pod = self.layout, self.pod
+        request = pod.gpu_containers[0]
+        key = (request.cores, request.memory_mib, request.memory_percent, pod.chain.mutex,
+               pod.use_types, pod.nouse_types, pod.use_uuids, pod.nouse_uuids)
+        cache = lay.check_cache
+        cached = cache.pop(key, None)  # popped and put back: the dict keeps LRU order
+        behind = len(lay.changed) - cached.seen if cached is not None else 0
+        if cached is None or behind > len(lay.devices) // _REFRESH_SHARE:
+            codes = self.card_codes(request, slice(None))
+            nodes = len(lay.node_names)
+            by_node = np.bincount(lay.check_base + codes, minlength=nodes * CHECK_COUNT)
+            cached = CachedChecks(codes, by_node.reshape(nodes, CHECK_COUNT), len(lay.changed))
+        elif behind:
+            cards = np.unique(np.array(lay.changed[cached.seen:], dtype=np.int64))
+            fresh = self.card_codes(request, cards)
+            counts = cached.by_node.reshape(-1)
+            np.subtract.at(counts, lay.check_base[cards] + cached.codes[cards], 1)
+            np.add.at(counts, lay.check_base[cards] + fresh, 1)
+            cached.codes[cards] = fresh
+            cached.seen = len(lay.changed)
+        if len(cache) >= CACHED_REQUEST_SHAPES:
+            del cache[next(iter(cache))]
+        cache[key] = cached
+        return cached.codes, cached.by_node
 
     def rank(self, node: int, eligible: list[int]) -> list[int]:
         """Eligible card positions (local to the node) in chain order."""

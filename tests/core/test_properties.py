@@ -201,3 +201,61 @@ def test_counting_per_node_agrees_with_judging_every_node_one_by_one(
     fleet = build(cluster, booked)
     request = parse_pod(pod, DEFAULTS)
     assert outcome(decide(fleet, request)) == outcome(decide(fleet, request, exhaustive=True))
+
+
+@st.composite
+def histories(draw: st.DrawFn, cluster: list[Node]) -> list[tuple[str, Any]]:
+    """Bookings, releases and agent reports, in the order the daemon might see them."""
+    steps: list[tuple[str, Any]] = []
+    for number in range(draw(st.integers(1, 12))):
+        kind = draw(st.sampled_from(["book", "release", "report"]))
+        if kind == "report":
+            node = draw(st.sampled_from(cluster))
+            devices = [Card(uuid=d.uuid, index=d.index, type=d.type, memory=d.memory,
+                            cores=d.cores, count=d.count, numa=d.numa, links=d.links,
+                            health=draw(st.booleans()) or draw(st.booleans()),
+                            processes=draw(st.integers(0, 2)))
+                       for d in node.devices]
+            cordon = [d.uuid for d in node.devices if draw(st.integers(0, 5)) == 0]
+            steps.append((kind, Node(name=node.name, devices=devices,
+                                     annotations={"hami.io/device-cordon": ",".join(cordon)})))
+        else:
+            steps.append((kind, (f"default/later-{number % 4}", draw(allocations(cluster)))))
+    return steps
+
+
+def replay(fleet: Fleet, steps: list[tuple[str, Any]]) -> list[Node]:
+    """Apply ``steps`` to ``fleet``; returns the nodes as last reported."""
+    nodes = {node.name: node for node in fleet.nodes()}
+    for kind, step in steps:
+        if kind == "report":
+            fleet.upsert_node(step)
+            nodes[step.name] = step
+            continue
+        key, booked = step
+        if kind == "release" or not booked:
+            fleet.release(key)
+        else:
+            fleet.allocate(key, next(iter(booked.values())))
+    return list(nodes.values())
+
+
+@COMMON
+@given(cluster=scenario, booked=scenario.flatmap(allocations),
+       history=scenario.flatmap(histories), first=pods(), then=pods())
+def test_a_fleet_that_decided_before_changes_decides_as_one_built_afresh(
+    cluster: list[Node], booked: dict[str, Allocation], history: list[tuple[str, Any]],
+    first: PodManifest, then: PodManifest,
+) -> None:
+    # The checks and node scores a fleet keeps between decisions follow every booking,
+    # release and report; a fleet built from the final state keeps nothing.
+    fleet = build(cluster, booked)
+    run(fleet, first)
+    run(fleet, then)
+    reported = replay(fleet, history)
+    afresh = build(reported, fleet.allocations())
+    for pod in (first, then):
+        assert outcome(run(fleet, pod)) == outcome(run(afresh, pod))
+        request = parse_pod(pod, DEFAULTS)
+        assert outcome(decide(fleet, request)) == outcome(
+            decide(afresh, request, exhaustive=True))
