@@ -3,7 +3,7 @@
 set -euo pipefail
 pyhami=${PYHAMI:-pyhami}
 for nodes in 1 100 1000 5000; do
-  for chain in spread mutex,binpack,numa; do
+  for chain in spread binpack mutex,binpack,numa; do
     "$pyhami" bench decide --nodes "$nodes" --chain "$chain" --pods 2000
   done
 done
