@@ -15,17 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.controlplane import (
+from pyhami._controlplane import (
     BUILD_TIMEOUT_S,
-    TEST_NAMESPACE,
-    ControlPlane,
     binaries_dir,
     build_binaries,
     go_command,
     missing_binaries,
-    running_control_plane,
     wait_for,
 )
+from tests.e2e.controlplane import TEST_NAMESPACE, ControlPlane, running_control_plane
 
 HERE = Path(__file__).parent
 TEST_TIMEOUT_S = 300
