@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"pyhami bench cluster: interrupted; logs in {logs}", file=sys.stderr)
         return 130
     except Exception as error:
-        print(f"pyhami bench cluster failed: {error}\nlogs in {logs}", file=sys.stderr)
+        print(f"pyhami bench cluster failed: {error!r}\nlogs in {logs}", file=sys.stderr)
         return 1
     finally:
         plane.stop()
@@ -311,10 +311,21 @@ class PodWatch:
 
     bound: dict[str, Binding] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: BaseException | None = None
 
     async def follow(self, response: aiohttp.ClientResponse) -> None:
+        try:
+            await self._read(response)
+            self.ended = RuntimeError("the API server ended the pod watch")
+        except Exception as error:
+            self.ended = error
+        self.changed.set()
+
+    async def _read(self, response: aiohttp.ClientResponse) -> None:
         async for line in response.content:
             event = json.loads(line)
+            if event["type"] == "ERROR":
+                raise RuntimeError(f"the pod watch failed: {event['object']}")
             item = event["object"]
             node = item.get("spec", {}).get("nodeName")
             name = item["metadata"]["name"]
@@ -329,6 +340,9 @@ class PodWatch:
             self.changed.clear()
             if len(self.bound) >= count:
                 return
+            if self.ended is not None:
+                raise RuntimeError(f"{len(self.bound)} of {count} pods seen bound when the "
+                                   f"watch stopped: {self.ended!r}")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{len(self.bound)} of {count} pods bound after "
