@@ -22,7 +22,7 @@ from common.core import (
 )
 from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
 from common.synthetic import random_nodes
-from pyhami import bench_extender
+from pyhami import bench_cluster, bench_extender
 
 
 def register(commands: Subcommands) -> None:
@@ -38,6 +38,7 @@ def register(commands: Subcommands) -> None:
     decide_parser.set_defaults(handler=_run_decide)
     agent_bench.register(benches)
     bench_extender.register(benches)
+    bench_cluster.register(benches)
 
 
 def _run_decide(args: argparse.Namespace) -> int:

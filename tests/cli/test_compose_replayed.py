@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from common.natsserver import free_port, nats_server_binary
+from pyhami._controlplane import Process, http_get, wait_for
 from tests.cli.test_demo import assert_the_lab_played_on
-from tests.e2e.controlplane import Process, http_get, wait_for
 from tests.paths import REPO
 
 SHARED = "/var/lib/pyhami"

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from pyhami._controlplane import SCHEDULER_CONFIG_MAP, manifests, shipped_scheduler_config
 from pyhami.cli import build_parser
 from scheduler.cluster import SCHEDULER_NAME
-from tests.e2e.controlplane import SCHEDULER_CONFIG_MAP, manifests, shipped_scheduler_config
 from tests.paths import REPO
 
 COMPOSE = REPO / "docker-compose.yml"

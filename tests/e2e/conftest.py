@@ -15,17 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.controlplane import (
+from pyhami._controlplane import (
     BUILD_TIMEOUT_S,
-    TEST_NAMESPACE,
-    ControlPlane,
     binaries_dir,
     build_binaries,
     go_command,
     missing_binaries,
-    running_control_plane,
     wait_for,
 )
+from tests.e2e.controlplane import TEST_NAMESPACE, ControlPlane, running_control_plane
 
 HERE = Path(__file__).parent
 TEST_TIMEOUT_S = 300
@@ -77,8 +75,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    logs = tmp_path_factory.mktemp("control-plane")
+def control_plane_binaries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the control plane's binaries, built first where they are missing."""
     bin_dir = binaries_dir()
     missing = missing_binaries(bin_dir)
     if missing:
@@ -87,13 +85,20 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
                         f"(scripts/build-control-plane.sh; expected in {bin_dir}); "
                         "CI=true requires the end-to-end suite", pytrace=False)
         try:
-            bin_dir = build_binaries(logs / "build.log")
+            bin_dir = build_binaries(tmp_path_factory.mktemp("build") / "build.log")
         except Exception as error:
             pytest.fail(f"e2e: building the control plane failed: {error}", pytrace=False)
         still = missing_binaries(bin_dir)
         if still:
             pytest.fail(f"e2e: the build left no {', '.join(still)} in {bin_dir}", pytrace=False)
-    with running_control_plane(bin_dir, logs) as plane:
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory,
+                  control_plane_binaries: Path) -> Iterator[ControlPlane]:
+    with running_control_plane(control_plane_binaries,
+                               tmp_path_factory.mktemp("control-plane")) as plane:
         yield plane
 
 

@@ -6,15 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tests.e2e.controlplane import (
-    NODE,
-    SCHEDULER_NAME,
-    TEST_NAMESPACE,
-    WAIT_S,
-    ApiError,
-    ControlPlane,
-    wait_for,
-)
+from pyhami._controlplane import SCHEDULER_NAME, WAIT_S, ApiError, wait_for
+from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 
 PODS = f"/api/v1/namespaces/{TEST_NAMESPACE}/pods"
 EVENTS = f"/api/v1/namespaces/{TEST_NAMESPACE}/events"

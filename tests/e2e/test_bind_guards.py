@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane, wait_for
+from pyhami._controlplane import wait_for
+from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import ALLOCATED, Lab, lab_pod
 
 CAPACITY_FREED = "pyhami.io/capacity-freed"

@@ -27,15 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.controlplane import (
-    K8S_DIR,
-    REPO,
-    ApiError,
-    ControlPlane,
-    KubeApi,
-    allowed,
-    wait_for,
-)
+from pyhami._controlplane import K8S_DIR, REPO, ApiError, KubeApi, wait_for
+from tests.e2e.controlplane import ControlPlane, allowed
 
 CHART = REPO / "charts" / "pyhami"
 RENDER_SCRIPT = REPO / "scripts" / "render-k8s.sh"

@@ -22,7 +22,8 @@ from common.wire import (
     decode_pending,
     encode,
 )
-from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane, wait_for
+from pyhami._controlplane import wait_for
+from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import Lab
 
 

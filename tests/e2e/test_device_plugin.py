@@ -17,15 +17,9 @@ from typing import Any
 import pytest
 
 from common.core.annotations import ALLOCATED_ANNOTATION, BIND_PHASE_ANNOTATION, decode_devices
+from pyhami._controlplane import ApiError, Process, wait_for
 from scheduler.service.reactions import CORDON_REFRESH_S
-from tests.e2e.controlplane import (
-    KUBELET_NODE,
-    ApiError,
-    ControlPlane,
-    Process,
-    recorded_env,
-    wait_for,
-)
+from tests.e2e.controlplane import KUBELET_NODE, ControlPlane, recorded_env
 from tests.e2e.pods import PODS, lab_pod
 
 CARDS, SPLIT = 4, 10  # the simulated t4x4 and the default split count

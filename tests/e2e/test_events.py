@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.controlplane import NODE, ControlPlane, wait_for
+from pyhami._controlplane import wait_for
+from tests.e2e.controlplane import NODE, ControlPlane
 from tests.e2e.pods import EVENTS, Lab, lab_pod
 
 REASON = "FilteringFailed"

@@ -27,15 +27,8 @@ from typing import Any
 import pytest
 
 from common.natsserver import free_port
-from tests.e2e.controlplane import (
-    DAEMON,
-    KUBE_SCHEDULER,
-    ApiError,
-    ControlPlane,
-    DaemonPorts,
-    http_get,
-    wait_for,
-)
+from pyhami._controlplane import ApiError, http_get, wait_for
+from tests.e2e.controlplane import DAEMON, KUBE_SCHEDULER, ControlPlane, DaemonPorts
 from tests.e2e.pods import ALLOCATED, PODS, POLICY, lab_pod
 from tests.harness import metric_sample
 from tests.invariants import agreement_violations, capacity_violations, reservation_violations

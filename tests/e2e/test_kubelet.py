@@ -9,15 +9,13 @@ from typing import Any
 
 import pytest
 
+from pyhami._controlplane import ApiError, versions, wait_for
 from tests.e2e.controlplane import (
     KUBELET_NODE,
     TEST_NAMESPACE,
-    ApiError,
     ControlPlane,
     recorded_env,
     serving_unix,
-    versions,
-    wait_for,
 )
 
 PODS = f"/api/v1/namespaces/{TEST_NAMESPACE}/pods"

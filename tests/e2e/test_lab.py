@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.controlplane import NODE, SCHEDULER_NAME, ControlPlane, wait_for
+from pyhami._controlplane import SCHEDULER_NAME, wait_for
+from tests.e2e.controlplane import NODE, ControlPlane
 from tests.e2e.pods import (
     ALLOCATED,
     POLICY,

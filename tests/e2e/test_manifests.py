@@ -11,15 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.controlplane import (
+from pyhami._controlplane import (
     SCHEDULER_SERVICE_ACCOUNT,
     SYSTEM_NAMESPACE,
-    ControlPlane,
-    allowed,
     manifests,
     shipped_scheduler_config,
     versions,
 )
+from tests.e2e.controlplane import ControlPlane, allowed
 
 SCHEDULER_USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{SCHEDULER_SERVICE_ACCOUNT}"
 AGENT_USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:pyhami-agent"

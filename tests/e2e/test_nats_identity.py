@@ -13,14 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.controlplane import (
-    NODE,
-    SCHEDULER_SERVICE_ACCOUNT,
-    ControlPlane,
-    Process,
-    http_get,
-    wait_for,
-)
+from pyhami._controlplane import SCHEDULER_SERVICE_ACCOUNT, Process, http_get, wait_for
+from tests.e2e.controlplane import NODE, ControlPlane
 from tests.harness import metric_sample
 
 OTHER_NODE = "gpu-node-2"

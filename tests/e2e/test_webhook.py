@@ -23,22 +23,20 @@ import pytest
 from cryptography import x509
 
 from common.natsserver import free_port
-from scheduler.kube import KubernetesCluster
-from scheduler.webhook_tls import self_managed, service_names
-from tests.e2e.controlplane import (
-    NODE,
+from pyhami._controlplane import (
     SCHEDULER_NAME,
     SCHEDULER_SERVICE_ACCOUNT,
     START_TIMEOUT_S,
     SYSTEM_NAMESPACE,
-    TEST_NAMESPACE,
     ApiError,
-    ControlPlane,
     Process,
     http_get,
     tail,
     wait_for,
 )
+from scheduler.kube import KubernetesCluster
+from scheduler.webhook_tls import self_managed, service_names
+from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import Lab, card_uuid, lab_pod
 
 CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
