@@ -3,8 +3,9 @@
 One control plane of the end-to-end suite's kind (etcd, kube-apiserver, nats-server and the
 ``pyhami scheduler`` daemon in Kubernetes mode, as processes of their own), N Node objects
 with 8 cards each and N simulated inventories published from this process. Then the same
-number of pods goes through kube-scheduler with the shipped configuration (the extender
-on, over mutual TLS as the suite runs it) and through the same kube-scheduler binary with a
+number of pods goes through kube-scheduler with the shipped configuration (k8s/'s: the
+extender on plain HTTP over loopback; ``--extender-tls``: the chart's mutual TLS, as the
+end-to-end suite runs it) and through the same kube-scheduler binary with a
 default profile and no extender, each with kube-scheduler's default client limits and with
 them raised. One kube-scheduler runs at a time, without leader election; the daemon follows
 no Lease (``--leader-lease none``) and NATS runs without authentication. The bench
@@ -37,6 +38,7 @@ from typing import Any
 
 import aiohttp
 import nats
+import yaml
 
 from agent.report import Report
 from agent.simulated import profile_cards
@@ -60,6 +62,7 @@ from pyhami._controlplane import (
     insecure_context,
     missing_binaries,
     render_scheduler_config,
+    shipped_scheduler_config,
     wait_for,
 )
 
@@ -90,6 +93,13 @@ def register(benches: Subcommands) -> None:
     parser.add_argument("--idle-pods", type=positive_int, default=20,
                         help="single pods, one at a time, through each scheduler on an idle "
                              "cluster (default 20)")
+    parser.add_argument("--extender-tls", action="store_true",
+                        help="kube-scheduler calls the extender over mutual TLS, as the chart "
+                             "does with scheduler.extender.tls (default: plain HTTP on "
+                             "loopback, as k8s/ ships it)")
+    parser.add_argument("--profile-daemon", type=Path, metavar="FILE",
+                        help="run the daemon under cProfile and write its profile to FILE "
+                             "(the profiler slows the daemon: keep such a run's figures apart)")
     parser.set_defaults(handler=run)
 
 
@@ -117,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logs = Path(tempfile.mkdtemp(prefix="pyhami-bench-cluster-"))
     (logs / "data").mkdir()
-    plane = BenchPlane(bin_dir=binaries_dir(), logs=logs, data=logs / "data")
+    plane = BenchPlane(bin_dir=binaries_dir(), logs=logs, data=logs / "data",
+                       daemon_profile=args.profile_daemon, extender_tls=args.extender_tls)
     try:
         result = bench(plane, args)
     except KeyboardInterrupt:
@@ -143,6 +154,8 @@ class BenchPlane(ApiServerPlane):
     metrics_port: int = 0
     pki: Bundle | None = None
     chart_config: str = ""
+    daemon_profile: Path | None = None
+    extender_tls: bool = False
 
     @property
     def as_kube_scheduler(self) -> ssl.SSLContext:
@@ -174,25 +187,35 @@ class BenchPlane(ApiServerPlane):
         wait_for(listening, "nats-server to listen", START_TIMEOUT_S, watch=[server])
 
     def start_daemon(self) -> None:
-        self.pki = write_bundle(self.data / "extender-tls", dns=("localhost",),
-                                ips=("127.0.0.1",), days=1)
+        tls: list[str] = []
+        if self.extender_tls:
+            self.pki = write_bundle(self.data / "extender-tls", dns=("localhost",),
+                                    ips=("127.0.0.1",), days=1)
+            tls = ["--extender-cert-file", str(self.pki.extender),
+                   "--extender-key-file", str(self.pki.extender_key),
+                   "--extender-client-ca-file", str(self.pki.ca)]
         self.daemon_port, self.metrics_port = free_port(), free_port()
+        profiler = ([] if self.daemon_profile is None
+                    else ["-m", "cProfile", "-o", str(self.daemon_profile.resolve())])
         daemon = self.run(DAEMON, [
-            sys.executable, "-m", "pyhami.cli", "scheduler",
+            sys.executable, *profiler, "-m", "pyhami.cli", "scheduler",
             "--kubeconfig", str(self.scheduler_kubeconfig), "--nats", self.nats_url,
             "--namespace", SYSTEM_NAMESPACE, "--leader-lease", "none",
             "--listen", f"127.0.0.1:{self.daemon_port}",
             "--metrics", f"127.0.0.1:{self.metrics_port}", "--resync-wait", "1",
             "--node-timeout", "3600", "--node-retention", "7200", "--log-level", "warning",
-            "--extender-cert-file", str(self.pki.extender),
-            "--extender-key-file", str(self.pki.extender_key),
-            "--extender-client-ca-file", str(self.pki.ca)])
+            *tls])
         wait_for(lambda: http_get(f"http://127.0.0.1:{self.metrics_port}/readyz")[0] == 200,
                  "the daemon's /readyz", START_TIMEOUT_S, watch=[daemon])
 
+    @property
+    def extender_url(self) -> str:
+        scheme = "https" if self.extender_tls else "http"
+        return f"{scheme}://127.0.0.1:{self.daemon_port}"
+
     def statusz(self) -> dict[str, Any]:
-        status, body = http_get(f"https://127.0.0.1:{self.daemon_port}/statusz",
-                                context=self.as_kube_scheduler)
+        status, body = http_get(f"{self.extender_url}/statusz",
+                                context=self.as_kube_scheduler if self.extender_tls else None)
         if status != 200:
             raise ValueError(f"/statusz answered {status}")
         document: dict[str, Any] = json.loads(body)
@@ -207,15 +230,20 @@ class BenchPlane(ApiServerPlane):
         return names
 
     def kube_scheduler_config(self, scheduler: str, limits: str) -> dict[str, Any]:
-        """pyhami's: the shipped configuration; default: a default profile, no extender."""
-        if scheduler == "pyhami":
+        """pyhami's: k8s/'s configuration, or the chart's with the extender's mutual TLS;
+        default: a default profile, no extender."""
+        if scheduler == "pyhami" and self.pki is not None:
             if not self.chart_config:
                 self.chart_config = chart_scheduler_config(self.bin_dir)
-            assert self.pki is not None
             config = render_scheduler_config(
-                self.chart_config, extender_url=f"https://127.0.0.1:{self.daemon_port}",
+                self.chart_config, extender_url=self.extender_url,
                 kubeconfig=str(self.scheduler_kubeconfig), ca_file=self.pki.ca,
                 cert_file=self.pki.kube_scheduler, key_file=self.pki.kube_scheduler_key)
+        elif scheduler == "pyhami":
+            config = yaml.safe_load(shipped_scheduler_config())
+            config["clientConnection"]["kubeconfig"] = str(self.scheduler_kubeconfig)
+            (extender,) = config["extenders"]
+            extender["urlPrefix"] = self.extender_url
         else:
             config = {"apiVersion": "kubescheduler.config.k8s.io/v1",
                       "kind": "KubeSchedulerConfiguration",
