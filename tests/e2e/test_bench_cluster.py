@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 NODES, PODS = 20, 40
 PHASES = ("pyhami_default_limits", "default_default_limits", "pyhami_raised_limits",
           "default_raised_limits")
@@ -20,10 +22,13 @@ KEYS = {"nodes", "pods", "pyhami_pods_per_s", "default_pods_per_s", "ratio", "py
         "cpu_ms_per_pod", "pyhami_idle_ms", "default_idle_ms", "phases"}
 
 
-def test_bench_cluster_binds_every_pod_of_every_phase(control_plane_binaries: Path) -> None:
+# k8s/'s plain HTTP over loopback, and the chart's mutual TLS.
+@pytest.mark.parametrize("flags", [[], ["--extender-tls"]], ids=["plain", "tls"])
+def test_bench_cluster_binds_every_pod_of_every_phase(control_plane_binaries: Path,
+                                                      flags: list[str]) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pyhami.cli", "bench", "cluster", "--nodes", str(NODES),
-         "--pods", str(PODS), "--idle-pods", "3"],
+         "--pods", str(PODS), "--idle-pods", "3", *flags],
         env={**os.environ, "PYHAMI_CONTROL_PLANE_DIR": str(control_plane_binaries)},
         capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr
