@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import msgspec
-from aiohttp import web
-from prometheus_client.aiohttp import make_aiohttp_handler
+from aiohttp import hdrs, web
 
 from common.core.names import InvalidName, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
@@ -138,9 +138,21 @@ def metrics_app(service: SchedulerService) -> web.Application:
     format otherwise, gzip when accepted. ``/healthz`` and ``/readyz`` too: the kubelet's
     probes come here, as they cannot present the client certificate a mutual-TLS extender
     asks for."""
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        content_type, pieces = service.metrics.pieces(
+            ",".join(request.headers.getall(hdrs.ACCEPT, [])))
+        response = web.StreamResponse(headers={hdrs.CONTENT_TYPE: content_type})
+        response.enable_compression()  # when the scraper accepts it
+        await response.prepare(request)
+        for piece in pieces:
+            await response.write(piece)
+            await asyncio.sleep(0)  # /filter and the agents' messages get their turn
+        await response.write_eof()
+        return response
+
     app = web.Application()
-    app.add_routes([web.get("/metrics", make_aiohttp_handler(service.metrics.registry)),
-                    *health_routes(service)])
+    app.add_routes([web.get("/metrics", metrics), *health_routes(service)])
     return app
 
 
