@@ -20,7 +20,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from common.core import Fleet, Node, Usage
+from common.core import Fleet, Usage
 from common.core.model import Card
 from common.messaging import Connection, Unsent
 from common.version import package_version
@@ -121,55 +121,38 @@ def _number(value: float) -> str:
     return written
 
 
-@dataclass(frozen=True, slots=True)
-class _CardText:
-    """What a card's lines share from one scrape to the next: its label sets (names in
-    sorted order, as prometheus_client writes them) and its lines of static values."""
-
-    card: str
-    with_cores: str
-    described: str
-    own: str
-    static_lines: tuple[str, str]
-    """Its memory limit's and its core limit's lines."""
-
-    @staticmethod
-    def of(node: str, device: Card) -> _CardText:
-        node, uuid, type_ = _escaped(node), _escaped(device.uuid), _escaped(device.type)
-        index, cores = device.index, device.cores
-        common = f'device_type="{type_}",device_uuid="{uuid}",node="{node}"'
-        card = f'{{device_index="{index}",{common},zone="{HAMI_ZONE}"}}'
-        return _CardText(
-            card=card,
-            with_cores=f'{{device_cores="{cores}",device_index="{index}",{common},'
-                       f'zone="{HAMI_ZONE}"}}',
-            described=f'{{device_cores="{cores}",device_index="{index}",device_memory_limit='
-                      f'"{device.memory}",{common},zone="{HAMI_ZONE}"}}',
-            own=f'{{device_index="{index}",{common}}}',
-            static_lines=(f"hami_gpu_memory_limit_bytes{card} {_number(device.memory * MIB)}\n",
-                          f"hami_gpu_core_limit_ratio{card} {_number(cores)}\n"))
-
-
-def _static_key(node: Node) -> tuple[tuple[str, int, str, int, int], ...]:
-    return tuple((d.uuid, d.index, d.type, d.cores, d.memory) for d in node.devices)
-
-
-_Writer = Callable[[_CardText, Card, Usage], str]
-# Per family of CARD_FAMILIES, in order: a card's line.
+_Writer = Callable[[str, Card, Usage], str]
+# Per family of CARD_FAMILIES, in order: a card's line, given the labels every family's
+# lines share (``device_type``, ``device_uuid`` and ``node``). Label names go in sorted order,
+# as prometheus_client writes them.
 _WRITERS: tuple[_Writer, ...] = (
-    lambda text, card, usage: text.static_lines[0],
-    lambda text, card, usage: text.static_lines[1],
-    lambda text, card, usage: (f"hami_gpu_memory_allocated_bytes{text.with_cores} "
-                               f"{_number(usage.memory * MIB)}\n"),
-    lambda text, card, usage: f"hami_gpu_shared_count{text.card} {_number(usage.tenants)}\n",
-    lambda text, card, usage: (f"hami_gpu_core_allocated_ratio{text.card} "
-                               f"{_number(usage.cores)}\n"),
-    lambda text, card, usage: (f"hami_node_gpu_overview{text.described} "
-                               f"{_number(usage.memory * MIB)}\n"),
-    lambda text, card, usage: (f"hami_node_gpu_memory_allocated_ratio{text.card} "
-                               f"{_number(usage.memory / card.memory)}\n"
-                               if card.memory > 0 else ""),
-    lambda text, card, usage: f"pyhami_gpu_healthy{text.own} {_number(int(card.health))}\n",
+    lambda shared, card, usage: (
+        f'hami_gpu_memory_limit_bytes{{device_index="{card.index}",{shared},'
+        f'zone="{HAMI_ZONE}"}} {_number(card.memory * MIB)}\n'),
+    lambda shared, card, usage: (
+        f'hami_gpu_core_limit_ratio{{device_index="{card.index}",{shared},'
+        f'zone="{HAMI_ZONE}"}} {_number(card.cores)}\n'),
+    lambda shared, card, usage: (
+        f'hami_gpu_memory_allocated_bytes{{device_cores="{card.cores}",'
+        f'device_index="{card.index}",{shared},zone="{HAMI_ZONE}"}} '
+        f'{_number(usage.memory * MIB)}\n'),
+    lambda shared, card, usage: (
+        f'hami_gpu_shared_count{{device_index="{card.index}",{shared},'
+        f'zone="{HAMI_ZONE}"}} {_number(usage.tenants)}\n'),
+    lambda shared, card, usage: (
+        f'hami_gpu_core_allocated_ratio{{device_index="{card.index}",{shared},'
+        f'zone="{HAMI_ZONE}"}} {_number(usage.cores)}\n'),
+    lambda shared, card, usage: (
+        f'hami_node_gpu_overview{{device_cores="{card.cores}",device_index="{card.index}",'
+        f'device_memory_limit="{card.memory}",{shared},zone="{HAMI_ZONE}"}} '
+        f'{_number(usage.memory * MIB)}\n'),
+    lambda shared, card, usage: (
+        f'hami_node_gpu_memory_allocated_ratio{{device_index="{card.index}",{shared},'
+        f'zone="{HAMI_ZONE}"}} {_number(usage.memory / card.memory)}\n'
+        if card.memory > 0 else ""),
+    lambda shared, card, usage: (
+        f'pyhami_gpu_healthy{{device_index="{card.index}",{shared}}} '
+        f'{_number(int(card.health))}\n'),
 )
 
 
@@ -179,41 +162,29 @@ class CardGauges:
     the whole text at once.
 
     Written here rather than through prometheus_client's collectors, which took 5 s of the
-    event loop and 170 MB for the 320,000 samples of 5,000 nodes of 8 cards. A card's label
-    sets are kept while the fields they show stay the same. The lines are the same in the
-    classic text format and OpenMetrics."""
+    event loop and 170 MB for the 320,000 samples of 5,000 nodes of 8 cards. The lines are
+    the same in the classic text format and OpenMetrics."""
 
     def __init__(self, fleet: Callable[[], Fleet], cards_per_piece: int = 2000) -> None:
         self._fleet = fleet
         self._cards_per_piece = cards_per_piece
-        self._kept: dict[str, tuple[tuple[object, ...], list[_CardText]]] = {}
-
-    def _cards(self, node: Node) -> list[_CardText]:
-        key = _static_key(node)
-        kept = self._kept.get(node.name)
-        if kept is not None and kept[0] == key:
-            return kept[1]
-        cards = [_CardText.of(node.name, device) for device in node.devices]
-        self._kept[node.name] = (key, cards)
-        return cards
 
     def pieces(self) -> Iterator[str]:
         """The text, a family's header or its lines for a few thousand cards at a time; the
         fleet as it was at the first piece."""
         fleet = self._fleet()
-        nodes = list(fleet.nodes())
-        cards = [(card, text, fleet.usage(node.name, card.uuid))
-                 for node in nodes
-                 for card, text in zip(node.devices, self._cards(node), strict=True)]
-        if len(self._kept) > len(nodes):  # nodes forgotten since
-            names = {node.name for node in nodes}
-            self._kept = {name: kept for name, kept in self._kept.items() if name in names}
+        cards: list[tuple[str, Card, Usage]] = []
+        for node in fleet.nodes():
+            name = _escaped(node.name)
+            cards.extend((f'device_type="{_escaped(card.type)}",'
+                          f'device_uuid="{_escaped(card.uuid)}",node="{name}"',
+                          card, fleet.usage(node.name, card.uuid)) for card in node.devices)
         step = self._cards_per_piece
-        for (name, documentation), write in zip(CARD_FAMILIES, _WRITERS, strict=True):
-            yield f"# HELP {name} {documentation}\n# TYPE {name} gauge\n"
+        for (family, documentation), write in zip(CARD_FAMILIES, _WRITERS, strict=True):
+            yield f"# HELP {family} {documentation}\n# TYPE {family} gauge\n"
             for start in range(0, len(cards), step):
-                yield "".join([write(text, card, usage)
-                               for card, text, usage in cards[start:start + step]])
+                yield "".join([write(shared, card, usage)
+                               for shared, card, usage in cards[start:start + step]])
 
     def text(self) -> str:
         return "".join(self.pieces())
