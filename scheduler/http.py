@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 from aiohttp import hdrs, web
@@ -14,6 +14,7 @@ from common.files import InputFileError, parse_pod_manifest
 from scheduler.bodies import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT, read_body
 from scheduler.protocol import (
     ExtenderArgs,
+    ExtenderArgsDecoder,
     ExtenderBindingArgs,
     ExtenderFilterResult,
     ExtenderPreemptionArgs,
@@ -24,9 +25,9 @@ from scheduler.protocol import (
 from scheduler.service import SchedulerService
 
 Args = TypeVar("Args")
+Args_co = TypeVar("Args_co", covariant=True)
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
-_args = msgspec.json.Decoder(ExtenderArgs)
 _binding_args = msgspec.json.Decoder(ExtenderBindingArgs)
 _preemption_args = msgspec.json.Decoder(ExtenderPreemptionArgs)
 _encoder = msgspec.json.Encoder()
@@ -41,7 +42,11 @@ def _json(value: object) -> web.Response:
     return web.Response(body=_encoder.encode(value), content_type=JSON)
 
 
-def _verb(decoder: msgspec.json.Decoder[Args], what: str, check: Callable[[Args], None],
+class Decoder(Protocol[Args_co]):
+    def decode(self, body: bytes, /) -> Args_co: ...
+
+
+def _verb(decoder: Decoder[Args], what: str, check: Callable[[Args], None],
           answer: Callable[[Args], Awaitable[object]],
           refusal: Callable[[], str | None]) -> Handler:
     """A POST handler: decode the body as ``what`` and ``check`` its names, answer as JSON;
@@ -70,7 +75,7 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
 
     async def answer_at_once(args: ExtenderArgs) -> ExtenderFilterResult:
         """Decodes like /filter and answers at once: the HTTP floor for benchmarks."""
-        return ExtenderFilterResult(node_names=(args.node_names or [])[:1])
+        return ExtenderFilterResult(node_names=list((args.node_names or ())[:1]))
 
     async def explain(request: web.Request) -> web.Response:
         # ?node=NAME (repeated) offers only those nodes, as a /filter with NodeNames would.
@@ -87,14 +92,15 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         return _json(service.status())
 
     prefix = url_prefix.rstrip("/")
+    args = ExtenderArgsDecoder()
     # Handlers read through read_body with their own limit; this bounds any other reader.
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     app.add_routes([
         web.post(f"{prefix}/filter",
-                 _verb(_args, "ExtenderArgs", check_extender_args, service.filter,
+                 _verb(args, "ExtenderArgs", check_extender_args, service.filter,
                        service.refusal)),
         web.post(f"{prefix}/prioritize",
-                 _verb(_args, "ExtenderArgs", check_extender_args, service.prioritize,
+                 _verb(args, "ExtenderArgs", check_extender_args, service.prioritize,
                        service.refusal)),
         web.post(f"{prefix}/bind",
                  _verb(_binding_args, "ExtenderBindingArgs", check_binding_args, service.bind,
@@ -109,7 +115,7 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
     ])
     if noop:
         app.add_routes([web.post(f"{prefix}/noop",
-                                 _verb(_args, "ExtenderArgs", check_extender_args,
+                                 _verb(args, "ExtenderArgs", check_extender_args,
                                        answer_at_once, lambda: None))])
     return app
 

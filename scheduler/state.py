@@ -95,7 +95,7 @@ class LiveState:
         self._known_version = 0
         self._first_heard: dict[str, float] = {}
         self._stale: set[str] = set()
-        self._last_asked: tuple[list[str], frozenset[str]] = ([], frozenset())
+        self._last_asked: tuple[tuple[str, ...], frozenset[str]] = ((), frozenset())
         self._last_unknown: tuple[frozenset[str] | None, int, frozenset[str]] = (
             None, -1, frozenset())
         self._cluster_cordons: dict[str, frozenset[str]] = {}
@@ -341,11 +341,13 @@ class LiveState:
 
     def _asked(self, node_names: Collection[str] | None) -> frozenset[str]:
         """The node names as a set; kube-scheduler sends the same list call after call,
-        so the last one is kept rather than hashed again."""
+        so the last one is kept rather than hashed again (a tuple, unchangeable, is known
+        again by its identity: ``ExtenderArgsDecoder`` gives the same one again)."""
         if node_names is None:
             return frozenset(self._known)
-        if node_names != self._last_asked[0]:
-            self._last_asked = (list(node_names), frozenset(node_names))
+        names = tuple(node_names)  # a tuple itself, not a copy
+        if names is not self._last_asked[0] and names != self._last_asked[0]:
+            self._last_asked = (names, frozenset(names))
         return self._last_asked[1]
 
     def _unknown(self, asked: frozenset[str]) -> frozenset[str]:
