@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -131,6 +132,31 @@ async def server_side(metrics_url: str) -> dict[str, float]:
             for verb in ("filter", "bind") if sums.get(f"{verb}_count")}
 
 
+def daemon_memory(pid: int) -> dict[str, float | None]:
+    """The daemon's resident memory now and at its peak, from /proc (None elsewhere)."""
+    fields = {"VmRSS:": "daemon_rss_mb", "VmHWM:": "daemon_peak_rss_mb"}
+    memory: dict[str, float | None] = dict.fromkeys(fields.values())
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return memory
+    for line in lines:
+        key, *value = line.split()
+        if key in fields:
+            memory[fields[key]] = round(int(value[0]) / 1024, 1)  # reported in kB
+    return memory
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user and system) the process has used so far, from /proc (None elsewhere)."""
+    try:
+        # The fields after the command's name, which is in parentheses and may hold spaces.
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         server = LocalNatsServer(extra_args=["-js", "-sd", str(Path(scratch) / "js")])
@@ -143,8 +169,9 @@ async def run(args: argparse.Namespace) -> int:
              "--resync-wait", "0.1",
              "--log-level", "warning", "--noop-endpoint", "--no-pending-loop"])
         try:
-            result = await measure(args, f"http://127.0.0.1:{port}", server.url)
+            result = await measure(args, f"http://127.0.0.1:{port}", server.url, daemon.pid)
             result.update(await server_side(f"http://127.0.0.1:{metrics_port}/metrics"))
+            result.update(daemon_memory(daemon.pid))
         finally:
             daemon.terminate()
             daemon.wait(timeout=30)
@@ -153,7 +180,8 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def measure(args: argparse.Namespace, url: str, nats_url: str) -> dict[str, Any]:
+async def measure(args: argparse.Namespace, url: str, nats_url: str,
+                  daemon_pid: int) -> dict[str, Any]:
     client = await nats.connect(nats_url)
     reports = {f"node-{i:05d}": Report(f"node-{i:05d}", "bench", 3600.0)
                for i in range(args.nodes)}
@@ -206,6 +234,7 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str) -> dict[str
         pods_per_s = args.pods / (time.perf_counter() - started)
 
         ingested_before = await accepted_inventories(http, url)
+        cpu_before = cpu_seconds(daemon_pid)
         started = time.perf_counter()
         report_list = list(reports.values())
         for n in range(args.updates):
@@ -223,6 +252,7 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str) -> dict[str
 
         await wait_for(all_updates, "every inventory update")
         ingest_s = time.perf_counter() - started
+        cpu_after = cpu_seconds(daemon_pid)
     await client.close()
     return {
         "nodes": args.nodes, "cards": args.nodes * 8,
@@ -235,4 +265,7 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str) -> dict[str
         "noop_p99_ms": round(percentile(noop, 0.99) * 1e3, 3),
         "ingest_messages_per_s": round(args.updates / ingest_s, 1),
         "ingest_cards_per_s": round(args.updates * 8 / ingest_s, 1),
+        # The daemon's own cost, apart from the publisher and nats-server beside it.
+        "ingest_cards_per_daemon_cpu_s": None if cpu_before is None or cpu_after is None
+        or cpu_after <= cpu_before else round(args.updates * 8 / (cpu_after - cpu_before), 1),
     }

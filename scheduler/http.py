@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
-from aiohttp import web
-from prometheus_client.aiohttp import make_aiohttp_handler
+from aiohttp import hdrs, web
 
 from common.core.names import InvalidName, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
 from scheduler.bodies import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT, read_body
 from scheduler.protocol import (
     ExtenderArgs,
+    ExtenderArgsDecoder,
     ExtenderBindingArgs,
     ExtenderFilterResult,
     ExtenderPreemptionArgs,
@@ -24,9 +25,9 @@ from scheduler.protocol import (
 from scheduler.service import SchedulerService
 
 Args = TypeVar("Args")
+Args_co = TypeVar("Args_co", covariant=True)
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
-_args = msgspec.json.Decoder(ExtenderArgs)
 _binding_args = msgspec.json.Decoder(ExtenderBindingArgs)
 _preemption_args = msgspec.json.Decoder(ExtenderPreemptionArgs)
 _encoder = msgspec.json.Encoder()
@@ -41,7 +42,11 @@ def _json(value: object) -> web.Response:
     return web.Response(body=_encoder.encode(value), content_type=JSON)
 
 
-def _verb(decoder: msgspec.json.Decoder[Args], what: str, check: Callable[[Args], None],
+class Decoder(Protocol[Args_co]):
+    def decode(self, body: bytes, /) -> Args_co: ...
+
+
+def _verb(decoder: Decoder[Args], what: str, check: Callable[[Args], None],
           answer: Callable[[Args], Awaitable[object]],
           refusal: Callable[[], str | None]) -> Handler:
     """A POST handler: decode the body as ``what`` and ``check`` its names, answer as JSON;
@@ -70,7 +75,7 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
 
     async def answer_at_once(args: ExtenderArgs) -> ExtenderFilterResult:
         """Decodes like /filter and answers at once: the HTTP floor for benchmarks."""
-        return ExtenderFilterResult(node_names=(args.node_names or [])[:1])
+        return ExtenderFilterResult(node_names=list((args.node_names or ())[:1]))
 
     async def explain(request: web.Request) -> web.Response:
         # ?node=NAME (repeated) offers only those nodes, as a /filter with NodeNames would.
@@ -87,14 +92,15 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         return _json(service.status())
 
     prefix = url_prefix.rstrip("/")
+    args = ExtenderArgsDecoder()
     # Handlers read through read_body with their own limit; this bounds any other reader.
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     app.add_routes([
         web.post(f"{prefix}/filter",
-                 _verb(_args, "ExtenderArgs", check_extender_args, service.filter,
+                 _verb(args, "ExtenderArgs", check_extender_args, service.filter,
                        service.refusal)),
         web.post(f"{prefix}/prioritize",
-                 _verb(_args, "ExtenderArgs", check_extender_args, service.prioritize,
+                 _verb(args, "ExtenderArgs", check_extender_args, service.prioritize,
                        service.refusal)),
         web.post(f"{prefix}/bind",
                  _verb(_binding_args, "ExtenderBindingArgs", check_binding_args, service.bind,
@@ -109,7 +115,7 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
     ])
     if noop:
         app.add_routes([web.post(f"{prefix}/noop",
-                                 _verb(_args, "ExtenderArgs", check_extender_args,
+                                 _verb(args, "ExtenderArgs", check_extender_args,
                                        answer_at_once, lambda: None))])
     return app
 
@@ -138,9 +144,21 @@ def metrics_app(service: SchedulerService) -> web.Application:
     format otherwise, gzip when accepted. ``/healthz`` and ``/readyz`` too: the kubelet's
     probes come here, as they cannot present the client certificate a mutual-TLS extender
     asks for."""
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        content_type, pieces = service.metrics.pieces(
+            ",".join(request.headers.getall(hdrs.ACCEPT, [])))
+        response = web.StreamResponse(headers={hdrs.CONTENT_TYPE: content_type})
+        response.enable_compression()  # when the scraper accepts it
+        await response.prepare(request)
+        for piece in pieces:
+            await response.write(piece)
+            await asyncio.sleep(0)  # /filter and the agents' messages get their turn
+        await response.write_eof()
+        return response
+
     app = web.Application()
-    app.add_routes([web.get("/metrics", make_aiohttp_handler(service.metrics.registry)),
-                    *health_routes(service)])
+    app.add_routes([web.get("/metrics", metrics), *health_routes(service)])
     return app
 
 

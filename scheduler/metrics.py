@@ -11,13 +11,17 @@ import platform
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import get_args
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from common.core import Fleet
+from common.core import Fleet, Usage
+from common.core.model import Card
 from common.messaging import Connection, Unsent
 from common.version import package_version
 
@@ -41,6 +45,7 @@ PREEMPTION_RESULTS = (("daemon", "evicted"), ("daemon", "failed"),
 """evicted: victims deleted; failed: a deletion refused; answered: victims named to
 kube-scheduler; none: no node where lower-priority pods could make room."""
 UNSENT_REASONS: tuple[Unsent, ...] = get_args(Unsent)
+OPENMETRICS_END = b"# EOF\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,50 +70,14 @@ def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamil
 
 
 class HamiCollector(Collector):
-    """The gauges of HAMi's scheduler (its ``cmd/scheduler/metrics.go``), legacy names off:
-    per card from the fleet, per container from the ledger."""
+    """HAMi's per-container gauges (its ``cmd/scheduler/metrics.go``), legacy names off; its
+    per-card ones are ``CardGauges``."""
 
     def __init__(self, fleet: Callable[[], Fleet]) -> None:
         self._fleet = fleet
 
     def collect(self) -> Iterable[Metric]:
-        memory_limit = _gauge("hami_gpu_memory_limit_bytes",
-                              "Device memory limit for a certain GPU", HAMI_CARD_LABELS)
-        core_limit = _gauge("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU",
-                            HAMI_CARD_LABELS)
-        memory_allocated = _gauge(
-            "hami_gpu_memory_allocated_bytes", "Device memory allocated for a certain GPU",
-            ["node", "device_uuid", "device_index", "device_cores", "device_type", "zone"])
-        shared = _gauge("hami_gpu_shared_count", "Number of containers sharing this GPU",
-                        HAMI_CARD_LABELS)
-        core_allocated = _gauge("hami_gpu_core_allocated_ratio",
-                                "Device core allocated for a certain GPU", HAMI_CARD_LABELS)
-        overview = _gauge(
-            "hami_node_gpu_overview", "GPU overview on a certain node",
-            ["node", "device_uuid", "device_index", "device_cores", "device_memory_limit",
-             "device_type", "zone"])
-        memory_ratio = _gauge("hami_node_gpu_memory_allocated_ratio",
-                              "GPU Memory Allocated Percentage on a certain GPU",
-                              HAMI_CARD_LABELS)
-        fleet = self._fleet()
-        for node in fleet.nodes():
-            for device in node.devices:
-                usage = fleet.usage(node.name, device.uuid)
-                index, cores, type_ = str(device.index), str(device.cores), device.type
-                card = [node.name, device.uuid, index, type_, HAMI_ZONE]
-                memory_limit.add_metric(card, device.memory * MIB)
-                core_limit.add_metric(card, device.cores)
-                memory_allocated.add_metric(
-                    [node.name, device.uuid, index, cores, type_, HAMI_ZONE], usage.memory * MIB)
-                shared.add_metric(card, usage.tenants)
-                core_allocated.add_metric(card, usage.cores)
-                overview.add_metric([node.name, device.uuid, index, cores, str(device.memory),
-                                     type_, HAMI_ZONE], usage.memory * MIB)
-                if device.memory > 0:
-                    memory_ratio.add_metric(card, usage.memory / device.memory)
-        yield from (memory_limit, core_limit, memory_allocated, shared, core_allocated,
-                    overview, memory_ratio)
-        yield from self._containers(fleet)
+        yield from self._containers(self._fleet())
 
     @staticmethod
     def _containers(fleet: Fleet) -> Iterator[Metric]:
@@ -127,6 +96,98 @@ class HamiCollector(Collector):
                     memory.add_metric(series, grant.memory * MIB)
                     cores.add_metric(series, grant.cores)
         yield from (memory, cores)
+
+
+CARD_FAMILIES = (
+    ("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU"),
+    ("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU"),
+    ("hami_gpu_memory_allocated_bytes", "Device memory allocated for a certain GPU"),
+    ("hami_gpu_shared_count", "Number of containers sharing this GPU"),
+    ("hami_gpu_core_allocated_ratio", "Device core allocated for a certain GPU"),
+    ("hami_node_gpu_overview", "GPU overview on a certain node"),
+    ("hami_node_gpu_memory_allocated_ratio", "GPU Memory Allocated Percentage on a certain GPU"),
+    ("pyhami_gpu_healthy", "1 while the node's agent reports the card healthy"),
+)
+
+
+def _escaped(value: str) -> str:
+    """A label value as both exposition formats write it."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+@lru_cache(maxsize=4096)
+def _number(value: float) -> str:
+    written: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return written
+
+
+_Writer = Callable[[str, Card, Usage], str]
+# Per family of CARD_FAMILIES, in order: a card's line, given the labels every family's
+# lines share (``device_type``, ``device_uuid`` and ``node``). Label names go in sorted order,
+# as prometheus_client writes them.
+_WRITERS: tuple[_Writer, ...] = (
+    lambda shared, card, usage: (
+        f'hami_gpu_memory_limit_bytes{{device_index="{card.index}",{shared},'
+        f'zone="{HAMI_ZONE}"}} {_number(card.memory * MIB)}\n'),
+    lambda shared, card, usage: (
+        f'hami_gpu_core_limit_ratio{{device_index="{card.index}",{shared},'
+        f'zone="{HAMI_ZONE}"}} {_number(card.cores)}\n'),
+    lambda shared, card, usage: (
+        f'hami_gpu_memory_allocated_bytes{{device_cores="{card.cores}",'
+        f'device_index="{card.index}",{shared},zone="{HAMI_ZONE}"}} '
+        f'{_number(usage.memory * MIB)}\n'),
+    lambda shared, card, usage: (
+        f'hami_gpu_shared_count{{device_index="{card.index}",{shared},'
+        f'zone="{HAMI_ZONE}"}} {_number(usage.tenants)}\n'),
+    lambda shared, card, usage: (
+        f'hami_gpu_core_allocated_ratio{{device_index="{card.index}",{shared},'
+        f'zone="{HAMI_ZONE}"}} {_number(usage.cores)}\n'),
+    lambda shared, card, usage: (
+        f'hami_node_gpu_overview{{device_cores="{card.cores}",device_index="{card.index}",'
+        f'device_memory_limit="{card.memory}",{shared},zone="{HAMI_ZONE}"}} '
+        f'{_number(usage.memory * MIB)}\n'),
+    lambda shared, card, usage: (
+        f'hami_node_gpu_memory_allocated_ratio{{device_index="{card.index}",{shared},'
+        f'zone="{HAMI_ZONE}"}} {_number(usage.memory / card.memory)}\n'
+        if card.memory > 0 else ""),
+    lambda shared, card, usage: (
+        f'pyhami_gpu_healthy{{device_index="{card.index}",{shared}}} '
+        f'{_number(int(card.health))}\n'),
+)
+
+
+class CardGauges:
+    """The per-card gauges (HAMi's, and ``pyhami_gpu_healthy``) as exposition text, in
+    pieces of a few thousand cards, so that a scrape need neither hold the event loop nor
+    the whole text at once.
+
+    Written here rather than through prometheus_client's collectors, which took 5 s of the
+    event loop and 170 MB for the 320,000 samples of 5,000 nodes of 8 cards. The lines are
+    the same in the classic text format and OpenMetrics."""
+
+    def __init__(self, fleet: Callable[[], Fleet], cards_per_piece: int = 2000) -> None:
+        self._fleet = fleet
+        self._cards_per_piece = cards_per_piece
+
+    def pieces(self) -> Iterator[str]:
+        """The text, a family's header or its lines for a few thousand cards at a time; the
+        fleet as it was at the first piece."""
+        fleet = self._fleet()
+        cards: list[tuple[str, Card, Usage]] = []
+        for node in fleet.nodes():
+            name = _escaped(node.name)
+            cards.extend((f'device_type="{_escaped(card.type)}",'
+                          f'device_uuid="{_escaped(card.uuid)}",node="{name}"',
+                          card, fleet.usage(node.name, card.uuid)) for card in node.devices)
+        step = self._cards_per_piece
+        for (family, documentation), write in zip(CARD_FAMILIES, _WRITERS, strict=True):
+            yield f"# HELP {family} {documentation}\n# TYPE {family} gauge\n"
+            for start in range(0, len(cards), step):
+                yield "".join([write(shared, card, usage)
+                               for shared, card, usage in cards[start:start + step]])
+
+    def text(self) -> str:
+        return "".join(self.pieces())
 
 
 class DaemonCollector(Collector):
@@ -161,18 +222,11 @@ class DaemonCollector(Collector):
                           ["node"])
         for name, yes in sorted(self._sources.slices_enforced().items()):
             enforced.add_metric([name], 1.0 if yes else 0.0)
-        healthy = _gauge("pyhami_gpu_healthy", "1 while the node's agent reports the card healthy",
-                         CARD_LABELS)
-        fleet = self._sources.fleet()
-        for node in fleet.nodes():
-            for device in node.devices:
-                healthy.add_metric([node.name, device.uuid, str(device.index), device.type],
-                                   1.0 if device.health else 0.0)
         orphans = GaugeMetricFamily(
             "pyhami_allocations_on_vanished_cards",
             "Cards still holding allocations that their node no longer reports")
-        orphans.add_metric([], len(fleet.orphans()))
-        yield from (build, ready, leader, heard, stale, enforced, healthy, orphans)
+        orphans.add_metric([], len(self._sources.fleet().orphans()))
+        yield from (build, ready, leader, heard, stale, enforced, orphans)
 
 
 class ConnectionCollector(Collector):
@@ -198,6 +252,7 @@ class ConnectionCollector(Collector):
 class Metrics:
     def __init__(self, sources: Sources) -> None:
         self.registry = CollectorRegistry()
+        self.cards = CardGauges(sources.fleet)
         self.registry.register(HamiCollector(sources.fleet))
         self.registry.register(DaemonCollector(sources))
         self.filter_duration = Histogram("pyhami_filter_duration_seconds",
@@ -242,4 +297,19 @@ class Metrics:
 
     def exposition(self) -> bytes:
         """The classic text format (tests and tools that read it directly)."""
-        return generate_latest(self.registry)
+        return b"".join(self.pieces("")[1])
+
+    def pieces(self, accept: str) -> tuple[str, Iterator[bytes]]:
+        """Every metric in the format ``accept`` (an Accept header) asks for, OpenMetrics
+        when it names it, the classic text format otherwise: its content type, and the text
+        in pieces to send one after the other."""
+        encoder, content_type = choose_encoder(accept)
+
+        def pieces() -> Iterator[bytes]:
+            rest = encoder(self.registry)
+            end = OPENMETRICS_END if rest.endswith(OPENMETRICS_END) else b""
+            for piece in self.cards.pieces():
+                yield piece.encode()
+            yield rest[:len(rest) - len(end)] + end  # the cards' lines go before the end mark
+
+        return content_type, pieces()

@@ -5,6 +5,7 @@ The JSON keys are the Go field names, since those types carry no json tags.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 import msgspec
@@ -36,7 +37,49 @@ class ExtenderArgs(msgspec.Struct, rename={"pod": "Pod", "nodes": "Nodes",
                                           "node_names": "NodeNames"}):
     pod: PodManifest
     nodes: NodeList | None = None
-    node_names: Annotated[list[str], msgspec.Meta(max_length=NODES_MAX)] | None = None
+    node_names: Sequence[str] | None = None
+    """As ``ExtenderArgsDecoder`` reads it, a tuple."""
+
+
+NodeNames = Annotated[tuple[str, ...], msgspec.Meta(max_length=NODES_MAX)] | None
+_NO_NAMES = msgspec.Raw(b"null")
+
+
+class _ExtenderArgsSent(msgspec.Struct, rename={"pod": "Pod", "nodes": "Nodes"}):
+    pod: PodManifest
+    nodes: NodeList | None = None
+    node_names: msgspec.Raw = msgspec.field(default=_NO_NAMES, name="NodeNames")
+
+
+class ExtenderArgsDecoder:
+    """Reads ExtenderArgs from JSON. kube-scheduler sends the same NodeNames call after
+    call (every node, with ``nodeCacheCapable``): while their bytes are the same as last
+    time's, the tuple decoded then is given again, the same object, so that neither the
+    decoding nor a comparison of thousands of names is done again."""
+
+    def __init__(self) -> None:
+        self._sent = msgspec.json.Decoder(_ExtenderArgsSent)
+        self._names = msgspec.json.Decoder(NodeNames)
+        self._last: tuple[msgspec.Raw, tuple[str, ...] | None] = (_NO_NAMES, None)
+
+    def decode(self, body: bytes) -> ExtenderArgs:
+        """Raises ``msgspec.DecodeError`` naming what is wrong, ``$.NodeNames`` included."""
+        sent = self._sent.decode(body)
+        raw, names = self._last
+        if sent.node_names != raw:
+            try:
+                names = self._names.decode(sent.node_names)
+            except msgspec.ValidationError as error:
+                raise msgspec.ValidationError(_under_node_names(str(error))) from None
+            self._last = (sent.node_names, names)
+        return ExtenderArgs(pod=sent.pod, nodes=sent.nodes, node_names=names)
+
+
+def _under_node_names(message: str) -> str:
+    """A message about the NodeNames value alone, with its path from the body's root."""
+    if " - at `$" in message:
+        return message.replace(" - at `$", " - at `$.NodeNames", 1)
+    return f"{message} - at `$.NodeNames`"
 
 
 class ExtenderFilterResult(msgspec.Struct, rename="pascal"):

@@ -76,6 +76,10 @@ class IngestResult:
     of the agent's last one."""
 
 
+def _uuids(node: Node) -> list[str]:
+    return [device.uuid for device in node.devices]
+
+
 class LiveState:
     def __init__(self, *, node_timeout: float, reservation_ttl: float,
                  node_retention: float | None = None) -> None:
@@ -91,7 +95,7 @@ class LiveState:
         self._known_version = 0
         self._first_heard: dict[str, float] = {}
         self._stale: set[str] = set()
-        self._last_asked: tuple[list[str], frozenset[str]] = ([], frozenset())
+        self._last_asked: tuple[tuple[str, ...], frozenset[str]] = ((), frozenset())
         self._last_unknown: tuple[frozenset[str] | None, int, frozenset[str]] = (
             None, -1, frozenset())
         self._cluster_cordons: dict[str, frozenset[str]] = {}
@@ -142,12 +146,18 @@ class LiveState:
             self._first_heard[inventory.node] = now
         before = self._reported.get(inventory.node)
         self._reported[inventory.node] = reported = inventory.to_node()
-        if reported != before:
+        # Most messages list the cards of the node's previous one (a change of use, health
+        # or processes): none can have left, and the card-to-node map needs no entry dropped.
+        same_cards = before is not None and _uuids(before) == _uuids(reported)
+        if same_cards:
+            for device in reported.devices:
+                self._card_node[device.uuid] = reported.name
+        else:
             self._record_card_nodes(before, reported)
         node = self._with_cluster_cordons(reported)
         if not was_stale and node == self.fleet.node(node.name):
             return IngestResult(accepted=True)  # a heartbeat: nothing changed
-        vanished = self._vanished(node)
+        vanished = {} if same_cards else self._vanished(node)
         self.fleet.upsert_node(node)
         return IngestResult(accepted=True, vanished=vanished, news=True, back_after=back_after)
 
@@ -331,11 +341,13 @@ class LiveState:
 
     def _asked(self, node_names: Collection[str] | None) -> frozenset[str]:
         """The node names as a set; kube-scheduler sends the same list call after call,
-        so the last one is kept rather than hashed again."""
+        so the last one is kept rather than hashed again (a tuple, unchangeable, is known
+        again by its identity: ``ExtenderArgsDecoder`` gives the same one again)."""
         if node_names is None:
             return frozenset(self._known)
-        if node_names != self._last_asked[0]:
-            self._last_asked = (list(node_names), frozenset(node_names))
+        names = tuple(node_names)  # a tuple itself, not a copy
+        if names is not self._last_asked[0] and names != self._last_asked[0]:
+            self._last_asked = (names, frozenset(names))
         return self._last_asked[1]
 
     def _unknown(self, asked: frozenset[str]) -> frozenset[str]:

@@ -33,9 +33,11 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 SmallCount = Annotated[int, msgspec.Meta(ge=0, le=CARD_COUNT_MAX)]
 NumaId = Annotated[int, msgspec.Meta(ge=-1, le=CARD_COUNT_MAX)]
 MemoryMiB = Annotated[int, msgspec.Meta(ge=0, le=CARD_MEMORY_MAX_MIB)]
-# The allocation annotation separates cards with ':' and fields with ','; a UUID holds neither.
-Uuid = Annotated[str, msgspec.Meta(min_length=1, max_length=UUID_MAX,
-                                   pattern=r"^[A-Za-z0-9._/-]+$")]
+UUID_CHARACTERS = "A-Za-z0-9._/-"
+"""A card UUID's characters, as the inside of a regex's character class: the allocation
+annotation separates cards with ':' and fields with ','; a UUID holds neither."""
+UUID_PATTERN = f"^[{UUID_CHARACTERS}]+$"
+Uuid = Annotated[str, msgspec.Meta(min_length=1, max_length=UUID_MAX, pattern=UUID_PATTERN)]
 CardType = Annotated[str, msgspec.Meta(max_length=TYPE_MAX)]
 # A peer is only looked up among the node's cards: its length is bounded, not its alphabet.
 PeerUuid = Annotated[str, msgspec.Meta(max_length=UUID_MAX)]

@@ -45,6 +45,9 @@ class Reactions(Room):
         super().__init__(shared, metrics, reports)
         self._followed_cluster = False
         self._refusals = RateLimitedLog(shared.clock, logger)
+        # Looked up once: every inventory message counts one of these.
+        self._accepted = metrics.inventory.labels("accepted")
+        self._out_of_order = metrics.inventory.labels("out_of_order")
 
     async def rebuild(self) -> None:
         """Rebuild the ledger from the pods' allocation annotations, then answer /filter.
@@ -109,9 +112,9 @@ class Reactions(Room):
             self._refuse_inventory("sequence_jump", f"inventory refused: {result.jump}")
             return None
         if not result.accepted:
-            self.metrics.inventory.labels("out_of_order").inc()
+            self._out_of_order.inc()
             return None
-        self.metrics.inventory.labels("accepted").inc()
+        self._accepted.inc()
         self.shared.inventory_accepted += 1
         if not result.news:
             return inventory, set()

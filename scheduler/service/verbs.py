@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Literal
 
 from common.core import (
@@ -109,7 +109,7 @@ class Verbs(Room):
             if args.nodes else []
         return ExtenderFilterResult(nodes={"items": chosen}, failed_nodes=failed)
 
-    def _pass_through(self, args: ExtenderArgs, names: list[str]) -> ExtenderFilterResult:
+    def _pass_through(self, args: ExtenderArgs, names: Sequence[str]) -> ExtenderFilterResult:
         if args.node_names is not None:
             return ExtenderFilterResult(node_names=list(names))
         return ExtenderFilterResult(nodes={"items": list(args.nodes.items or [])}

@@ -144,6 +144,16 @@ def test_a_card_field_beyond_its_bound_is_refused_naming_the_field(
     assert path in str(error)
 
 
+@pytest.mark.parametrize("uuid", ["GPU b", "GPU-b,1", "GPU-\u00e9", "GPU-b\n"])
+def test_a_card_uuid_outside_its_characters_is_refused_naming_the_card(uuid: str) -> None:
+    document = msgspec.to_builtins(_inventory(CARDS))
+    document["cards"][1]["uuid"] = uuid
+    error = _refusal(document)
+    assert error.result == "rejected"
+    assert str(error) == ("malformed inventory message: Expected `str` matching regex "
+                          "'^[A-Za-z0-9._/-]+$' - at `$.cards[1].uuid`")
+
+
 def test_a_node_of_more_than_256_cards_or_cordons_is_refused() -> None:
     document = msgspec.to_builtins(_inventory(CARDS))
     document["cards"] = [dict(document["cards"][0], uuid=f"GPU-{i}", index=i)

@@ -154,6 +154,16 @@ def test_a_card_another_live_node_reports_is_refused_until_that_node_goes_stale(
     assert returning.conflict == "node 'a' lists card 'GPU-1', which live node 'b' reports"
 
 
+def test_a_node_that_reports_its_same_cards_again_holds_them_again() -> None:
+    state = LiveState(node_timeout=30, reservation_ttl=60)
+    assert state.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted
+    assert state.ingest(node_inventory("b", ["GPU-9", "GPU-1"]), now=31).accepted
+    # b is silent past the timeout in turn; a's cards, the same as before, are its again.
+    assert state.ingest(node_inventory("a", ["GPU-0", "GPU-1"], sequence=2), now=62).accepted
+    returning = state.ingest(node_inventory("b", ["GPU-9", "GPU-1"], sequence=2), now=63)
+    assert returning.conflict == "node 'b' lists card 'GPU-1', which live node 'a' reports"
+
+
 def test_a_card_a_node_stopped_reporting_is_free_for_another_node() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
     assert state.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted

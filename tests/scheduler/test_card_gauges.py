@@ -1,0 +1,110 @@
+"""The per-card gauges, written without prometheus_client's collectors, read as it would
+write them; a node's labels follow its inventory."""
+
+from __future__ import annotations
+
+import msgspec
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from common.core import Allocation, CardGrant, Fleet
+from common.core.model import Card, Node
+from scheduler.metrics import CARD_FAMILIES, CardGauges
+
+MIB = 1024 * 1024
+# A card model name may hold what the exposition formats escape.
+ODD_TYPE = 'NVIDIA "T4" \\ rev\nB'
+
+
+def _fleet() -> Fleet:
+    fleet = Fleet()
+    fleet.upsert_node(Node(name="a", devices=[
+        Card(uuid="GPU-a0", index=0, type="NVIDIA-A100", memory=81920),
+        Card(uuid="GPU-a1", index=1, type=ODD_TYPE, memory=15360, cores=50, health=False)]))
+    fleet.upsert_node(Node(name="b", devices=[
+        Card(uuid="GPU-b0", index=0, type="NVIDIA-A100", memory=0)]))
+    fleet.allocate("default/p", Allocation(node="a", containers=(
+        (CardGrant("GPU-a1", 3000, 30),), (CardGrant("GPU-a1", 1000, 10),))))
+    return fleet
+
+
+class Reference(Collector):
+    """The same gauges through prometheus_client, by hand: what the text must read as."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> list[Metric]:
+        families = {name: GaugeMetricFamily(name, documentation,
+                                            labels=["node", "device_uuid", "device_index",
+                                                    "device_type", "zone", "device_cores",
+                                                    "device_memory_limit"])
+                    for name, documentation in CARD_FAMILIES}
+        for node in self.fleet.nodes():
+            for card in node.devices:
+                usage = self.fleet.usage(node.name, card.uuid)
+                labels = [node.name, card.uuid, str(card.index), card.type, "vGPU", "", ""]
+                with_cores = [*labels[:5], str(card.cores), ""]
+                families["hami_gpu_memory_limit_bytes"].add_metric(labels, card.memory * MIB)
+                families["hami_gpu_core_limit_ratio"].add_metric(labels, card.cores)
+                families["hami_gpu_memory_allocated_bytes"].add_metric(with_cores,
+                                                                       usage.memory * MIB)
+                families["hami_gpu_shared_count"].add_metric(labels, usage.tenants)
+                families["hami_gpu_core_allocated_ratio"].add_metric(labels, usage.cores)
+                families["hami_node_gpu_overview"].add_metric(
+                    [*with_cores[:6], str(card.memory)], usage.memory * MIB)
+                if card.memory:
+                    families["hami_node_gpu_memory_allocated_ratio"].add_metric(
+                        labels, usage.memory / card.memory)
+                families["pyhami_gpu_healthy"].add_metric([*labels[:4], "", "", ""],
+                                                          1 if card.health else 0)
+        return list(families.values())
+
+
+def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    # Labels the reference leaves empty are absent from the series.
+    return [(sample.name, {k: v for k, v in sample.labels.items() if v}, sample.value)
+            for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def test_the_cards_text_reads_as_prometheus_client_would_write_it() -> None:
+    fleet = _fleet()
+    registry = CollectorRegistry()
+    registry.register(Reference(fleet))
+    expected = _samples(generate_latest(registry).decode())
+    assert _samples(CardGauges(lambda: fleet).text()) == expected
+    # Worked by hand: 4000 MiB of GPU-a1's 15360 taken by two containers.
+    assert ("hami_gpu_memory_allocated_bytes",
+            {"node": "a", "device_uuid": "GPU-a1", "device_index": "1", "device_cores": "50",
+             "device_type": ODD_TYPE, "zone": "vGPU"}, 4000.0 * MIB) in expected
+    assert ("hami_gpu_shared_count", {"node": "a", "device_uuid": "GPU-a1", "device_index": "1",
+                                      "device_type": ODD_TYPE, "zone": "vGPU"}, 2.0) in expected
+    # A card of no memory has no allocated ratio.
+    assert not any(name == "hami_node_gpu_memory_allocated_ratio" and labels["node"] == "b"
+                   for name, labels, _ in expected)
+
+
+def test_a_replaced_inventory_is_labelled_afresh_and_a_forgotten_node_leaves() -> None:
+    fleet = _fleet()
+    gauges = CardGauges(lambda: fleet)
+    gauges.text()
+    a = fleet.node("a")
+    assert a is not None
+    fleet.upsert_node(msgspec.structs.replace(
+        a, devices=[msgspec.structs.replace(a.devices[0], type="NVIDIA-H100")]))
+    fleet.remove_node("b")
+    samples = _samples(gauges.text())
+    assert {labels["device_uuid"] for _, labels, _ in samples} == {"GPU-a0"}
+    assert {labels["device_type"] for _, labels, _ in samples} == {"NVIDIA-H100"}
+
+
+def test_the_text_comes_in_pieces_of_at_most_the_cards_asked() -> None:
+    fleet = _fleet()
+    pieces = list(CardGauges(lambda: fleet, cards_per_piece=2).pieces())
+    # Per family: its header, then its 3 cards' lines in pieces of 2 and 1.
+    assert len(pieces) == len(CARD_FAMILIES) * 3
+    assert pieces[0].startswith("# HELP hami_gpu_memory_limit_bytes ")
+    assert [piece.count("\n") for piece in pieces[1:3]] == [2, 1]
+    assert "".join(pieces) == CardGauges(lambda: fleet).text()
