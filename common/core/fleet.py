@@ -86,6 +86,18 @@ def _static_signature(device: Card) -> tuple[object, ...]:
             device.count, device.numa, links)
 
 
+def _same_static(old: list[Card], new: list[Card]) -> bool:
+    """Whether two listings hold the same cards with the same static fields, in any order
+    (an agent lists them in the same order every time: compared in order first)."""
+    if len(old) == len(new) and all(
+        a.uuid == b.uuid and a.index == b.index and a.type == b.type and a.memory == b.memory
+        and a.cores == b.cores and a.count == b.count and a.numa == b.numa and a.links == b.links
+        for a, b in zip(old, new, strict=True)
+    ):
+        return True
+    return sorted(map(_static_signature, old)) == sorted(map(_static_signature, new))
+
+
 @dataclass(slots=True)
 class NodeTopology:
     """NVLink adjacency of one node's cards as bitmasks over their positions."""
@@ -334,9 +346,7 @@ class Fleet:
         self._nodes[node.name] = node
         if self._layout is None:
             return
-        if old is None or sorted(map(_static_signature, old.devices)) != sorted(
-            map(_static_signature, node.devices)
-        ):
+        if old is None or not _same_static(old.devices, node.devices):
             self._layout = None
             return
         cordon = cordoned_uuids(node)

@@ -68,6 +68,7 @@ class PodView:
                 ok[layout.uuid_positions.get(uuid, [])] = False
             self.uuid_ok = ok
         self._scores: FloatArray | None = None
+        self._run_scores: dict[tuple[int, int], list[float]] = {}
 
     def scores(self) -> FloatArray:
         """Every card's utilization score under the pod's weights (existing usage only)."""
@@ -85,10 +86,14 @@ class PodView:
 
     def card_scores(self, where: slice) -> list[float]:
         """The scores of a run of cards: from the fleet-wide pass when there was one,
-        else computed for just these cards (cheaper for one node)."""
+        else computed for just these cards (cheaper for one node), once per run."""
         if self._scores is not None:
             return self._scores[where].tolist()  # type: ignore[no-any-return]
-        return self.score_cards(where).tolist()  # type: ignore[no-any-return]
+        key = (where.start, where.stop)
+        scores = self._run_scores.get(key)
+        if scores is None:
+            scores = self._run_scores[key] = self.score_cards(where).tolist()
+        return scores
 
     def card_codes(
         self, request: ContainerRequest, where: slice | IntArray, extra: Extra | None = None
