@@ -52,10 +52,13 @@ class _ExtenderArgsSent(msgspec.Struct, rename={"pod": "Pod", "nodes": "Nodes"})
 
 
 class ExtenderArgsDecoder:
-    """Reads ExtenderArgs from JSON. kube-scheduler sends the same NodeNames call after
-    call (every node, with ``nodeCacheCapable``): while their bytes are the same as last
-    time's, the tuple decoded then is given again, the same object, so that neither the
-    decoding nor a comparison of thousands of names is done again."""
+    """Reads ExtenderArgs from JSON. While NodeNames's bytes are the same as last time's,
+    the tuple decoded then is given again, the same object, so that neither the decoding
+    nor a comparison of the names is done again. kube-scheduler sends the same list call
+    after call when it sends every node (clusters of up to 100 nodes, or
+    ``percentageOfNodesToScore: 100``); on larger clusters it sends a window of the nodes
+    that passes its own filters, starting one node further each time, and every list is
+    decoded."""
 
     def __init__(self) -> None:
         self._sent = msgspec.json.Decoder(_ExtenderArgsSent)
