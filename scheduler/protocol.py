@@ -57,7 +57,7 @@ class ExtenderArgsDecoder:
     nor a comparison of the names is done again. kube-scheduler sends the same list call
     after call when it sends every node (clusters of up to 100 nodes, or
     ``percentageOfNodesToScore: 100``); on larger clusters it sends a window of the nodes
-    that passes its own filters, starting one node further each time, and every list is
+    that pass its own filters, starting where its last search stopped, and every list is
     decoded."""
 
     def __init__(self) -> None:
