@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ from pyhami._controlplane import (
     binaries_dir,
     chart_scheduler_config,
     create_ready_node,
+    direct_opener,
     http_get,
     insecure_context,
     missing_binaries,
@@ -156,6 +158,28 @@ class BenchPlane(ApiServerPlane):
     chart_config: str = ""
     daemon_profile: Path | None = None
     extender_tls: bool = False
+    kube_scheduler_port: int = 0
+
+    def kube_scheduler_timings(self) -> dict[str, float | None]:
+        """Means in ms of kube-scheduler's own histograms since it started (one phase):
+        its scheduling algorithm (filters, the extender's /filter, scores), the Bind
+        extension point (its own Binding; None when the extender binds, which that
+        histogram does not time), a whole attempt."""
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{self.kube_scheduler_port}/metrics",
+            headers={"Authorization": f"Bearer {self.api.token}"})
+        with direct_opener(insecure_context()).open(request, timeout=10) as response:
+            exposition = response.read().decode()
+        return {
+            "algorithm_ms": histogram_mean_ms(
+                exposition, "scheduler_scheduling_algorithm_duration_seconds"),
+            "bind_ms": histogram_mean_ms(
+                exposition, "scheduler_framework_extension_point_duration_seconds",
+                'extension_point="Bind"'),
+            "attempt_ms": histogram_mean_ms(
+                exposition, "scheduler_scheduling_attempt_duration_seconds",
+                'result="scheduled"'),
+        }
 
     @property
     def as_kube_scheduler(self) -> ssl.SSLContext:
@@ -255,7 +279,7 @@ class BenchPlane(ApiServerPlane):
         return config
 
     def start_kube_scheduler(self, scheduler: str, limits: str) -> Process:
-        port = free_port()
+        port = self.kube_scheduler_port = free_port()
         process = self.launch_kube_scheduler(
             KUBE_SCHEDULER, self.kube_scheduler_config(scheduler, limits), port)
         # Ready once its informers are synced: pods created earlier would wait for that.
@@ -287,6 +311,18 @@ class BenchPlane(ApiServerPlane):
             if process is not None and process.popen is not None:
                 seconds[name] = process_cpu_seconds(process.popen.pid)
         return seconds
+
+
+def histogram_mean_ms(exposition: str, name: str, label: str = "") -> float | None:
+    """The mean of a histogram over its series holding ``label``, in ms; None if empty."""
+    totals = {"_sum": 0.0, "_count": 0.0}
+    for line in exposition.splitlines():
+        for suffix in totals:
+            if line.startswith(f"{name}{suffix}") and label in line:
+                totals[suffix] += float(line.rsplit(" ", 1)[1])
+    if not totals["_count"]:
+        return None
+    return round(totals["_sum"] / totals["_count"] * 1e3, 3)
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -480,6 +516,7 @@ def phase(plane: BenchPlane, client: PodClient, scheduler: str, limits: str,
         # What the phase left in flight (Events, the daemon's bookkeeping) is its cost too.
         time.sleep(1.0)
         after = plane.cpu_seconds()
+        result["kube_scheduler"] = plane.kube_scheduler_timings()
         result["idle_median_ms"] = (asyncio.run(singles(client, scheduler, args.idle_pods))
                                     if limits == "raised" else None)
     finally:
@@ -513,10 +550,13 @@ def summary(result: dict[str, Any]) -> str:
     cpu = ", ".join(f"{name} {ms:g}" for name, ms in result["cpu_ms_per_pod"].items())
     idle = (f"; one pod on an idle cluster {result['idle_median_ms']:g} ms"
             if result["idle_median_ms"] is not None else "")
+    own = ", ".join(f"{name.removesuffix('_ms')} {ms}"
+                    for name, ms in result["kube_scheduler"].items())
     return (f"{result['scheduler']:>7} (qps {qps}, burst {burst_limit}): "
             f"{result['bound']} bound, {result['pods_per_s']:g} pods/s, "
             f"p50 {result['p50_ms']:g} ms, p99 {result['p99_ms']:g} ms, "
-            f"created {result['created_per_s']:g} pods/s{idle}; CPU ms per pod: {cpu}")
+            f"created {result['created_per_s']:g} pods/s{idle}; CPU ms per pod: {cpu}; "
+            f"kube-scheduler's mean ms: {own}")
 
 
 def report(args: argparse.Namespace, phases: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""``pyhami bench cluster`` refusing to start: one line saying why, exit 2, no traceback."""
+"""``pyhami bench cluster`` refusing to start (one line saying why, exit 2, no traceback),
+and how it reads kube-scheduler's histograms."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from pyhami.bench_cluster import histogram_mean_ms
 
 
 def bench_cluster(binaries: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -31,3 +34,20 @@ def test_more_pods_than_cards_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr == ("pyhami bench cluster: --pods 9 do not fit on --nodes 2 x "
                            "--cards 4\n")
+
+
+def test_a_histogram_mean_sums_the_series_holding_the_label() -> None:
+    exposition = "\n".join([
+        "# HELP x_seconds a histogram",
+        'x_seconds_bucket{le="1",point="Bind"} 3',
+        'x_seconds_sum{point="Bind",profile="a"} 0.006',
+        'x_seconds_count{point="Bind",profile="a"} 3',
+        'x_seconds_sum{point="Bind",profile="b"} 0.004',
+        'x_seconds_count{point="Bind",profile="b"} 1',
+        'x_seconds_sum{point="Filter",profile="a"} 9',
+        'x_seconds_count{point="Filter",profile="a"} 1',
+    ])
+    # (0.006 + 0.004) s over 4 observations: 2.5 ms; Filter's series left out.
+    assert histogram_mean_ms(exposition, "x_seconds", 'point="Bind"') == 2.5
+    assert histogram_mean_ms(exposition, "x_seconds") == 1802.0  # 9.01 s over 5
+    assert histogram_mean_ms(exposition, "y_seconds") is None

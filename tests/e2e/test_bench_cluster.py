@@ -45,6 +45,14 @@ def test_bench_cluster_binds_every_pod_of_every_phase(control_plane_binaries: Pa
         assert phase["on_bench_nodes"] == PODS, name
         # pyhami's pods carry its allocation when bound; kube-scheduler alone writes none.
         assert phase["annotated"] == (PODS if name.startswith("pyhami") else 0), name
+        # kube-scheduler's own histograms saw the phase's pods scheduled; its Bind extension
+        # point runs only without an extender that binds.
+        own = phase["kube_scheduler"]
+        assert own["algorithm_ms"] > 0 and own["attempt_ms"] > 0, name
+        if name.startswith("pyhami"):
+            assert own["bind_ms"] is None, name
+        else:
+            assert own["bind_ms"] > 0, name
         cpu = result["cpu_ms_per_pod"][name]
         assert set(cpu) == {*COMPONENTS, "total"}
         assert abs(cpu["total"] - sum(cpu[component] for component in COMPONENTS)) < 0.011
