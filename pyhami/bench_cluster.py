@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +80,7 @@ LIMITS = {"default": (50, 100), "raised": (5000, 5000)}
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 NODE_PREFIX = "bench-node-"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+MAX_REWATCHES = 100  # the bench's pod watch ended early this often: give up
 
 
 def register(benches: Subcommands) -> None:
@@ -376,11 +377,19 @@ class PodWatch:
     bound: dict[str, Binding] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     ended: BaseException | None = None
+    version: str = ""  # of the last event read: a watch ended early goes on from it
 
-    async def follow(self, response: aiohttp.ClientResponse) -> None:
+    async def follow(self, response: aiohttp.ClientResponse,
+                     reopen: Callable[[str], Awaitable[aiohttp.ClientResponse]]) -> None:
         try:
-            await self._read(response)
-            self.ended = RuntimeError("the API server ended the pod watch")
+            for _ in range(MAX_REWATCHES):
+                async with response:
+                    await self._read(response)
+                # The API server drops a watch that falls behind (this loop is busy
+                # creating pods): go on from the last event read, as an informer does.
+                response = await reopen(self.version)
+            self.ended = RuntimeError(f"the API server ended the pod watch "
+                                      f"{MAX_REWATCHES} times")
         except Exception as error:
             self.ended = error
         self.changed.set()
@@ -391,6 +400,7 @@ class PodWatch:
             if event["type"] == "ERROR":
                 raise RuntimeError(f"the pod watch failed: {event['object']}")
             item = event["object"]
+            self.version = item["metadata"]["resourceVersion"]
             node = item.get("spec", {}).get("nodeName")
             name = item["metadata"]["name"]
             if event["type"] in ("ADDED", "MODIFIED") and node and name not in self.bound:
@@ -433,17 +443,17 @@ class PodClient:
         async with http.get(self.pods_url) as listed:
             listed.raise_for_status()
             version = (await listed.json())["metadata"]["resourceVersion"]
-        response = await http.get(self.pods_url, params={
-            "watch": "1", "resourceVersion": version, "timeoutSeconds": "3600"},
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=None))
-        response.raise_for_status()
-        watch = PodWatch()
 
-        async def follow() -> None:
-            async with response:
-                await watch.follow(response)
+        async def open_watch(version: str) -> aiohttp.ClientResponse:
+            response = await http.get(self.pods_url, params={
+                "watch": "1", "resourceVersion": version, "timeoutSeconds": "3600"},
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=None))
+            response.raise_for_status()
+            return response
 
-        return watch, asyncio.create_task(follow())
+        first = await open_watch(version)
+        watch = PodWatch(version=version)
+        return watch, asyncio.create_task(watch.follow(first, open_watch))
 
     async def create(self, http: aiohttp.ClientSession, body: dict[str, Any]) -> None:
         async with http.post(self.pods_url, json=body) as response:

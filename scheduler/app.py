@@ -611,6 +611,8 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
         if service is not None:
             await service.settle(SETTLE_S)
         await connection.close()
+        if kubernetes is not None:
+            await kubernetes.close()
 
 
 async def _standalone_lease(config: DaemonConfig, client: Client,

@@ -1,5 +1,5 @@
-"""``KubernetesCluster``: the ``Cluster`` and ``WebhookCluster`` ports, each call a
-blocking client call run in a worker thread (``asyncio.to_thread``)."""
+"""``KubernetesCluster``: the ``Cluster`` and ``WebhookCluster`` ports, each call an
+async request on the daemon's event loop."""
 
 from __future__ import annotations
 
@@ -37,16 +37,16 @@ from scheduler.kube._bodies import (
     timestamp,
     token_review_body,
 )
-from scheduler.kube._client import (
+from scheduler.kube._client import Snapshot
+from scheduler.kube._events import SeriesCache, write_event
+from scheduler.kube._transport import (
     API_FAILURES,
     CONFLICT,
     NOT_FOUND,
-    ApiClient,
-    Snapshot,
+    ApiTransport,
     answered_with,
     describe_failure,
 )
-from scheduler.kube._events import SeriesCache, write_event
 from scheduler.kube._watch import PodWatcher
 from scheduler.kube._wire import (
     DisruptionBudgetList,
@@ -71,14 +71,9 @@ UID_CACHE_SIZE = 4096
 class KubernetesCluster:
     """The ``Cluster`` port on a Kubernetes API server."""
 
-    def __init__(self, api_client: ApiClient, *,
+    def __init__(self, api: ApiTransport, *,
                  scheduler_name: str = SCHEDULER_NAME, instance: str | None = None) -> None:
-        self._api_client = api_client
-        self._core = _client.core_api(api_client)
-        self._admission = _client.admission_api(api_client)
-        self._authentication = _client.authentication_api(api_client)
-        self._coordination = _client.coordination_api(api_client)
-        self._policy = _client.policy_api(api_client)
+        self._api = api
         self.scheduler_name = scheduler_name
         self.instance = (instance or f"{scheduler_name}-{socket.gethostname()}")[:128]
         # Pod uids for events, most recently seen last; touched on the event loop only.
@@ -98,14 +93,15 @@ class KubernetesCluster:
     def in_cluster(cls, *, scheduler_name: str = SCHEDULER_NAME) -> KubernetesCluster:
         return cls(_client.load_in_cluster(), scheduler_name=scheduler_name)
 
-    def close(self) -> None:
-        _client.close(self._api_client)
+    async def close(self) -> None:
+        """Close the connections to the API server."""
+        await self._api.close()
 
     # Reads ---------------------------------------------------------------------------
 
     async def list_pods(self) -> list[ClusterPod]:
         try:
-            snapshot = await asyncio.to_thread(_client.list_all_pods, self._core)
+            snapshot = await _client.list_all_pods(self._api)
         except API_FAILURES as error:
             raise ClusterError(f"listing pods failed: {describe_failure(error)}") from error
         self._snapshot = snapshot
@@ -113,8 +109,7 @@ class KubernetesCluster:
 
     async def get_pod(self, namespace: str, name: str) -> ClusterPod | None:
         try:
-            pod = decode_pod(await asyncio.to_thread(
-                _client.read_pod, self._core, namespace, name))
+            pod = decode_pod(await _client.read_pod(self._api, namespace, name))
         except API_FAILURES as error:
             if answered_with(error, NOT_FOUND):
                 return None
@@ -125,7 +120,7 @@ class KubernetesCluster:
 
     async def device_cordons(self) -> dict[str, frozenset[str]]:
         try:
-            data = await asyncio.to_thread(_client.list_nodes, self._core)
+            data = await _client.list_nodes(self._api)
             nodes = msgspec.json.decode(data, type=NodeList).items
         except API_FAILURES as error:
             raise ClusterError(f"listing nodes failed: {describe_failure(error)}") from error
@@ -134,8 +129,7 @@ class KubernetesCluster:
 
     async def lease_holder(self, namespace: str, name: str) -> str | None:
         try:
-            data = await asyncio.to_thread(_client.read_lease, self._coordination, namespace,
-                                           name)
+            data = await _client.read_lease(self._api, namespace, name)
             return msgspec.json.decode(data, type=Lease).spec.holder_identity or ""
         except API_FAILURES as error:
             if answered_with(error, NOT_FOUND):
@@ -147,18 +141,18 @@ class KubernetesCluster:
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    annotations: Mapping[str, str | None]) -> None:
-        await asyncio.to_thread(self._bind, namespace, name, uid, node, dict(annotations))
+        await self._bind(namespace, name, uid, node, dict(annotations))
         self._remember_uid(f"{namespace}/{name}", uid)
 
-    def _bind(self, namespace: str, name: str, uid: str, node: str,
-              annotations: dict[str, str | None]) -> None:
+    async def _bind(self, namespace: str, name: str, uid: str, node: str,
+                    annotations: dict[str, str | None]) -> None:
         """Read the pod, check it is pyhami's to bind, then bind it as read with its
         annotations in one write: kube-apiserver copies a Binding's annotations onto the pod
         and sets its node in the same update, refusing it (409) when the pod is no longer
         the uid and resourceVersion read. A failed Binding leaves nothing written."""
         what = f"binding pod {namespace}/{name} to node {node}"
         try:
-            pod = msgspec.json.decode(_client.read_pod(self._core, namespace, name),
+            pod = msgspec.json.decode(await _client.read_pod(self._api, namespace, name),
                                       type=PodToBind)
         except API_FAILURES as error:
             if answered_with(error, NOT_FOUND):
@@ -177,8 +171,8 @@ class KubernetesCluster:
                     if value is None and key in present}
         if removals:
             try:
-                patched = msgspec.json.decode(_client.patch_pod(
-                    self._core, namespace, name, annotation_patch(uid, version, removals)),
+                patched = msgspec.json.decode(await _client.patch_pod(
+                    self._api, namespace, name, annotation_patch(uid, version, removals)),
                     type=Pod)
             except API_FAILURES as error:
                 raise ClusterError(f"{what}: removing the allocation annotations failed: "
@@ -186,7 +180,7 @@ class KubernetesCluster:
             version = patched.metadata.resource_version
         written = {key: value for key, value in annotations.items() if value is not None}
         try:
-            _client.create_binding(self._core, namespace, name, binding_body(
+            await _client.create_binding(self._api, namespace, name, binding_body(
                 namespace, name, uid, node, resource_version=version, annotations=written))
         except API_FAILURES as error:
             raise ClusterError(f"{what}: creating the Binding failed: "
@@ -194,31 +188,30 @@ class KubernetesCluster:
 
     async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         try:
-            await asyncio.to_thread(self._retry_pod, namespace, name, stamp)
+            await self._retry_pod(namespace, name, stamp)
         except API_FAILURES as error:
             # Gone, or changed since it was read: nothing to nudge (a change is a retry).
             if not (answered_with(error, NOT_FOUND) or answered_with(error, CONFLICT)):
                 logger.warning("pod %s/%s not nudged to retry: %s", namespace, name,
                                describe_failure(error))
 
-    def _retry_pod(self, namespace: str, name: str, stamp: str) -> None:
+    async def _retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         """Stamp the pod as read, if it is pyhami's: the pod /filter was sent is the
         caller's word, whoever the caller was, never a licence to write on any pod."""
-        pod = msgspec.json.decode(_client.read_pod(self._core, namespace, name),
+        pod = msgspec.json.decode(await _client.read_pod(self._api, namespace, name),
                                   type=PodToBind)
         refusal = bind_refusal(pod, "", self.scheduler_name)
         if refusal is not None:
             logger.info("pod %s/%s not nudged to retry: %s", namespace, name, refusal)
             return
-        _client.patch_pod(self._core, namespace, name, capacity_freed_patch(
+        await _client.patch_pod(self._api, namespace, name, capacity_freed_patch(
             stamp, pod.metadata.uid or "", pod.metadata.resource_version))
 
     async def set_bind_phase(self, namespace: str, name: str, uid: str,
                              phase: AllocationPhase) -> None:
         what = f"setting the bind-phase of pod {namespace}/{name} to {phase}"
         try:
-            await asyncio.to_thread(_client.patch_pod, self._core, namespace, name,
-                                    bind_phase_patch(uid, phase))
+            await _client.patch_pod(self._api, namespace, name, bind_phase_patch(uid, phase))
         except API_FAILURES as error:
             if answered_with(error, NOT_FOUND):
                 raise ClusterError(f"{what}: the pod no longer exists") from error
@@ -235,8 +228,8 @@ class KubernetesCluster:
                                 message=message, component=self.scheduler_name)
             key = event.series_key
             async with self._event_writes.hold(key):  # one write of an Event at a time
-                series = await asyncio.to_thread(
-                    write_event, self._core, event, self._event_series.get(key),
+                series = await write_event(
+                    self._api, event, self._event_series.get(key),
                     timestamp(datetime.now(UTC)), instance=self.instance)
                 self._event_series.put(key, series)
         except Exception as error:
@@ -245,7 +238,7 @@ class KubernetesCluster:
 
     async def evict(self, namespace: str, name: str, uid: str) -> None:
         try:
-            await asyncio.to_thread(_client.delete_pod, self._core, namespace, name, uid)
+            await _client.delete_pod(self._api, namespace, name, uid)
         except API_FAILURES as error:
             if answered_with(error, NOT_FOUND):
                 return  # gone already: what eviction wanted
@@ -254,7 +247,7 @@ class KubernetesCluster:
 
     async def disruption_budgets(self) -> list[DisruptionBudget]:
         try:
-            data = await asyncio.to_thread(_client.list_disruption_budgets, self._policy)
+            data = await _client.list_disruption_budgets(self._api)
             budgets = msgspec.json.decode(data, type=DisruptionBudgetList).items
         except API_FAILURES as error:
             raise ClusterError(f"listing PodDisruptionBudgets failed: "
@@ -284,7 +277,7 @@ class KubernetesCluster:
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         try:
-            data = await asyncio.to_thread(_client.read_secret, self._core, namespace, name)
+            data = await _client.read_secret(self._api, namespace, name)
             return msgspec.json.decode(data, type=Secret).data or {}
         except API_FAILURES as error:
             if answered_with(error, NOT_FOUND):
@@ -305,7 +298,7 @@ class KubernetesCluster:
     async def _create_secret(self, namespace: str, name: str, body: JsonObject) -> bool:
         """False when the Secret exists already."""
         try:
-            await asyncio.to_thread(_client.create_secret, self._core, namespace, body)
+            await _client.create_secret(self._api, namespace, body)
         except API_FAILURES as error:
             if answered_with(error, CONFLICT):
                 return False
@@ -315,8 +308,7 @@ class KubernetesCluster:
 
     async def webhook_ca_bundles(self, configuration: str) -> list[tuple[str, bytes]] | None:
         try:
-            data = await asyncio.to_thread(_client.read_webhook_configuration,
-                                           self._admission, configuration)
+            data = await _client.read_webhook_configuration(self._api, configuration)
             webhooks = msgspec.json.decode(data, type=WebhookConfiguration).webhooks or []
         except API_FAILURES as error:
             if answered_with(error, NOT_FOUND):
@@ -329,8 +321,7 @@ class KubernetesCluster:
                                     webhooks: Sequence[tuple[int, str]], ca: bytes) -> None:
         patch = ca_bundle_patch(webhooks, ca)
         try:
-            await asyncio.to_thread(_client.patch_webhook_configuration, self._admission,
-                                    configuration, patch)
+            await _client.patch_webhook_configuration(self._api, configuration, patch)
         except API_FAILURES as error:
             raise ClusterError(f"patching the caBundle of MutatingWebhookConfiguration "
                                f"{configuration} failed: {describe_failure(error)}") from error
@@ -341,8 +332,7 @@ class KubernetesCluster:
 
     async def review_token(self, token: str, audiences: Sequence[str]) -> ReviewedToken:
         try:
-            data = await asyncio.to_thread(_client.review_token, self._authentication,
-                                           token_review_body(token, audiences))
+            data = await _client.review_token(self._api, token_review_body(token, audiences))
             status = msgspec.json.decode(data, type=TokenReview).status
         except API_FAILURES as error:
             raise ClusterError(f"TokenReview failed: {describe_failure(error)}") from error
@@ -358,14 +348,9 @@ class KubernetesCluster:
         the watch has expired) with a list, given as deletions of the pods that are gone
         then changes for every pod there is.
         """
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue[PodChange] = asyncio.Queue()
-
-        def deliver(change: PodChange) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, change)
-
         snapshot, self._snapshot = self._snapshot, None
-        watcher = PodWatcher(self._core, deliver, snapshot)
+        watcher = PodWatcher(self._api, queue.put_nowait, snapshot)
         watcher.start()
         try:
             while True:
@@ -376,4 +361,4 @@ class KubernetesCluster:
                     self._remember_uid(change.pod.key, change.pod.uid)
                 yield change
         finally:
-            watcher.stop()
+            await watcher.stop()

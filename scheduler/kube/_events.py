@@ -11,7 +11,13 @@ import msgspec
 
 from scheduler.kube import _client
 from scheduler.kube._bodies import PodEvent, recurrence_patch
-from scheduler.kube._client import CONFLICT, NOT_FOUND, CoreApi, answered_with
+from scheduler.kube._transport import (
+    API_FAILURES,
+    CONFLICT,
+    NOT_FOUND,
+    ApiTransport,
+    answered_with,
+)
 from scheduler.kube._wire import StoredEvent
 
 EVENT_CACHE_SIZE = 4096  # Events whose count is remembered, as many as client-go's correlator
@@ -48,35 +54,35 @@ class SeriesCache:
         return len(self._series)
 
 
-def write_event(core: CoreApi, event: PodEvent, known: EventSeries | None, now: str, *,
-                instance: str) -> EventSeries:
-    """Write the Event at ``now``, or count one more of the series ``known``; blocking.
+async def write_event(api: ApiTransport, event: PodEvent, known: EventSeries | None,
+                      now: str, *, instance: str) -> EventSeries:
+    """Write the Event at ``now``, or count one more of the series ``known``.
     Answers the series as the API server holds it now."""
     if known is not None:
         count = known.count + 1
         try:
-            _client.patch_event(core, event.namespace, event.name,
+            await _client.patch_event(api, event.namespace, event.name,
                                 recurrence_patch(count, now))
             return EventSeries(count, known.first)
-        except _client.API_FAILURES as error:
+        except API_FAILURES as error:
             if not answered_with(error, NOT_FOUND):
                 raise
         # Gone (the API server's --event-ttl, or deleted): written anew, its count and
         # first time carried on, as client-go does.
-        _client.create_event(core, event.namespace, event.body(
+        await _client.create_event(api, event.namespace, event.body(
             instance=instance, count=count, first=known.first, last=now))
         return EventSeries(count, known.first)
     try:
-        _client.create_event(core, event.namespace, event.body(
+        await _client.create_event(api, event.namespace, event.body(
             instance=instance, count=1, first=now, last=now))
         return EventSeries(1, now)
-    except _client.API_FAILURES as error:
+    except API_FAILURES as error:
         if not answered_with(error, CONFLICT):
             raise
     # Written before this daemon remembered it (a restart, or a series the cache let go):
     # count on from what the API server holds.
-    held = msgspec.json.decode(_client.read_event(core, event.namespace, event.name),
+    held = msgspec.json.decode(await _client.read_event(api, event.namespace, event.name),
                                type=StoredEvent)
     count = held.count + 1
-    _client.patch_event(core, event.namespace, event.name, recurrence_patch(count, now))
+    await _client.patch_event(api, event.namespace, event.name, recurrence_patch(count, now))
     return EventSeries(count, held.first_timestamp or now)

@@ -396,5 +396,5 @@ async def test_replicas_starting_together_serve_one_certificate(
         assert await cluster.webhook_ca_bundles("pyhami-e2e-no-such-configuration") is None
         assert await cluster.read_secret(SYSTEM_NAMESPACE, "pyhami-e2e-no-such-secret") is None
     finally:
-        cluster.close()
+        await cluster.close()
         control_plane.api.delete(f"{SECRETS}/{secret}")

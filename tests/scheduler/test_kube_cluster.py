@@ -18,7 +18,6 @@ import asyncio
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -30,7 +29,7 @@ from typing import Any
 import msgspec
 import pytest
 from aiohttp import web
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client as kubernetes_client
 
 from common.core import CardGrant
 from common.core.annotations import (
@@ -42,11 +41,14 @@ from common.core.annotations import (
 from common.core.names import check_subdomain
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, PodChange
 from scheduler.kube import (
+    ApiStatusError,
     EventSeries,
     KubernetesCluster,
     PodEvent,
     PodToBind,
     SeriesCache,
+    _client,
+    _transport,
     _watch,
     annotation_patch,
     bind_refusal,
@@ -57,7 +59,6 @@ from scheduler.kube import (
 )
 
 TOKEN = "stub-token"
-WATCH_THREAD = "pyhami-pod-watch"
 ALLOCATED = "GPU-init,NVIDIA,2000,0:;GPU-a,NVIDIA,1000,30:GPU-b,NVIDIA,1000,30:;"
 
 
@@ -257,25 +258,35 @@ def test_the_series_cache_forgets_the_least_recently_used() -> None:
 
 
 def test_a_failure_reads_as_the_api_status_not_a_traceback() -> None:
-    conflict = ApiException(status=409, reason="Conflict")
-    conflict.body = json.dumps(status_json(409, "Conflict", 'pod "p" is already bound'))
+    conflict = ApiStatusError(409, "Conflict", json.dumps(
+        status_json(409, "Conflict", 'pod "p" is already bound')).encode())
     assert describe_failure(conflict) == 'HTTP 409 Conflict: pod "p" is already bound'
-    proxy = ApiException(status=502, reason="Bad Gateway")
-    proxy.body = "<html>bad gateway</html>"
+    proxy = ApiStatusError(502, "Bad Gateway", b"<html>bad gateway</html>")
     assert describe_failure(proxy) == "HTTP 502 Bad Gateway: <html>bad gateway</html>"
+    assert describe_failure(ApiStatusError(503, "Service Unavailable", b"")) == (
+        "HTTP 503 Service Unavailable")
     assert describe_failure(ConnectionRefusedError("refused")) == (
         "ConnectionRefusedError: refused")
 
 
-def test_the_watch_stream_reads_as_lines_then_events() -> None:
-    stopping = threading.Event()
+async def chunked(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+async def test_the_watch_stream_reads_as_lines_however_it_is_cut() -> None:
+    stream = [b'{"a": 1}\n\n{"b"', b": 2", b"}", b'\n  \n{"c": 3}\n{"d"', b": 4}"]
+    assert [line async for line in _watch.lines(chunked(*stream))] == [
+        b'{"a": 1}', b'{"b": 2}', b'{"c": 3}', b'{"d": 4}']
+    assert [line async for line in _watch.lines(chunked(b"\n", b" \n"))] == []
+
+
+def test_the_watch_lines_read_as_events() -> None:
     pod = json.dumps(watch_event("ADDED", pod_json("a", uid="u-a", version="7"))).encode()
     bookmark = b'{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}'
-    seen = list(_watch.decoded(_watch.lines([pod, b"\n", bookmark], stopping)))
+    seen = [_watch.seen(pod), _watch.seen(bookmark)]
     assert [(s.kind, s.resource_version, s.pod.key if s.pod else None) for s in seen] == [
         ("ADDED", "7", "default/a"), ("BOOKMARK", "9", None)]
-    stopping.set()
-    assert list(_watch.lines([pod], stopping)) == []
 
 
 @pytest.mark.parametrize(("code", "raised"), [(410, _watch.Expired),
@@ -283,7 +294,7 @@ def test_the_watch_stream_reads_as_lines_then_events() -> None:
 def test_an_error_event_ends_the_watch(code: int, raised: type[Exception]) -> None:
     line = json.dumps({"type": "ERROR", "object": {"code": code, "reason": "r"}}).encode()
     with pytest.raises(raised):
-        list(_watch.decoded([line]))
+        _watch.seen(line)
 
 
 # The stub API server ----------------------------------------------------------------------
@@ -510,6 +521,7 @@ class Harness:
     api: StubApiServer
     cluster: KubernetesCluster
     kubeconfig: Path
+    port: int
 
 
 @asynccontextmanager
@@ -533,8 +545,8 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     async with serve(api) as port:
         kubeconfig = write_kubeconfig(tmp_path / "kc", port)
         cluster = KubernetesCluster.from_kubeconfig(str(kubeconfig))
-        yield Harness(api, cluster, kubeconfig)
-        cluster.close()
+        yield Harness(api, cluster, kubeconfig, port)
+        await cluster.close()
 
 
 def test_a_missing_kubeconfig_is_a_cluster_error(tmp_path: Path) -> None:
@@ -591,7 +603,7 @@ async def test_the_kubeconfig_token_is_sent(tmp_path: Path) -> None:
             with pytest.raises(ClusterError, match="listing pods failed: HTTP 401 Unauthorized"):
                 await cluster.list_pods()
         finally:
-            cluster.close()
+            await cluster.close()
 
 
 # Writes ---------------------------------------------------------------------------------
@@ -839,7 +851,7 @@ async def test_a_restarted_daemon_counts_on_from_the_event_the_api_holds(
         await restarted.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
         await restarted.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
     finally:
-        restarted.close()
+        await restarted.close()
     (stored,) = api.events.values()
     assert stored["count"] == 4
     name = stored["metadata"]["name"]
@@ -876,12 +888,8 @@ async def take(changes: AsyncIterator[PodChange], count: int) -> list[tuple[str,
     return [summary(await asyncio.wait_for(anext(changes), 5)) for _ in range(count)]
 
 
-async def watch_thread_ends() -> bool:
-    for _ in range(60):
-        if not any(t.name == WATCH_THREAD for t in threading.enumerate()):
-            return True
-        await asyncio.sleep(0.05)
-    return False
+def watch_task_ended() -> bool:
+    return not any(task.get_name() == _watch.WATCH_TASK for task in asyncio.all_tasks())
 
 
 async def test_the_watch_resumes_and_lists_again_when_expired(harness: Harness) -> None:
@@ -918,7 +926,7 @@ async def test_the_watch_resumes_and_lists_again_when_expired(harness: Harness) 
     assert {(w.query["timeoutSeconds"], w.query["allowWatchBookmarks"])
             for w in watches_sent(api)} == {("60", "true")}
     assert [r.query.get("continue") for r in lists_sent(api)] == [None, "0:1", None, "1:1"]
-    assert await watch_thread_ends()
+    assert watch_task_ended()
 
 
 async def test_the_watch_starts_where_list_pods_ended(harness: Harness) -> None:
@@ -940,7 +948,7 @@ async def test_the_watch_starts_where_list_pods_ended(harness: Harness) -> None:
     with pytest.raises(asyncio.CancelledError):
         await stuck
     await changes.aclose()
-    assert await watch_thread_ends()
+    assert watch_task_ended()
 
 
 async def test_watch_failures_are_retried_with_backoff(
@@ -962,7 +970,7 @@ async def test_watch_failures_are_retried_with_backoff(
     assert "resourceVersion 100 expired; listing pods again" in caplog.text
     assert [w.query.get("resourceVersion") for w in watches_sent(api)][:3] == [
         "100", "100", "200"]
-    assert await watch_thread_ends()
+    assert watch_task_ended()
 
 
 def watches_sent(api: StubApiServer) -> list[Recorded]:
@@ -978,3 +986,79 @@ async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+async def test_the_watch_held_open_ends_as_soon_as_it_is_stopped(harness: Harness) -> None:
+    api = harness.api
+    api.lists = [([pod_json("a")], "100")]  # then the watch stays open without events
+    changes = harness.cluster.changes()
+    assert await take(changes, 1) == [("default/a", "Pending", False)]
+    await wait_for(lambda: len(watches_sent(api)) == 1)
+    await changes.aclose()
+    assert watch_task_ended()  # stopped when aclose() returns, not at the watch's timeout
+
+
+# The transport ----------------------------------------------------------------------------
+
+
+def configuration(port: int, token: str) -> kubernetes_client.Configuration:
+    """A client configuration as the kubeconfig and in-cluster loaders leave it."""
+    loaded = kubernetes_client.Configuration()
+    loaded.host = f"http://127.0.0.1:{port}"
+    loaded.api_key["BearerToken"] = f"Bearer {token}"
+    return loaded
+
+
+async def test_the_token_is_asked_for_before_every_request(tmp_path: Path) -> None:
+    api = StubApiServer()
+    api.pods["ml/p"] = pod_json("p", namespace="ml")
+    async with serve(api) as port:
+        loaded = configuration(port, "expired")
+        tokens = iter(["expired", TOKEN])
+
+        def rotate(rotated: kubernetes_client.Configuration) -> None:
+            # As the in-cluster loader's hook does: the token file read again.
+            rotated.api_key["BearerToken"] = f"Bearer {next(tokens)}"
+
+        loaded.refresh_api_key_hook = rotate
+        transport = _transport.ApiTransport(_client._endpoint(loaded))
+        try:
+            with pytest.raises(ApiStatusError) as refused:
+                await _client.read_pod(transport, "ml", "p")
+            assert refused.value.status == 401
+            assert decode_pod(await _client.read_pod(transport, "ml", "p")).key == "ml/p"
+        finally:
+            await transport.close()
+
+
+async def test_an_error_status_is_raised_with_the_api_message(harness: Harness) -> None:
+    transport = _transport.ApiTransport(_client._endpoint(configuration(harness.port, TOKEN)))
+    try:
+        with pytest.raises(ApiStatusError) as missing:
+            await _client.read_pod(transport, "ml", "absent")
+        harness.api.get_status = 503
+        with pytest.raises(ApiStatusError) as failed:
+            await _client.read_pod(transport, "ml", "p")
+    finally:
+        await transport.close()
+    assert (missing.value.status, missing.value.reason) == (404, "Not Found")
+    assert describe_failure(missing.value) == 'HTTP 404 NotFound: pods "absent" not found'
+    assert (failed.value.status, failed.value.reason) == (503, "Service Unavailable")
+    assert describe_failure(failed.value) == "HTTP 503 InternalError: broken"
+
+
+async def test_an_unreachable_api_server_is_a_transport_failure(tmp_path: Path) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    # Nothing listens on the port any more: the connection is refused.
+    cluster = KubernetesCluster.from_kubeconfig(str(write_kubeconfig(tmp_path / "kc", port)))
+    try:
+        with pytest.raises(ClusterError) as raised:
+            await cluster.get_pod("ml", "p")
+    finally:
+        await cluster.close()
+    cause = raised.value.__cause__
+    assert isinstance(cause, _transport.API_FAILURES)
+    assert not isinstance(cause, ApiStatusError)
+    assert str(raised.value).startswith("reading pod ml/p failed: ClientConnectorError")
