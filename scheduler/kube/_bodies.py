@@ -69,6 +69,11 @@ def bind_refusal(pod: PodToBind, uid: str, scheduler_name: str) -> str | None:
     return None
 
 
+def annotations_set(annotations: Mapping[str, str | None]) -> dict[str, str]:
+    """The annotations a Binding writes: those with a value (None is a removal)."""
+    return {key: value for key, value in annotations.items() if value is not None}
+
+
 def binding_body(namespace: str, name: str, uid: str, node: str, *,
                  resource_version: str | None = None,
                  annotations: Mapping[str, str] | None = None) -> JsonObject:

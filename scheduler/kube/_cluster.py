@@ -28,6 +28,7 @@ from scheduler.kube._bodies import (
     JsonObject,
     PodEvent,
     annotation_patch,
+    annotations_set,
     bind_phase_patch,
     bind_refusal,
     binding_body,
@@ -59,6 +60,7 @@ from scheduler.kube._wire import (
     WebhookConfiguration,
     decode_pod,
     disruption_budget,
+    pod_to_bind,
 )
 from scheduler.service import KeyedLocks
 
@@ -81,6 +83,9 @@ class KubernetesCluster:
         # Events written, to count their repeats; touched on the event loop only.
         self._event_series = SeriesCache()
         self._event_writes = KeyedLocks()
+        # The pods changes() has delivered, by "namespace/name", while it is iterated: what
+        # /bind checks without reading the pod. Touched on the event loop only.
+        self._watched: dict[str, ClusterPod] = {}
         # The last list_pods(): changes() watches on from it, so nothing in between is lost.
         self._snapshot: Snapshot | None = None
 
@@ -146,10 +151,42 @@ class KubernetesCluster:
 
     async def _bind(self, namespace: str, name: str, uid: str, node: str,
                     annotations: dict[str, str | None]) -> None:
-        """Read the pod, check it is pyhami's to bind, then bind it as read with its
-        annotations in one write: kube-apiserver copies a Binding's annotations onto the pod
-        and sets its node in the same update, refusing it (409) when the pod is no longer
-        the uid and resourceVersion read. A failed Binding leaves nothing written."""
+        """Bind the pod with its annotations in one write, checked first that it is
+        pyhami's to bind: kube-apiserver copies a Binding's annotations onto the pod and
+        sets its node in the same update. A failed Binding leaves nothing written.
+
+        A pod the watch delivered, the same uid, is checked as the watch has it and bound
+        with its uid as the one precondition, in one request: a node once set, a phase
+        past Pending and the scheduler name never change back, and the Binding itself
+        refuses (409) a pod on a node, being deleted, or re-created (an unbound pod leaves
+        Pending only as it is deleted). Any other pod, a removal, or a 409 reads the pod
+        first and binds it as read, its resourceVersion a precondition as well.
+        """
+        what = f"binding pod {namespace}/{name} to node {node}"
+        known = self._watched.get(f"{namespace}/{name}")
+        removing = None in annotations.values()  # needs the annotations the pod has now
+        if known is not None and known.uid and uid in ("", known.uid) and not removing:
+            refusal = bind_refusal(pod_to_bind(known), uid, self.scheduler_name)
+            if refusal is not None:
+                raise ClusterError(f"{what}: {refusal}")
+            # kube-apiserver's setPodNodeAndMetadata: wrong uid, deletionTimestamp, nodeName: 409.
+            try:
+                await _client.create_binding(self._api, namespace, name, binding_body(
+                    namespace, name, known.uid, node, annotations=annotations_set(annotations)))
+                return
+            except API_FAILURES as error:
+                if answered_with(error, NOT_FOUND):
+                    raise ClusterError(f"{what}: the pod no longer exists") from error
+                if not answered_with(error, CONFLICT):
+                    raise ClusterError(f"{what}: creating the Binding failed: "
+                                       f"{describe_failure(error)}") from error
+        await self._bind_as_read(namespace, name, uid, node, annotations)
+
+    async def _bind_as_read(self, namespace: str, name: str, uid: str, node: str,
+                            annotations: dict[str, str | None]) -> None:
+        """Read the pod, check it is pyhami's to bind, then bind it as read: the API
+        refuses (409) the Binding when the pod is no longer the uid and resourceVersion
+        read."""
         what = f"binding pod {namespace}/{name} to node {node}"
         try:
             pod = msgspec.json.decode(await _client.read_pod(self._api, namespace, name),
@@ -178,10 +215,10 @@ class KubernetesCluster:
                 raise ClusterError(f"{what}: removing the allocation annotations failed: "
                                    f"{describe_failure(error)}") from error
             version = patched.metadata.resource_version
-        written = {key: value for key, value in annotations.items() if value is not None}
         try:
             await _client.create_binding(self._api, namespace, name, binding_body(
-                namespace, name, uid, node, resource_version=version, annotations=written))
+                namespace, name, uid, node, resource_version=version,
+                annotations=annotations_set(annotations)))
         except API_FAILURES as error:
             raise ClusterError(f"{what}: creating the Binding failed: "
                                f"{describe_failure(error)}") from error
@@ -355,10 +392,15 @@ class KubernetesCluster:
         try:
             while True:
                 change = await queue.get()
+                key = change.pod.key
                 if change.deleted:
-                    self._uids.pop(change.pod.key, None)
+                    self._uids.pop(key, None)
+                    if (gone := self._watched.get(key)) is not None and gone.uid == change.pod.uid:
+                        del self._watched[key]
                 else:
-                    self._remember_uid(change.pod.key, change.pod.uid)
+                    self._remember_uid(key, change.pod.uid)
+                    self._watched[key] = change.pod
                 yield change
         finally:
+            self._watched.clear()  # no longer kept up to date
             await watcher.stop()

@@ -49,6 +49,15 @@ class PodToBind(msgspec.Struct):
     status: PodStatus = msgspec.field(default_factory=PodStatus)
 
 
+def pod_to_bind(pod: ClusterPod) -> PodToBind:
+    """What /bind checks, from a pod the watch delivered."""
+    spec = SchedulingSpec(node_name=pod.node)
+    if pod.manifest.spec.scheduler_name is not None:
+        spec.scheduler_name = pod.manifest.spec.scheduler_name
+    return PodToBind(metadata=Metadata(uid=pod.uid), spec=spec,
+                     status=PodStatus(phase=pod.phase))
+
+
 class ListMeta(msgspec.Struct):
     resource_version: str = msgspec.field(default="", name="resourceVersion")
     continue_token: str = msgspec.field(default="", name="continue")

@@ -456,6 +456,10 @@ class StubApiServer:
         if pod is not None:
             binding = await request.json()
             meta = binding["metadata"]
+            if meta.get("uid", pod["metadata"]["uid"]) != pod["metadata"]["uid"]:
+                return web.json_response(status_json(
+                    409, "Conflict", f"Precondition failed: UID in precondition: "
+                    f"{meta['uid']}, UID in object meta: {pod['metadata']['uid']}"), status=409)
             if (stale := modified_since(pod, meta, name)) is not None:
                 return stale
 
@@ -730,6 +734,118 @@ async def test_a_refused_removal_stops_before_the_binding(harness: Harness) -> N
         "binding pod ml/p to node n1: removing the allocation annotations failed: "
         "HTTP 422 Invalid: metadata.uid: field is immutable")
     assert api.sent("POST", "/binding") == []
+
+
+@asynccontextmanager
+async def watching(api: StubApiServer, cluster: KubernetesCluster,
+                   *pods: dict[str, Any]) -> AsyncIterator[AsyncIterator[PodChange]]:
+    """The cluster's pod watch running, the pods listed delivered; only the requests
+    made after are left in ``api.requests``. Yields the changes to come."""
+    api.lists = [(list(pods), "10")]
+    changes = cluster.changes()
+    try:
+        await take(changes, len(pods))
+        api.requests.clear()
+        yield changes
+    finally:
+        await changes.aclose()
+
+
+def pod_requests(api: StubApiServer) -> list[tuple[str, str]]:
+    return [(r.method, r.path) for r in api.requests if "/namespaces/" in r.path]
+
+
+async def test_a_pod_the_watch_delivered_is_bound_in_one_request_without_a_read(
+        harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pending_pod(version="5")
+    async with watching(api, harness.cluster, pending_pod(version="5")):
+        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+        assert pod_requests(api) == [("POST", "/api/v1/namespaces/ml/pods/p/binding")]
+    # The uid alone guards it: the API refuses a pod on a node or being deleted anyway.
+    [binding] = api.sent("POST", "/binding")
+    assert binding.body["metadata"] == {"name": "p", "namespace": "ml", "uid": "u-p",
+                                        "annotations": ANNOTATIONS}
+    assert api.pods["ml/p"]["spec"]["nodeName"] == "n1"
+    assert api.pods["ml/p"]["metadata"]["annotations"] == ANNOTATIONS
+
+
+@pytest.mark.parametrize("watched", [
+    pod_json("q", namespace="ml", uid="u-q", scheduler=SCHEDULER_NAME),  # another pod
+    pod_json("p", namespace="ml", uid="u-old", scheduler=SCHEDULER_NAME),  # another uid
+])
+async def test_a_pod_the_watch_has_not_delivered_is_read_first(
+        harness: Harness, watched: dict[str, Any]) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pending_pod(version="5")
+    async with watching(api, harness.cluster, watched):
+        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+        assert pod_requests(api) == [("GET", "/api/v1/namespaces/ml/pods/p"),
+                                     ("POST", "/api/v1/namespaces/ml/pods/p/binding")]
+    assert api.sent("POST", "/binding")[0].body["metadata"]["resourceVersion"] == "5"
+    assert api.pods["ml/p"]["spec"]["nodeName"] == "n1"
+
+
+async def test_a_removal_on_a_watched_pod_is_read_first(harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pending_pod()
+    async with watching(api, harness.cluster, pending_pod()):
+        await harness.cluster.bind("ml", "p", "u-p", "n1", {ALLOCATED_ANNOTATION: None})
+        assert [method for method, _ in pod_requests(api)] == ["GET", "POST"]
+
+
+async def test_a_watched_pod_that_is_not_pyhamis_is_refused_without_a_request(
+        harness: Harness) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pending_pod()
+    running = pod_json("p", namespace="ml", uid="u-p", scheduler=SCHEDULER_NAME,
+                       phase="Running", node="n2")
+    async with watching(api, harness.cluster, running):
+        with pytest.raises(ClusterError) as raised:
+            await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+        assert pod_requests(api) == []
+    assert str(raised.value) == "binding pod ml/p to node n1: the pod is already on node n2"
+
+
+async def test_a_refused_binding_of_a_watched_pod_reads_it_and_refuses_with_the_reason(
+        harness: Harness) -> None:
+    api = harness.api
+    # Placed by someone else since the watch delivered it.
+    api.pods["ml/p"] = pod_json("p", namespace="ml", uid="u-p", scheduler=SCHEDULER_NAME,
+                                node="n2")
+    async with watching(api, harness.cluster, pending_pod()):
+        with pytest.raises(ClusterError) as raised:
+            await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+        assert pod_requests(api) == [("POST", "/api/v1/namespaces/ml/pods/p/binding"),
+                                     ("GET", "/api/v1/namespaces/ml/pods/p")]
+    assert str(raised.value) == "binding pod ml/p to node n1: the pod is already on node n2"
+    assert api.pods["ml/p"]["metadata"]["annotations"] == {}
+
+
+async def test_a_refused_binding_of_a_watched_pod_that_reads_as_bindable_binds_it_as_read(
+        harness: Harness) -> None:
+    api = harness.api
+    # Re-created since the watch delivered it; the caller named no uid.
+    api.pods["ml/p"] = pod_json("p", namespace="ml", uid="u-new", scheduler=SCHEDULER_NAME,
+                                version="7")
+    async with watching(api, harness.cluster, pending_pod()):
+        await harness.cluster.bind("ml", "p", "", "n1", ANNOTATIONS)
+        assert [method for method, _ in pod_requests(api)] == ["POST", "GET", "POST"]
+    first, second = (binding.body["metadata"] for binding in api.sent("POST", "/binding"))
+    assert (first["uid"], first.get("resourceVersion")) == ("u-p", None)
+    assert (second["uid"], second["resourceVersion"]) == ("u-new", "7")
+    assert api.pods["ml/p"]["spec"]["nodeName"] == "n1"
+
+
+async def test_a_pod_the_watch_saw_deleted_is_read_first(harness: Harness) -> None:
+    api = harness.api
+    api.watches = [[watch_event("DELETED", pending_pod())]]
+    async with watching(api, harness.cluster, pending_pod()) as changes:
+        assert await take(changes, 1) == [("ml/p", "Pending", True)]
+        with pytest.raises(ClusterError) as raised:
+            await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS)
+        assert [method for method, _ in pod_requests(api)] == ["GET"]
+    assert str(raised.value) == "binding pod ml/p to node n1: the pod no longer exists"
 
 
 async def test_retry_pod_stamps_the_waiting_pod_as_read_and_ignores_a_gone_one(
