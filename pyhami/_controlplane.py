@@ -29,6 +29,7 @@ from urllib.parse import quote, urlencode
 
 import yaml
 
+from common.core.errors import PyhamiError
 from common.natsserver import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,7 +164,7 @@ def manifests() -> list[dict[str, Any]]:
 # The API, as kubectl speaks it --------------------------------------------------------------
 
 
-class ApiError(Exception):
+class ApiError(PyhamiError):
     """An answer of the API server with an error status."""
 
     def __init__(self, method: str, path: str, status: int, body: str) -> None:

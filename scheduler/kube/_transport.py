@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 
+from common.core.errors import PyhamiError
 from scheduler.kube._wire import Status
 
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(sock_connect=10.0, sock_read=30.0)
@@ -33,7 +34,7 @@ CONFLICT = 409
 Query = Mapping[str, str]
 
 
-class ApiStatusError(Exception):
+class ApiStatusError(PyhamiError):
     """The API server answered with an HTTP error status; ``body`` is its answer, a
     ``Status`` as a rule."""
 
