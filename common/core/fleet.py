@@ -89,6 +89,8 @@ def _static_signature(device: Card) -> tuple[object, ...]:
 def _same_static(old: list[Card], new: list[Card]) -> bool:
     """Whether two listings hold the same cards with the same static fields, in any order
     (an agent lists them in the same order every time: compared in order first)."""
+    # The fields of _static_signature, compared one by one: building the tuples costs
+    # 2 us a message more, on the ingestion path.
     if len(old) == len(new) and all(
         a.uuid == b.uuid and a.index == b.index and a.type == b.type and a.memory == b.memory
         and a.cores == b.cores and a.count == b.count and a.numa == b.numa and a.links == b.links
