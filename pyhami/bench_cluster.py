@@ -46,7 +46,7 @@ from agent.simulated import profile_cards
 from common.arguments import Subcommands, positive_int
 from common.certificates import Bundle, write_bundle
 from common.natsserver import free_port, nats_server_binary
-from common.wire import encode, inventory_subject
+from pyhami import bench_extender
 from pyhami._controlplane import (
     BUILD_SCRIPT,
     CHART,
@@ -74,7 +74,7 @@ KUBE_SCHEDULER = "kube-scheduler"
 NEEDED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "helm")
 COMPONENTS = ("etcd", "kube-apiserver", KUBE_SCHEDULER, DAEMON, "nats-server")
 # The simulated inventories of a node, by its number of cards.
-CARD_PROFILES = {4: ("t4x4",), 8: ("a100x8-nvswitch", "h100x8-islands")}
+CARD_PROFILES = {4: ("t4x4",), 8: bench_extender.PROFILES}
 # kube-scheduler's clientConnection (qps, burst): its defaults, and out of the way.
 LIMITS = {"default": (50, 100), "raised": (5000, 5000)}
 ALLOCATED = "hami.io/vgpu-devices-allocated"
@@ -339,9 +339,7 @@ async def publish_inventories(nats_url: str, nodes: Sequence[str], cards: int) -
     for number, node in enumerate(nodes):
         report = Report(node, "bench", 3600.0)
         report.observe(profile_cards(profiles[number % len(profiles)], node))
-        message = report.message("start", time.time())
-        await client.publish(inventory_subject(node), encode(message))
-        report.confirm(message)
+        await bench_extender.publish(client, report, "start")
     await client.flush()
     await client.close()
 
@@ -462,11 +460,6 @@ class PodClient:
                                    f"{response.status}: {(await response.text())[:300]}")
 
 
-def percentile(samples: Sequence[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
-
-
 async def burst(client: PodClient, scheduler: str, limits: str,
                 count: int) -> dict[str, Any]:
     """``count`` pods created at once, through one scheduler."""
@@ -497,7 +490,7 @@ async def burst(client: PodClient, scheduler: str, limits: str,
         "pods_per_s": round(count / (max(binding.seen for binding in bound) - started), 1),
         "created_per_s": round(count / created, 1),
         "p50_ms": round(statistics.median(latencies) * 1e3, 1),
-        "p99_ms": round(percentile(latencies, 0.99) * 1e3, 1),
+        "p99_ms": round(bench_extender.percentile(latencies, 0.99) * 1e3, 1),
     }
 
 

@@ -16,19 +16,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgspec
 import nats
+import nats.aio.client
 
 from agent.report import Report
 from agent.simulated import profile_cards
 from common.arguments import Subcommands, positive_int
 from common.natsserver import LocalNatsServer, free_port
-from common.wire import encode, inventory_subject
+from common.wire import Reason, encode, inventory_subject
 
 PROFILES = ("a100x8-nvswitch", "h100x8-islands")
 WAIT_S = 60.0
@@ -48,9 +49,16 @@ def register(benches: Subcommands) -> None:
     parser.set_defaults(handler=lambda args: asyncio.run(run(args)))
 
 
-def percentile(samples: list[float], fraction: float) -> float:
+def percentile(samples: Sequence[float], fraction: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+async def publish(client: nats.aio.client.Client, report: Report, reason: Reason) -> None:
+    """The report's inventory now, as its agent would publish it."""
+    message = report.message(reason, time.time())
+    await client.publish(inventory_subject(report.node), encode(message))
+    report.confirm(message)
 
 
 def pod(name: str) -> dict[str, Any]:
@@ -198,9 +206,7 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
 
         await wait_for(ready, "the daemon")
         for report in reports.values():
-            message = report.message("start", time.time())
-            await client.publish(inventory_subject(report.node), encode(message))
-            report.confirm(message)
+            await publish(client, report, "start")
         await client.flush()
 
         async def all_nodes() -> bool:
@@ -242,9 +248,7 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
             cards = report.cards
             cards[0] = msgspec.structs.replace(cards[0], processes=n % 3)
             report.observe(cards)
-            message = report.message("change", time.time())
-            await client.publish(inventory_subject(report.node), encode(message))
-            report.confirm(message)
+            await publish(client, report, "change")
         await client.flush()
 
         async def all_updates() -> bool:
