@@ -125,6 +125,11 @@ def run(args: argparse.Namespace) -> int:
     if problem is None and args.pods > args.nodes * args.cards:
         problem = (f"pyhami bench cluster: --pods {args.pods} do not fit on --nodes "
                    f"{args.nodes} x --cards {args.cards}")
+    profile = args.profile_daemon
+    if problem is None and profile is not None and not profile.resolve().parent.is_dir():
+        # The daemon writes its profile only as it stops: refused before any work.
+        problem = (f"pyhami bench cluster: --profile-daemon {profile}: no directory "
+                   f"{profile.resolve().parent} to write it in")
     if problem is not None:
         print(problem, file=sys.stderr)
         return 2

@@ -36,6 +36,17 @@ def test_more_pods_than_cards_is_refused(tmp_path: Path) -> None:
                            "--cards 4\n")
 
 
+def test_a_profile_with_no_directory_to_go_to_is_refused(tmp_path: Path) -> None:
+    for name in ("etcd", "kube-apiserver", "kube-scheduler", "helm"):
+        (tmp_path / name).touch(mode=0o755)
+    profile = tmp_path / "missing" / "daemon.prof"
+    done = bench_cluster(tmp_path, "--nodes", "2", "--pods", "2", "--profile-daemon",
+                         str(profile))
+    assert done.returncode == 2
+    assert done.stderr == (f"pyhami bench cluster: --profile-daemon {profile}: no directory "
+                           f"{tmp_path / 'missing'} to write it in\n")
+
+
 def test_a_histogram_mean_sums_the_series_holding_the_label() -> None:
     exposition = "\n".join([
         "# HELP x_seconds a histogram",
