@@ -87,6 +87,11 @@ class Verbs(Room):
         self.shared.manifests[request.key] = args.pod
         decision = self.state.filter(request, names, self._clock(), explain_chosen=True)
         decided_at = self._wall_clock()
+        # And once more with the decision taken: a daemon paused while deciding has it
+        # timed after the pause, and counts it only if the lease still holds by then.
+        if (standby := self.shared.leadership.refusal()) is not None:
+            self.state.release_reservation(request.key)
+            return ExtenderFilterResult(error=standby)
         if decision.node is not None:
             self.reports.mark_changed(decision.node)
             self.shared.refused.pop(request.key, None)

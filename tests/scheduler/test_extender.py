@@ -65,6 +65,39 @@ async def test_filter_with_node_names_returns_the_one_chosen_node(extender: Exte
     assert result["Error"] == ""
 
 
+async def test_a_lease_lost_while_deciding_answers_standby_and_books_nothing(
+        extender: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
+    service = extender.daemon.service
+    assert service is not None
+    leadership, decide = service.shared.leadership, service.state.filter
+    lost = []
+
+    class LostWhileDeciding:
+        """The daemon's leadership, gone the moment the decision is taken (as for a
+        daemon paused by the kernel in the middle of it)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(leadership, name)
+
+        def refusal(self) -> str | None:
+            return "standby: daemon-b holds the lease" if lost else leadership.refusal()
+
+    def deciding(*args: Any, **kwargs: Any) -> Any:
+        decision = decide(*args, **kwargs)
+        lost.append(True)
+        return decision
+
+    monkeypatch.setattr(service.shared, "leadership", LostWhileDeciding())
+    monkeypatch.setattr(service.state, "filter", deciding)
+    result = await extender.post("filter", {"Pod": lab_pod("p"), "Nodes": None,
+                                            "NodeNames": ["node-a", "node-b"]})
+    assert lost == [True]
+    assert result["Error"] == "standby: daemon-b holds the lease"
+    assert not result["NodeNames"]
+    assert service.state.reservations == {}
+    assert service.state.fleet.allocation("default/p") is None
+
+
 async def test_filter_with_full_nodes_echoes_the_chosen_node_object(extender: Extender) -> None:
     pod = lab_pod("p", {"hami.io/node-scheduler-policy": "spread"})
     nodes = {"metadata": {}, "items": [node_object("node-a"), node_object("node-b")]}
