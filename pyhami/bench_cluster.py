@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"pyhami bench cluster: interrupted; logs in {logs}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away: pyhami.cli ends quietly
+        raise
     except Exception as error:
         print(f"pyhami bench cluster failed: {error!r}\nlogs in {logs}", file=sys.stderr)
         return 1

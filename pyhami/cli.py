@@ -11,6 +11,7 @@ from agent import cli as agent_cli
 from common.arguments import CommandParser, use_environment
 from common.version import package_version
 from pyhami import bench, certs, decide, demo, explain, natsauth, simulate, watch
+from pyhami.output import READER_GONE_EXIT, silence_stdout, stdout_reader_gone
 from scheduler import cli as scheduler_cli
 
 
@@ -29,7 +30,16 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = args.handler(args)
+    try:
+        code: int = args.handler(args)
+        sys.stdout.flush()  # here, not at exit, where a failure is reported past catching
+    except BrokenPipeError:
+        if not stdout_reader_gone():
+            raise
+        # The reader of stdout has gone (`| head -1`): the command has stopped what it
+        # started on the way out, as on Ctrl-C; end as a command killed by SIGPIPE would.
+        silence_stdout()
+        return READER_GONE_EXIT
     return code
 
 

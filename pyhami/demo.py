@@ -396,6 +396,8 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
     except NatsServerError as error:
         print(f"pyhami demo: {error}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader of stdout went away: pyhami.cli ends quietly
+        raise
     except aiohttp.ClientError as error:  # before OSError: a refused connection is both
         print(f"pyhami demo: {args.daemon}: {error}", file=sys.stderr)
         return 1

@@ -1,38 +1,172 @@
-"""How the commands print: ``--output table|json``, and tables that fit a terminal but are
-printed whole in a pipe.
+"""How every command prints: one output policy, chosen from where the output goes.
 
-On a terminal rich lays a table out for the window. In a pipe or a file there is no
-window: rich would assume 80 columns and cut or fold what does not fit, so there the
-console is as wide as the widest line needs and prints no colours (``plain_console``).
+- **A terminal** (a tty, ``TERM`` not ``dumb``): rich lays tables out for the window
+  (``COLUMNS`` where set, else the window's width), with colours unless ``NO_COLOR`` is
+  set, and live views and progress bars redraw in place.
+- **A dumb terminal** (``TERM=dumb``): the same width, but no colours, no cursor moves,
+  no live views and no progress bars.
+- **A pipe or a file**: there is no window. Each table is printed as wide as its content
+  needs, whole; an element with no width of its own (a rule between sections) is as wide
+  as the widest table printed before it, and at least 80 columns (``COLUMNS`` where set).
+  No colours, no cursor moves, no progress bars.
+
+JSON output does not go through rich at all: one document, or one object per line.
+
+When the reader of stdout goes away (``| head -1``), ``pyhami.cli`` ends the command
+quietly: see :func:`stdout_reader_gone` and :data:`READER_GONE_EXIT`.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
+import select
+import signal
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.measure import Measurement
+from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
 OUTPUTS = ("table", "json")
-# Wide enough for any line a table holds: rich lays tables out at their natural width.
-UNBOUNDED_WIDTH = 1_000_000
+# The width of a rule in a pipe where no table is wider and COLUMNS is not set.
+PLAIN_RULE_WIDTH = 80
+# What a pipe's console is laid out in: wider than any line, so that measuring a table
+# gives its natural width; every print then narrows to what it measured.
+_UNBOUNDED_WIDTH = 1_000_000
+# A shell's status for a command killed by SIGPIPE: what a command cut short by its
+# reader going away exits with, as `yes | head -1` leaves `yes`.
+READER_GONE_EXIT = 128 + signal.SIGPIPE
+
+
+@dataclass(frozen=True)
+class OutputPolicy:
+    """Where a command's output goes and what it may do there."""
+
+    terminal: bool
+    """A window to lay tables out for (a tty, dumb or not)."""
+    interactive: bool
+    """Cursor moves allowed: live views and progress bars redraw in place."""
+    color: bool
+    """ANSI colours allowed."""
+    columns: int | None
+    """``COLUMNS`` where set to a positive number."""
+
+    @classmethod
+    def for_stream(cls, stream: TextIO,
+                   environ: Mapping[str, str] | None = None) -> OutputPolicy:
+        env = os.environ if environ is None else environ
+        raw = env.get("COLUMNS", "")
+        columns = int(raw) if raw.isdigit() and int(raw) > 0 else None
+        if not _isatty(stream):
+            return cls(terminal=False, interactive=False, color=False, columns=columns)
+        dumb = env.get("TERM", "").lower() == "dumb"
+        return cls(terminal=True, interactive=not dumb,
+                   color=not dumb and not env.get("NO_COLOR"), columns=columns)
+
+    def console(self, file: TextIO | None = None) -> Console:
+        """A rich console that prints to ``file`` (default stdout) as this policy says."""
+        if not self.terminal:
+            return ContentWidthConsole(file, self.columns or PLAIN_RULE_WIDTH)
+        if self.interactive:
+            # rich reads COLUMNS itself, and the window's width again after a resize.
+            return _Console(file=file, force_terminal=True, force_interactive=True,
+                            no_color=not self.color)
+        return _Console(file=file, force_terminal=False, force_interactive=False,
+                        color_system=None, highlight=False,
+                        width=self.columns or _window_width(file or sys.stdout))
+
+
+class _Console(Console):
+    """rich's console, but a closed pipe is raised as BrokenPipeError, so that the command
+    stops what it started on the way out and ``pyhami.cli`` ends it quietly (rich's own
+    answer is SystemExit(1))."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more is written, not even a last frame
+        raise BrokenPipeError(errno.EPIPE, "stdout's reader has gone")
+
+
+class ContentWidthConsole(_Console):
+    """A console for a pipe or a file: every print as wide as its content needs.
+
+    A renderable with a natural width (text, a table) is printed at that width, whole; one
+    without (a rule) at the width of the widest table printed so far, and at least
+    ``rule_width``. Nothing is coloured and nothing moves the cursor.
+    """
+
+    def __init__(self, file: TextIO | None, rule_width: int) -> None:
+        super().__init__(file=file, width=_UNBOUNDED_WIDTH, color_system=None,
+                         highlight=False, force_terminal=False, force_interactive=False)
+        self._rule_width = rule_width
+        self._widest_table = 0
+
+    def print(self, *objects: Any, width: int | None = None, **options: Any) -> None:
+        if width is None:
+            width = self._width_of(objects)
+        super().print(*objects, width=width, **options)
+
+    def _width_of(self, objects: tuple[Any, ...]) -> int:
+        fallback = max(self._rule_width, self._widest_table)
+        if not objects:
+            return fallback
+        if any(isinstance(item, Rule) for item in objects):  # as wide as it is given
+            return fallback
+        measured = [Measurement.get(self, self.options, item).maximum for item in objects]
+        if any(width >= _UNBOUNDED_WIDTH for width in measured):  # no width of its own
+            return fallback
+        natural = max(1, sum(measured) + len(objects) - 1)  # objects are joined by spaces
+        if any(isinstance(item, Table) for item in objects):
+            self._widest_table = max(self._widest_table, natural)
+        return natural
+
+
+def stdout_console(file: TextIO | None = None) -> Console:
+    """The console for a command's results: on stdout, or on ``file`` as if it were."""
+    return OutputPolicy.for_stream(file or sys.stdout).console(file)
+
+
+def stderr_console() -> Console | None:
+    """A console for progress bars on stderr, or None where they cannot redraw in place."""
+    policy = OutputPolicy.for_stream(sys.stderr)
+    return policy.console(sys.stderr) if policy.interactive else None
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has closed it.
+
+    Told from the descriptor itself, so that a broken pipe elsewhere (a socket to a
+    daemon) is not mistaken for the reader leaving.
+    """
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so that nothing (the interpreter's last flush included)
+    writes to a pipe whose reader is gone and reports it on stderr."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def add_output_argument(parser: argparse.ArgumentParser, default: str, meaning: str) -> None:
     parser.add_argument("-o", "--output", choices=OUTPUTS, default=default,
                         help=f"{meaning} (default: {default})")
-
-
-def stdout_console(file: TextIO | None = None) -> Console:
-    """Rich on a terminal; elsewhere plain text, every column whole."""
-    console = Console(file=file)
-    if console.is_terminal:
-        return console
-    return Console(file=file, width=UNBOUNDED_WIDTH, color_system=None, highlight=False)
 
 
 def print_json(document: Any, file: TextIO | None = None, *, indent: int | None = 2) -> None:
@@ -76,3 +210,17 @@ def selection_path(document: dict[str, Any]) -> Table:
                  "[bold green]<- chosen[/]" if row["chosen"] else ""]
         table.add_row(*([row["node"]] if several_nodes else []), *cells)
     return table
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed, or a stand-in without isatty
+        return False
+
+
+def _window_width(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or PLAIN_RULE_WIDTH
+    except (AttributeError, ValueError, OSError):
+        return PLAIN_RULE_WIDTH

@@ -8,13 +8,12 @@ import math
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.text import Text
 
 from common.arguments import Subcommands, policy_chain
 from common.core import NodePolicy
 from common.files import InputFileError
-from pyhami.output import add_output_argument, print_json, stdout_console
+from pyhami.output import add_output_argument, print_json, stderr_console, stdout_console
 from pyhami.simulate._engine import simulate
 from pyhami.simulate._formats import load_trace
 from pyhami.simulate._report import (
@@ -95,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as error:
         return refuse(f"{error.filename}: {error.strerror or error}")
     node_policy = NodePolicy(args.node_policy)
-    stderr = Console(stderr=True) if sys.stderr.isatty() else None
-    with progress_bars(args.policy, stderr) as callbacks:
+    with progress_bars(args.policy, stderr_console()) as callbacks:
         runs = [simulate(trace, policy=policy, node_policy=node_policy, inflate=args.inflate,
                          progress=callback)
                 for policy, callback in zip(args.policy, callbacks, strict=True)]

@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -39,7 +38,7 @@ from common.wire import (
     decode_inventory,
 )
 from common.wire import encode as encode_wire
-from pyhami.output import add_output_argument, print_json, stdout_console
+from pyhami.output import add_output_argument, print_json, silence_stdout, stdout_console
 from pyhami.watch._model import WatchModel
 from pyhami.watch._view import message_document, render, snapshot_document
 
@@ -145,7 +144,7 @@ async def live(settings: NatsSettings, model: WatchModel, console: Console) -> i
     stop = stop_on_signals()
     listening = asyncio.create_task(listen(settings, model))
     try:
-        if console.is_terminal:
+        if console.is_interactive:
             # Redrawn from this loop rather than Live's own thread, which would read the
             # model while the message callbacks change it.
             with Live(console=console, screen=True, auto_refresh=False) as view:
@@ -169,8 +168,8 @@ async def stream(settings: NatsSettings, model: WatchModel) -> int:
         try:
             print_json(document, indent=None)
         except BrokenPipeError:
-            # The reader is gone (``| head``): stop, and let nothing write there at exit.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            # The reader is gone (``| head``): the stream's end, as a signal would be.
+            silence_stdout()
             stop.set()
 
     listening = asyncio.create_task(listen(settings, model, emit))

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from rich import box
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -57,6 +58,15 @@ class Snapshot:
         self.now = now
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from self._parts(options)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        """As wide as its widest part: in a pipe the snapshot is printed at that width."""
+        widths = [Measurement.get(console, options, part) for part in self._parts(options)]
+        return Measurement(max(width.minimum for width in widths),
+                           max(width.maximum for width in widths))
+
+    def _parts(self, options: ConsoleOptions) -> list[RenderableType]:
         model = self.model
         # A terminal's width is shared out: long values are cut short, and the memory bars
         # show only where they do not squeeze the other columns out of shape. Elsewhere
@@ -64,14 +74,11 @@ class Snapshot:
         # numbers beside them, are left out.
         fit = options.is_terminal
         bars = fit and options.max_width >= MEMORY_BARS_MIN_WIDTH
-        yield nodes_table(nodes_at(model, self.now), bars, fit)
-        yield Text()
-        yield decisions_table(model, fit)
+        parts: list[RenderableType] = [nodes_table(nodes_at(model, self.now), bars, fit),
+                                       Text(), decisions_table(model, fit)]
         if model.last_explained is not None:
-            yield Text()
-            yield selection_path(model.last_explained)
-        yield Text()
-        yield footer(model)
+            parts += [Text(), selection_path(model.last_explained)]
+        return [*parts, Text(), footer(model)]
 
 
 def titled_table(title: str) -> Table:
