@@ -24,7 +24,8 @@ from common.logs import add_log_arguments, configure_logging
 from common.messaging import add_nats_arguments, nats_settings
 from common.settings import add_settings, settings_from
 from common.stopping import stop_on_signals
-from scheduler.app import (
+from scheduler.busauth import DEFAULT_AGENT_SERVICE_ACCOUNT, DEFAULT_TOKEN_AUDIENCE
+from scheduler.daemon import (
     BusAuthConfig,
     ClusterMode,
     DaemonConfig,
@@ -34,10 +35,9 @@ from scheduler.app import (
     WebhookConfig,
     run_daemon,
 )
-from scheduler.busauth import DEFAULT_AGENT_SERVICE_ACCOUNT, DEFAULT_TOKEN_AUDIENCE
 from scheduler.leadership import check_lease_timing
 from scheduler.service import ServiceSettings
-from scheduler.tls_files import TlsError
+from scheduler.tls.files import TlsError
 
 logger = logging.getLogger(__name__)
 

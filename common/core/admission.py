@@ -4,7 +4,7 @@ A pod that asks for a GPU resource pyhami manages and names no scheduler of its 
 given pyhami's scheduler name, as HAMi's webhook does, so manifests written for HAMi
 (which rarely set ``schedulerName``) are placed by pyhami unchanged. The API server fills
 in ``default-scheduler`` before admission webhooks see a pod, so that name counts as
-none. Pure: the webhook's HTTP side (``scheduler.webhook``) decodes the pod and applies
+none. Pure: the webhook's HTTP side (``scheduler.web.webhook``) decodes the pod and applies
 the answer.
 """
 

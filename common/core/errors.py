@@ -16,7 +16,7 @@ raises it, and the agent and the scheduler each add a package root
     │   ├── WireError > WrongSubject     common.wire
     │   ├── JwtError                     common.core.natsjwt (a JWT, NKey or node token)
     │   ├── CredentialsError             common.busaccess (stored NATS credentials)
-    │   └── BadReview                    scheduler.webhook (also a SchedulerError)
+    │   └── BadReview                    scheduler.web.webhook (also a SchedulerError)
     ├── SettingsError (ValueError)       a flag or PYHAMI_* variable that cannot be used
     ├── ExternalFailure                  NATS, the Kubernetes API or NVML failed or refused
     │   ├── NatsServerError              common.natsserver
@@ -25,9 +25,9 @@ raises it, and the agent and the scheduler each add a package root
     ├── AgentError                       agent.errors
     │   └── InventoryError               agent.inventory
     ├── SchedulerError                   scheduler.errors
-    │   ├── TlsError                     scheduler.webhook_tls
+    │   ├── TlsError                     scheduler.tls.webhook
     │   ├── IdentityRefused              scheduler.busauth (an agent's token)
-    │   └── StartupError                 scheduler.app
+    │   └── StartupError                 scheduler.daemon
     └── ScenarioError                    pyhami.demo
 
 Errors of other libraries (nats-py, kubernetes, pynvml, cryptography, yaml, msgspec)

@@ -4,7 +4,7 @@
 ``preemption`` makes room for GPU pods of higher priority, ``reporting`` tells others
 (telemetry, retries, metrics, status); they share one
 ``Shared`` state and meet nowhere else (docs/architecture.md, "The daemon's rooms").
-The HTTP layer (``scheduler.http``), the wiring (``scheduler.app``) and the tests use
+The HTTP layer (``scheduler.web.extender``), the wiring (``scheduler.daemon``) and the tests use
 the facade; everything that changes the ledger happens on one event loop.
 """
 
@@ -43,13 +43,13 @@ class SchedulerService:
         self.cluster = cluster
         self.state = shared.state
         self.metrics = reporting.metrics
-        # The extender verbs: scheduler.http, the standalone pending loop.
+        # The extender verbs: scheduler.web.extender, the standalone pending loop.
         self.filter = verbs.filter
         self.prioritize = verbs.prioritize
         self.bind = verbs.bind
         self.explain = verbs.explain
         self.preempt = preemptions.answer
-        # Reactions: the daemon's background tasks started by scheduler.app.
+        # Reactions: the daemon's background tasks started by scheduler.daemon.
         self.rebuild = reactions.rebuild
         self.receive_inventory = reactions.receive_inventory
         self.ingest = reactions.ingest

@@ -39,13 +39,13 @@ from common.core import (
 )
 from scheduler.cluster import ClusterError, ClusterPod, DisruptionBudget
 from scheduler.metrics import Metrics
-from scheduler.protocol import (
+from scheduler.service.shared import Reports, Room, Shared
+from scheduler.web.protocol import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
     MetaPod,
     MetaVictims,
 )
-from scheduler.service.shared import Reports, Room, Shared
 
 logger = logging.getLogger(__name__)
 

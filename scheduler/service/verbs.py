@@ -33,7 +33,8 @@ from common.core.pod import DEFAULT_NAMESPACE
 from common.core.reasons import removed_most
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
-from scheduler.protocol import (
+from scheduler.service.shared import KeyedLocks, Reports, Room, Shared
+from scheduler.web.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
@@ -41,7 +42,6 @@ from scheduler.protocol import (
     HostPriority,
     node_name,
 )
-from scheduler.service.shared import KeyedLocks, Reports, Room, Shared
 
 logger = logging.getLogger(__name__)
 

@@ -379,5 +379,5 @@ class TestJsonLogs:
         records = [json.loads(line) for line in (b"".join(lines) + (rest or b"")).splitlines()]
         assert all(set(r) >= {"time", "level", "logger", "message"} for r in records)
         assert any(r["message"].startswith("pyhami scheduler ready on 127.0.0.1:")
-                   and r["level"] == "INFO" and r["logger"] == "scheduler.app" for r in records)
+                   and r["level"] == "INFO" and r["logger"] == "scheduler.daemon" for r in records)
         assert any(r["message"] == "SIGTERM received: stopping" for r in records)

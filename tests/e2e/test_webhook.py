@@ -34,8 +34,8 @@ from pyhami._controlplane import (
     tail,
     wait_for,
 )
-from scheduler.kube import KubernetesCluster
-from scheduler.webhook_tls import self_managed, service_names
+from scheduler.cluster.kube import KubernetesCluster
+from scheduler.tls.webhook import self_managed, service_names
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import Lab, card_uuid, lab_pod
 

@@ -23,8 +23,8 @@ from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, Sandbox, standalone_config
 from scheduler.cluster import ClusterError
+from scheduler.cluster.standalone import StandaloneCluster
 from scheduler.service import SchedulerService
-from scheduler.standalone import StandaloneCluster
 from tests.harness import Lab, PodClient, eventually
 
 NODES = ["n1", "n2", "n3"]

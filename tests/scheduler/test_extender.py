@@ -14,7 +14,7 @@ import pytest
 from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
-from scheduler.protocol import ExtenderBindingArgs, ExtenderFilterResult, HostPriority
+from scheduler.web.protocol import ExtenderBindingArgs, ExtenderFilterResult, HostPriority
 from tests.harness import PodClient, eventually
 
 

@@ -8,7 +8,7 @@ import json
 import msgspec
 import pytest
 
-from scheduler.protocol import NODES_MAX, ExtenderArgsDecoder
+from scheduler.web.protocol import NODES_MAX, ExtenderArgsDecoder
 from tests.builders import manifest
 
 POD = msgspec.to_builtins(manifest())

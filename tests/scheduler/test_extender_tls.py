@@ -27,8 +27,8 @@ from common.core.errors import SettingsError
 from common.natsserver import LocalNatsServer, free_port
 from pyhami.cli import build_parser
 from pyhami.sandbox import RunningDaemon, standalone_config
-from scheduler.app import DaemonConfig, ExtenderTls, run_daemon
 from scheduler.cli import config_from
+from scheduler.daemon import DaemonConfig, ExtenderTls, run_daemon
 from tests.certs import (
     ClientFiles,
     ServerFiles,

@@ -28,11 +28,11 @@ from common.files import InputFileError, parse_pod_manifest
 from common.wire import SCHEMA_VERSION, Inventory, ReportedCard, encode, inventory_subject
 from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS
-from scheduler.bodies import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT
 from scheduler.cluster import ClusterPod, PodChange
-from scheduler.protocol import ExtenderArgs, HostPriority
+from scheduler.cluster.standalone import _key
 from scheduler.service import SchedulerService, ServiceSettings
-from scheduler.standalone import _key
+from scheduler.web.limits import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT
+from scheduler.web.protocol import ExtenderArgs, HostPriority
 from tests.builders import manifest
 from tests.harness import Lab, eventually, inventory_count
 from tests.node_list import NodeList, inventory_message, silent

@@ -27,8 +27,8 @@ from common.wire import (
     inventory_subject,
 )
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
+from scheduler.cluster.standalone import StandaloneCluster
 from scheduler.service import SchedulerService
-from scheduler.standalone import StandaloneCluster
 from scheduler.state import SEQUENCE_GAP_MAX
 from tests.harness import Lab, PodClient, eventually, inventory_count
 

@@ -1,4 +1,4 @@
-"""``scheduler.kube.KubernetesCluster``: its pure conversions and bodies, and the client
+"""``scheduler.cluster.kube.KubernetesCluster``: its pure conversions and bodies, and the client
 against a stub of the Kubernetes API.
 
 No kube-apiserver can run here, so ``StubApiServer`` (aiohttp on 127.0.0.1) stands in for
@@ -40,7 +40,7 @@ from common.core.annotations import (
 )
 from common.core.names import check_subdomain
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, PodChange
-from scheduler.kube import (
+from scheduler.cluster.kube import (
     ApiStatusError,
     EventSeries,
     KubernetesCluster,
@@ -862,7 +862,7 @@ async def test_retry_pod_stamps_the_waiting_pod_as_read_and_ignores_a_gone_one(
                       "uid": "u-waiting", "resourceVersion": "7"}}]
     assert patches[0].content_type == "application/merge-patch+json"
     api.patch_statuses = [500]
-    with caplog.at_level(logging.WARNING, logger="scheduler.kube"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.cluster.kube"):
         await harness.cluster.retry_pod("ml", "gone", "1")  # deleted: nothing to retry
         assert not caplog.records
         await harness.cluster.retry_pod("ml", "stuck", "1")
@@ -880,7 +880,7 @@ async def test_retry_pod_writes_nothing_on_a_pod_that_is_not_pyhamis_to_place(
     harness: Harness, caplog: pytest.LogCaptureFixture, pod: dict[str, Any], why: str,
 ) -> None:
     harness.api.pods["ml/p"] = pod
-    with caplog.at_level(logging.INFO, logger="scheduler.kube"):
+    with caplog.at_level(logging.INFO, logger="scheduler.cluster.kube"):
         await harness.cluster.retry_pod("ml", "p", "1")
     assert harness.api.sent("PATCH", "/pods/p") == []
     assert [r.getMessage() for r in caplog.records] == [f"pod ml/p not nudged to retry: {why}"]
@@ -977,7 +977,7 @@ async def test_a_restarted_daemon_counts_on_from_the_event_the_api_holds(
 async def test_an_event_that_cannot_be_written_is_only_logged(
         harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
     harness.api.event_status = 403
-    with caplog.at_level(logging.WARNING, logger="scheduler.kube"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.cluster.kube"):
         await harness.cluster.record_event("ml", "gone", "Warning", "FilteringFailed", "m")
     assert "HTTP 403 Forbidden: events are forbidden" in caplog.text
     posted = harness.api.sent("POST", "/events")
@@ -1076,7 +1076,7 @@ async def test_watch_failures_are_retried_with_backoff(
     api.watches = [500, 410, [watch_event("ADDED", pod_json("x", version="201"))]]
     changes = harness.cluster.changes()
     try:
-        with caplog.at_level(logging.INFO, logger="scheduler.kube"):
+        with caplog.at_level(logging.INFO, logger="scheduler.cluster.kube"):
             assert await take(changes, 2) == [("default/y", "Pending", False),
                                               ("default/x", "Pending", False)]
     finally:

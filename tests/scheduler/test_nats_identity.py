@@ -37,9 +37,9 @@ from pyhami.cli import main
 from pyhami.sandbox import RunningDaemon, standalone_config
 from pyhami.watch._model import WatchModel
 from pyhami.watch._shell import listen
-from scheduler.app import BusAuthConfig
 from scheduler.busauth import AUTH_CALLOUT_SUBJECT
-from scheduler.standalone import BUCKET
+from scheduler.cluster.standalone import BUCKET
+from scheduler.daemon import BusAuthConfig
 from tests.harness import eventually, metric_sample
 
 

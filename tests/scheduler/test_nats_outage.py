@@ -25,7 +25,7 @@ from common.natsserver import LocalNatsServer
 from common.wire import SCHEMA_VERSION, Inventory, encode, inventory_subject
 from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
-from scheduler.standalone import StandaloneCluster
+from scheduler.cluster.standalone import StandaloneCluster
 from tests.harness import PodClient, eventually
 
 OVER_LONG_SUBJECT = "x" * (MAX_CONTROL_LINE + 100)

@@ -16,8 +16,8 @@ from common.supervision import Supervisor, restart_delay
 from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cluster import PodChange
-from scheduler.protocol import ExtenderArgs, ExtenderFilterResult
 from scheduler.service import SchedulerService, ServiceSettings
+from scheduler.web.protocol import ExtenderArgs, ExtenderFilterResult
 from tests.builders import manifest
 from tests.harness import Lab, eventually
 from tests.node_list import NodeList, inventory_message, silent

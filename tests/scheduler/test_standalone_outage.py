@@ -19,8 +19,8 @@ from common.core import Allocation, Usage, decode_devices
 from common.core.annotations import ALLOCATED_ANNOTATION
 from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, Sandbox, standalone_config
+from scheduler.cluster.standalone import BUCKET
 from scheduler.service import SchedulerService
-from scheduler.standalone import BUCKET
 from tests.harness import Lab, PodClient, eventually
 
 NODE = "gpu-node-1"

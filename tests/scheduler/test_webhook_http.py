@@ -25,11 +25,11 @@ from aiohttp import web
 
 from common.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, standalone_config
-from scheduler.app import WebhookConfig
-from scheduler.bodies import ADMISSION_BODY_LIMIT
-from scheduler.tls_files import CertificateFiles
-from scheduler.webhook import webhook_app
-from scheduler.webhook_tls import WEBHOOK_FLAGS
+from scheduler.daemon import WebhookConfig
+from scheduler.tls.files import CertificateFiles
+from scheduler.tls.webhook import WEBHOOK_FLAGS
+from scheduler.web.limits import ADMISSION_BODY_LIMIT
+from scheduler.web.webhook import webhook_app
 from tests.certs import ServerFiles, server_files
 
 OURS = "pyhami-scheduler"

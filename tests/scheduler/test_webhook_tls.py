@@ -1,4 +1,4 @@
-"""The webhook's own certificate (``scheduler.webhook_tls``): made, checked, served.
+"""The webhook's own certificate (``scheduler.tls.webhook``): made, checked, served.
 
 What the Secret and the caBundle do on a real API server is in tests/e2e/test_webhook.py.
 """
@@ -17,8 +17,8 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from common.natsserver import free_port
-from scheduler.tls_files import CertificateFiles, TlsError
-from scheduler.webhook_tls import (
+from scheduler.tls.files import CertificateFiles, TlsError
+from scheduler.tls.webhook import (
     CERT_VALIDITY,
     WEBHOOK_FLAGS,
     ServingTls,
@@ -70,8 +70,8 @@ def test_each_issue_is_a_new_ca(made: ServingTls) -> None:
 
 
 def test_another_service_is_not_covered(made: ServingTls) -> None:
-    with pytest.raises(TlsError, match=r"does not name hami-scheduler.kube-system.svc$"):
-        check(made, [*NAMES[:2], "hami-scheduler.kube-system.svc"], NOW, WHERE)
+    with pytest.raises(TlsError, match=r"does not name hami-scheduler.cluster.kube-system.svc$"):
+        check(made, [*NAMES[:2], "hami-scheduler.cluster.kube-system.svc"], NOW, WHERE)
 
 
 def test_a_key_of_another_certificate_is_refused(made: ServingTls) -> None:

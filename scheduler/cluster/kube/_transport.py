@@ -17,7 +17,7 @@ import aiohttp
 import msgspec
 
 from common.core.errors import PyhamiError
-from scheduler.kube._wire import Status
+from scheduler.cluster.kube._wire import Status
 
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(sock_connect=10.0, sock_read=30.0)
 WATCH_TIMEOUT_SECONDS = 60

@@ -56,8 +56,8 @@ from scheduler.busauth import (
     self_managed_credentials,
 )
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, WebhookCluster
+from scheduler.cluster.standalone import PendingLoop, StandaloneCluster, pod_api
 from scheduler.errors import SchedulerError
-from scheduler.http import extender_app, metrics_app
 from scheduler.leadership import (
     FollowedLease,
     Leadership,
@@ -67,10 +67,8 @@ from scheduler.leadership import (
 )
 from scheduler.metrics import ConnectionCollector
 from scheduler.service import SchedulerService, ServiceSettings
-from scheduler.standalone import PendingLoop, StandaloneCluster, pod_api
-from scheduler.tls_files import DEFAULT_CHECK_PERIOD_S, CertificateFiles, TlsError, TlsFlags
-from scheduler.webhook import WEBHOOK_PATH, webhook_app
-from scheduler.webhook_tls import (
+from scheduler.tls.files import DEFAULT_CHECK_PERIOD_S, CertificateFiles, TlsError, TlsFlags
+from scheduler.tls.webhook import (
     WEBHOOK_FLAGS,
     CaBundleKeeper,
     ServingTls,
@@ -78,9 +76,11 @@ from scheduler.webhook_tls import (
     self_managed,
     service_names,
 )
+from scheduler.web.extender import extender_app, metrics_app
+from scheduler.web.webhook import WEBHOOK_PATH, webhook_app
 
 if TYPE_CHECKING:
-    from scheduler.kube import KubernetesCluster
+    from scheduler.cluster.kube import KubernetesCluster
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def telemetry_publisher(connection: Connection) -> Callable[
 
 
 async def _kubernetes(config: DaemonConfig) -> KubernetesCluster:
-    from scheduler.kube import KubernetesCluster  # noqa: PLC0415 (heavy; loaded only when used)
+    from scheduler.cluster.kube import KubernetesCluster  # noqa: PLC0415 (heavy; loaded only when used)
 
     if config.mode == "in-cluster":
         try:

@@ -12,7 +12,7 @@ import msgspec
 
 from common.core import PodManifest
 from common.core.pod import ObjectMeta, PodSpec
-from scheduler.cluster import ClusterPod, DisruptionBudget, LabelRequirement
+from scheduler.cluster.port import ClusterPod, DisruptionBudget, LabelRequirement
 
 
 class Metadata(msgspec.Struct, rename="camel"):

@@ -1,7 +1,7 @@
 """The webhook's serving certificate: from files, or made and kept by the daemon itself.
 
 From files (``--tls-cert-file``, ``--tls-private-key-file``): ``WEBHOOK_FLAGS`` for
-``scheduler.tls_files.CertificateFiles``, which reads them again whenever they change.
+``scheduler.tls.files.CertificateFiles``, which reads them again whenever they change.
 
 Self-managed (on Kubernetes, without the files): the daemon reads the Secret
 ``--webhook-tls-secret``; when there is none it makes a CA and a serving certificate for
@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 
 from common.certificates import make_ca, server_certificate
 from scheduler.cluster import ClusterError, WebhookCluster
-from scheduler.tls_files import TlsError, TlsFlags, certificates, check_pair, server_context
+from scheduler.tls.files import TlsError, TlsFlags, certificates, check_pair, server_context
 
 logger = logging.getLogger(__name__)
 

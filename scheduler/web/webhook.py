@@ -17,8 +17,8 @@ from aiohttp import web
 from common.core.admission import AdmittedPod, admit
 from common.core.errors import InvalidInput
 from common.core.pod import DEFAULT_NAMESPACE
-from scheduler.bodies import ADMISSION_BODY_LIMIT, read_body
 from scheduler.errors import SchedulerError
+from scheduler.web.limits import ADMISSION_BODY_LIMIT, read_body
 
 logger = logging.getLogger(__name__)
 

@@ -18,21 +18,21 @@ One private module per layer, each importing only those below it:
 - ``_client``: one async function per API call, its REST path written out, and the
   configuration loaded through the ``kubernetes`` package (the only module to use it);
 - ``_transport``: the aiohttp session, and HTTP errors mapped to the project's;
-- ``_bodies``: the request bodies, pure;
+- ``_requests``: the request bodies, pure;
 - ``_wire``: the API's JSON as msgspec shapes, pure.
 """
 
-from scheduler.kube._bodies import (
+from scheduler.cluster.kube._cluster import KubernetesCluster
+from scheduler.cluster.kube._events import EventSeries, SeriesCache
+from scheduler.cluster.kube._requests import (
     PodEvent,
     annotation_patch,
     bind_refusal,
     binding_body,
     recurrence_patch,
 )
-from scheduler.kube._cluster import KubernetesCluster
-from scheduler.kube._events import EventSeries, SeriesCache
-from scheduler.kube._transport import ApiStatusError, describe_failure
-from scheduler.kube._wire import PodToBind, decode_pod
+from scheduler.cluster.kube._transport import ApiStatusError, describe_failure
+from scheduler.cluster.kube._wire import PodToBind, decode_pod
 
 __all__ = [
     "ApiStatusError",

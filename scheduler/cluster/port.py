@@ -1,7 +1,7 @@
 """The ``Cluster`` port: what the daemon reads from and writes to the cluster it serves.
 
-Two implementations: Kubernetes (``scheduler.kube``) and standalone
-(``scheduler.standalone``, pods kept in a NATS JetStream key-value bucket). The
+Two implementations: Kubernetes (``scheduler.cluster.kube``) and standalone
+(``scheduler.cluster.standalone``, pods kept in a NATS JetStream key-value bucket). The
 ``WebhookCluster`` port, for the webhook's self-managed certificate, only on Kubernetes.
 """
 
@@ -190,7 +190,7 @@ class Cluster(Protocol):
 
 class WebhookCluster(Protocol):
     """What the daemon reads and writes to serve its webhook with a certificate of its own
-    (``scheduler.webhook_tls``). Every call raises ``ClusterError`` when it fails."""
+    (``scheduler.tls.webhook``). Every call raises ``ClusterError`` when it fails."""
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         """The Secret's data, decoded; None when there is no such Secret."""

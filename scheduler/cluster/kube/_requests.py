@@ -16,8 +16,8 @@ from common.core.annotations import (
     BIND_PHASE_ANNOTATION,
 )
 from common.core.names import SUBDOMAIN_MAX
-from scheduler.cluster import CAPACITY_FREED_ANNOTATION, EventType
-from scheduler.kube._wire import PodToBind
+from scheduler.cluster.kube._wire import PodToBind
+from scheduler.cluster.port import CAPACITY_FREED_ANNOTATION, EventType
 
 EVENT_MESSAGE_LIMIT = 1024  # bytes: the API server refuses a longer event message
 EVENT_DIGEST_LENGTH = 16

@@ -11,8 +11,9 @@ from aiohttp import hdrs, web
 
 from common.core.names import InvalidName, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
-from scheduler.bodies import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT, read_body
-from scheduler.protocol import (
+from scheduler.service import SchedulerService
+from scheduler.web.limits import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT, read_body
+from scheduler.web.protocol import (
     ExtenderArgs,
     ExtenderArgsDecoder,
     ExtenderBindingArgs,
@@ -22,7 +23,6 @@ from scheduler.protocol import (
     check_extender_args,
     check_preemption_args,
 )
-from scheduler.service import SchedulerService
 
 Args = TypeVar("Args")
 Args_co = TypeVar("Args_co", covariant=True)

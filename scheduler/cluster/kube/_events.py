@@ -9,16 +9,16 @@ from dataclasses import dataclass
 
 import msgspec
 
-from scheduler.kube import _client
-from scheduler.kube._bodies import PodEvent, recurrence_patch
-from scheduler.kube._transport import (
+from scheduler.cluster.kube import _client
+from scheduler.cluster.kube._requests import PodEvent, recurrence_patch
+from scheduler.cluster.kube._transport import (
     API_FAILURES,
     CONFLICT,
     NOT_FOUND,
     ApiTransport,
     answered_with,
 )
-from scheduler.kube._wire import StoredEvent
+from scheduler.cluster.kube._wire import StoredEvent
 
 EVENT_CACHE_SIZE = 4096  # Events whose count is remembered, as many as client-go's correlator
 

@@ -13,20 +13,20 @@ from dataclasses import dataclass
 
 import msgspec
 
-from scheduler.cluster import ClusterError, ClusterPod, PodChange
-from scheduler.kube import _client
-from scheduler.kube._client import PODS, Snapshot
-from scheduler.kube._transport import (
+from scheduler.cluster.kube import _client
+from scheduler.cluster.kube._client import PODS, Snapshot
+from scheduler.cluster.kube._transport import (
     API_FAILURES,
     GONE,
     ApiTransport,
     answered_with,
     describe_failure,
 )
-from scheduler.kube._wire import Node, Pod, Status, WatchEvent, cluster_pod
+from scheduler.cluster.kube._wire import Node, Pod, Status, WatchEvent, cluster_pod
+from scheduler.cluster.port import ClusterError, ClusterPod, PodChange
 
 # The package's name: log lines name the room, not its private modules.
-logger = logging.getLogger("scheduler.kube")
+logger = logging.getLogger("scheduler.cluster.kube")
 
 RETRY_FIRST_DELAY = 1.0
 RETRY_MAX_DELAY = 30.0

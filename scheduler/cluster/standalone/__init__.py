@@ -44,8 +44,7 @@ from common.core.annotations import BIND_PHASE_ANNOTATION
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
 from common.messaging import describe_error
-from scheduler.bodies import POD_BODY_LIMIT, read_body
-from scheduler.cluster import (
+from scheduler.cluster.port import (
     SCHEDULER_NAME,
     AllocationPhase,
     ClusterError,
@@ -55,8 +54,9 @@ from scheduler.cluster import (
     PodChange,
     StoreUnavailable,
 )
-from scheduler.protocol import ExtenderArgs, ExtenderBindingArgs, check_pod_names
 from scheduler.service import KeyedLocks, SchedulerService
+from scheduler.web.limits import POD_BODY_LIMIT, read_body
+from scheduler.web.protocol import ExtenderArgs, ExtenderBindingArgs, check_pod_names
 
 logger = logging.getLogger(__name__)
 

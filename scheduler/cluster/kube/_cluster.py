@@ -13,18 +13,10 @@ import msgspec
 
 from common.core.annotations import CORDON_ANNOTATION
 from scheduler.busauth import NODE_NAME_EXTRA, ReviewedToken
-from scheduler.cluster import (
-    SCHEDULER_NAME,
-    AllocationPhase,
-    ClusterError,
-    ClusterPod,
-    DisruptionBudget,
-    EventType,
-    PodChange,
-    cordon_list,
-)
-from scheduler.kube import _client
-from scheduler.kube._bodies import (
+from scheduler.cluster.kube import _client
+from scheduler.cluster.kube._client import Snapshot
+from scheduler.cluster.kube._events import SeriesCache, write_event
+from scheduler.cluster.kube._requests import (
     JsonObject,
     PodEvent,
     annotation_patch,
@@ -38,9 +30,7 @@ from scheduler.kube._bodies import (
     timestamp,
     token_review_body,
 )
-from scheduler.kube._client import Snapshot
-from scheduler.kube._events import SeriesCache, write_event
-from scheduler.kube._transport import (
+from scheduler.cluster.kube._transport import (
     API_FAILURES,
     CONFLICT,
     NOT_FOUND,
@@ -48,8 +38,8 @@ from scheduler.kube._transport import (
     answered_with,
     describe_failure,
 )
-from scheduler.kube._watch import PodWatcher
-from scheduler.kube._wire import (
+from scheduler.cluster.kube._watch import PodWatcher
+from scheduler.cluster.kube._wire import (
     DisruptionBudgetList,
     Lease,
     NodeList,
@@ -62,10 +52,20 @@ from scheduler.kube._wire import (
     disruption_budget,
     pod_to_bind,
 )
+from scheduler.cluster.port import (
+    SCHEDULER_NAME,
+    AllocationPhase,
+    ClusterError,
+    ClusterPod,
+    DisruptionBudget,
+    EventType,
+    PodChange,
+    cordon_list,
+)
 from scheduler.service import KeyedLocks
 
 # The package's name: log lines name the room, not its private modules.
-logger = logging.getLogger("scheduler.kube")
+logger = logging.getLogger("scheduler.cluster.kube")
 
 UID_CACHE_SIZE = 4096
 

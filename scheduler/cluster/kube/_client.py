@@ -15,10 +15,10 @@ from urllib.parse import quote
 import msgspec
 from kubernetes import client, config
 
-from scheduler.cluster import ClusterError, ClusterPod
-from scheduler.kube._bodies import Json, JsonObject
-from scheduler.kube._transport import WATCH_TIMEOUT_SECONDS, ApiTransport, Endpoint
-from scheduler.kube._wire import PodList, cluster_pod
+from scheduler.cluster.kube._requests import Json, JsonObject
+from scheduler.cluster.kube._transport import WATCH_TIMEOUT_SECONDS, ApiTransport, Endpoint
+from scheduler.cluster.kube._wire import PodList, cluster_pod
+from scheduler.cluster.port import ClusterError, ClusterPod
 
 LIST_PAGE_SIZE = 500
 _JSON = "application/json"

@@ -1,0 +1,40 @@
+"""What the daemon needs from the cluster, and its two implementations.
+
+The port (``Cluster``, ``WebhookCluster``, the pod and budget shapes) is defined in
+``port`` and offered here; ``kube`` implements it on a Kubernetes API server and
+``standalone`` on a JetStream key-value bucket. The daemon chooses one at start-up.
+"""
+
+from scheduler.cluster.port import (
+    CAPACITY_FREED_ANNOTATION,
+    FINISHED_PHASES,
+    SCHEDULER_NAME,
+    AllocationPhase,
+    Cluster,
+    ClusterError,
+    ClusterPod,
+    DisruptionBudget,
+    EventType,
+    LabelRequirement,
+    PodChange,
+    StoreUnavailable,
+    WebhookCluster,
+    cordon_list,
+)
+
+__all__ = [
+    "CAPACITY_FREED_ANNOTATION",
+    "FINISHED_PHASES",
+    "SCHEDULER_NAME",
+    "AllocationPhase",
+    "Cluster",
+    "ClusterError",
+    "ClusterPod",
+    "DisruptionBudget",
+    "EventType",
+    "LabelRequirement",
+    "PodChange",
+    "StoreUnavailable",
+    "WebhookCluster",
+    "cordon_list",
+]

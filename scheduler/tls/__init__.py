@@ -1,0 +1,2 @@
+"""Serving certificates: files followed on disk, and the webhook's self-managed certificate
+in a Secret."""
