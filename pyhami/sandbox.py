@@ -17,7 +17,8 @@ from agent.simulated import SimulatedSource, profile_cards
 from common.core import Defaults, NodePolicy, parse_default_chain
 from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer, free_port
-from scheduler.daemon import DaemonConfig, run_daemon
+from scheduler.config import DaemonConfig
+from scheduler.daemon import run_daemon
 from scheduler.service import SchedulerService, ServiceSettings
 
 START_TIMEOUT_S = 30.0

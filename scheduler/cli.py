@@ -25,16 +25,15 @@ from common.messaging import add_nats_arguments, nats_settings
 from common.settings import add_settings, settings_from
 from common.stopping import stop_on_signals
 from scheduler.busauth import DEFAULT_AGENT_SERVICE_ACCOUNT, DEFAULT_TOKEN_AUDIENCE
-from scheduler.daemon import (
+from scheduler.config import (
     BusAuthConfig,
     ClusterMode,
     DaemonConfig,
     ExtenderTls,
     LeadershipConfig,
-    StartupError,
     WebhookConfig,
-    run_daemon,
 )
+from scheduler.daemon import StartupError, run_daemon
 from scheduler.leadership import check_lease_timing
 from scheduler.service import ServiceSettings
 from scheduler.tls.files import TlsError
@@ -56,13 +55,7 @@ def register(commands: Subcommands) -> None:
     mode.add_argument("--standalone", action="store_true",
                       help="no Kubernetes: pods in a NATS JetStream bucket, submitted over "
                            "/api/pods")
-    parser.add_argument("--listen", type=address, default=("127.0.0.1", 8888),
-                        help="extender address: the verbs bind pods, so only kube-scheduler "
-                             "should reach it (default 127.0.0.1:8888)")
-    parser.add_argument("--metrics", type=address, default=("0.0.0.0", 9395),
-                        help="Prometheus /metrics, /healthz and /readyz address "
-                             "(default 0.0.0.0:9395)")
-    add_settings(parser, DaemonConfig, "url_prefix")
+    add_settings(parser, DaemonConfig, "listen", "metrics", "url_prefix")
     add_policy_defaults(parser)
     add_settings(parser, ServiceSettings, "node_timeout", "node_retention")
     add_settings(parser, DaemonConfig, "nats_grace")

@@ -11,12 +11,13 @@ the facade; everything that changes the ledger happens on one event loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from scheduler.cluster import Cluster
+from scheduler.leadership import Leadership
 from scheduler.service.preemption import Preemptions
 from scheduler.service.reactions import Reactions
-from scheduler.service.reporting import Publish, Reporting
+from scheduler.service.reporting import Check, Publish, Reporting
 from scheduler.service.shared import (
     KeyedLocks,
     ServiceSettings,
@@ -32,9 +33,18 @@ class SchedulerService:
 
     def __init__(self, settings: ServiceSettings, cluster: Cluster, publish: Publish,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
-        self.shared = shared = Shared(settings, cluster, clock, wall_clock)
-        self.reporting = reporting = Reporting(shared, publish)
+                 wall_clock: Callable[[], float] = time.time, *,
+                 leadership: Leadership | None = None,
+                 readiness_checks: Sequence[Check] = (),
+                 status_parts: Mapping[str, Callable[[], object]] | None = None) -> None:
+        """``leadership``: whether this daemon decides (default: alone, always);
+        ``readiness_checks``, ``status_parts``: what the daemon around the service adds to
+        /readyz and /statusz (NATS, background tasks, TLS)."""
+        self.shared = shared = Shared(settings, cluster, clock, wall_clock,
+                                      leadership=leadership)
+        self.reporting = reporting = Reporting(shared, publish,
+                                               readiness_checks=readiness_checks,
+                                               status_parts=status_parts or {})
         self.verbs = verbs = Verbs(shared, reporting.metrics, reporting)
         self.reactions = reactions = Reactions(shared, reporting.metrics, reporting)
         self.preemptions = preemptions = Preemptions(shared, reporting.metrics, reporting)

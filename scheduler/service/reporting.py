@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Literal
 
 from common.core import Decision
@@ -24,7 +24,9 @@ Check = Callable[[], str | None]
 class Reporting:
     """The ``Reports`` the other rooms use, and the views of the daemon's health."""
 
-    def __init__(self, shared: Shared, publish: Publish) -> None:
+    def __init__(self, shared: Shared, publish: Publish, *,
+                 readiness_checks: Sequence[Check] = (),
+                 status_parts: Mapping[str, Callable[[], object]] | None = None) -> None:
         self.shared = shared
         self.state = shared.state
         self._publish = publish
@@ -34,11 +36,11 @@ class Reporting:
             fleet=lambda: self.state.fleet, last_heard=self._last_heard,
             stale=lambda: self.state.stale_nodes(self._clock()).keys(),
             ready=lambda: not self.not_ready_because(),
-            leading=lambda: self.shared.leadership.leading(),  # noqa: PLW0108 (set at start-up)
+            leading=shared.leadership.leading,
             slices_enforced=lambda: dict(self.state.slices_enforced)))
-        self.readiness_checks: list[Check] = []
+        self.readiness_checks: list[Check] = list(readiness_checks)
         """Each says why the daemon is not ready, or None (NATS, background tasks)."""
-        self.status_parts: dict[str, Callable[[], object]] = {}
+        self.status_parts: dict[str, Callable[[], object]] = dict(status_parts or {})
         self._changed_nodes: set[str] = set()
         self._retry_signals: list[asyncio.Event] = []
 

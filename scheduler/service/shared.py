@@ -86,7 +86,8 @@ class Shared:
 
     def __init__(self, settings: ServiceSettings, cluster: Cluster,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, *,
+                 leadership: Leadership | None = None) -> None:
         self.settings = settings
         self.state = LiveState(node_timeout=settings.node_timeout,
                                reservation_ttl=settings.reservation_ttl,
@@ -96,8 +97,8 @@ class Shared:
         self.wall_clock = wall_clock
         self.ready = False
         """The ledger is rebuilt: /filter answers (``not_ready_because`` says the rest)."""
-        self.leadership: Leadership = Sole(SCHEDULER_NAME)
-        """Whether this daemon decides; set at start-up where several run."""
+        self.leadership: Leadership = leadership or Sole(SCHEDULER_NAME)
+        """Whether this daemon decides: the daemon's choice, or alone (in-process tests)."""
         self.inventory_accepted = 0
         self.manifests: dict[str, PodManifest] = {}
         """The pods /filter saw, so that /bind can decide again without asking the cluster."""

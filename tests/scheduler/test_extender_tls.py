@@ -28,7 +28,8 @@ from common.natsserver import LocalNatsServer, free_port
 from pyhami.cli import build_parser
 from pyhami.sandbox import RunningDaemon, standalone_config
 from scheduler.cli import config_from
-from scheduler.daemon import DaemonConfig, ExtenderTls, run_daemon
+from scheduler.config import DaemonConfig, ExtenderTls
+from scheduler.daemon import run_daemon
 from tests.certs import (
     ClientFiles,
     ServerFiles,

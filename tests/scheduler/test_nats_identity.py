@@ -39,7 +39,7 @@ from pyhami.watch._model import WatchModel
 from pyhami.watch._shell import listen
 from scheduler.busauth import AUTH_CALLOUT_SUBJECT
 from scheduler.cluster.standalone import BUCKET
-from scheduler.daemon import BusAuthConfig
+from scheduler.config import BusAuthConfig
 from tests.harness import eventually, metric_sample
 
 

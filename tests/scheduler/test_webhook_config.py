@@ -10,7 +10,7 @@ import pytest
 
 from pyhami.cli import build_parser
 from scheduler.cli import config_from
-from scheduler.daemon import DaemonConfig, WebhookConfig
+from scheduler.config import DaemonConfig, WebhookConfig
 from scheduler.tls.webhook import issue, service_names
 from tests.certs import ServerFiles, server_files
 from tests.scheduler.test_config_errors import one_clear_line, scheduler

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from common.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, standalone_config
-from scheduler.daemon import WebhookConfig
+from scheduler.config import WebhookConfig
 from scheduler.tls.files import CertificateFiles
 from scheduler.tls.webhook import WEBHOOK_FLAGS
 from scheduler.web.limits import ADMISSION_BODY_LIMIT
