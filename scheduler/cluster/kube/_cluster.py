@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from common.core.annotations import CORDON_ANNOTATION
+from common.locks import KeyedLocks
 from scheduler.busauth import NODE_NAME_EXTRA, ReviewedToken
 from scheduler.cluster.kube import _client
 from scheduler.cluster.kube._client import Snapshot
@@ -62,7 +63,6 @@ from scheduler.cluster.port import (
     PodChange,
     cordon_list,
 )
-from scheduler.service import KeyedLocks
 
 # The package's name: log lines name the room, not its private modules.
 logger = logging.getLogger("scheduler.cluster.kube")
