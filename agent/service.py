@@ -47,12 +47,17 @@ TASKS_STOP_TIMEOUT_S = 2.0
 
 
 def uuid_list(text: str) -> tuple[str, ...]:
+    """``--cordon``'s cards, in the order given: the order they are reported in."""
     return tuple(comma_list(text))
 
 
 @dataclass(frozen=True)
 class AgentSettings:
+    """How the agent reports its node: how often it reads the cards and speaks, and which
+    cards it reports cordoned."""
+
     node: str
+    """This node's name (``--node``, else $NODE_NAME: ``agent.cli`` reads and checks it)."""
     poll_interval: float = setting(
         5.0, parse=positive_seconds, metavar="SECONDS",
         help="read the cards this often (default: {default})")
