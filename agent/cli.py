@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from agent.deviceplugin.plugin import DEFAULT_HAMI_CORE_DIR, DEFAULT_KUBELET_DIR, PluginSettings
+from agent.deviceplugin.plugin import PluginSettings
 from agent.inventory import InventoryError, InventorySource
 from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
 from agent.service import Agent, AgentSettings
@@ -80,14 +80,7 @@ def register(commands: Subcommands) -> None:
     plugin.add_argument("--device-plugin", action="store_true",
                         help="serve the kubelet's device plugin API: advertise the cards as "
                              "nvidia.com/gpu and give containers the cards pyhami chose")
-    plugin.add_argument("--kubelet-dir", type=Path, default=DEFAULT_KUBELET_DIR, metavar="DIR",
-                        help="the kubelet's device plugin folder, holding kubelet.sock "
-                             f"(default: {DEFAULT_KUBELET_DIR})")
-    plugin.add_argument("--hami-core-dir", type=Path, default=DEFAULT_HAMI_CORE_DIR,
-                        metavar="DIR",
-                        help="where HAMi-core's libvgpu.so is installed on the node; without "
-                             f"it memory slices are not enforced (default: "
-                             f"{DEFAULT_HAMI_CORE_DIR})")
+    add_settings(plugin, PluginSettings, "kubelet_dir", "hami_core_dir")
     add_log_arguments(parser)
     add_nats_arguments(parser)
     parser.set_defaults(handler=run)
@@ -127,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"pyhami agent: --inventory: {error}", file=sys.stderr)
         return 2
     settings = settings_from(AgentSettings, args, node=node)
-    plugin = PluginSettings(kubelet_dir=args.kubelet_dir, hami_core_dir=args.hami_core_dir) \
-        if args.device_plugin else None
+    plugin = settings_from(PluginSettings, args) if args.device_plugin else None
     configure_logging(args)
     try:
         asyncio.run(serve(Agent(settings, source, nats, device_plugin=plugin)))

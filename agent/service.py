@@ -28,6 +28,7 @@ from common.busaccess import agent_inbox_prefix
 from common.core.annotations import comma_list
 from common.messaging import Connection, NatsSettings
 from common.settings import setting
+from common.supervision import Supervisor
 from common.wire import (
     RESYNC_SUBJECT,
     Reason,
@@ -43,16 +44,20 @@ logger = logging.getLogger(__name__)
 
 # Stopping must end within 10 s even while a card read hangs in its thread.
 SOURCE_CLOSE_TIMEOUT_S = 3.0
-TASKS_STOP_TIMEOUT_S = 2.0
 
 
 def uuid_list(text: str) -> tuple[str, ...]:
+    """``--cordon``'s cards, in the order given: the order they are reported in."""
     return tuple(comma_list(text))
 
 
 @dataclass(frozen=True)
 class AgentSettings:
+    """How the agent reports its node: how often it reads the cards and speaks, and which
+    cards it reports cordoned."""
+
     node: str
+    """This node's name (``--node``, else $NODE_NAME: ``agent.cli`` reads and checks it)."""
     poll_interval: float = setting(
         5.0, parse=positive_seconds, metavar="SECONDS",
         help="read the cards this often (default: {default})")
@@ -103,31 +108,29 @@ class Agent:
         or with NATS gone."""
         await self._connection.subscribe(RESYNC_SUBJECT, self._on_resync)
         opened = asyncio.create_task(self._open())
-        tasks: list[asyncio.Task[None]] = []
         stopping = asyncio.create_task(stop.wait())
+        # These loops end only by crashing, and the agent with them (its DaemonSet starts
+        # it again): none is restarted, and the crash is raised from run().
+        supervisor = Supervisor()
         try:
             await asyncio.wait({opened, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if stop.is_set():
                 return
             opened.result()  # raises what stopped the source from opening
-            tasks = [asyncio.create_task(self._connection.run()),
-                     asyncio.create_task(self._poll()),
-                     asyncio.create_task(self._heartbeat())]
+            supervisor.start("nats-connection", self._connection.run, restart=False)
+            supervisor.start("poll", self._poll, restart=False)
+            supervisor.start("heartbeat", self._heartbeat, restart=False)
             if self._device_plugin is not None:
-                tasks.append(asyncio.create_task(self._device_plugin.run()))
-            await asyncio.wait({stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED)
-            for task in tasks:
-                if task.done() and not task.cancelled():
-                    task.result()  # these loops end only by crashing: raise it
+                supervisor.start("device-plugin", self._device_plugin.run, restart=False)
+            await supervisor.until_stopped(stop)
         finally:
             stopping.cancel()
             opened.cancel()  # a read under way in its thread ends on its own
-            for task in tasks:
-                task.cancel()
+            supervisor.cancel()
+            # Closed before the wait: the connection's loop ends on it even where nats-py
+            # swallowed the cancellation; the wait is bounded for any other such loop.
             await self._connection.close()
-            if tasks:
-                # Bounded: a loop whose cancellation nats-py swallowed must not hold the stop.
-                await asyncio.wait(tasks, timeout=TASKS_STOP_TIMEOUT_S)
+            await supervisor.stop()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.to_thread(self._source.close),
                                        SOURCE_CLOSE_TIMEOUT_S)

@@ -35,6 +35,7 @@ from agent.deviceplugin.allocation import (
     preferred_devices,
 )
 from agent.deviceplugin.source import AllocationSource, AllocationSourceError
+from common.settings import setting
 from common.wire import AllocationOutcome, ReportedCard
 
 logger = logging.getLogger(__name__)
@@ -207,9 +208,17 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
 @dataclass(frozen=True)
 class PluginSettings:
-    kubelet_dir: Path = DEFAULT_KUBELET_DIR
-    hami_core_dir: Path = DEFAULT_HAMI_CORE_DIR
+    """Where the device plugin meets the kubelet and finds HAMi-core on the node."""
+
+    kubelet_dir: Path = setting(
+        DEFAULT_KUBELET_DIR, parse=Path, metavar="DIR",
+        help="the kubelet's device plugin folder, holding kubelet.sock (default: {default})")
+    hami_core_dir: Path = setting(
+        DEFAULT_HAMI_CORE_DIR, parse=Path, metavar="DIR",
+        help="where HAMi-core's libvgpu.so is installed on the node; without it memory "
+             "slices are not enforced (default: {default})")
     watch_interval: float = WATCH_INTERVAL_S
+    """How often the kubelet's socket and the plugin's own are looked at (tests shorten it)."""
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:

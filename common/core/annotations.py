@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from common.core.errors import InvalidInput
@@ -27,6 +27,12 @@ class AnnotationError(InvalidInput):
 def comma_list(text: str) -> list[str]:
     """The entries of a comma-separated list (a card list annotation or flag), blanks left out."""
     return [entry.strip() for entry in text.split(",") if entry.strip()]
+
+
+def cordoned_uuids(annotations: Mapping[str, str]) -> frozenset[str]:
+    """The UUIDs of the cards a node's annotations cordon (``hami.io/device-cordon``,
+    whether the agent reported it or the Node carries it)."""
+    return frozenset(comma_list(annotations.get(CORDON_ANNOTATION, "")))
 
 
 @dataclass(frozen=True, slots=True)

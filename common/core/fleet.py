@@ -16,7 +16,7 @@ from typing import overload
 import numpy as np
 import numpy.typing as npt
 
-from common.core.annotations import CORDON_ANNOTATION, comma_list
+from common.core.annotations import cordoned_uuids
 from common.core.ledger import Allocation, Usage
 from common.core.model import Card, Node
 from common.core.policy import Weights
@@ -74,10 +74,6 @@ def occupied_slots(tenants: int | IntArray, processes: int | IntArray) -> int | 
     if isinstance(tenants, int) and isinstance(processes, int):
         return max(tenants, processes)
     return np.maximum(tenants, processes)
-
-
-def cordoned_uuids(node: Node) -> frozenset[str]:
-    return frozenset(comma_list(node.annotations.get(CORDON_ANNOTATION, "")))
 
 
 def _static_signature(device: Card) -> tuple[object, ...]:
@@ -193,7 +189,7 @@ class Layout:
         for position, node in enumerate(ordered):
             devices = sorted(node.devices, key=lambda d: d.index)
             starts.append(len(self.devices))
-            cordon = cordoned_uuids(node)
+            cordon = cordoned_uuids(node.annotations)
             self.devices.extend(devices)
             node_of.extend(position for _ in devices)
             cordoned.extend(d.uuid in cordon for d in devices)
@@ -351,7 +347,7 @@ class Fleet:
         if old is None or not _same_static(old.devices, node.devices):
             self._layout = None
             return
-        cordon = cordoned_uuids(node)
+        cordon = cordoned_uuids(node.annotations)
         for device in node.devices:
             card = self._layout.card_position[(node.name, device.uuid)]
             self._layout.set_dynamic(card, device, device.uuid in cordon)

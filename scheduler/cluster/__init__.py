@@ -19,7 +19,6 @@ from scheduler.cluster.port import (
     PodChange,
     StoreUnavailable,
     WebhookCluster,
-    cordon_list,
 )
 
 __all__ = [
@@ -36,5 +35,4 @@ __all__ = [
     "PodChange",
     "StoreUnavailable",
     "WebhookCluster",
-    "cordon_list",
 ]

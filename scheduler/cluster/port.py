@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from common.core import Allocation, AnnotationError, PodManifest, decode_devices
-from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION, comma_list
+from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
 from common.core.errors import ExternalFailure
 from scheduler.errors import SchedulerError
 
@@ -22,10 +22,6 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 # Changing a pending pod makes kube-scheduler try it again at once; pyhami stamps
 # this annotation on the pods it refused whenever cards are freed.
 CAPACITY_FREED_ANNOTATION = "pyhami.io/capacity-freed"
-
-
-def cordon_list(text: str) -> frozenset[str]:
-    return frozenset(comma_list(text))
 
 EventType = Literal["Normal", "Warning"]
 AllocationPhase = Literal["success", "failed"]

@@ -31,9 +31,10 @@ from common.core.annotations import (
 from common.core.fleet import NODE_WEIGHTS, score_max
 from common.core.pod import DEFAULT_NAMESPACE
 from common.core.reasons import removed_most
+from common.locks import KeyedLocks
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
-from scheduler.service.shared import KeyedLocks, Reports, Room, Shared
+from scheduler.service.shared import Reports, Room, Shared
 from scheduler.web.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,

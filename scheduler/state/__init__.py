@@ -25,8 +25,7 @@ from common.core import (
     Usage,
     decide,
 )
-from common.core.annotations import CORDON_ANNOTATION
-from common.core.fleet import cordoned_uuids
+from common.core.annotations import CORDON_ANNOTATION, cordoned_uuids
 from common.core.refusal import refusal_message
 from common.wire import Inventory
 
@@ -212,7 +211,7 @@ class LiveState:
         extra = self._cluster_cordons.get(node.name)
         if not extra:
             return node
-        cordoned = ",".join(sorted(cordoned_uuids(node) | extra))
+        cordoned = ",".join(sorted(cordoned_uuids(node.annotations) | extra))
         return msgspec.structs.replace(node, annotations={**node.annotations,
                                                           CORDON_ANNOTATION: cordoned})
 

@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from common.core.annotations import CORDON_ANNOTATION
+from common.core.annotations import cordoned_uuids
+from common.locks import KeyedLocks
 from scheduler.busauth import NODE_NAME_EXTRA, ReviewedToken
 from scheduler.cluster.kube import _client
 from scheduler.cluster.kube._client import Snapshot
@@ -60,9 +61,7 @@ from scheduler.cluster.port import (
     DisruptionBudget,
     EventType,
     PodChange,
-    cordon_list,
 )
-from scheduler.service import KeyedLocks
 
 # The package's name: log lines name the room, not its private modules.
 logger = logging.getLogger("scheduler.cluster.kube")
@@ -129,8 +128,8 @@ class KubernetesCluster:
             nodes = msgspec.json.decode(data, type=NodeList).items
         except API_FAILURES as error:
             raise ClusterError(f"listing nodes failed: {describe_failure(error)}") from error
-        return {node.metadata.name: cordon_list((node.metadata.annotations or {}).get(
-                    CORDON_ANNOTATION, "")) for node in nodes}
+        return {node.metadata.name: cordoned_uuids(node.metadata.annotations or {})
+                for node in nodes}
 
     async def lease_holder(self, namespace: str, name: str) -> str | None:
         try:

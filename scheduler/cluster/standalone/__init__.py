@@ -43,6 +43,7 @@ from common.core.admission import names_no_other_scheduler
 from common.core.annotations import BIND_PHASE_ANNOTATION
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
+from common.locks import KeyedLocks
 from common.messaging import describe_error
 from scheduler.cluster.port import (
     SCHEDULER_NAME,
@@ -54,7 +55,7 @@ from scheduler.cluster.port import (
     PodChange,
     StoreUnavailable,
 )
-from scheduler.service import KeyedLocks, SchedulerService
+from scheduler.service import SchedulerService
 from scheduler.web.limits import POD_BODY_LIMIT, read_body
 from scheduler.web.protocol import ExtenderArgs, ExtenderBindingArgs, check_pod_names
 
