@@ -18,13 +18,12 @@ from scheduler.service.preemption import Preemptions
 from scheduler.service.reactions import Reactions
 from scheduler.service.reporting import Publish, Reporting
 from scheduler.service.shared import (
-    KeyedLocks,
     ServiceSettings,
     Shared,
 )
 from scheduler.service.verbs import Verbs
 
-__all__ = ["KeyedLocks", "SchedulerService", "ServiceSettings"]
+__all__ = ["SchedulerService", "ServiceSettings"]
 
 
 class SchedulerService:

@@ -5,10 +5,9 @@ cards' capacity changed."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -39,27 +38,6 @@ class ServiceSettings:
     """Forget a node silent this long (standalone); None: never for silence."""
     nodes_listed: bool = False
     """The cluster lists its Nodes (Kubernetes): forget a node it no longer lists."""
-
-
-class KeyedLocks:
-    """One lock per key, held only while someone uses it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
 
 
 class Reports(Protocol):

@@ -32,8 +32,9 @@ from common.core.fleet import NODE_WEIGHTS, score_max
 from common.core.pod import DEFAULT_NAMESPACE
 from common.core.reasons import removed_most
 from scheduler.cluster import ClusterError
+from scheduler.locks import KeyedLocks
 from scheduler.metrics import Metrics
-from scheduler.service.shared import KeyedLocks, Reports, Room, Shared
+from scheduler.service.shared import Reports, Room, Shared
 from scheduler.web.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,

@@ -62,7 +62,7 @@ from scheduler.cluster.port import (
     PodChange,
     cordon_list,
 )
-from scheduler.service import KeyedLocks
+from scheduler.locks import KeyedLocks
 
 # The package's name: log lines name the room, not its private modules.
 logger = logging.getLogger("scheduler.cluster.kube")
