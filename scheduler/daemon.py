@@ -56,7 +56,7 @@ from scheduler.busauth import (
     self_managed_credentials,
 )
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, WebhookCluster
-from scheduler.cluster.standalone import PendingLoop, StandaloneCluster, pod_api
+from scheduler.cluster.standalone import StandaloneCluster
 from scheduler.errors import SchedulerError
 from scheduler.leadership import (
     FollowedLease,
@@ -66,6 +66,7 @@ from scheduler.leadership import (
     Sole,
 )
 from scheduler.metrics import ConnectionCollector
+from scheduler.pending import PendingLoop
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.tls.files import DEFAULT_CHECK_PERIOD_S, CertificateFiles, TlsError, TlsFlags
 from scheduler.tls.webhook import (
@@ -77,6 +78,7 @@ from scheduler.tls.webhook import (
     service_names,
 )
 from scheduler.web.extender import extender_app, metrics_app
+from scheduler.web.pods import pod_api
 from scheduler.web.webhook import WEBHOOK_PATH, webhook_app
 
 if TYPE_CHECKING:
@@ -285,9 +287,10 @@ def _agent_identities(config: BusAuthConfig, kubernetes: KubernetesCluster | Non
                                 service_account=config.agent_service_account)
 
 
-async def _open_bucket(client: Client) -> StandaloneCluster:
+async def _open_bucket(client: Client,
+                       refusal: Callable[[], str | None]) -> StandaloneCluster:
     try:
-        return await StandaloneCluster.open(client)
+        return await StandaloneCluster.open(client, refusal)
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
         url = client.connected_url
         raise StartupError(
@@ -517,7 +520,8 @@ async def run_daemon(config: DaemonConfig, stop: asyncio.Event,
             return
         if kubernetes is None:
             phase[0] = "opening the JetStream pod bucket"
-            standalone = await _unless_stopped(stop, _open_bucket(client))
+            standalone = await _unless_stopped(stop, _open_bucket(
+                client, lambda: lease.refusal() if lease is not None else None))
             if standalone is None:
                 return
         cluster = standalone or kubernetes
@@ -637,7 +641,6 @@ async def _standalone_lease(config: DaemonConfig, client: Client,
         await lease.open(client)
     except LeaseSettingsError as error:
         raise StartupError(str(error)) from None
-    standalone.refusal = lease.refusal
     return lease
 
 
