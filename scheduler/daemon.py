@@ -51,7 +51,7 @@ from scheduler.busauth import (
     self_managed_credentials,
 )
 from scheduler.cluster import Cluster, ClusterError, WebhookCluster
-from scheduler.cluster.standalone import PendingLoop, StandaloneCluster, pod_api
+from scheduler.cluster.standalone import StandaloneCluster
 from scheduler.config import BusAuthConfig, DaemonConfig, ExtenderTls, WebhookConfig
 from scheduler.errors import SchedulerError
 from scheduler.leadership import (
@@ -62,6 +62,7 @@ from scheduler.leadership import (
     Sole,
 )
 from scheduler.metrics import ConnectionCollector
+from scheduler.pending import PendingLoop
 from scheduler.service import SchedulerService
 from scheduler.tls.files import CertificateFiles, TlsError
 from scheduler.tls.webhook import (
@@ -73,6 +74,7 @@ from scheduler.tls.webhook import (
     service_names,
 )
 from scheduler.web.extender import extender_app, metrics_app
+from scheduler.web.pods import pod_api
 from scheduler.web.probes import serve, starting_app
 from scheduler.web.webhook import WEBHOOK_PATH, webhook_app
 
@@ -262,10 +264,9 @@ class Daemon:
         if self._kubernetes is not None:
             return self._kubernetes
         self._phase.enter("opening the JetStream pod bucket")
-        self._standalone = standalone = await self._unless_stopped(_open_bucket(client))
-        assert self._lease is not None
-        standalone.refusal = self._lease.refusal
-        return standalone
+        assert self._lease is not None, "standalone daemons hold a lease"
+        self._standalone = await self._unless_stopped(_open_bucket(client, self._lease.refusal))
+        return self._standalone
 
     async def _open_lease(self, client: Client) -> None:
         """Standalone: the lease's bucket, which must expire entries as --lease-ttl says."""
@@ -558,9 +559,9 @@ def _agent_identities(config: BusAuthConfig, kubernetes: KubernetesCluster | Non
                                 service_account=config.agent_service_account)
 
 
-async def _open_bucket(client: Client) -> StandaloneCluster:
+async def _open_bucket(client: Client, refusal: Callable[[], str | None]) -> StandaloneCluster:
     try:
-        return await StandaloneCluster.open(client)
+        return await StandaloneCluster.open(client, refusal)
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
         url = client.connected_url
         raise StartupError(

@@ -199,9 +199,10 @@ async def test_two_daemons_sharing_the_store_cannot_both_bind_a_pod(
         jetstream_server: LocalNatsServer) -> None:
     connections = [await nats.connect(jetstream_server.url) for _ in range(2)]
     try:
-        first = await StandaloneCluster.open(connections[0])
+        first = await StandaloneCluster.open(connections[0], refusal=lambda: None)
         pod = await first.submit(PodManifest(metadata=ObjectMeta(name="shared")))
-        second = await StandaloneCluster.open(connections[1])  # sees the pod pending too
+        # The second sees the pod pending too.
+        second = await StandaloneCluster.open(connections[1], refusal=lambda: None)
         outcomes = await asyncio.gather(
             first.bind("default", "shared", pod.uid, "n1", {"hami.io/vgpu-node": "n1"}),
             second.bind("default", "shared", pod.uid, "n2", {"hami.io/vgpu-node": "n2"}),

@@ -29,7 +29,7 @@ from common.wire import SCHEMA_VERSION, Inventory, ReportedCard, encode, invento
 from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS
 from scheduler.cluster import ClusterPod, PodChange
-from scheduler.cluster.standalone import _key
+from scheduler.cluster.standalone._wire import pod_key
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.web.limits import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT
 from scheduler.web.protocol import ExtenderArgs, HostPriority
@@ -381,7 +381,7 @@ def test_valid_names_give_distinct_store_keys(namespace: str, name: str, other_n
     for value, check in ((namespace, check_label), (other_namespace, check_label),
                          (name, check_subdomain), (other_name, check_subdomain)):
         check("field", value)
-    same_key = _key(namespace, name) == _key(other_namespace, other_name)
+    same_key = pod_key(namespace, name) == pod_key(other_namespace, other_name)
     assert same_key == ((namespace, name) == (other_namespace, other_name))
 
 

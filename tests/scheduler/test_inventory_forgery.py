@@ -146,7 +146,7 @@ async def test_after_the_daemon_reconnects_a_node_may_skip_more_than_the_bound(
     cluster = service(t4_lab).cluster
     assert isinstance(cluster, StandaloneCluster)
     with pytest.raises(nats.errors.Error):  # nats-server's -ERR closes the daemon's client
-        await cluster._bucket.put("k" * (MAX_CONTROL_LINE + 100), b"")
+        await cluster._bucket._kv.put("k" * (MAX_CONTROL_LINE + 100), b"")
     request = decode_resync((await resyncs.next_msg(timeout=15)).data)
     assert request.requested_by == "pyhami-scheduler"  # the daemon is back and said so
 

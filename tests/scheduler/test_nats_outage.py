@@ -130,7 +130,7 @@ async def test_the_daemon_and_an_agent_reconnect_after_a_server_error_and_keep_s
         cluster = service.cluster
         assert isinstance(cluster, StandaloneCluster)
         with pytest.raises(nats.errors.Error):  # no answer comes: the client was closed
-            await cluster._bucket.put("k" * (MAX_CONTROL_LINE + 100), b"")
+            await cluster._bucket._kv.put("k" * (MAX_CONTROL_LINE + 100), b"")
 
         async def daemon_replaced() -> bool:
             async with http.get(f"{daemon.url}/statusz") as response:
