@@ -135,8 +135,9 @@ class Preemptions(Room):
         await asyncio.sleep(PREEMPT_GRACE_S)
         key = request.key
         if (self._asked.get(key, float("-inf")) >= refused_at
-                or not self.shared.leadership.leading() or key in self.state.bound
-                or self.state.reservation(key) is not None or self._awaiting_victims(key)):
+                or not self.shared.leadership.leading() or key in self.state.bookings.bound
+                or self.state.bookings.reservation(key) is not None
+                or self._awaiting_victims(key)):
             return
         priority = pod.spec.priority or 0
         # Only nodes where a pod of lower priority holds cards can be made room on; where
@@ -237,7 +238,7 @@ class Preemptions(Room):
         return {key: Tenant(priority=holder.priority, started=holder.started,
                             disruption_allowed=not _protected(holder, budgets))
                 for key, holder in self.shared.holders.items()
-                if key in self.state.bound and holder.uid not in leaving}
+                if key in self.state.bookings.bound and holder.uid not in leaving}
 
 
 ASKED_KEPT = 1024

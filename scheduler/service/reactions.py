@@ -67,7 +67,7 @@ class Reactions(Room):
                 self._note_handed(pod)
                 self.shared.holders[pod.key] = pod
         self.shared.holders = {key: self.shared.holders[key] for key, _ in restored}
-        self.state.replace_ledger(restored)
+        self.state.bookings.replace_ledger(restored)
         await self.refresh_cordons()
         self.reports.mark_changed(*(a.node for _, a in restored))
         logger.info("ledger rebuilt from %d pods holding cards", len(restored))
@@ -104,7 +104,7 @@ class Reactions(Room):
         except WireError as error:
             self._refuse_inventory(error.result, str(error))
             return None
-        result = self.state.ingest(inventory, self._clock())
+        result = self.state.nodes.ingest(inventory, self._clock())
         if result.conflict is not None:
             self._refuse_inventory("card_conflict", f"inventory refused: {result.conflict}")
             return None
@@ -143,7 +143,7 @@ class Reactions(Room):
             self._refuse_allocation(f"allocations request refused: {error}")
             return None
         keys = sorted(key for key, allocation in self.state.fleet.allocations().items()
-                      if allocation.node == node and key in self.state.bound
+                      if allocation.node == node and key in self.state.bookings.bound
                       and key not in self.shared.handed)
         try:
             pods = await asyncio.gather(*(self.cluster.get_pod(*key.split("/", 1))
@@ -171,7 +171,7 @@ class Reactions(Room):
         namespace, name = outcome.namespace, outcome.name
         key = f"{namespace}/{name}"
         held = self.state.fleet.allocation(key)
-        if key not in self.state.bound or held is None or held.node != node:
+        if key not in self.state.bookings.bound or held is None or held.node != node:
             self._refuse_allocation(f"allocation outcome refused: pod {key} is not bound "
                                     f"to node {node}")
             return
@@ -207,7 +207,7 @@ class Reactions(Room):
 
     async def stand_by(self) -> None:
         """This daemon stopped deciding: the reservations it made will never be bound."""
-        dropped = self.state.drop_reservations()
+        dropped = self.state.bookings.drop_reservations()
         if dropped:
             logger.info("standing by: %d reservations released", len(dropped))
             await self.reports.capacity_changed(*(a.node for a in dropped.values()),
@@ -216,7 +216,7 @@ class Reactions(Room):
     def connection_resumed(self) -> None:
         """The daemon is on the bus again after an outage: whatever the agents sent
         meanwhile was missed, so their next messages may skip any number of sequences."""
-        self.state.forgive_gaps(self._clock())
+        self.state.nodes.forgive_gaps(self._clock())
 
     def _refuse_inventory(self, result: str, why: str) -> None:
         self.metrics.inventory.labels(result).inc()
@@ -238,7 +238,7 @@ class Reactions(Room):
         or finished, book those bound that it lacks."""
         pods = await self.cluster.list_pods()
         listed = {pod.key for pod in pods}
-        for key in sorted(self.state.bound - listed):
+        for key in sorted(self.state.bookings.bound - listed):
             await self._pod_ended(key)
         for pod in pods:
             await self.on_pod_change(PodChange(pod, deleted=False))
@@ -251,7 +251,8 @@ class Reactions(Room):
         self._note_handed(pod)
         if pod.node is not None and pod.manifest.asks_for_gpu:
             self.shared.holders[pod.key] = pod  # its priority and start, for preemption
-        if pod.key in self.state.bound or self.state.reservation(pod.key) is not None:
+        if (pod.key in self.state.bookings.bound
+                or self.state.bookings.reservation(pod.key) is not None):
             return
         try:
             allocation = pod.allocation()
@@ -259,7 +260,7 @@ class Reactions(Room):
             logger.error("pod %s: %s; its cards are not counted", pod.key, error)
             return
         if allocation is not None:  # bound elsewhere, e.g. while this daemon was down
-            self.state.restore([(pod.key, allocation)])
+            self.state.bookings.restore([(pod.key, allocation)])
             # Cards booked, none freed: no waiting pod fits now that did not before.
             await self.reports.capacity_changed(allocation.node, retry_waiting=False)
 
@@ -268,7 +269,7 @@ class Reactions(Room):
         self.shared.refused.pop(key, None)
         self.shared.handed.discard(key)
         self.shared.holders.pop(key, None)
-        released = self.state.release(key)
+        released = self.state.bookings.release(key)
         if released is not None:
             logger.info("pod %s ended: its cards on %s are free", key, released.node)
             await self.reports.capacity_changed(released.node)
@@ -283,9 +284,9 @@ class Reactions(Room):
             logger.warning("node cordons not refreshed, keeping the last ones: %s", error)
             return
         if self.settings.nodes_listed:
-            for name in self.state.unlisted(cordons.keys(), listed_since):
+            for name in self.state.nodes.unlisted(cordons.keys(), listed_since):
                 self._forget(name, "its Node is no longer in the cluster")
-        changed = self.state.set_cluster_cordons(cordons)
+        changed = self.state.nodes.set_cluster_cordons(cordons)
         if changed:
             logger.info("device cordons changed on %s", ", ".join(sorted(changed)))
             await self.reports.capacity_changed(*changed)
@@ -303,14 +304,14 @@ class Reactions(Room):
     def check_nodes(self) -> None:
         """Log each node once as it goes stale; forget those silent beyond the retention."""
         now = self._clock()
-        for name, why in self.state.newly_stale(now).items():
+        for name, why in self.state.nodes.newly_stale(now).items():
             logger.warning("node %s is stale: %s", name, why.text())
-        for name, quiet in self.state.silent_beyond_retention(now).items():
+        for name, quiet in self.state.nodes.silent_beyond_retention(now).items():
             self._forget(name, f"silent for {quiet:.0f}s (retention "
                                f"{self.settings.node_retention:g}s)")
 
     def _forget(self, name: str, why: str) -> None:
-        self.state.forget(name)
+        self.state.nodes.forget(name)
         held = sum(1 for a in self.state.fleet.allocations().values() if a.node == name)
         logger.warning("node %s forgotten: %s%s", name, why,
                        f"; {held} pods still hold its cards" if held else "")
@@ -318,7 +319,7 @@ class Reactions(Room):
     async def expire_reservations(self, period: float = 1.0) -> None:
         while True:
             await asyncio.sleep(period)
-            late = self.state.expire(self._clock())
+            late = self.state.bookings.expire(self._clock())
             for key in late:
                 logger.warning("reservation of pod %s expired: no bind came in time", key)
                 self.metrics.released.labels("expired").inc()

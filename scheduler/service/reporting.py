@@ -34,10 +34,10 @@ class Reporting:
         self._wall_clock = shared.wall_clock
         self.metrics = Metrics(Sources(
             fleet=lambda: self.state.fleet, last_heard=self._last_heard,
-            stale=lambda: self.state.stale_nodes(self._clock()).keys(),
+            stale=lambda: self.state.nodes.stale_nodes(self._clock()).keys(),
             ready=lambda: not self.not_ready_because(),
             leading=shared.leadership.leading,
-            slices_enforced=lambda: dict(self.state.slices_enforced)))
+            slices_enforced=lambda: dict(self.state.nodes.slices_enforced)))
         self.readiness_checks: list[Check] = list(readiness_checks)
         """Each says why the daemon is not ready, or None (NATS, background tasks)."""
         self.status_parts: dict[str, Callable[[], object]] = dict(status_parts or {})
@@ -125,16 +125,16 @@ class Reporting:
             **{name: part() for name, part in self.status_parts.items()},
             "nodes": sum(1 for _ in self.state.fleet.nodes()),
             "node_names": sorted(n.name for n in self.state.fleet.nodes()),
-            "stale_nodes": sorted(self.state.stale_nodes(self._clock())),
+            "stale_nodes": sorted(self.state.nodes.stale_nodes(self._clock())),
             "inventory_accepted": self.shared.inventory_accepted,
-            "pods_bound": len(self.state.bound),
-            "reservations": len(self.state.reservations),
+            "pods_bound": len(self.state.bookings.bound),
+            "reservations": self.state.bookings.reservation_count,
         }
 
     def _last_heard(self) -> dict[str, float]:
         """When each node was last heard from, in seconds since the epoch (for metrics)."""
         now, wall = self._clock(), self._wall_clock()
-        return {name: wall - quiet for name, quiet in self.state.silence(now).items()}
+        return {name: wall - quiet for name, quiet in self.state.nodes.silence(now).items()}
 
     def ledger(self) -> dict[str, object]:
         """The ledger as it stands (``GET /ledgerz``), for operators and invariant checks.
@@ -145,19 +145,18 @@ class Reporting:
         reports any more.
         """
         now = self._clock()
-        state = self.state
-        fleet = state.fleet
+        fleet, bookings = self.state.fleet, self.state.bookings
         pods = {
-            key: {"node": allocation.node, "bound": key in state.bound,
+            key: {"node": allocation.node, "bound": key in bookings.bound,
                   "init_containers": allocation.init_containers,
                   "containers": [[{"uuid": g.uuid, "memory": g.memory, "cores": g.cores}
                                   for g in grants] for grants in allocation.containers]}
             for key, allocation in fleet.allocations().items()}
         reservations = {
-            key: {"node": held.allocation.node,
-                  "age_s": now - (held.expires - state.reservation_ttl),
-                  "expires_in_s": held.expires - now}
-            for key, held in state.reservations.items()}
+            key: {"node": allocation.node,
+                  "age_s": now - (expires - bookings.reservation_ttl),
+                  "expires_in_s": expires - now}
+            for key, allocation, expires in bookings.reservations()}
         cards = []
         for node in fleet.nodes():
             for device in node.devices:
@@ -170,6 +169,6 @@ class Reporting:
         orphans = [{"node": node, "uuid": uuid, "tenants": usage.tenants,
                     "usedmem": usage.memory, "usedcores": usage.cores}
                    for (node, uuid), usage in fleet.orphans().items()]
-        return {"reservation_ttl_s": state.reservation_ttl, "bound": sorted(state.bound),
+        return {"reservation_ttl_s": bookings.reservation_ttl, "bound": sorted(bookings.bound),
                 "pods": pods, "reservations": reservations, "cards": cards,
                 "orphans": orphans}

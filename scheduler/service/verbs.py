@@ -86,12 +86,12 @@ class Verbs(Room):
         if (standby := self.shared.leadership.refusal()) is not None:
             return ExtenderFilterResult(error=standby)
         self.shared.manifests[request.key] = args.pod
-        decision = self.state.filter(request, names, self._clock(), explain_chosen=True)
+        decision = self.state.bookings.filter(request, names, self._clock(), explain_chosen=True)
         decided_at = self._wall_clock()
         # And once more with the decision taken: a daemon paused while deciding has it
         # timed after the pause, and counts it only if the lease still holds by then.
         if (standby := self.shared.leadership.refusal()) is not None:
-            self.state.release_reservation(request.key)
+            self.state.bookings.release_reservation(request.key)
             return ExtenderFilterResult(error=standby)
         if decision.node is not None:
             self.reports.mark_changed(decision.node)
@@ -151,8 +151,9 @@ class Verbs(Room):
         except PodRejected as error:
             return decision_document(rejected(pod.key, str(error)))
         # A pod that holds cards already is judged as if it held none.
-        decision = self.state.preview(request, node_names, self._clock(), explain=True,
-                                      describe=True, holding_nothing=True)
+        decision = self.state.bookings.preview(request, node_names, self._clock(),
+                                               explain=True, describe=True,
+                                               holding_nothing=True)
         return decision_document(decision)
 
     async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
@@ -193,7 +194,7 @@ class Verbs(Room):
 
     async def _bind_exclusively(self, key: str, args: ExtenderBindingArgs,
                                 ) -> ExtenderBindingResult:
-        if key in self.state.bound:
+        if key in self.state.bookings.bound:
             held = self.state.fleet.allocation(key)
             if held is not None and held.node == args.node:
                 return ExtenderBindingResult()  # a repeat of the bind that placed it
@@ -205,13 +206,13 @@ class Verbs(Room):
             await self.cluster.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node,
                                     self._bind_annotations(key, args.node, allocation))
         except ClusterError as error:
-            if allocation is not None and self.state.reservation(key) is allocation:
-                self.state.release_reservation(key)
+            if allocation is not None and self.state.bookings.reservation(key) is allocation:
+                self.state.bookings.release_reservation(key)
                 self.metrics.released.labels("bind_failed").inc()
                 await self.reports.capacity_changed(args.node)
             return self._refuse_bind(args, str(error))
         if allocation is not None:
-            self.state.confirm(key, allocation)
+            self.state.bookings.confirm(key, allocation)
         self.shared.manifests.pop(key, None)
         self.metrics.decisions.labels("bind", "bound", "").inc()
         return ExtenderBindingResult()
@@ -241,7 +242,7 @@ class Verbs(Room):
         """The pod's cards on the node kube-scheduler chose, deciding again if need be;
         None for a pod that asks for no GPU. Raises ``ClusterError`` when it cannot go there.
         """
-        held = self.state.reservation(key)
+        held = self.state.bookings.reservation(key)
         if held is not None and held.node == args.node:
             return held
         manifest = self.shared.manifests.get(key)
@@ -256,7 +257,7 @@ class Verbs(Room):
             raise ClusterError(str(error)) from None
         if not request.wants_gpu:
             return None
-        decision = self.state.filter(request, [args.node], self._clock())
+        decision = self.state.bookings.filter(request, [args.node], self._clock())
         if decision.allocation is None:
             failure = (decision.failures or {}).get(args.node)
             why = failure.text() if failure is not None else "no cards fit"

@@ -117,7 +117,7 @@ async def test_a_pod_asking_for_no_gpu_is_bound_without_an_allocation(lab: Lab) 
     assert [e["reason"] for e in placed["events"]] == []
     service = running(lab.daemon)
     assert service.state.fleet.allocations() == {}
-    assert "default/plain" not in service.state.bound
+    assert "default/plain" not in service.state.bookings.bound
     await asyncio.sleep(1.5)  # three rounds of the pending loop: it is not bound again
     assert (await lab.pods.get("plain"))["events"] == []
 
@@ -181,7 +181,7 @@ async def test_many_pods_bound_concurrently_never_overcommit_a_card(
     service = running(daemon)
     assert_no_card_over_its_capacity(service)
     assert service.state.fleet.allocations() == allocations_on_the_pods(list(final.values()))
-    assert service.state.reservations == {}
+    assert service.state.bookings.reservation_count == 0
 
     await daemon.stop()
     three_nodes.daemon = await RunningDaemon(daemon.config).start()

@@ -101,7 +101,7 @@ async def test_a_copy_of_the_agents_message_numbered_2_to_the_62_does_not_lock_i
     assert counted(t4_lab, "sequence_jump") == 1
     assert counted(t4_lab, "out_of_order") == 0
     daemon = service(t4_lab)
-    assert daemon.state.stale_nodes(daemon.shared.clock()) == {}
+    assert daemon.state.nodes.stale_nodes(daemon.shared.clock()) == {}
 
 
 async def test_a_message_on_another_subject_naming_t4_a_is_refused_and_t4_a_keeps_its_cards(

@@ -41,72 +41,72 @@ def fresh_state() -> LiveState:
 
 def test_a_forged_jump_is_refused_and_the_real_agent_keeps_being_accepted() -> None:
     state = fresh_state()
-    assert state.ingest(inventory(7), now=0).accepted
-    forged = state.ingest(inventory(FORGED, processes=3), now=1)
+    assert state.nodes.ingest(inventory(7), now=0).accepted
+    forged = state.nodes.ingest(inventory(FORGED, processes=3), now=1)
     assert not forged.accepted
     assert forged.jump is not None and f"at most {SEQUENCE_GAP_MAX}" in forged.jump
     assert processes(state) == 0
-    assert state.ingest(inventory(8, processes=1), now=2).accepted
+    assert state.nodes.ingest(inventory(8, processes=1), now=2).accepted
     assert processes(state) == 1
 
 
 def test_a_gap_up_to_the_bound_is_taken_one_more_is_refused() -> None:
     state = fresh_state()
-    assert state.ingest(inventory(1), now=0).accepted
-    assert state.ingest(inventory(1 + SEQUENCE_GAP_MAX), now=1).accepted
-    assert state.ingest(inventory(2 + 2 * SEQUENCE_GAP_MAX), now=2).jump is not None
+    assert state.nodes.ingest(inventory(1), now=0).accepted
+    assert state.nodes.ingest(inventory(1 + SEQUENCE_GAP_MAX), now=1).accepted
+    assert state.nodes.ingest(inventory(2 + 2 * SEQUENCE_GAP_MAX), now=2).jump is not None
 
 
 def test_a_replay_of_an_old_message_is_still_refused() -> None:
     state = fresh_state()
     for sequence in (1, 2, 3):
-        assert state.ingest(inventory(sequence, processes=sequence), now=sequence).accepted
+        assert state.nodes.ingest(inventory(sequence, processes=sequence), now=sequence).accepted
     for replayed in (3, 1):
-        result = state.ingest(inventory(replayed, processes=9), now=4)
+        result = state.nodes.ingest(inventory(replayed, processes=9), now=4)
         assert (result.accepted, result.jump) == (False, None)
     assert processes(state) == 3
 
 
 def test_a_stale_node_takes_any_sequence_so_a_jump_within_the_bound_holds_it_no_longer() -> None:
     state = fresh_state()
-    assert state.ingest(inventory(1), now=0).accepted
+    assert state.nodes.ingest(inventory(1), now=0).accepted
     # A forged message just within the bound is taken; the real agent's next ones then look
     # like replays, but only while the node is fresh.
-    assert state.ingest(inventory(1 + SEQUENCE_GAP_MAX, processes=5), now=1).accepted
-    assert not state.ingest(inventory(2, processes=1), now=2).accepted
-    assert not state.ingest(inventory(3, processes=1), now=31).accepted  # heard 30 s ago
-    assert list(state.stale_nodes(now=32)) == [NODE]
-    assert state.ingest(inventory(4, processes=1), now=32).accepted
+    assert state.nodes.ingest(inventory(1 + SEQUENCE_GAP_MAX, processes=5), now=1).accepted
+    assert not state.nodes.ingest(inventory(2, processes=1), now=2).accepted
+    assert not state.nodes.ingest(inventory(3, processes=1), now=31).accepted  # heard 30 s ago
+    assert list(state.nodes.stale_nodes(now=32)) == [NODE]
+    assert state.nodes.ingest(inventory(4, processes=1), now=32).accepted
     assert processes(state) == 1
-    assert state.stale_nodes(now=32) == {}
+    assert state.nodes.stale_nodes(now=32) == {}
 
 
 def test_a_stale_node_takes_even_a_huge_jump_and_then_the_bound_holds_again() -> None:
     state = fresh_state()
-    assert state.ingest(inventory(1), now=0).accepted
-    assert state.ingest(inventory(FORGED), now=40).accepted
-    assert state.ingest(inventory(FORGED + 1), now=41).accepted
-    assert state.ingest(inventory(FORGED + 2 + SEQUENCE_GAP_MAX), now=42).jump is not None
+    assert state.nodes.ingest(inventory(1), now=0).accepted
+    assert state.nodes.ingest(inventory(FORGED), now=40).accepted
+    assert state.nodes.ingest(inventory(FORGED + 1), now=41).accepted
+    assert state.nodes.ingest(inventory(FORGED + 2 + SEQUENCE_GAP_MAX), now=42).jump is not None
 
 
 def test_after_the_daemon_reconnects_each_node_may_skip_any_number_once_never_go_back() -> None:
     state = fresh_state()
-    assert state.ingest(inventory(10), now=0).accepted
-    state.forgive_gaps(now=5)
-    assert not state.ingest(inventory(9, processes=9), now=6).accepted  # still a replay
-    assert state.ingest(inventory(10 + 50 * SEQUENCE_GAP_MAX, processes=2), now=6).accepted
+    assert state.nodes.ingest(inventory(10), now=0).accepted
+    state.nodes.forgive_gaps(now=5)
+    assert not state.nodes.ingest(inventory(9, processes=9), now=6).accepted  # still a replay
+    assert state.nodes.ingest(inventory(10 + 50 * SEQUENCE_GAP_MAX, processes=2), now=6).accepted
     assert processes(state) == 2
     # Heard since the reconnection: the bound is back.
-    assert state.ingest(inventory(FORGED), now=7).jump is not None
+    assert state.nodes.ingest(inventory(FORGED), now=7).jump is not None
 
 
 def test_a_new_agent_instance_starts_afresh_and_the_old_one_can_come_back() -> None:
     """A forged instance takes the node for one message only: the real agent's next
     message has its own instance and is taken."""
     state = fresh_state()
-    assert state.ingest(inventory(5), now=0).accepted
-    assert state.ingest(inventory(FORGED, processes=4, instance="forged"), now=1).accepted
-    assert state.ingest(inventory(6, processes=1), now=2).accepted
+    assert state.nodes.ingest(inventory(5), now=0).accepted
+    assert state.nodes.ingest(inventory(FORGED, processes=4, instance="forged"), now=1).accepted
+    assert state.nodes.ingest(inventory(6, processes=1), now=2).accepted
     assert processes(state) == 1
 
 

@@ -23,114 +23,114 @@ def inventory(sequence: int, instance: str = "a", processes: int = 0,
 
 def test_an_older_message_of_the_same_agent_is_dropped() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    assert state.ingest(inventory(2, processes=1), now=0).accepted
-    assert not state.ingest(inventory(1, processes=0), now=1).accepted
+    assert state.nodes.ingest(inventory(2, processes=1), now=0).accepted
+    assert not state.nodes.ingest(inventory(1, processes=0), now=1).accepted
     assert state.fleet.node("n").devices[0].processes == 1  # type: ignore[union-attr]
     # A restarted agent (new instance) starts again at 1 and is believed.
-    assert state.ingest(inventory(1, instance="b", processes=0), now=2).accepted
+    assert state.nodes.ingest(inventory(1, instance="b", processes=0), now=2).accepted
     assert state.fleet.node("n").devices[0].processes == 0  # type: ignore[union-attr]
 
 
 def test_only_a_change_or_a_return_is_news() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    assert state.ingest(inventory(1), now=0).news
-    assert not state.ingest(inventory(2), now=5).news  # a heartbeat
-    assert state.ingest(inventory(3, processes=1), now=6).news
-    assert state.ingest(inventory(4, processes=1), now=100).news  # back from stale
+    assert state.nodes.ingest(inventory(1), now=0).news
+    assert not state.nodes.ingest(inventory(2), now=5).news  # a heartbeat
+    assert state.nodes.ingest(inventory(3, processes=1), now=6).news
+    assert state.nodes.ingest(inventory(4, processes=1), now=100).news  # back from stale
 
 
 def test_a_node_goes_stale_after_the_timeout() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    state.ingest(inventory(1), now=0)
-    assert state.stale_nodes(now=30) == {}
-    assert list(state.stale_nodes(now=31)) == ["n"]
-    decision = state.filter(parse_pod(manifest(), DEFAULTS), ["n"], now=31)
+    state.nodes.ingest(inventory(1), now=0)
+    assert state.nodes.stale_nodes(now=30) == {}
+    assert list(state.nodes.stale_nodes(now=31)) == ["n"]
+    decision = state.bookings.filter(parse_pod(manifest(), DEFAULTS), ["n"], now=31)
     assert decision.node is None
     assert (decision.failed_nodes or {})["n"].startswith("NodeInventoryStale: ")
 
 
 def test_going_stale_and_coming_back_are_each_reported_once() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    state.ingest(inventory(1), now=0)
-    assert state.newly_stale(now=30) == {}
-    assert list(state.newly_stale(now=31)) == ["n"]
-    assert state.newly_stale(now=40) == {}
-    assert state.ingest(inventory(2), now=45).back_after == 45
-    assert state.ingest(inventory(3), now=46).back_after is None
-    assert state.newly_stale(now=47) == {}
+    state.nodes.ingest(inventory(1), now=0)
+    assert state.nodes.newly_stale(now=30) == {}
+    assert list(state.nodes.newly_stale(now=31)) == ["n"]
+    assert state.nodes.newly_stale(now=40) == {}
+    assert state.nodes.ingest(inventory(2), now=45).back_after == 45
+    assert state.nodes.ingest(inventory(3), now=46).back_after is None
+    assert state.nodes.newly_stale(now=47) == {}
     # Silent past the timeout and heard again before any check saw it: nothing to report.
-    assert state.ingest(inventory(4), now=100).back_after is None
+    assert state.nodes.ingest(inventory(4), now=100).back_after is None
 
 
 def test_an_unconfirmed_reservation_expires_and_a_confirmed_one_stays() -> None:
     state = LiveState(node_timeout=1000, reservation_ttl=60)
-    state.ingest(inventory(1), now=0)
-    first = state.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
-    second = state.filter(parse_pod(manifest("b"), DEFAULTS), None, now=10)
+    state.nodes.ingest(inventory(1), now=0)
+    first = state.bookings.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
+    second = state.bookings.filter(parse_pod(manifest("b"), DEFAULTS), None, now=10)
     assert first.node == second.node == "n"
     assert second.allocation is not None
-    state.confirm("default/b", second.allocation)
-    assert list(state.expire(now=59)) == []
-    assert list(state.expire(now=60)) == ["default/a"]
+    state.bookings.confirm("default/b", second.allocation)
+    assert list(state.bookings.expire(now=59)) == []
+    assert list(state.bookings.expire(now=60)) == ["default/a"]
     assert state.fleet.allocation("default/a") is None
     assert state.fleet.allocation("default/b") is not None
-    assert list(state.expire(now=1000)) == []
+    assert list(state.bookings.expire(now=1000)) == []
 
 
 def test_a_bind_that_outlived_its_reservation_books_the_cards_again() -> None:
     state = LiveState(node_timeout=1000, reservation_ttl=60)
-    state.ingest(inventory(1), now=0)
-    decision = state.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
+    state.nodes.ingest(inventory(1), now=0)
+    decision = state.bookings.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
     assert decision.allocation is not None
-    assert list(state.expire(now=60)) == ["default/a"]  # while the bind was under way
-    state.confirm("default/a", decision.allocation)
+    assert list(state.bookings.expire(now=60)) == ["default/a"]  # while the bind was under way
+    state.bookings.confirm("default/a", decision.allocation)
     assert state.fleet.allocation("default/a") == decision.allocation
-    assert "default/a" in state.bound and state.reservation("default/a") is None
+    assert "default/a" in state.bookings.bound and state.bookings.reservation("default/a") is None
 
 
 def test_filtering_a_bound_pod_again_keeps_its_cards_and_books_nothing_more() -> None:
     state = LiveState(node_timeout=1000, reservation_ttl=60)
-    state.ingest(inventory(1), now=0)
-    state.ingest(inventory(1, node="m"), now=0)
+    state.nodes.ingest(inventory(1), now=0)
+    state.nodes.ingest(inventory(1, node="m"), now=0)
     request = parse_pod(manifest("a", policy="binpack"), DEFAULTS)
-    first = state.filter(request, None, now=0)
+    first = state.bookings.filter(request, None, now=0)
     assert first.allocation is not None and first.node is not None
-    state.confirm("default/a", first.allocation)
+    state.bookings.confirm("default/a", first.allocation)
     other = ({"m", "n"} - {first.node}).pop()
-    again = state.filter(request, [other, first.node], now=1)
+    again = state.bookings.filter(request, [other, first.node], now=1)
     assert (again.node, again.allocation) == (first.node, first.allocation)
     assert set(again.failed_nodes or {}) == {other}
-    assert state.reservation("default/a") is None
-    assert list(state.expire(now=1000)) == []  # nothing to expire: the booking stays
+    assert state.bookings.reservation("default/a") is None
+    assert list(state.bookings.expire(now=1000)) == []  # nothing to expire: the booking stays
     assert state.fleet.allocation("default/a") == first.allocation
-    elsewhere = state.filter(request, [other], now=2)
+    elsewhere = state.bookings.filter(request, [other], now=2)
     assert elsewhere.node is None
     assert "PodAlreadyBound" in (elsewhere.failed_nodes or {})[other]
 
 
 def test_filtering_a_pod_again_replaces_its_reservation() -> None:
     state = LiveState(node_timeout=1000, reservation_ttl=60)
-    state.ingest(inventory(1), now=0)
+    state.nodes.ingest(inventory(1), now=0)
     request = parse_pod(manifest("a", policy="binpack"), DEFAULTS)
-    state.filter(request, None, now=0)
-    state.filter(request, None, now=1)
+    state.bookings.filter(request, None, now=0)
+    state.bookings.filter(request, None, now=1)
     card = state.fleet.usage("n", "GPU-n-0")
     assert card.tenants == 1
 
 
 def test_the_node_annotation_cordons_cards_beside_the_agents_own() -> None:
     state = LiveState(node_timeout=1000, reservation_ttl=60)
-    state.ingest(inventory(1), now=0)
+    state.nodes.ingest(inventory(1), now=0)
     request = parse_pod(manifest("a", policy="binpack"), DEFAULTS)
-    assert state.set_cluster_cordons({"n": frozenset({"GPU-n-0", "GPU-n-1"})}) == {"n"}
-    decision = state.preview(request, None, now=1)
+    assert state.nodes.set_cluster_cordons({"n": frozenset({"GPU-n-0", "GPU-n-1"})}) == {"n"}
+    decision = state.bookings.preview(request, None, now=1)
     assert [c.index for c in decision.cards[0]] == [2]
     # A later inventory from the agent keeps the annotation's cordons.
-    state.ingest(inventory(2, processes=1), now=2)
-    assert [c.index for c in state.preview(request, None, now=3).cards[0]] == [2]
-    assert state.set_cluster_cordons({"n": frozenset({"GPU-n-0", "GPU-n-1"})}) == set()
-    assert state.set_cluster_cordons({}) == {"n"}
-    assert [c.index for c in state.preview(request, None, now=4).cards[0]] == [0]
+    state.nodes.ingest(inventory(2, processes=1), now=2)
+    assert [c.index for c in state.bookings.preview(request, None, now=3).cards[0]] == [2]
+    assert state.nodes.set_cluster_cordons({"n": frozenset({"GPU-n-0", "GPU-n-1"})}) == set()
+    assert state.nodes.set_cluster_cordons({}) == {"n"}
+    assert [c.index for c in state.bookings.preview(request, None, now=4).cards[0]] == [0]
 
 
 def node_inventory(node: str, uuids: list[str], sequence: int = 1) -> Inventory:
@@ -143,53 +143,53 @@ def node_inventory(node: str, uuids: list[str], sequence: int = 1) -> Inventory:
 
 def test_a_card_another_live_node_reports_is_refused_until_that_node_goes_stale() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    assert state.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted
-    claim = state.ingest(node_inventory("b", ["GPU-9", "GPU-1"]), now=10)
+    assert state.nodes.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted
+    claim = state.nodes.ingest(node_inventory("b", ["GPU-9", "GPU-1"]), now=10)
     assert not claim.accepted
     assert claim.conflict == "node 'b' lists card 'GPU-1', which live node 'a' reports"
     assert state.fleet.node("b") is None
     # Node a's agent is silent beyond the timeout: the card may have moved to b.
-    assert state.ingest(node_inventory("b", ["GPU-9", "GPU-1"], sequence=2), now=31).accepted
-    returning = state.ingest(node_inventory("a", ["GPU-0", "GPU-1"], sequence=2), now=32)
+    assert state.nodes.ingest(node_inventory("b", ["GPU-9", "GPU-1"], sequence=2), now=31).accepted
+    returning = state.nodes.ingest(node_inventory("a", ["GPU-0", "GPU-1"], sequence=2), now=32)
     assert returning.conflict == "node 'a' lists card 'GPU-1', which live node 'b' reports"
 
 
 def test_a_node_that_reports_its_same_cards_again_holds_them_again() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    assert state.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted
-    assert state.ingest(node_inventory("b", ["GPU-9", "GPU-1"]), now=31).accepted
+    assert state.nodes.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted
+    assert state.nodes.ingest(node_inventory("b", ["GPU-9", "GPU-1"]), now=31).accepted
     # b is silent past the timeout in turn; a's cards, the same as before, are its again.
-    assert state.ingest(node_inventory("a", ["GPU-0", "GPU-1"], sequence=2), now=62).accepted
-    returning = state.ingest(node_inventory("b", ["GPU-9", "GPU-1"], sequence=2), now=63)
+    assert state.nodes.ingest(node_inventory("a", ["GPU-0", "GPU-1"], sequence=2), now=62).accepted
+    returning = state.nodes.ingest(node_inventory("b", ["GPU-9", "GPU-1"], sequence=2), now=63)
     assert returning.conflict == "node 'b' lists card 'GPU-1', which live node 'a' reports"
 
 
 def test_a_card_a_node_stopped_reporting_is_free_for_another_node() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    assert state.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted
-    assert state.ingest(node_inventory("a", ["GPU-0"], sequence=2), now=1).accepted
-    assert state.ingest(node_inventory("b", ["GPU-1"]), now=2).accepted
+    assert state.nodes.ingest(node_inventory("a", ["GPU-0", "GPU-1"]), now=0).accepted
+    assert state.nodes.ingest(node_inventory("a", ["GPU-0"], sequence=2), now=1).accepted
+    assert state.nodes.ingest(node_inventory("b", ["GPU-1"]), now=2).accepted
 
 
 def test_a_forgotten_nodes_cards_are_free_for_another_node_at_once() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    assert state.ingest(node_inventory("a", ["GPU-0"]), now=0).accepted
-    state.forget("a")
-    assert state.ingest(node_inventory("b", ["GPU-0"]), now=1).accepted
+    assert state.nodes.ingest(node_inventory("a", ["GPU-0"]), now=0).accepted
+    state.nodes.forget("a")
+    assert state.nodes.ingest(node_inventory("b", ["GPU-0"]), now=1).accepted
 
 
 def test_a_preview_as_if_the_pod_held_nothing_leaves_the_ledger_as_it_is() -> None:
     state = LiveState(node_timeout=1000, reservation_ttl=60)
-    state.ingest(inventory(1), now=0)
+    state.nodes.ingest(inventory(1), now=0)
     request = parse_pod(manifest("a", policy="binpack", gpumem=15000), DEFAULTS)
-    held = state.filter(request, None, now=0).allocation
+    held = state.bookings.filter(request, None, now=0).allocation
     assert held is not None
-    state.confirm("default/a", held)
+    state.bookings.confirm("default/a", held)
     layout = state.fleet.layout
     usage = (layout.used.copy(), layout.usedmem.copy(), layout.node_scores().copy())
     # Held, the pod's own card is full; as if it held nothing, that card is the binpack pick.
-    assert state.preview(request, None, now=1).allocation != held
-    preview = state.preview(request, None, now=1, holding_nothing=True)
+    assert state.bookings.preview(request, None, now=1).allocation != held
+    preview = state.bookings.preview(request, None, now=1, holding_nothing=True)
     assert preview.allocation == held
     assert state.fleet.layout is layout
     assert all((now == before).all() for now, before in zip(

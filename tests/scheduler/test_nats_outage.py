@@ -150,7 +150,7 @@ async def test_the_daemon_and_an_agent_reconnect_after_a_server_error_and_keep_s
             return service.inventory_accepted > heard + 2
 
         await eventually(inventories_arrive, "inventories after the error", timeout=10)
-        assert not service.state.stale_nodes(time.monotonic())
+        assert not service.state.nodes.stale_nodes(time.monotonic())
         await pods.submit_and_place(lab_pod("after"))  # the store works again
         async with http.get(f"{daemon.url}/readyz") as response:
             assert response.status == 200

@@ -28,7 +28,7 @@ async def test_a_silent_node_gets_no_pods_until_it_reports_again(
         assert service is not None
 
         async def stale() -> bool:
-            return "gpu-node-1" in service.state.stale_nodes(time.monotonic())
+            return "gpu-node-1" in service.state.nodes.stale_nodes(time.monotonic())
 
         await eventually(stale, "the node to go stale", timeout=5)
         await pods.submit(lab_pod("during"))

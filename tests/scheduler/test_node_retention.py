@@ -33,31 +33,32 @@ def exposition(service: SchedulerService) -> str:
 
 def test_a_forgotten_node_is_unknown_to_the_next_decision_even_with_the_same_names() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    state.ingest(inventory("a", 1), now=0)
-    state.ingest(inventory("b", 1), now=0)
+    state.nodes.ingest(inventory("a", 1), now=0)
+    state.nodes.ingest(inventory("b", 1), now=0)
     asked = ["a", "b"]
     request = parse_pod(manifest("p"), DEFAULTS)
-    assert state.preview(request, asked, now=1).failed_nodes in (None, {})
-    state.forget("b")
-    state.ingest(inventory("c", 1), now=2)  # as many known nodes as before: the old cache hid it
-    failed = state.preview(request, asked, now=3).failed_nodes or {}
+    assert state.bookings.preview(request, asked, now=1).failed_nodes in (None, {})
+    state.nodes.forget("b")
+    # As many known nodes as before: the old cache hid it.
+    state.nodes.ingest(inventory("c", 1), now=2)
+    failed = state.bookings.preview(request, asked, now=3).failed_nodes or {}
     assert failed["b"].startswith(NODE_UNKNOWN)
 
 
 def test_allocations_on_a_forgotten_node_stay_booked_and_come_back_with_it() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    state.ingest(inventory("a", 5), now=0)
-    decision = state.filter(parse_pod(manifest("p"), DEFAULTS), ["a"], now=0)
+    state.nodes.ingest(inventory("a", 5), now=0)
+    decision = state.bookings.filter(parse_pod(manifest("p"), DEFAULTS), ["a"], now=0)
     assert decision.allocation is not None
-    state.confirm("default/p", decision.allocation)
+    state.bookings.confirm("default/p", decision.allocation)
     card = decision.allocation.containers[0][0].uuid
-    state.forget("a")
+    state.nodes.forget("a")
     assert state.fleet.node("a") is None
-    assert state.silence(now=1) == {}
+    assert state.nodes.silence(now=1) == {}
     assert state.fleet.allocation("default/p") == decision.allocation
     assert list(state.fleet.orphans()) == [("a", card)]
     # The same agent instance, with a lower sequence: a forgotten node starts afresh.
-    assert state.ingest(inventory("a", 1), now=2).news
+    assert state.nodes.ingest(inventory("a", 1), now=2).news
     assert state.fleet.orphans() == {}
     assert state.fleet.usage("a", card).tenants == 1
 

@@ -166,7 +166,7 @@ async def test_a_bind_during_an_outage_is_an_error_that_books_nothing(
             answer = await response.json()
         assert "the NATS connection is down; nothing was written" in answer["Error"]
         assert service.state.fleet.allocations() == {}
-        assert service.state.reservations == {}
+        assert service.state.bookings.reservation_count == 0
 
         sandbox.nats.start()
 
