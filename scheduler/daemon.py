@@ -299,7 +299,7 @@ class Daemon:
         for result, times in self._auth_answers.items():
             service.metrics.nats_auth.labels(result).inc(times)
         service.metrics.registry.register(ConnectionCollector(connection))
-        undo.push_async_callback(service.settle, SETTLE_S)
+        undo.push_async_callback(service.shared.settle, SETTLE_S)
         return service
 
     async def _serve_extender(self, service: SchedulerService,
@@ -327,13 +327,13 @@ class Daemon:
 
         async def on_inventory(message: Msg) -> None:
             with supervisor.contained("inventory message"):
-                await service.receive_inventory(message.subject, message.data)
+                await service.reactions.receive_inventory(message.subject, message.data)
 
         async def on_allocations_request(message: Msg) -> None:
             if not leadership.leading():
                 return
             with supervisor.contained("allocations request"):
-                pending = await service.pending_allocations(message.subject)
+                pending = await service.reactions.pending_allocations(message.subject)
                 if pending is not None and message.reply:
                     await connection.publish(message.reply, encode(pending))
 
@@ -341,7 +341,7 @@ class Daemon:
             if not leadership.leading():
                 return
             with supervisor.contained("allocation outcome"):
-                await service.allocation_outcome(message.subject, message.data)
+                await service.reactions.allocation_outcome(message.subject, message.data)
 
         await connection.subscribe(INVENTORY_SUBJECTS, on_inventory)
         await connection.subscribe(ALLOCATIONS_SUBJECTS, on_allocations_request)
@@ -366,10 +366,10 @@ class Daemon:
     def _start_background(self, service: SchedulerService, leadership: Leadership) -> None:
         start = self._supervisor.start
         start("leadership", leadership.run)
-        start("follow-cluster", service.follow_cluster)
-        start("expire-reservations", service.expire_reservations)
-        start("follow-cordons", service.follow_cordons)
-        start("watch-nodes", service.watch_nodes)
+        start("follow-cluster", service.reactions.follow_cluster)
+        start("expire-reservations", service.reactions.expire_reservations)
+        start("follow-cordons", service.reactions.follow_cordons)
+        start("watch-nodes", service.reactions.watch_nodes)
         if self._standalone is not None:
             start("settle-pod-store", self._standalone.keep_settled)
         if self._pending is not None and self._config.drive_pending:
@@ -418,7 +418,7 @@ class Daemon:
         now. The first connection is the start-up's, which subscribes and asks itself."""
         if self._service is None:
             return
-        self._service.connection_resumed()
+        self._service.reactions.connection_resumed()
         if new_client and self._standalone is not None:
             # A replacement client: what was built on the old one is built again.
             await self._standalone.reattach(client)
@@ -433,17 +433,17 @@ class Daemon:
         service = self._service
         assert service is not None, "the leadership starts after the service is built"
         if self._standalone is None:
-            await service.reconcile()
+            await service.reactions.reconcile()
             return
         await self._standalone.reload()
-        await service.rebuild()
+        await service.reactions.rebuild()
         if self._pending is not None:
             self._pending.retry_now()
 
     async def _demoted(self) -> None:
         """Standing by: the standalone daemon drops its reservations."""
         assert self._service is not None, "the leadership starts after the service is built"
-        await self._service.stand_by()
+        await self._service.reactions.stand_by()
 
 
 # Helpers of the steps ---------------------------------------------------------------------
@@ -629,7 +629,7 @@ async def _rebuilt(service: SchedulerService) -> bool:
     """Rebuild the ledger, trying again while the cluster cannot list its pods."""
     while True:
         try:
-            await service.rebuild()
+            await service.reactions.rebuild()
         except ClusterError as error:
             logger.warning("rebuilding the ledger failed, trying again in %gs: %s",
                            REBUILD_RETRY_S, error)

@@ -26,7 +26,7 @@ class PendingLoop:
         self._cluster = cluster
         self._retry_period = retry_period
         self._scheduler_name = scheduler_name
-        self._retry = service.retry_signal()
+        self._retry = service.reporting.retry_signal()
 
     def retry_now(self) -> None:
         self._retry.set()
@@ -55,10 +55,10 @@ class PendingLoop:
 
     async def _schedule(self, pod: StoredPod) -> None:
         nodes = sorted(n.name for n in self._service.state.fleet.nodes())
-        result = await self._service.filter(ExtenderArgs(pod=pod.manifest, node_names=nodes))
+        result = await self._service.verbs.filter(ExtenderArgs(pod=pod.manifest, node_names=nodes))
         if result.error or not result.node_names:
             return
         namespace = pod.manifest.namespace
-        await self._service.bind(ExtenderBindingArgs(
+        await self._service.verbs.bind(ExtenderBindingArgs(
             pod_name=pod.manifest.metadata.name, pod_namespace=namespace, pod_uid=pod.uid,
             node=result.node_names[0]))

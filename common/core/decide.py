@@ -252,21 +252,21 @@ def decide(
     counted = np.zeros(node_count, dtype=np.bool_)
     placements: dict[int, Placement] = {}
     fits = np.zeros(node_count, dtype=np.bool_)
-    one_by_one = considered.copy()
+    placed_in_full = considered.copy()
     if len(pod.gpu_containers) == 1 and not exhaustive:
         if pod.chain.topology_aware and first.cards > 1:
-            one_by_one &= layout.irregular_links
+            placed_in_full &= layout.irregular_links
         else:
-            one_by_one[:] = False
-        fits = considered & ~one_by_one & _holds_a_set(view, first, codes, by_node)
-        counted = considered & ~one_by_one & ~fits
+            placed_in_full[:] = False
+        fits = considered & ~placed_in_full & _holds_a_set(view, first, codes, by_node)
+        counted = considered & ~placed_in_full & ~fits
         if pod.numa_bind and first.cards > 1:
-            one_by_one |= counted & (by_node[:, CardCheck.ELIGIBLE] > 0)
-            counted &= ~one_by_one
+            placed_in_full |= counted & (by_node[:, CardCheck.ELIGIBLE] > 0)
+            counted &= ~placed_in_full
 
-    if one_by_one.any():
+    if placed_in_full.any():
         view.scores()
-    for node in np.flatnonzero(one_by_one).tolist():
+    for node in np.flatnonzero(placed_in_full).tolist():
         result = place_pod(view, node, codes[layout.node_slice(node)])
         if isinstance(result, NodeFailure):
             failed[layout.node_names[node]] = NodeReasons.of(result.reasons,

@@ -1,7 +1,7 @@
-"""The preemption room: a GPU pod of higher priority gets its cards by evicting the fewest
+"""Preemption: a GPU pod of higher priority gets its cards by evicting the fewest
 pods of lower priority (docs/preemption.md).
 
-The choice is the decision core's (``common.core.preemption``); this room feeds it the
+The choice is the decision core's (``common.core.preemption``); this part feeds it the
 pods holding cards, with their priorities, start times and disruption budgets, and acts
 on it by one of two ways:
 
@@ -39,7 +39,7 @@ from common.core import (
 )
 from scheduler.cluster import ClusterError, ClusterPod, DisruptionBudget
 from scheduler.metrics import Metrics
-from scheduler.service.shared import Reports, Room, Shared
+from scheduler.service.shared import Reports, ServicePart, Shared
 from scheduler.web.protocol import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
@@ -68,7 +68,7 @@ class UnderWay:
     since: float
 
 
-class Preemptions(Room):
+class Preemptions(ServicePart):
     """Both ways of preempting, over the shared live state."""
 
     def __init__(self, shared: Shared, metrics: Metrics, reports: Reports) -> None:
@@ -89,7 +89,7 @@ class Preemptions(Room):
         if request is not None:
             priority = pod.spec.priority or 0
             tenants = self._tenants(await self._budgets())
-            keys = {holder.uid: key for key, holder in self.shared.holders.items()}
+            keys = {holder.uid: key for key, holder in self.shared.pods.bound_pods().items()}
             for node, uids in args.offered().items():
                 if uids:  # kube-scheduler's victims: enough for the cards too?
                     gone = [keys[uid] for uid in uids if uid in keys]
@@ -101,7 +101,7 @@ class Preemptions(Room):
                                             tenants)
                 if choice is not None and choice.victims:
                     answered[node] = MetaVictims(
-                        [MetaPod(self.shared.holders[key].uid) for key in choice.victims],
+                        [MetaPod(self.shared.pods.bound_pods()[key].uid) for key in choice.victims],
                         choice.pdb_violations)
                 await asyncio.sleep(0)  # tens of ms a node: the verbs go on meanwhile
         self.metrics.preemptions.labels("kube-scheduler",
@@ -120,7 +120,8 @@ class Preemptions(Room):
 
     # The daemon's own preemption ----------------------------------------------------------
 
-    def refused(self, pod: PodManifest, request: PodRequest, nodes: Sequence[str]) -> None:
+    def unschedulable(self, pod: PodManifest, request: PodRequest,
+                      nodes: Sequence[str]) -> None:
         """/filter found no node for ``pod``: unless kube-scheduler asks the preempt verb
         about it, preempt for it once the grace is over."""
         # /filter parsed the pod already; this runs on its path, so only cheap checks here.
@@ -143,7 +144,7 @@ class Preemptions(Room):
         # Only nodes where a pod of lower priority holds cards can be made room on; where
         # there is none (every pod of an all-default-priority cluster), no budgets are read.
         fleet = self.state.fleet
-        holding = {allocation.node for key, holder in self.shared.holders.items()
+        holding = {allocation.node for key, holder in self.shared.pods.bound_pods().items()
                    if holder.priority < priority
                    and (allocation := fleet.allocation(key)) is not None}
         nodes = [name for name in nodes if name in holding]
@@ -166,7 +167,7 @@ class Preemptions(Room):
 
     async def _evict(self, pod: PodManifest, key: str, priority: int,
                      chosen: Preemption) -> None:
-        holders = self.shared.holders
+        holders = self.shared.pods.bound_pods()
         self._under_way[key] = UnderWay(
             frozenset(holders[victim].uid for victim in chosen.victims if victim in holders),
             chosen.node, self._clock())
@@ -178,7 +179,7 @@ class Preemptions(Room):
             f"evicting {len(chosen.victims)} pods of lower priority on node {chosen.node} "
             f"to free their cards: {names}")
         for victim in chosen.victims:
-            holder = self.shared.holders.get(victim)
+            holder = self.shared.pods.bound_pods().get(victim)
             if holder is None:
                 continue  # ended meanwhile: its cards are free already
             try:
@@ -203,7 +204,7 @@ class Preemptions(Room):
         if not self._under_way:
             return
         now = self._clock()
-        present = {holder.uid for holder in self.shared.holders.values()}
+        present = {holder.uid for holder in self.shared.pods.bound_pods().values()}
         self._under_way = {key: under_way for key, under_way in self._under_way.items()
                            if now - under_way.since <= UNDER_WAY_S
                            and under_way.victims & present}
@@ -237,7 +238,7 @@ class Preemptions(Room):
                    for victim in under_way.victims}
         return {key: Tenant(priority=holder.priority, started=holder.started,
                             disruption_allowed=not _protected(holder, budgets))
-                for key, holder in self.shared.holders.items()
+                for key, holder in self.shared.pods.bound_pods().items()
                 if key in self.state.bookings.bound and holder.uid not in leaving}
 
 

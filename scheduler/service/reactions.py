@@ -1,7 +1,8 @@
-"""The reactions room: what the daemon does when the cluster or the bus speaks. The
-ledger rebuilt at start-up, agents' inventories, the device plugins' allocation requests
-and outcomes, pods that change or end, a fresh list of the pods after a lost watch, node
-cordons, nodes that fall silent, reservations that no bind confirmed in time."""
+"""The reactions, kube-scheduler's event handlers: what the daemon does when the cluster
+or the bus speaks. The ledger rebuilt at start-up, agents' inventories, the device
+plugins' allocation requests and outcomes, pods that change or end, a fresh list of the
+pods after a lost watch, node cordons, nodes that fall silent, reservations that no bind
+confirmed in time."""
 
 from __future__ import annotations
 
@@ -28,18 +29,19 @@ from common.wire import (
 )
 from scheduler.cluster import AllocationPhase, ClusterError, ClusterPod, PodChange
 from scheduler.metrics import Metrics
-from scheduler.service.shared import Reports, Room, Shared
+from scheduler.service.shared import Reports, ServicePart, Shared
 
 logger = logging.getLogger(__name__)
 
 CORDON_REFRESH_S = 15.0
 NODE_WATCH_S = 1.0
 ALLOCATING = "allocating"
-HANDED_PHASES = frozenset({"success", "failed"})
+# The bind-phases a device plugin sets once it answered the kubelet's Allocate.
+ANSWERED_PHASES = frozenset({"success", "failed"})
 
 
-class Reactions(Room):
-    """The daemon's answers to the cluster's and the agents' news."""
+class Reactions(ServicePart):
+    """The daemon's answers to the cluster's and the agents' events."""
 
     def __init__(self, shared: Shared, metrics: Metrics, reports: Reports) -> None:
         super().__init__(shared, metrics, reports)
@@ -64,9 +66,9 @@ class Reactions(Room):
                 continue
             if allocation is not None:
                 restored.append((pod.key, allocation))
-                self._note_handed(pod)
-                self.shared.holders[pod.key] = pod
-        self.shared.holders = {key: self.shared.holders[key] for key, _ in restored}
+                self._note_allocate_answered(pod)
+                self.shared.pods.bound(pod)
+        self.shared.pods.keep_bound(key for key, _ in restored)
         self.state.bookings.replace_ledger(restored)
         await self.refresh_cordons()
         self.reports.mark_changed(*(a.node for _, a in restored))
@@ -108,15 +110,15 @@ class Reactions(Room):
         if result.conflict is not None:
             self._refuse_inventory("card_conflict", f"inventory refused: {result.conflict}")
             return None
-        if result.jump is not None:
-            self._refuse_inventory("sequence_jump", f"inventory refused: {result.jump}")
+        if result.too_far_ahead is not None:
+            self._refuse_inventory("sequence_jump", f"inventory refused: {result.too_far_ahead}")
             return None
         if not result.accepted:
             self._out_of_order.inc()
             return None
         self._accepted.inc()
         self.shared.inventory_accepted += 1
-        if not result.news:
+        if not result.changed:
             return inventory, set()
         if result.back_after is not None:
             logger.info("node %s is heard from again after %.0fs of silence", inventory.node,
@@ -144,7 +146,7 @@ class Reactions(Room):
             return None
         keys = sorted(key for key, allocation in self.state.fleet.allocations().items()
                       if allocation.node == node and key in self.state.bookings.bound
-                      and key not in self.shared.handed)
+                      and not self.shared.pods.is_allocate_answered(key))
         try:
             pods = await asyncio.gather(*(self.cluster.get_pod(*key.split("/", 1))
                                           for key in keys))
@@ -187,7 +189,7 @@ class Reactions(Room):
             self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s not "
                                    "written: %s", key, error)
             return
-        self.shared.handed.add(key)
+        self.shared.pods.allocate_answered(key)
         self.metrics.allocations.labels(phase).inc()
         if outcome.ok:
             logger.info("pod %s: node %s's device plugin handed it its cards", key, node)
@@ -201,9 +203,9 @@ class Reactions(Room):
         self.metrics.allocations.labels("refused").inc()
         self._refusals.warning("allocation_refused", "%s", why)
 
-    def _note_handed(self, pod: ClusterPod) -> None:
-        if pod.annotations.get(BIND_PHASE_ANNOTATION) in HANDED_PHASES:
-            self.shared.handed.add(pod.key)
+    def _note_allocate_answered(self, pod: ClusterPod) -> None:
+        if pod.annotations.get(BIND_PHASE_ANNOTATION) in ANSWERED_PHASES:
+            self.shared.pods.allocate_answered(pod.key)
 
     async def stand_by(self) -> None:
         """This daemon stopped deciding: the reservations it made will never be bound."""
@@ -248,9 +250,9 @@ class Reactions(Room):
         if change.deleted or pod.finished:
             await self._pod_ended(pod.key)
             return
-        self._note_handed(pod)
+        self._note_allocate_answered(pod)
         if pod.node is not None and pod.manifest.asks_for_gpu:
-            self.shared.holders[pod.key] = pod  # its priority and start, for preemption
+            self.shared.pods.bound(pod)  # its priority and start, for preemption
         if (pod.key in self.state.bookings.bound
                 or self.state.bookings.reservation(pod.key) is not None):
             return
@@ -265,10 +267,7 @@ class Reactions(Room):
             await self.reports.capacity_changed(allocation.node, retry_waiting=False)
 
     async def _pod_ended(self, key: str) -> None:
-        self.shared.manifests.pop(key, None)
-        self.shared.refused.pop(key, None)
-        self.shared.handed.discard(key)
-        self.shared.holders.pop(key, None)
+        self.shared.pods.ended(key)
         released = self.state.bookings.release(key)
         if released is not None:
             logger.info("pod %s ended: its cards on %s are free", key, released.node)

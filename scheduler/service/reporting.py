@@ -1,4 +1,4 @@
-"""The reporting room: what the daemon tells others. Usage and decisions on the
+"""Reporting: what the daemon tells others. Usage and decisions on the
 telemetry bus, the retries of waiting pods, the metrics' sources, and the status and
 ledger views for operators."""
 
@@ -22,7 +22,7 @@ Check = Callable[[], str | None]
 
 
 class Reporting:
-    """The ``Reports`` the other rooms use, and the views of the daemon's health."""
+    """The ``Reports`` the other parts use, and the views of the daemon's health."""
 
     def __init__(self, shared: Shared, publish: Publish, *,
                  readiness_checks: Sequence[Check] = (),
@@ -44,7 +44,7 @@ class Reporting:
         self._changed_nodes: set[str] = set()
         self._retry_signals: list[asyncio.Event] = []
 
-    # What the other rooms tell ----------------------------------------------------
+    # What the other parts tell ----------------------------------------------------
 
     def mark_changed(self, *nodes: str) -> None:
         self._changed_nodes.update(nodes)
@@ -66,11 +66,10 @@ class Reporting:
     def retry_waiting(self) -> None:
         for event in self._retry_signals:
             event.set()
-        refused = self.shared.refused
+        pods = self.shared.pods
         # kube-scheduler calls only the leader's extender: the leader stamps the retries.
-        if refused and self.shared.leadership.leading():
-            waiting = list(refused.values())
-            refused.clear()
+        if pods.any_unschedulable() and self.shared.leadership.leading():
+            waiting = pods.take_unschedulable()
             stamp = str(self._wall_clock())
             self.shared.in_background(self._ask_cluster_to_retry(waiting, stamp))
 

@@ -1,5 +1,5 @@
-"""What the daemon's rooms share: the settings, the live state, the cluster port, the
-pods in flight, the reports under way, and the port through which a room says the
+"""What the service's parts share: the settings, the live state, the cluster port, the
+pods in flight, the reports under way, and the port through which a part says the
 cards' capacity changed."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from typing import Literal, Protocol
 from common.arguments import positive_seconds
 from common.core import Decision, Defaults, PodManifest, PodRequest
 from common.settings import setting
-from scheduler.cluster import SCHEDULER_NAME, Cluster, ClusterPod
+from scheduler.cluster import SCHEDULER_NAME, Cluster
 from scheduler.leadership import Leadership, Sole
 from scheduler.metrics import Metrics
 from scheduler.state import LiveState
+from scheduler.state.pods import PodsInFlight
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,12 @@ class ServiceSettings:
     """The cluster lists its Nodes (Kubernetes): forget a node it no longer lists."""
 
 
+Unschedulable = Callable[[PodManifest, PodRequest, Sequence[str]], None]
+"""Told of a GPU pod /filter found no node for, with the nodes it was offered."""
+
+
 class Reports(Protocol):
-    """What the verbs and the reactions tell the reporting room."""
+    """What the verbs and the reactions tell reporting."""
 
     def mark_changed(self, *nodes: str) -> None:
         """These nodes' usage changed; it goes out with the next usage report."""
@@ -60,7 +65,7 @@ class Reports(Protocol):
 
 
 class Shared:
-    """The one state the rooms share; everything in it changes on the daemon's loop."""
+    """The one state the parts share; everything in it changes on the daemon's loop."""
 
     def __init__(self, settings: ServiceSettings, cluster: Cluster,
                  clock: Callable[[], float] = time.monotonic,
@@ -78,21 +83,8 @@ class Shared:
         self.leadership: Leadership = leadership or Sole(SCHEDULER_NAME)
         """Whether this daemon decides: the daemon's choice, or alone (in-process tests)."""
         self.inventory_accepted = 0
-        self.manifests: dict[str, PodManifest] = {}
-        """The pods /filter saw, so that /bind can decide again without asking the cluster."""
-        # Pods /filter refused, to retry when cards are freed: kube-scheduler may have
-        # retried them a moment before pyhami saw the release, and then waits minutes.
-        self.refused: dict[str, tuple[str, str]] = {}
-        self.holders: dict[str, ClusterPod] = {}
-        """The bound pods that ask for GPUs, as last seen: who may be preempted, with the
-        priority and start time preemption weighs."""
-        self.on_refused: Callable[[PodManifest, PodRequest, Sequence[str]], None] = (
-            lambda pod, request, nodes: None)
-        """Told of every GPU pod /filter found no node for, with the nodes it was offered
-        (the preemption room acts on it)."""
-        self.handed: set[str] = set()
-        """Bound pods whose cards were handed to their containers (bind-phase success or
-        failed): an allocations request no longer reads them."""
+        self.pods = PodsInFlight()
+        """What the daemon remembers of pods beyond their cards."""
         self._reporting: set[asyncio.Task[None]] = set()
 
     def in_background(self, report: Coroutine[None, None, None]) -> None:
@@ -112,9 +104,9 @@ class Shared:
             logger.error("reporting a decision failed", exc_info=task.exception())
 
 
-class Room:
-    """What the verbs and the reactions both work with: the shared state, the metrics and
-    the reports."""
+class ServicePart:
+    """What every part of the service works with: the shared state, the metrics and the
+    reports."""
 
     def __init__(self, shared: Shared, metrics: Metrics, reports: Reports) -> None:
         self.shared = shared

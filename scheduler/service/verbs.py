@@ -1,4 +1,4 @@
-"""The verbs room: what kube-scheduler (or the standalone pending loop) asks. /filter
+"""The verbs: what kube-scheduler (or the standalone pending loop) asks. /filter
 books cards on one node, /prioritize ranks nodes, /bind makes the booking durable on the
 pod; ``explain`` previews /filter and books nothing."""
 
@@ -34,7 +34,7 @@ from common.core.reasons import removed_most
 from common.locks import KeyedLocks
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
-from scheduler.service.shared import Reports, Room, Shared
+from scheduler.service.shared import Reports, ServicePart, Shared, Unschedulable
 from scheduler.web.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -55,11 +55,15 @@ def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1e3
 
 
-class Verbs(Room):
+class Verbs(ServicePart):
     """The extender verbs over the shared live state."""
 
-    def __init__(self, shared: Shared, metrics: Metrics, reports: Reports) -> None:
+    def __init__(self, shared: Shared, metrics: Metrics, reports: Reports, *,
+                 on_unschedulable: Unschedulable) -> None:
+        """``on_unschedulable`` is told of every GPU pod /filter found no node for, with
+        the nodes it was offered (preemption acts on it)."""
         super().__init__(shared, metrics, reports)
+        self._on_unschedulable = on_unschedulable
         self._wall_clock = shared.wall_clock
         self._binding = KeyedLocks()
 
@@ -82,10 +86,10 @@ class Verbs(Room):
         if not request.wants_gpu:
             return self._pass_through(args, names)
         # Asked again here, with nothing awaited before the booking: a daemon paused since
-        # the door (by the kernel, say) may have lost the lease meanwhile.
+        # the HTTP layer asked (by the kernel, say) may have lost the lease meanwhile.
         if (standby := self.shared.leadership.refusal()) is not None:
             return ExtenderFilterResult(error=standby)
-        self.shared.manifests[request.key] = args.pod
+        self.shared.pods.filtered(request.key, args.pod)
         decision = self.state.bookings.filter(request, names, self._clock(), explain_chosen=True)
         decided_at = self._wall_clock()
         # And once more with the decision taken: a daemon paused while deciding has it
@@ -95,10 +99,11 @@ class Verbs(Room):
             return ExtenderFilterResult(error=standby)
         if decision.node is not None:
             self.reports.mark_changed(decision.node)
-            self.shared.refused.pop(request.key, None)
+            self.shared.pods.scheduled(request.key)
         else:
-            self.shared.refused[request.key] = (args.pod.namespace, args.pod.metadata.name)
-            self.shared.on_refused(args.pod, request, names)
+            self.shared.pods.unschedulable(request.key, args.pod.namespace,
+                                           args.pod.metadata.name)
+            self._on_unschedulable(args.pod, request, names)
         self._count("filter", decision)
         self.metrics.filter_duration.observe(time.perf_counter() - started)
         self.shared.in_background(
@@ -213,7 +218,7 @@ class Verbs(Room):
             return self._refuse_bind(args, str(error))
         if allocation is not None:
             self.state.bookings.confirm(key, allocation)
-        self.shared.manifests.pop(key, None)
+        self.shared.pods.forget_manifest(key)
         self.metrics.decisions.labels("bind", "bound", "").inc()
         return ExtenderBindingResult()
 
@@ -245,7 +250,7 @@ class Verbs(Room):
         held = self.state.bookings.reservation(key)
         if held is not None and held.node == args.node:
             return held
-        manifest = self.shared.manifests.get(key)
+        manifest = self.shared.pods.manifest(key)
         if manifest is None:
             pod = await self.cluster.get_pod(args.pod_namespace, args.pod_name)
             if pod is None:

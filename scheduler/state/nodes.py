@@ -55,11 +55,11 @@ class IngestResult:
     """Why the message was refused: it lists a card another live node reports."""
     vanished: dict[str, Usage] = field(default_factory=dict)
     """Cards that left the inventory while allocations still hold them."""
-    news: bool = False
+    changed: bool = False
     """The node is new, was stale, or its cards changed: pending pods may fit now."""
     back_after: float | None = None
     """Seconds of silence of a node that ``newly_stale`` had reported stale, now heard again."""
-    jump: str | None = None
+    too_far_ahead: str | None = None
     """Why the message was refused: its sequence runs more than ``SEQUENCE_GAP_MAX`` ahead
     of the agent's last one."""
 
@@ -122,7 +122,7 @@ class NodeRegistry:
                 return IngestResult(accepted=False)
             gap = inventory.sequence - clock.sequence
             if gap > SEQUENCE_GAP_MAX and clock.heard > self._gaps_forgiven_before:
-                return IngestResult(accepted=False, jump=(
+                return IngestResult(accepted=False, too_far_ahead=(
                     f"node {inventory.node!r}: sequence {inventory.sequence} of agent instance "
                     f"{inventory.instance!r} runs {gap} ahead of its last, {clock.sequence} "
                     f"(at most {SEQUENCE_GAP_MAX})"))
@@ -158,7 +158,7 @@ class NodeRegistry:
             return IngestResult(accepted=True)  # a heartbeat: nothing changed
         vanished = {} if same_cards else self._vanished(node)
         self._fleet.upsert_node(node)
-        return IngestResult(accepted=True, vanished=vanished, news=True, back_after=back_after)
+        return IngestResult(accepted=True, vanished=vanished, changed=True, back_after=back_after)
 
     def forgive_gaps(self, now: float) -> None:
         """The daemon was off the bus and may have missed any number of messages: each node's

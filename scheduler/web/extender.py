@@ -86,10 +86,10 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
             pod = parse_pod_manifest(await read_body(request, POD_BODY_LIMIT), "request body")
         except (InputFileError, InvalidName) as error:
             return web.Response(status=400, text=f"{error}\n")
-        return _json(service.explain(pod, nodes))
+        return _json(service.verbs.explain(pod, nodes))
 
     async def statusz(_: web.Request) -> web.Response:
-        return _json(service.status())
+        return _json(service.reporting.status())
 
     prefix = url_prefix.rstrip("/")
     args = ExtenderArgsDecoder()
@@ -97,17 +97,17 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     app.add_routes([
         web.post(f"{prefix}/filter",
-                 _verb(args, "ExtenderArgs", check_extender_args, service.filter,
+                 _verb(args, "ExtenderArgs", check_extender_args, service.verbs.filter,
                        service.refusal)),
         web.post(f"{prefix}/prioritize",
-                 _verb(args, "ExtenderArgs", check_extender_args, service.prioritize,
+                 _verb(args, "ExtenderArgs", check_extender_args, service.verbs.prioritize,
                        service.refusal)),
         web.post(f"{prefix}/bind",
-                 _verb(_binding_args, "ExtenderBindingArgs", check_binding_args, service.bind,
+                 _verb(_binding_args, "ExtenderBindingArgs", check_binding_args, service.verbs.bind,
                        service.refusal)),
         web.post(f"{prefix}/preempt",
                  _verb(_preemption_args, "ExtenderPreemptionArgs", check_preemption_args,
-                       service.preempt, service.refusal)),
+                       service.preemptions.answer, service.refusal)),
         web.post(f"{prefix}/explain", explain),
         *health_routes(service),
         web.get("/statusz", statusz),
@@ -127,7 +127,7 @@ def health_routes(service: SchedulerService) -> list[web.RouteDef]:
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
-        if not_ready := service.not_ready_because():
+        if not_ready := service.reporting.not_ready_because():
             return web.Response(status=503, text="; ".join(not_ready) + "\n")
         leadership = service.shared.leadership
         if leadership.role == "standby":  # on Kubernetes: it serves, its kube-scheduler waits
@@ -166,6 +166,6 @@ def ledgerz_handler(service: SchedulerService) -> Handler:
     """``GET /ledgerz``: the ledger, reservations and per-card usage, read-only."""
 
     async def ledgerz(_: web.Request) -> web.Response:
-        return _json(service.ledger())
+        return _json(service.reporting.ledger())
 
     return ledgerz

@@ -63,7 +63,7 @@ def test_a_replay_of_an_old_message_is_still_refused() -> None:
         assert state.nodes.ingest(inventory(sequence, processes=sequence), now=sequence).accepted
     for replayed in (3, 1):
         result = state.nodes.ingest(inventory(replayed, processes=9), now=4)
-        assert (result.accepted, result.jump) == (False, None)
+        assert (result.accepted, result.too_far_ahead) == (False, None)
     assert processes(state) == 3
 
 
@@ -122,10 +122,10 @@ def test_the_service_counts_a_jump_under_its_own_result_and_logs_it(
     service = SchedulerService(ServiceSettings(DEFAULTS), NodeList(set()), silent,
                                clock=lambda: 0.0, wall_clock=lambda: 0.0)
     subject = inventory_subject(NODE)
-    assert service.ingest(subject, msgspec.msgpack.encode(inventory(1))) is not None
-    assert service.ingest(subject, msgspec.msgpack.encode(inventory(FORGED))) is None
-    assert service.ingest(subject, msgspec.msgpack.encode(inventory(1))) is None
-    assert service.ingest(subject, msgspec.msgpack.encode(inventory(2))) is not None
+    assert service.reactions.ingest(subject, msgspec.msgpack.encode(inventory(1))) is not None
+    assert service.reactions.ingest(subject, msgspec.msgpack.encode(inventory(FORGED))) is None
+    assert service.reactions.ingest(subject, msgspec.msgpack.encode(inventory(1))) is None
+    assert service.reactions.ingest(subject, msgspec.msgpack.encode(inventory(2))) is not None
     assert (counted(service, "accepted"), counted(service, "sequence_jump"),
             counted(service, "out_of_order")) == (2.0, 1.0, 1.0)
     assert [r.getMessage() for r in caplog.records] == [

@@ -33,10 +33,10 @@ def test_an_older_message_of_the_same_agent_is_dropped() -> None:
 
 def test_only_a_change_or_a_return_is_news() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
-    assert state.nodes.ingest(inventory(1), now=0).news
-    assert not state.nodes.ingest(inventory(2), now=5).news  # a heartbeat
-    assert state.nodes.ingest(inventory(3, processes=1), now=6).news
-    assert state.nodes.ingest(inventory(4, processes=1), now=100).news  # back from stale
+    assert state.nodes.ingest(inventory(1), now=0).changed
+    assert not state.nodes.ingest(inventory(2), now=5).changed  # a heartbeat
+    assert state.nodes.ingest(inventory(3, processes=1), now=6).changed
+    assert state.nodes.ingest(inventory(4, processes=1), now=100).changed  # back from stale
 
 
 def test_a_node_goes_stale_after_the_timeout() -> None:

@@ -58,7 +58,7 @@ def test_allocations_on_a_forgotten_node_stay_booked_and_come_back_with_it() -> 
     assert state.fleet.allocation("default/p") == decision.allocation
     assert list(state.fleet.orphans()) == [("a", card)]
     # The same agent instance, with a lower sequence: a forgotten node starts afresh.
-    assert state.nodes.ingest(inventory("a", 1), now=2).news
+    assert state.nodes.ingest(inventory("a", 1), now=2).changed
     assert state.fleet.orphans() == {}
     assert state.fleet.usage("a", card).tenants == 1
 
@@ -68,17 +68,17 @@ async def test_standalone_forgets_a_node_silent_beyond_the_retention(
     clock = Clock()
     service = service_with(NodeList(set()), ServiceSettings(DEFAULTS, node_timeout=30,
                                                             node_retention=600), clock)
-    service.ingest(*inventory_message("quiet", 1))
-    service.ingest(*inventory_message("chatty", 1))
+    service.reactions.ingest(*inventory_message("quiet", 1))
+    service.reactions.ingest(*inventory_message("chatty", 1))
     assert 'node="quiet"' in exposition(service)
     caplog.set_level(logging.INFO, logger="scheduler.service")
     for second in range(31, 700, 10):
         clock.now = second
-        service.ingest(*inventory_message("chatty", second))
-        service.check_nodes()
+        service.reactions.ingest(*inventory_message("chatty", second))
+        service.reactions.check_nodes()
     assert service.state.fleet.node("quiet") is None
     assert service.state.fleet.node("chatty") is not None
-    assert "quiet" not in service.status()["node_names"]  # type: ignore[operator]
+    assert "quiet" not in service.reporting.status()["node_names"]  # type: ignore[operator]
     assert 'node="quiet"' not in exposition(service)
     lines = [r.getMessage() for r in caplog.records]
     assert sum(line.startswith("node quiet is stale") for line in lines) == 1
@@ -92,14 +92,14 @@ async def test_kubernetes_forgets_a_node_deleted_from_the_cluster(
     cluster = NodeList({"kept", "deleted"})
     service = service_with(cluster, ServiceSettings(DEFAULTS, node_retention=None,
                                                     nodes_listed=True), clock)
-    service.ingest(*inventory_message("kept", 1))
-    service.ingest(*inventory_message("deleted", 1))
+    service.reactions.ingest(*inventory_message("kept", 1))
+    service.reactions.ingest(*inventory_message("deleted", 1))
     clock.now = 1
-    await service.refresh_cordons()
+    await service.reactions.refresh_cordons()
     assert service.state.fleet.node("deleted") is not None
     cluster.nodes.discard("deleted")
     caplog.set_level(logging.INFO, logger="scheduler.service")
-    await service.refresh_cordons()
+    await service.reactions.refresh_cordons()
     assert service.state.fleet.node("deleted") is None
     assert service.state.fleet.node("kept") is not None
     assert 'node="deleted"' not in exposition(service)
@@ -107,7 +107,7 @@ async def test_kubernetes_forgets_a_node_deleted_from_the_cluster(
         "node deleted forgotten: its Node is no longer in the cluster"]
     # Silence alone forgets nothing in Kubernetes mode.
     clock.now = 100_000
-    service.check_nodes()
+    service.reactions.check_nodes()
     assert service.state.fleet.node("kept") is not None
 
 
@@ -120,9 +120,9 @@ async def test_a_node_first_heard_while_the_node_list_was_read_is_kept() -> None
     async def list_while_a_node_joins() -> dict[str, frozenset[str]]:
         listed = await real_list()
         clock.now = 5
-        service.ingest(*inventory_message("new", 1))
+        service.reactions.ingest(*inventory_message("new", 1))
         return listed
 
     cluster.device_cordons = list_while_a_node_joins  # type: ignore[method-assign]
-    await service.refresh_cordons()
+    await service.reactions.refresh_cordons()
     assert service.state.fleet.node("new") is not None

@@ -63,7 +63,7 @@ from scheduler.cluster.port import (
     PodChange,
 )
 
-# The package's name: log lines name the room, not its private modules.
+# The package's name: log lines name the package, not its private modules.
 logger = logging.getLogger("scheduler.cluster.kube")
 
 UID_CACHE_SIZE = 4096

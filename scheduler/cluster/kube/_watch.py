@@ -25,7 +25,7 @@ from scheduler.cluster.kube._transport import (
 from scheduler.cluster.kube._wire import Node, Pod, Status, WatchEvent, cluster_pod
 from scheduler.cluster.port import ClusterError, ClusterPod, PodChange
 
-# The package's name: log lines name the room, not its private modules.
+# The package's name: log lines name the package, not its private modules.
 logger = logging.getLogger("scheduler.cluster.kube")
 
 RETRY_FIRST_DELAY = 1.0

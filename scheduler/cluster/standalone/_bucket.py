@@ -34,7 +34,7 @@ from common.messaging import describe_error
 from scheduler.cluster.port import ClusterError, PodChange, StoreUnavailable
 from scheduler.cluster.standalone._wire import StoredPod
 
-# The package's name: log lines name the room, not its private modules.
+# The package's name: log lines name the package, not its private modules.
 logger = logging.getLogger("scheduler.cluster.standalone")
 
 BUCKET = "pyhami-pods"

@@ -1,0 +1,90 @@
+"""The pods in flight: what the daemon remembers of pods between the verbs and the cluster's
+changes, beyond the cards booked for them (``bookings``).
+
+kube-scheduler keeps the same kinds of memory in its scheduling queue (the pods that did
+not fit, moved back when the cluster changes) and its cache (the pods bound to nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from common.core import PodManifest
+from scheduler.cluster import ClusterPod
+
+
+class PodsInFlight:
+    """Per pod, by ``namespace/name``; ``ended`` forgets a pod everywhere at once."""
+
+    def __init__(self) -> None:
+        self._filtered: dict[str, PodManifest] = {}
+        # Pods /filter refused, to have retried when cards are freed: kube-scheduler may
+        # have retried them a moment before pyhami saw the release, and then waits minutes.
+        self._unschedulable: dict[str, tuple[str, str]] = {}
+        self._bound: dict[str, ClusterPod] = {}
+        self._allocate_answered: set[str] = set()
+
+    # /filter, then /bind ------------------------------------------------------------------
+
+    def filtered(self, key: str, manifest: PodManifest) -> None:
+        """/filter saw the pod: /bind can decide again without asking the cluster."""
+        self._filtered[key] = manifest
+
+    def manifest(self, key: str) -> PodManifest | None:
+        """The pod as /filter last saw it."""
+        return self._filtered.get(key)
+
+    def forget_manifest(self, key: str) -> None:
+        self._filtered.pop(key, None)
+
+    # The pods that did not fit ------------------------------------------------------------
+
+    def unschedulable(self, key: str, namespace: str, name: str) -> None:
+        """/filter found no node for the pod: it is asked for again when cards are freed."""
+        self._unschedulable[key] = (namespace, name)
+
+    def scheduled(self, key: str) -> None:
+        """/filter found the pod a node: nothing to ask for again."""
+        self._unschedulable.pop(key, None)
+
+    def any_unschedulable(self) -> bool:
+        return bool(self._unschedulable)
+
+    def take_unschedulable(self) -> list[tuple[str, str]]:
+        """The pods to ask the cluster to retry, as (namespace, name), forgotten here."""
+        waiting = list(self._unschedulable.values())
+        self._unschedulable.clear()
+        return waiting
+
+    # The pods bound to nodes --------------------------------------------------------------
+
+    def bound(self, pod: ClusterPod) -> None:
+        """A pod bound to a node that asks for GPUs, as last seen: who may be preempted,
+        with the priority and start time preemption weighs."""
+        self._bound[pod.key] = pod
+
+    def bound_pods(self) -> Mapping[str, ClusterPod]:
+        """The bound GPU pods by key, read-only."""
+        return MappingProxyType(self._bound)
+
+    def keep_bound(self, keys: Iterable[str]) -> None:
+        """Keep only these of the bound pods (a rebuilt ledger holds no others)."""
+        self._bound = {key: self._bound[key] for key in keys if key in self._bound}
+
+    def allocate_answered(self, key: str) -> None:
+        """The node's device plugin answered the kubelet's Allocate for the pod (its
+        bind-phase is success or failed): an allocations request no longer reads it."""
+        self._allocate_answered.add(key)
+
+    def is_allocate_answered(self, key: str) -> bool:
+        return key in self._allocate_answered
+
+    # A pod that ended ---------------------------------------------------------------------
+
+    def ended(self, key: str) -> None:
+        """The pod was deleted or finished: nothing of it is kept."""
+        self._filtered.pop(key, None)
+        self._unschedulable.pop(key, None)
+        self._allocate_answered.discard(key)
+        self._bound.pop(key, None)
