@@ -13,7 +13,7 @@ from scheduler.cli import config_from
 from scheduler.daemon import DaemonConfig, WebhookConfig
 from scheduler.tls.webhook import issue, service_names
 from tests.certs import ServerFiles, server_files
-from tests.scheduler.test_config_errors import one_clear_line, scheduler
+from tests.scheduler.daemon.test_config_errors import one_clear_line, scheduler
 
 NATS = "nats://127.0.0.1:4222"
 
