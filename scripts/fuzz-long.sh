@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long fuzz campaign: every target of tests/scheduler/test_fuzz_inputs.py with
+# The long fuzz campaign: every target of tests/scheduler/daemon/test_fuzz_inputs.py with
 # PYHAMI_FUZZ_EXAMPLES generated inputs each (default 17,000: six targets, over 100,000
 # inputs with the known hostile ones), then one line per target with the counts:
 # inputs tried, server errors (>= 500), unanswered, invariant violations, seconds.
@@ -17,7 +17,7 @@ export PYHAMI_FUZZ_REPORT="${PYHAMI_FUZZ_REPORT:-$(mktemp -d)/fuzz-long-report.j
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 : > "$PYHAMI_FUZZ_REPORT"
 started=$(date +%s)
-"$PYTHON" -m pytest tests/scheduler/test_fuzz_inputs.py -q -p no:cacheprovider -o timeout=0 \
+"$PYTHON" -m pytest tests/scheduler/daemon/test_fuzz_inputs.py -q -p no:cacheprovider -o timeout=0 \
   -W ignore::hypothesis.errors.HypothesisWarning "$@"
 status=$?
 "$PYTHON" - "$PYHAMI_FUZZ_REPORT" "$started" <<'PY'

@@ -12,19 +12,17 @@ from common.core import (
     Defaults,
     Fleet,
     Node,
-    NodePolicy,
     PodManifest,
     PodRejected,
     decide,
-    parse_default_chain,
     parse_pod,
     rejected,
 )
 from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
+from pyhami.sandbox import DEFAULTS
 
 T4 = "NVIDIA-Tesla T4"
 T4_MEMORY = 15360
-DEFAULTS = Defaults(parse_default_chain("spread"), NodePolicy.BINPACK)
 
 
 def card(index: int, node: str = "n", **fields: Any) -> Card:

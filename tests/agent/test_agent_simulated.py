@@ -8,9 +8,10 @@ import pytest
 
 from agent.inventory import InventoryError
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
-from common.core import Defaults, Fleet, NodePolicy, decide, parse_default_chain, parse_pod
+from common.core import Fleet, decide, parse_pod
 from common.files import parse_pod_manifest
 from common.wire import SCHEMA_VERSION, Inventory
+from pyhami.sandbox import DEFAULTS
 
 
 def test_t4x4_is_the_articles_lab_node() -> None:
@@ -130,8 +131,7 @@ spec:
   - name: main
     resources: {{limits: {{nvidia.com/gpu: {gpus}, nvidia.com/gpumem: 1000}}}}
 """, "pod")
-    defaults = Defaults(parse_default_chain("spread"), NodePolicy.BINPACK)
-    decision = decide(fleet, parse_pod(pod, defaults))
+    decision = decide(fleet, parse_pod(pod, DEFAULTS))
     chosen = {card.index for container in decision.cards for card in container}
     return decision.scheduled, chosen, str(decision.failed_nodes)
 

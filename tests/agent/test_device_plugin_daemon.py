@@ -1,7 +1,7 @@
 """The loop closed without Kubernetes: the real standalone daemon places a pod, the real
 agent's device plugin hands that pod's cards to the container the kubelet admits, and the
 daemon marks the pod ``bind-phase: success``. The kubelet is the fake one of
-``test_device_plugin_kubelet`` (a real gRPC Registration server)."""
+``tests.fakes.kubelet`` (a real gRPC Registration server)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, standalone_config
-from tests.agent.test_device_plugin_kubelet import NODE, WAIT_S, FakeKubelet, folders
+from tests.agent.test_device_plugin_kubelet import CARDS, NODE, folders
+from tests.fakes.kubelet import WAIT_S, FakeKubelet
 from tests.harness import PodClient, eventually
 
 __all__ = ["folders"]  # the fixture, shared
@@ -41,7 +42,7 @@ async def placed_node(request: pytest.FixtureRequest, jetstream_server: LocalNat
     kubelet_dir, hami_dir = folders
     if request.param:
         (hami_dir / "libvgpu.so").write_bytes(b"\x7fELF")
-    kubelet = FakeKubelet(kubelet_dir)
+    kubelet = FakeKubelet(kubelet_dir, CARDS)
     await kubelet.start()
     agent = Agent(AgentSettings(NODE, poll_interval=0.2, heartbeat_interval=0.5),
                   SimulatedSource(profile_cards("t4x4", NODE)),

@@ -222,27 +222,30 @@ class TestRecognition:
 
 
 class TestOpenbErrors:
-    def test_a_missing_column_is_named(self, tmp_path: Path) -> None:
-        nodes, pods = openb(tmp_path, pods=ONE_POD.replace(",gpu_spec", ""))
-        with pytest.raises(InputFileError, match=r"pods\.csv: line 1: no column gpu_spec"):
-            load_trace(nodes, pods)
-
-    def test_line_numbers_count_blank_lines_before_the_header(self, tmp_path: Path) -> None:
-        nodes, pods = openb(tmp_path, nodes=f"\n\n{NODE_HEADER}\nn-1,1,1,x,T4\n")
-        with pytest.raises(InputFileError, match=r"line 4, column gpu: 'x' is not a number"):
-            load_trace(nodes, pods)
-
-    def test_a_non_number_names_line_and_column(self, tmp_path: Path) -> None:
-        nodes, pods = openb(tmp_path, pods=ONE_POD + "pod-b,1,1,one,1000,,LS,Running,0,9,0\n")
-        with pytest.raises(InputFileError,
-                           match=r"pods\.csv: line 3, column num_gpu: 'one' is not a number"):
-            load_trace(nodes, pods)
-
-    def test_a_negative_count_names_line_and_column(self, tmp_path: Path) -> None:
-        nodes, pods = openb(tmp_path, nodes=f"{NODE_HEADER}\nn-1,1,1,-2,T4\n")
-        with pytest.raises(InputFileError, match=r"nodes\.csv: line 2, column gpu: '-2' is "
-                                                 r"not a whole number, 0 or more"):
-            load_trace(nodes, pods)
+    @pytest.mark.parametrize(("nodes", "pods", "problem"), [
+        (ONE_NODE, ONE_POD.replace(",gpu_spec", ""), r"pods\.csv: line 1: no column gpu_spec"),
+        (f"\n\n{NODE_HEADER}\nn-1,1,1,x,T4\n", ONE_POD,
+         r"line 4, column gpu: 'x' is not a number"),
+        (ONE_NODE, ONE_POD + "pod-b,1,1,one,1000,,LS,Running,0,9,0\n",
+         r"pods\.csv: line 3, column num_gpu: 'one' is not a number"),
+        (f"{NODE_HEADER}\nn-1,1,1,-2,T4\n", ONE_POD,
+         r"nodes\.csv: line 2, column gpu: '-2' is not a whole number, 0 or more"),
+        (f"{NODE_HEADER}\nn-1,1,1,2\n", ONE_POD,
+         r"nodes\.csv: line 2: 4 fields, the header names 5"),
+        (f"{NODE_HEADER}\nn-1,1,1,2,H100\n", ONE_POD,
+         r"line 2, column model: 'H100' is not a GPU model whose memory is known \(P100, T4"),
+        (f"{NODE_HEADER}\nnode a:1,1,1,2,T4\n", ONE_POD, r"line 2, column sn: 'node a:1'"),
+        (f"{ONE_NODE}node-a,1,1,2,T4\n", ONE_POD,
+         r"line 3, column sn: 'node-a' is listed twice \(first on line 2\)"),
+    ], ids=["a-missing-column-is-named", "line-numbers-count-blank-lines-before-the-header",
+            "a-non-number-names-line-and-column", "a-negative-count-names-line-and-column",
+            "a-short-line", "an-unknown-model-is-named", "a-serial-that-cannot-name-a-card",
+            "a-serial-listed-twice"])
+    def test_a_bad_file_is_refused_naming_where(self, tmp_path: Path, nodes: str, pods: str,
+                                                problem: str) -> None:
+        node_file, pod_file = openb(tmp_path, nodes=nodes, pods=pods)
+        with pytest.raises(InputFileError, match=problem):
+            load_trace(node_file, pod_file)
 
     @pytest.mark.parametrize(("row", "column", "problem"), [
         ("p,1,1,1,1001,,LS,Running,0,9,0", "gpu_milli", "1001 is above 1000"),
@@ -259,29 +262,6 @@ class TestOpenbErrors:
     def test_bad_pod_fields(self, tmp_path: Path, row: str, column: str, problem: str) -> None:
         nodes, pods = openb(tmp_path, pods=f"{ONE_POD}{row}\n")
         with pytest.raises(InputFileError, match=f"line 3, column {column}: {problem}"):
-            load_trace(nodes, pods)
-
-    def test_a_short_line(self, tmp_path: Path) -> None:
-        nodes, pods = openb(tmp_path, nodes=f"{NODE_HEADER}\nn-1,1,1,2\n")
-        with pytest.raises(InputFileError, match=r"nodes\.csv: line 2: 4 fields, the header "
-                                                 r"names 5"):
-            load_trace(nodes, pods)
-
-    def test_an_unknown_model_is_named(self, tmp_path: Path) -> None:
-        nodes, pods = openb(tmp_path, nodes=f"{NODE_HEADER}\nn-1,1,1,2,H100\n")
-        with pytest.raises(InputFileError, match=r"line 2, column model: 'H100' is not a GPU "
-                                                 r"model whose memory is known \(P100, T4"):
-            load_trace(nodes, pods)
-
-    def test_a_serial_that_cannot_name_a_card(self, tmp_path: Path) -> None:
-        nodes, pods = openb(tmp_path, nodes=f"{NODE_HEADER}\nnode a:1,1,1,2,T4\n")
-        with pytest.raises(InputFileError, match=r"line 2, column sn: 'node a:1'"):
-            load_trace(nodes, pods)
-
-    def test_a_serial_listed_twice(self, tmp_path: Path) -> None:
-        nodes, pods = openb(tmp_path, nodes=f"{ONE_NODE}node-a,1,1,2,T4\n")
-        with pytest.raises(InputFileError, match=r"line 3, column sn: 'node-a' is listed "
-                                                 r"twice \(first on line 2\)"):
             load_trace(nodes, pods)
 
 

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from rich.console import Console
 
 from common import telemetry
-from common.core import Defaults, NodePolicy, decide, fleet_from_cluster, parse_default_chain
+from common.core import decide, fleet_from_cluster
 from common.core import parse_pod as parse_pod_request
 from common.core.pod import Container, ObjectMeta, PodManifest, PodSpec, ResourceRequirements
 from common.files import load_cluster, load_pod
@@ -28,6 +28,7 @@ from common.telemetry import CardUsage, DecisionEvent, UsageEvent
 from common.wire import RESYNC_SUBJECT, Inventory, ReportedCard, decode_resync, inventory_subject
 from common.wire import encode as encode_wire
 from pyhami.output import print_json, stdout_console
+from pyhami.sandbox import DEFAULTS
 from pyhami.watch import WatchModel, render, snapshot_document
 from tests.paths import EXAMPLES
 
@@ -40,9 +41,8 @@ def lab_decision(pod: str | PodManifest) -> DecisionEvent:
     """A real decision of the core on the article's lab (an example file or a manifest),
     as the daemon publishes it."""
     fleet = fleet_from_cluster(load_cluster(EXAMPLES / "lab-cluster.json"))
-    defaults = Defaults(parse_default_chain("spread"), NodePolicy.BINPACK)
     manifest = load_pod(EXAMPLES / pod) if isinstance(pod, str) else pod
-    request = parse_pod_request(manifest, defaults)
+    request = parse_pod_request(manifest, DEFAULTS)
     return DecisionEvent.of(decide(fleet, request, explain=True), "filter", NOW - 2, 0.84)
 
 

@@ -3,7 +3,7 @@ peers accepting and refusing them: Python's ssl over a loopback socket, and a re
 nats-server with mutual TLS.
 
 The webhook's self-made certificate, built on the same functions, is checked against
-openssl in tests/scheduler/test_webhook_tls.py and tests/e2e/test_webhook.py.
+openssl in tests/scheduler/tls/test_webhook_tls.py and tests/e2e/test_webhook.py.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from common.core import Node, PodManifest
@@ -25,24 +27,28 @@ def reason_for(fleet_node: Node, pod: PodManifest) -> str:
 
 
 class TestEachReason:
-    def test_unhealthy_card(self) -> None:
-        assert reason_for(node("n", 1, health=False), manifest()) == "1/1 CardNotHealth"
-
-    def test_cordoned_by_node_annotation(self) -> None:
-        cordoned = node("n", 2, annotations={"hami.io/device-cordon": " GPU-n-0 ,GPU-n-1"})
-        assert reason_for(cordoned, manifest()) == "2/2 CardCordoned"
-
-    def test_type_mismatch_use_and_nouse(self) -> None:
-        pod = manifest(annotations={"nvidia.com/use-gputype": "a100,H100"})
-        assert reason_for(node("n", 2), pod) == "2/2 CardTypeMismatch"
-        pod = manifest(annotations={"nvidia.com/nouse-gputype": "tesla"})
-        assert reason_for(node("n", 2), pod) == "2/2 CardTypeMismatch"
-
-    def test_uuid_mismatch_use_and_nouse(self) -> None:
-        pod = manifest(annotations={"nvidia.com/use-gpuuuid": "GPU-other"})
-        assert reason_for(node("n", 2), pod) == "2/2 CardUuidMismatch"
-        pod = manifest(annotations={"nvidia.com/nouse-gpuuuid": "GPU-n-0, GPU-n-1"})
-        assert reason_for(node("n", 2), pod) == "2/2 CardUuidMismatch"
+    @pytest.mark.parametrize(("node_fields", "pod_fields", "reason"), [
+        ({"cards": 1, "health": False}, {}, "1/1 CardNotHealth"),
+        ({"cards": 2, "annotations": {"hami.io/device-cordon": " GPU-n-0 ,GPU-n-1"}}, {},
+         "2/2 CardCordoned"),
+        ({"cards": 2}, {"annotations": {"nvidia.com/use-gputype": "a100,H100"}},
+         "2/2 CardTypeMismatch"),
+        ({"cards": 2}, {"annotations": {"nvidia.com/nouse-gputype": "tesla"}},
+         "2/2 CardTypeMismatch"),
+        ({"cards": 2}, {"annotations": {"nvidia.com/use-gpuuuid": "GPU-other"}},
+         "2/2 CardUuidMismatch"),
+        ({"cards": 2}, {"annotations": {"nvidia.com/nouse-gpuuuid": "GPU-n-0, GPU-n-1"}},
+         "2/2 CardUuidMismatch"),
+        # Processes the agent sees count as tenants.
+        ({"cards": 1, "count": 3, "processes": 3}, {}, "1/1 CardTimeSlicingExhausted"),
+        ({"cards": 1, "processes": 1}, {"policy": "mutex"}, "1/1 ExclusiveDeviceAllocateConflict"),
+    ], ids=["unhealthy-card", "cordoned-by-node-annotation", "use-gputype", "nouse-gputype",
+            "use-gpuuuid", "nouse-gpuuuid", "processes-fill-the-slots",
+            "a-process-keeps-a-mutex-pod-away"])
+    def test_a_card_failing_one_check_reports_its_reason(self, node_fields: dict[str, Any],
+                                                         pod_fields: dict[str, Any],
+                                                         reason: str) -> None:
+        assert reason_for(node("n", **node_fields), manifest(**pod_fields)) == reason
 
     def test_time_slicing_exhausted(self) -> None:
         fleet = fleet_of(node("n", 1, count=2))
@@ -50,14 +56,6 @@ class TestEachReason:
         hold(fleet, "default/b", "n", "GPU-n-0")
         decision = run(fleet, manifest())
         assert decision.failed_nodes == {"n": "1/1 CardTimeSlicingExhausted"}
-
-    def test_processes_the_agent_sees_count_as_tenants(self) -> None:
-        assert reason_for(node("n", 1, count=3, processes=3), manifest()) == (
-            "1/1 CardTimeSlicingExhausted"
-        )
-        assert reason_for(node("n", 1, processes=1), manifest(policy="mutex")) == (
-            "1/1 ExclusiveDeviceAllocateConflict"
-        )
 
     def test_mutex_refuses_a_card_with_one_small_tenant(self) -> None:
         fleet = fleet_of(node("n", 1))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from common.core import Allocation, CardGrant, Usage, decode_devices, encode_devices
 from tests.builders import T4_MEMORY, fleet_of, hold, indexes, manifest, node, place, run
 
@@ -9,10 +13,19 @@ GPU = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}
 
 
 class TestAppContainers:
-    def test_each_container_sees_the_cards_taken_before_it(self) -> None:
-        fleet = fleet_of(node("n", 2, count=1))
-        decision = run(fleet, manifest(containers=[GPU, GPU]))
-        assert indexes(decision) == [[0], [1]]
+    @pytest.mark.parametrize(("node_fields", "policy", "cards"), [
+        ({"cards": 2, "count": 1}, None, [[0], [1]]),
+        ({"cards": 2}, "binpack", [[0], [0]]),
+        ({"cards": 3}, "mutex", [[0], [1]]),
+    ], ids=["each-container-sees-the-cards-taken-before-it",
+            "binpack-keeps-stacking-the-pods-containers",
+            "mutex-applies-to-the-pods-own-earlier-containers"])
+    def test_two_containers_take_their_cards_in_order(self, node_fields: dict[str, Any],
+                                                      policy: str | None,
+                                                      cards: list[list[int]]) -> None:
+        fleet = fleet_of(node("n", **node_fields))
+        decision = run(fleet, manifest(policy=policy, containers=[GPU, GPU]))
+        assert indexes(decision) == cards
 
     def test_a_later_container_that_does_not_fit_fails_the_node(self) -> None:
         fleet = fleet_of(node("n", 2, count=1))
@@ -21,11 +34,6 @@ class TestAppContainers:
             "n": "2/2 CardTimeSlicingExhausted"
         }
 
-    def test_binpack_keeps_stacking_the_pods_containers(self) -> None:
-        fleet = fleet_of(node("n", 2))
-        decision = run(fleet, manifest(policy="binpack", containers=[GPU, GPU]))
-        assert indexes(decision) == [[0], [0]]
-
     def test_scores_count_existing_usage_only_not_the_pod_itself(self) -> None:
         fleet = fleet_of(node("n", 2))
         hold(fleet, "default/x", "n", "GPU-n-1")
@@ -33,11 +41,6 @@ class TestAppContainers:
         # still ranks card 0 first since its own container does not raise the score.
         decision = run(fleet, manifest(containers=[GPU, GPU]))
         assert indexes(decision) == [[0], [0]]
-
-    def test_mutex_applies_to_the_pods_own_earlier_containers(self) -> None:
-        fleet = fleet_of(node("n", 3))
-        decision = run(fleet, manifest(policy="mutex", containers=[GPU, GPU]))
-        assert indexes(decision) == [[0], [1]]
 
     def test_containers_without_gpu_are_bare_in_the_annotation(self) -> None:
         fleet = fleet_of(node("n", 1))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from common.core import Defaults, NodePolicy, decide, parse_default_chain, parse_pod
-from tests.builders import DEFAULTS, fleet_of, hold, manifest, node, place, run
+from pyhami.sandbox import DEFAULTS
+from tests.builders import fleet_of, hold, manifest, node, place, run
 
 
 class TestNodePolicy:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from common.core import PodRejected, parse_pod
 from common.core.pod import Container, PodManifest, PodSpec, ResourceRequirements
-from tests.builders import DEFAULTS, T4_MEMORY, fleet_of, indexes, manifest, node, run
+from pyhami.sandbox import DEFAULTS
+from tests.builders import T4_MEMORY, fleet_of, indexes, manifest, node, run
 
 
 def container_request(limits: dict[str, int | str] | None = None,

@@ -17,7 +17,8 @@ from common.core import (
     preemption_on_node,
 )
 from common.core.preemption import victim_cost
-from tests.builders import DEFAULTS, fleet_of, hold, manifest, node, node_with
+from pyhami.sandbox import DEFAULTS
+from tests.builders import fleet_of, hold, manifest, node, node_with
 
 HIGH = 100
 NUMA_BIND = {"nvidia.com/numa-bind": "true"}

@@ -18,7 +18,8 @@ from common.core import (
     decide,
     parse_pod,
 )
-from tests.builders import DEFAULTS, manifest, run
+from pyhami.sandbox import DEFAULTS
+from tests.builders import manifest, run
 
 POLICIES = ["binpack", "spread", "numa", "mutex", "topology-aware"]
 MEMORY = [1000, 4000, 15360]

@@ -22,8 +22,8 @@ from common.core import (
     parse_pod,
 )
 from common.core.refusal import MESSAGE_LIMIT, refusal_message
+from pyhami.sandbox import DEFAULTS
 from tests.builders import (
-    DEFAULTS,
     T4,
     T4_MEMORY,
     fleet_of,

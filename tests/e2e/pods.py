@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyhami._controlplane import SCHEDULER_NAME, WAIT_S, ApiError, wait_for
+from pyhami.demo import lab_pod as demo_lab_pod
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 
 PODS = f"/api/v1/namespaces/{TEST_NAMESPACE}/pods"
@@ -24,20 +25,18 @@ def card_uuid(index: int) -> str:
 
 
 def lab_pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    """A lab pod: one container asking one card with a 1000 MiB slice, for pyhami-scheduler."""
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": TEST_NAMESPACE,
-                     "annotations": dict(annotations or {})},
-        "spec": {
-            "schedulerName": SCHEDULER_NAME,
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "app", "image": "ubuntu:22.04",
-                            "command": ["sleep", "infinity"],
-                            "resources": {"limits": dict(LAB_LIMITS)}}],
-        },
-    }
+    """The demo's lab pod (``pyhami.demo.lab_pod``: one container asking one card with a
+    1000 MiB slice) as a real cluster runs it: in the test namespace, for pyhami-scheduler,
+    its quantities written as kubectl writes them, its container sleeping until the pod is
+    deleted, and gone at once when it is."""
+    pod = demo_lab_pod(name, dict(annotations or {}))
+    pod["metadata"]["namespace"] = TEST_NAMESPACE
+    pod["spec"].update(schedulerName=SCHEDULER_NAME, automountServiceAccountToken=False,
+                       terminationGracePeriodSeconds=0)
+    container = pod["spec"]["containers"][0]
+    container["command"] = ["sleep", "infinity"]
+    container["resources"]["limits"] = dict(LAB_LIMITS)
+    return pod
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,9 @@ from nats.aio.client import Client
 
 from common.natsserver import LocalNatsServer
 from scheduler.leadership import LeaseSettingsError, NatsLease
+from tests.fakes.clock import Clock
 
 TTL, RENEW, DEADLINE = 4.0, 1.0, 2.5
-
-
-class Clock:
-    """The monotonic clock a lease reads, moved by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -93,7 +84,7 @@ async def test_a_daemon_restarted_with_its_identity_takes_its_lease_back(
 
 async def test_the_holder_stops_deciding_at_its_deadline_without_hearing_anything(
         client: Client) -> None:
-    clock = Clock()
+    clock = Clock(1000.0)  # the monotonic clock the lease reads
     elected: list[str] = []
     holder = lease("a", elected, clock)
     await holder.open(client)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,32 +70,29 @@ def test_each_issue_is_a_new_ca(made: ServingTls) -> None:
     assert issue(NAMES, NOW).ca != made.ca
 
 
-def test_another_service_is_not_covered(made: ServingTls) -> None:
-    with pytest.raises(TlsError, match=r"does not name hami-scheduler.cluster.kube-system.svc$"):
-        check(made, [*NAMES[:2], "hami-scheduler.cluster.kube-system.svc"], NOW, WHERE)
-
-
-def test_a_key_of_another_certificate_is_refused(made: ServingTls) -> None:
-    other = issue(NAMES, NOW)
-    with pytest.raises(TlsError, match=f"^{WHERE} tls.key is not the private key of the "
-                                       f"certificate in {WHERE} tls.crt$"):
-        check(ServingTls(ca=made.ca, cert=made.cert, key=other.key), NAMES, NOW, WHERE)
-
-
-def test_a_certificate_another_ca_signed_is_refused(made: ServingTls) -> None:
-    other = issue(NAMES, NOW)
-    with pytest.raises(TlsError, match=r"is not signed by the CA in ca\.crt$"):
-        check(ServingTls(ca=other.ca, cert=made.cert, key=made.key), NAMES, NOW, WHERE)
-
-
-def test_an_expired_certificate_is_refused(made: ServingTls) -> None:
-    with pytest.raises(TlsError, match=r"expired on 2036-02-27 12:00 UTC"):
-        check(made, NAMES, NOW + CERT_VALIDITY, WHERE)
-
-
-def test_a_certificate_from_the_future_is_refused(made: ServingTls) -> None:
-    with pytest.raises(TlsError, match=r"is valid only from 2026-03-01 11:00 UTC"):
-        check(made, NAMES, NOW - datetime.timedelta(hours=2), WHERE)
+@pytest.mark.parametrize(("spoiled", "names", "when", "refusal"), [
+    (lambda made: made, [*NAMES[:2], "hami-scheduler.cluster.kube-system.svc"], NOW,
+     r"does not name hami-scheduler.cluster.kube-system.svc$"),
+    (lambda made: replace(made, key=issue(NAMES, NOW).key), NAMES, NOW,
+     f"^{WHERE} tls.key is not the private key of the certificate in {WHERE} tls.crt$"),
+    (lambda made: replace(made, ca=issue(NAMES, NOW).ca), NAMES, NOW,
+     r"is not signed by the CA in ca\.crt$"),
+    (lambda made: made, NAMES, NOW + CERT_VALIDITY, r"expired on 2036-02-27 12:00 UTC"),
+    (lambda made: made, NAMES, NOW - datetime.timedelta(hours=2),
+     r"is valid only from 2026-03-01 11:00 UTC"),
+    (lambda made: replace(made, cert=b"garbage"), NAMES, NOW,
+     f"^{WHERE} tls.crt holds no PEM certificate$"),
+    (lambda made: replace(made, key=made.cert), NAMES, NOW,
+     f"^{WHERE} tls.key holds no unencrypted PEM private"),
+], ids=["another-service-is-not-covered", "a-key-of-another-certificate",
+        "a-certificate-another-ca-signed", "an-expired-certificate",
+        "a-certificate-from-the-future", "a-certificate-that-is-no-pem",
+        "a-key-that-is-no-pem"])
+def test_a_certificate_that_cannot_serve_is_refused_saying_why(
+        made: ServingTls, spoiled: Callable[[ServingTls], ServingTls], names: Sequence[str],
+        when: datetime.datetime, refusal: str) -> None:
+    with pytest.raises(TlsError, match=refusal):
+        check(spoiled(made), names, when, WHERE)
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -106,13 +104,6 @@ def test_a_secret_missing_a_key_is_refused(data: dict[str, bytes], message: str)
     with pytest.raises(TlsError) as raised:
         from_secret(data, WHERE)
     assert str(raised.value) == message
-
-
-def test_text_that_is_no_pem_is_refused(made: ServingTls) -> None:
-    with pytest.raises(TlsError, match=f"^{WHERE} tls.crt holds no PEM certificate$"):
-        check(ServingTls(ca=made.ca, cert=b"garbage", key=made.key), NAMES, NOW, WHERE)
-    with pytest.raises(TlsError, match=f"^{WHERE} tls.key holds no unencrypted PEM private"):
-        check(ServingTls(ca=made.ca, cert=made.cert, key=made.cert), NAMES, NOW, WHERE)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from scheduler.cli import config_from
 from scheduler.config import DaemonConfig, WebhookConfig
 from scheduler.tls.webhook import issue, service_names
 from tests.certs import ServerFiles, server_files
-from tests.scheduler.test_config_errors import one_clear_line, scheduler
+from tests.scheduler.daemon.test_config_errors import one_clear_line, scheduler
 
 NATS = "nats://127.0.0.1:4222"
 
@@ -81,26 +81,21 @@ def test_the_namespace_defaults_to_the_pods_own(monkeypatch: pytest.MonkeyPatch,
     assert webhook_of(config).namespace == "gpu-operators"
 
 
-def test_standalone_without_certificate_files_is_refused() -> None:
-    line = one_clear_line(scheduler("--standalone", "--nats", NATS,
-                                    "--webhook-listen", "127.0.0.1:8443"))
-    assert line == ("pyhami scheduler: --webhook-listen with --standalone needs "
-                    "--tls-cert-file and --tls-private-key-file: without Kubernetes there is "
-                    "no Secret to keep a certificate of its own in")
-
-
-def test_a_certificate_without_its_key_is_refused(tls: ServerFiles) -> None:
-    line = one_clear_line(scheduler("--standalone", "--nats", NATS, "--webhook-listen",
-                                    "127.0.0.1:8443", "--tls-cert-file", str(tls.cert)))
-    assert line == "pyhami scheduler: --tls-cert-file and --tls-private-key-file go together"
-
-
-def test_certificate_files_without_a_listener_are_refused(tls: ServerFiles) -> None:
-    line = one_clear_line(scheduler("--standalone", "--nats", NATS,
-                                    "--tls-cert-file", str(tls.cert),
-                                    "--tls-private-key-file", str(tls.key)))
-    assert line == ("pyhami scheduler: --tls-cert-file serves the webhook: "
-                    "set --webhook-listen too")
+@pytest.mark.parametrize(("flags", "refusal"), [
+    (["--webhook-listen", "127.0.0.1:8443"],
+     "--webhook-listen with --standalone needs --tls-cert-file and --tls-private-key-file: "
+     "without Kubernetes there is no Secret to keep a certificate of its own in"),
+    (["--webhook-listen", "127.0.0.1:8443", "--tls-cert-file", "{cert}"],
+     "--tls-cert-file and --tls-private-key-file go together"),
+    (["--tls-cert-file", "{cert}", "--tls-private-key-file", "{key}"],
+     "--tls-cert-file serves the webhook: set --webhook-listen too"),
+], ids=["standalone-without-certificate-files", "a-certificate-without-its-key",
+        "certificate-files-without-a-listener"])
+def test_standalone_webhook_flags_that_do_not_go_together_are_refused(
+        tls: ServerFiles, flags: list[str], refusal: str) -> None:
+    files = [flag.format(cert=tls.cert, key=tls.key) for flag in flags]
+    line = one_clear_line(scheduler("--standalone", "--nats", NATS, *files))
+    assert line == f"pyhami scheduler: {refusal}"
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [

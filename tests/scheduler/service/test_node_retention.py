@@ -12,15 +12,8 @@ from pyhami.sandbox import DEFAULTS
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.state import NODE_UNKNOWN, LiveState
 from tests.builders import manifest
-from tests.node_list import NodeList, inventory, inventory_message, silent
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes.clock import Clock
+from tests.fakes.node_list import NodeList, inventory, inventory_message, silent
 
 
 def service_with(cluster: NodeList, settings: ServiceSettings, clock: Clock) -> SchedulerService:

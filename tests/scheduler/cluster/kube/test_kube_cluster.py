@@ -1,15 +1,12 @@
 """``scheduler.cluster.kube.KubernetesCluster``: its pure conversions and bodies, and the client
 against a stub of the Kubernetes API.
 
-No kube-apiserver can run here, so ``StubApiServer`` (aiohttp on 127.0.0.1) stands in for
-one: it answers the few paths the cluster calls with canned JSON shaped like the API's
-(pod lists in pages, 404 and 409 Status bodies, a chunked newline-delimited watch stream)
-and records every request. Pods it holds change as on the API server: a patch merges and
-honours its resourceVersion precondition (409 when the pod changed), a Binding places a
-pod on no node yet, and each change gives a new resourceVersion. The cluster reaches it
-through a kubeconfig written by the test, with token auth, exactly as it would reach a
-real server. What only a real API server can show (its validation of the bodies, the
-watch's resourceVersion semantics) is left to the end-to-end tests.
+No kube-apiserver can run here, so ``tests.fakes.apiserver.StubApiServer`` (aiohttp on
+127.0.0.1) stands in for one: canned JSON shaped like the API's, every request recorded,
+pods that change as on the API server. The cluster reaches it through a kubeconfig written
+by the test, with token auth, exactly as it would reach a real server. What only a real API
+server can show (its validation of the bodies, the watch's resourceVersion semantics) is
+left to the end-to-end tests.
 """
 
 from __future__ import annotations
@@ -21,14 +18,13 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from aiohttp import web
 from kubernetes import client as kubernetes_client
 
 from common.core import CardGrant
@@ -57,52 +53,17 @@ from scheduler.cluster.kube import (
     describe_failure,
     recurrence_patch,
 )
+from tests.fakes.apiserver import (
+    TOKEN,
+    Recorded,
+    StubApiServer,
+    pod_json,
+    serve,
+    status_json,
+    write_kubeconfig,
+)
 
-TOKEN = "stub-token"
 ALLOCATED = "GPU-init,NVIDIA,2000,0:;GPU-a,NVIDIA,1000,30:GPU-b,NVIDIA,1000,30:;"
-
-
-def pod_json(name: str, *, namespace: str = "default", uid: str | None = None,
-             node: str | None = None, phase: str = "Pending",
-             annotations: dict[str, str] | None = None, version: str = "1",
-             scheduler: str = "default-scheduler") -> dict[str, Any]:
-    """A v1.Pod as the API server returns it, with the fields pyhami ignores as well."""
-    spec: dict[str, Any] = {
-        "schedulerName": scheduler,
-        "initContainers": [{"name": "warmup", "image": "busybox",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-        "containers": [{
-            "name": "train", "image": "trainer:1",
-            "resources": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1000",
-                                     "cpu": "500m"}},
-            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-        }],
-        "volumes": [{"name": "data", "emptyDir": {}}],
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
-                         "effect": "NoSchedule"}],
-    }
-    if node is not None:
-        spec["nodeName"] = node
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name, "namespace": namespace, "uid": uid or f"uid-{name}",
-            "resourceVersion": version, "creationTimestamp": "2025-01-02T03:04:05Z",
-            "labels": {"app": "trainer"},
-            "annotations": annotations or {},
-            "managedFields": [{"manager": "kubectl", "operation": "Update",
-                               "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}],
-        },
-        "spec": spec,
-        "status": {"phase": phase, "qosClass": "Burstable",
-                   "conditions": [{"type": "PodScheduled", "status": "True"}]},
-    }
-
-
-def status_json(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
 
 
 # Pure conversions and bodies --------------------------------------------------------------
@@ -297,227 +258,7 @@ def test_an_error_event_ends_the_watch(code: int, raised: type[Exception]) -> No
         _watch.seen(line)
 
 
-# The stub API server ----------------------------------------------------------------------
-
-
-@dataclass
-class Recorded:
-    method: str
-    path: str
-    query: dict[str, str]
-    body: Any
-    content_type: str
-
-
-@dataclass
-class StubApiServer:
-    """The Kubernetes API paths ``KubernetesCluster`` calls, answered with canned JSON."""
-
-    pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # "ns/name" -> pod, for GET
-    lists: list[tuple[list[dict[str, Any]], str]] = field(default_factory=list)
-    """The n-th list (pods, resourceVersion); the last one repeats."""
-    watches: list[list[dict[str, Any]] | int] = field(default_factory=list)
-    """The n-th watch: its events, then the stream ends; or an HTTP error status. Once they
-    run out, a watch stays open without events."""
-    page_size: int = 1
-    patch_statuses: list[int] = field(default_factory=list)  # the n-th patch's; else 200
-    binding_status: int = 201
-    event_status: int = 201
-    get_status: int = 200
-    events: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """"ns/name" -> Event, as created and patched."""
-    nodes: list[dict[str, Any]] = field(default_factory=list)
-    after_read: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
-    """Changes made to a pod by someone else right after the n-th GET of it is answered."""
-    after_patch: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
-    """The same, after the n-th successful PATCH of a pod in ``pods``."""
-    requests: list[Recorded] = field(default_factory=list)
-    closing: asyncio.Event = field(default_factory=asyncio.Event)
-    _lists_served: int = 0
-    _watches_served: int = 0
-
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._record])
-        app.router.add_get("/api/v1/pods", self._pods)
-        app.router.add_get("/api/v1/nodes", self._nodes)
-        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get)
-        app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
-        app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", self._binding)
-        app.router.add_post("/api/v1/namespaces/{ns}/events", self._event)
-        app.router.add_get("/api/v1/namespaces/{ns}/events/{name}", self._get_event)
-        app.router.add_patch("/api/v1/namespaces/{ns}/events/{name}", self._patch_event)
-        return app
-
-    def sent(self, method: str, path_end: str) -> list[Recorded]:
-        return [r for r in self.requests if r.method == method and r.path.endswith(path_end)]
-
-    @web.middleware
-    async def _record(self, request: web.Request,
-                      handler: Callable[[web.Request], Any]) -> web.StreamResponse:
-        body = await request.json() if request.can_read_body else None
-        self.requests.append(Recorded(request.method, request.path, dict(request.query), body,
-                                      request.headers.get("Content-Type", "")))
-        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return web.json_response(status_json(401, "Unauthorized", "no token"), status=401)
-        response: web.StreamResponse = await handler(request)
-        return response
-
-    async def _pods(self, request: web.Request) -> web.StreamResponse:
-        if request.query.get("watch") == "true":
-            return await self._watch(request)
-        token = request.query.get("continue")
-        if token is None:
-            index, offset = min(self._lists_served, len(self.lists) - 1), 0
-            self._lists_served += 1
-        else:
-            index, offset = (int(part) for part in token.split(":"))
-        pods, version = self.lists[index]
-        end = offset + self.page_size
-        metadata = {"resourceVersion": version}
-        if end < len(pods):
-            metadata["continue"] = f"{index}:{end}"
-        return web.json_response({"kind": "PodList", "apiVersion": "v1", "metadata": metadata,
-                                  "items": pods[offset:end]})
-
-    async def _watch(self, request: web.Request) -> web.StreamResponse:
-        script = (self.watches[self._watches_served]
-                  if self._watches_served < len(self.watches) else None)
-        self._watches_served += 1
-        if isinstance(script, int):
-            return web.json_response(status_json(script, "InternalError", "etcd is down"),
-                                     status=script)
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)  # chunked, as the API server streams a watch
-        for event in script or ():
-            await response.write(json.dumps(event).encode() + b"\n")
-        if script is None:
-            await self.closing.wait()
-        await response.write_eof()
-        return response
-
-    async def _nodes(self, _: web.Request) -> web.Response:
-        return web.json_response({"kind": "NodeList", "apiVersion": "v1", "metadata": {},
-                                  "items": self.nodes})
-
-    async def _get(self, request: web.Request) -> web.Response:
-        key = f"{request.match_info['ns']}/{request.match_info['name']}"
-        if self.get_status != 200:
-            return web.json_response(status_json(self.get_status, "InternalError", "broken"),
-                                     status=self.get_status)
-        if key not in self.pods:
-            return web.json_response(
-                status_json(404, "NotFound", f'pods "{request.match_info["name"]}" not found'),
-                status=404)
-        answer = web.json_response(self.pods[key])
-        if self.after_read:
-            change(self.pods[key], self.after_read.pop(0))
-        return answer
-
-    async def _patch(self, request: web.Request) -> web.Response:
-        status = self.patch_statuses.pop(0) if self.patch_statuses else 200
-        if status == 422:
-            return web.json_response(
-                status_json(422, "Invalid", "metadata.uid: field is immutable"), status=422)
-        if status != 200:
-            return web.json_response(status_json(status, "InternalError", "etcd is down"),
-                                     status=status)
-        name = request.match_info["name"]
-        pod = self.pods.get(f"{request.match_info['ns']}/{name}")
-        if pod is None:
-            return web.json_response(pod_json(name))
-        patch = (await request.json())["metadata"]
-        if (stale := modified_since(pod, patch, name)) is not None:
-            return stale
-
-        def merge(target: dict[str, Any]) -> None:
-            notes = target["metadata"]["annotations"]
-            for note, value in patch.get("annotations", {}).items():
-                if value is None:
-                    notes.pop(note, None)
-                else:
-                    notes[note] = value
-
-        change(pod, merge)
-        answer = web.json_response(pod)
-        if self.after_patch:
-            change(pod, self.after_patch.pop(0))
-        return answer
-
-    async def _binding(self, request: web.Request) -> web.Response:
-        """As kube-apiserver binds: the resourceVersion given is a precondition, the
-        Binding's annotations are copied onto the pod with its node, in one update."""
-        name = request.match_info["name"]
-        pod = self.pods.get(f"{request.match_info['ns']}/{name}")
-        assigned = pod["spec"].get("nodeName") if pod is not None else None
-        if self.binding_status != 201 or assigned:
-            return web.json_response(
-                status_json(409, "Conflict", f'pod {name} is already assigned to node '
-                            f'"{assigned or "n9"}"'), status=409)
-        if pod is not None:
-            binding = await request.json()
-            meta = binding["metadata"]
-            if meta.get("uid", pod["metadata"]["uid"]) != pod["metadata"]["uid"]:
-                return web.json_response(status_json(
-                    409, "Conflict", f"Precondition failed: UID in precondition: "
-                    f"{meta['uid']}, UID in object meta: {pod['metadata']['uid']}"), status=409)
-            if (stale := modified_since(pod, meta, name)) is not None:
-                return stale
-
-            def bind(placed: dict[str, Any]) -> None:
-                placed["spec"]["nodeName"] = binding["target"]["name"]
-                placed["metadata"]["annotations"].update(meta.get("annotations", {}))
-
-            change(pod, bind)
-        return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                  "status": "Success", "code": 201}, status=201)
-
-    async def _event(self, request: web.Request) -> web.Response:
-        if self.event_status != 201:
-            return web.json_response(status_json(403, "Forbidden", "events are forbidden"),
-                                     status=self.event_status)
-        event = await request.json()
-        name = event["metadata"]["name"]
-        key = f"{request.match_info['ns']}/{name}"
-        if key in self.events:
-            return web.json_response(
-                status_json(409, "AlreadyExists", f'events "{name}" already exists'), status=409)
-        self.events[key] = event
-        return web.json_response(event, status=201)
-
-    def _stored_event(self, request: web.Request) -> dict[str, Any] | web.Response:
-        name = request.match_info["name"]
-        event = self.events.get(f"{request.match_info['ns']}/{name}")
-        if event is None:
-            return web.json_response(
-                status_json(404, "NotFound", f'events "{name}" not found'), status=404)
-        return event
-
-    async def _get_event(self, request: web.Request) -> web.Response:
-        event = self._stored_event(request)
-        return event if isinstance(event, web.Response) else web.json_response(event)
-
-    async def _patch_event(self, request: web.Request) -> web.Response:
-        event = self._stored_event(request)
-        if isinstance(event, web.Response):
-            return event
-        event.update(await request.json())
-        return web.json_response(event)
-
-
-def change(pod: dict[str, Any], how: Callable[[dict[str, Any]], None]) -> None:
-    """Change a stored pod as the API server would: a new resourceVersion."""
-    how(pod)
-    pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 1)
-
-
-def write_kubeconfig(path: Path, port: int, token: str = TOKEN) -> Path:
-    path.write_text(json.dumps({  # JSON is YAML
-        "apiVersion": "v1", "kind": "Config", "current-context": "stub",
-        "clusters": [{"name": "stub", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "tester", "user": {"token": token}}],
-        "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "tester"}}],
-    }))
-    return path
+# Against the stub API server -----------------------------------------------------------
 
 
 @dataclass
@@ -526,21 +267,6 @@ class Harness:
     cluster: KubernetesCluster
     kubeconfig: Path
     port: int
-
-
-@asynccontextmanager
-async def serve(api: StubApiServer) -> AsyncIterator[int]:
-    """The stub on a free loopback port; yields the port."""
-    runner = web.AppRunner(api.app(), access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, listener).start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        api.closing.set()  # ends the watches held open
-        await runner.cleanup()
 
 
 @pytest.fixture
@@ -615,19 +341,6 @@ async def test_the_kubeconfig_token_is_sent(tmp_path: Path) -> None:
 ANNOTATIONS = {ALLOCATED_ANNOTATION: "GPU-a,NVIDIA,1000,30:;",
                TO_ALLOCATE_ANNOTATION: "GPU-a,NVIDIA,1000,30:;",
                NODE_ANNOTATION: "n1", BIND_PHASE_ANNOTATION: "allocating"}
-
-
-def modified_since(pod: dict[str, Any], metadata: dict[str, Any],
-                   name: str) -> web.Response | None:
-    """The API server's 409 for a write whose resourceVersion precondition the pod no
-    longer meets (a patch's or a Binding's); None when it meets it or names none."""
-    current = pod["metadata"]["resourceVersion"]
-    if metadata.get("resourceVersion", current) == current:
-        return None
-    return web.json_response(status_json(
-        409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": the object has '
-        "been modified; please apply your changes to the latest version and try again"),
-        status=409)
 
 
 def pending_pod(version: str = "5") -> dict[str, Any]:

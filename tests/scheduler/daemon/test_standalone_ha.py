@@ -35,6 +35,7 @@ import pytest
 
 from common.natsserver import LocalNatsServer, free_port
 from common.telemetry import DECISIONS_SUBJECT, decode_decision
+from pyhami.demo import lab_pod
 from tests.invariants import settled_violations
 from tests.partition import Partition
 from tests.processes import Process
@@ -87,13 +88,6 @@ def stand(tmp_path: Path) -> Iterator[Stand]:
             process.send(signal.SIGCONT)  # a test that failed may leave one frozen
         process.stop()
     server.kill()
-
-
-def lab_pod(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"containers": [{"name": "cuda", "image": "ubuntu:22.04", "resources": {
-                "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:

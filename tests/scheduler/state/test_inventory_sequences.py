@@ -14,8 +14,8 @@ from common.wire import SCHEMA_VERSION, Inventory, inventory_subject
 from pyhami.sandbox import DEFAULTS
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.state import SEQUENCE_GAP_MAX, LiveState
+from tests.fakes.node_list import NodeList, silent
 from tests.harness import inventory_count
-from tests.node_list import NodeList, silent
 
 NODE = "n"
 FORGED = 2**62

@@ -34,8 +34,8 @@ from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.web.limits import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT
 from scheduler.web.protocol import ExtenderArgs, HostPriority
 from tests.builders import manifest
+from tests.fakes.node_list import NodeList, inventory_message, silent
 from tests.harness import Lab, eventually, inventory_count
-from tests.node_list import NodeList, inventory_message, silent
 
 NODE = "gpu-node-1"  # the lab's simulated node: four T4s, GPU-gpu-node-1-0..3
 

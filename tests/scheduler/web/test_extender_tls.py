@@ -37,7 +37,7 @@ from tests.certs import (
     client_files,
     server_files,
 )
-from tests.scheduler.test_config_errors import one_clear_line, scheduler
+from tests.scheduler.daemon.test_config_errors import one_clear_line, scheduler
 
 NATS = "nats://127.0.0.1:4222"
 

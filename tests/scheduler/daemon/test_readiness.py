@@ -19,8 +19,8 @@ from scheduler.cluster import PodChange
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.web.protocol import ExtenderArgs, ExtenderFilterResult
 from tests.builders import manifest
+from tests.fakes.node_list import NodeList, inventory_message, silent
 from tests.harness import Lab, eventually
-from tests.node_list import NodeList, inventory_message, silent
 
 
 async def readiness(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:

@@ -1,0 +1,2 @@
+"""Stand-ins for what the tests cannot run for real: the Kubernetes API server, the kubelet's
+device plugin API, the NVML library, a cluster that only lists nodes, a clock moved by hand."""
