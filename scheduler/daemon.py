@@ -74,7 +74,7 @@ from scheduler.tls.webhook import (
     service_names,
 )
 from scheduler.web.extender import extender_app, metrics_app
-from scheduler.web.pods import pod_api
+from scheduler.web.pods import PodApi
 from scheduler.web.probes import serve, starting_app
 from scheduler.web.webhook import WEBHOOK_PATH, webhook_app
 
@@ -312,7 +312,7 @@ class Daemon:
         if self._standalone is not None:
             self._pending = PendingLoop(service, self._standalone, config.retry_period,
                                         config.scheduler_name)
-            app.add_routes(pod_api(self._standalone, self._pending))
+            app.add_routes(PodApi(self._standalone, self._pending.retry_now).routes())
         await probes.aclose()
         files = self._extender_files
         tls = files.context if files is not None else None

@@ -4,6 +4,8 @@ user (the demo, the tests) submits, lists, reads and deletes the pods of
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import msgspec
 from aiohttp import web
 
@@ -11,9 +13,10 @@ from common.core.names import InvalidName, check_label, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
 from scheduler.cluster import ClusterError, StoreUnavailable
 from scheduler.cluster.standalone import PodEvent, StandaloneCluster, StoredPod
-from scheduler.pending import PendingLoop
 from scheduler.web.limits import POD_BODY_LIMIT, read_body
 from scheduler.web.protocol import check_pod_names
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def _pod_view(pod: StoredPod, events: list[PodEvent]) -> dict[str, object]:
@@ -35,26 +38,35 @@ def _path_names(request: web.Request) -> tuple[str, str]:
     return namespace, name
 
 
-def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
+class PodApi:
     """``/api/pods``: submit (POST a Pod manifest, YAML or JSON), list, get, delete.
 
     Names are checked as Kubernetes checks them; a body over ``POD_BODY_LIMIT`` is a 413.
+    A standby's pods may be stale and it writes none: every route answers it 503 naming
+    the holder. ``retry_now`` is told of every pod submitted (the pending loop's).
     """
-    routes = web.RouteTableDef()
-    encode = msgspec.json.encode
 
-    def json_response(value: object, status: int = 200) -> web.Response:
-        return web.Response(body=encode(value), status=status, content_type="application/json")
+    def __init__(self, cluster: StandaloneCluster, retry_now: Callable[[], None]) -> None:
+        self._cluster = cluster
+        self._retry_now = retry_now
 
-    def standing_by() -> web.Response | None:
-        """A standby's pods may be stale and it writes none: 503 naming the holder."""
-        standby = cluster.refusal()
-        return None if standby is None else web.Response(status=503, text=f"{standby}\n")
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/api/pods", self._refusing_on_standby(self.submit)),
+                web.get("/api/pods", self._refusing_on_standby(self.list_pods)),
+                web.get("/api/pods/{namespace}/{name}", self._refusing_on_standby(self.get_pod)),
+                web.delete("/api/pods/{namespace}/{name}",
+                           self._refusing_on_standby(self.delete_pod))]
 
-    @routes.post("/api/pods")
-    async def submit(request: web.Request) -> web.Response:
-        if (refused := standing_by()) is not None:
-            return refused
+    def _refusing_on_standby(self, handler: Handler) -> Handler:
+        async def handle(request: web.Request) -> web.Response:
+            standby = self._cluster.refusal()
+            if standby is not None:
+                return web.Response(status=503, text=f"{standby}\n")
+            return await handler(request)
+
+        return handle
+
+    async def submit(self, request: web.Request) -> web.Response:
         try:
             manifest = parse_pod_manifest(await read_body(request, POD_BODY_LIMIT),
                                           "request body")
@@ -65,41 +77,34 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
         except InvalidName as error:
             return web.Response(status=400, text=f"request body: {error}\n")
         try:
-            pod = await cluster.submit(manifest)
+            pod = await self._cluster.submit(manifest)
         except StoreUnavailable as error:
             return web.Response(status=503, text=f"{error}\n")
         except ClusterError as error:
             return web.Response(status=409, text=f"{error}\n")
-        loop.retry_now()
-        return json_response(_pod_view(pod, []), status=201)
+        self._retry_now()
+        return _json_response(_pod_view(pod, []), status=201)
 
-    @routes.get("/api/pods")
-    async def list_pods(_: web.Request) -> web.Response:
-        if (refused := standing_by()) is not None:
-            return refused
-        return json_response([
+    async def list_pods(self, _: web.Request) -> web.Response:
+        cluster = self._cluster
+        return _json_response([
             _pod_view(p, cluster.events(p.manifest.namespace, p.manifest.metadata.name))
             for p in cluster.pods()
         ])
 
-    @routes.get("/api/pods/{namespace}/{name}")
-    async def get_pod(request: web.Request) -> web.Response:
-        if (refused := standing_by()) is not None:
-            return refused
+    async def get_pod(self, request: web.Request) -> web.Response:
         namespace, name = _path_names(request)
-        found = next((p for p in cluster.pods() if p.manifest.metadata.namespace == namespace
+        found = next((p for p in self._cluster.pods()
+                      if p.manifest.metadata.namespace == namespace
                       and p.manifest.metadata.name == name), None)
         if found is None:
             return web.Response(status=404, text=f"pod {namespace}/{name} not found\n")
-        return json_response(_pod_view(found, cluster.events(namespace, name)))
+        return _json_response(_pod_view(found, self._cluster.events(namespace, name)))
 
-    @routes.delete("/api/pods/{namespace}/{name}")
-    async def delete_pod(request: web.Request) -> web.Response:
-        if (refused := standing_by()) is not None:
-            return refused
+    async def delete_pod(self, request: web.Request) -> web.Response:
         namespace, name = _path_names(request)
         try:
-            deleted = await cluster.delete(namespace, name)
+            deleted = await self._cluster.delete(namespace, name)
         except StoreUnavailable as error:
             return web.Response(status=503, text=f"{error}\n")
         except ClusterError as error:
@@ -108,4 +113,7 @@ def pod_api(cluster: StandaloneCluster, loop: PendingLoop) -> web.RouteTableDef:
             return web.Response(status=404, text=f"pod {namespace}/{name} not found\n")
         return web.Response(status=204)
 
-    return routes
+
+def _json_response(value: object, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(value), status=status,
+                        content_type="application/json")

@@ -181,7 +181,7 @@ async def test_a_pod_whose_scheduling_crashes_does_not_stall_the_pending_loop(
             raise RuntimeError("a bug met by one pod")
         return await decide(args)
 
-    monkeypatch.setattr(service, "filter", crashing_for_poison)
+    monkeypatch.setattr(service.verbs, "filter", crashing_for_poison)
     await lab.pods.submit(lab_pod("poison"))
     await lab.pods.submit_and_place(lab_pod("after-poison"))  # submitted later, placed
     assert (await lab.pods.get("poison"))["node"] is None
