@@ -13,6 +13,7 @@ list page and watch event, for fields that are thrown away.
 One private module per layer, each importing only those below it:
 
 - ``_cluster``: ``KubernetesCluster``, the async facade the daemon uses;
+- ``_binding``: ``PodBinder``, a pod bound only when it is pyhami's to bind;
 - ``_watch``: the list-and-watch task;
 - ``_events``: Events counted on repeat, as client-go's recorder does;
 - ``_client``: one async function per API call, its REST path written out, and the

@@ -15,16 +15,14 @@ from common.core.annotations import cordoned_uuids
 from common.locks import KeyedLocks
 from scheduler.busauth import NODE_NAME_EXTRA, ReviewedToken
 from scheduler.cluster.kube import _client
+from scheduler.cluster.kube._binding import PodBinder
 from scheduler.cluster.kube._client import Snapshot
 from scheduler.cluster.kube._events import SeriesCache, write_event
 from scheduler.cluster.kube._requests import (
     JsonObject,
     PodEvent,
-    annotation_patch,
-    annotations_set,
     bind_phase_patch,
     bind_refusal,
-    binding_body,
     ca_bundle_patch,
     capacity_freed_patch,
     secret_body,
@@ -44,14 +42,12 @@ from scheduler.cluster.kube._wire import (
     DisruptionBudgetList,
     Lease,
     NodeList,
-    Pod,
     PodToBind,
     Secret,
     TokenReview,
     WebhookConfiguration,
     decode_pod,
     disruption_budget,
-    pod_to_bind,
 )
 from scheduler.cluster.port import (
     SCHEDULER_NAME,
@@ -87,6 +83,7 @@ class KubernetesCluster:
         self._watched: dict[str, ClusterPod] = {}
         # The last list_pods(): changes() watches on from it, so nothing in between is lost.
         self._snapshot: Snapshot | None = None
+        self._binder = PodBinder(api, scheduler_name)
 
     @classmethod
     def from_kubeconfig(cls, path: str, *, context: str | None = None,
@@ -145,82 +142,10 @@ class KubernetesCluster:
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    annotations: Mapping[str, str | None]) -> None:
-        await self._bind(namespace, name, uid, node, dict(annotations))
-        self._remember_uid(f"{namespace}/{name}", uid)
-
-    async def _bind(self, namespace: str, name: str, uid: str, node: str,
-                    annotations: dict[str, str | None]) -> None:
-        """Bind the pod with its annotations in one write, checked first that it is
-        pyhami's to bind: kube-apiserver copies a Binding's annotations onto the pod and
-        sets its node in the same update. A failed Binding leaves nothing written.
-
-        A pod the watch delivered, the same uid, is checked as the watch has it and bound
-        with its uid as the one precondition, in one request: a node once set, a phase
-        past Pending and the scheduler name never change back, and the Binding itself
-        refuses (409) a pod on a node, being deleted, or re-created (an unbound pod leaves
-        Pending only as it is deleted). Any other pod, a removal, or a 409 reads the pod
-        first and binds it as read, its resourceVersion a precondition as well.
-        """
-        what = f"binding pod {namespace}/{name} to node {node}"
-        known = self._watched.get(f"{namespace}/{name}")
-        removing = None in annotations.values()  # needs the annotations the pod has now
-        if known is not None and known.uid and uid in ("", known.uid) and not removing:
-            refusal = bind_refusal(pod_to_bind(known), uid, self.scheduler_name)
-            if refusal is not None:
-                raise ClusterError(f"{what}: {refusal}")
-            # kube-apiserver's setPodNodeAndMetadata: wrong uid, deletionTimestamp, nodeName: 409.
-            try:
-                await _client.create_binding(self._api, namespace, name, binding_body(
-                    namespace, name, known.uid, node, annotations=annotations_set(annotations)))
-                return
-            except API_FAILURES as error:
-                if answered_with(error, NOT_FOUND):
-                    raise ClusterError(f"{what}: the pod no longer exists") from error
-                if not answered_with(error, CONFLICT):
-                    raise ClusterError(f"{what}: creating the Binding failed: "
-                                       f"{describe_failure(error)}") from error
-        await self._bind_as_read(namespace, name, uid, node, annotations)
-
-    async def _bind_as_read(self, namespace: str, name: str, uid: str, node: str,
-                            annotations: dict[str, str | None]) -> None:
-        """Read the pod, check it is pyhami's to bind, then bind it as read: the API
-        refuses (409) the Binding when the pod is no longer the uid and resourceVersion
-        read."""
-        what = f"binding pod {namespace}/{name} to node {node}"
-        try:
-            pod = msgspec.json.decode(await _client.read_pod(self._api, namespace, name),
-                                      type=PodToBind)
-        except API_FAILURES as error:
-            if answered_with(error, NOT_FOUND):
-                raise ClusterError(f"{what}: the pod no longer exists") from error
-            raise ClusterError(f"{what}: reading the pod failed: "
-                               f"{describe_failure(error)}") from error
-        refusal = bind_refusal(pod, uid, self.scheduler_name)
-        if refusal is not None:
-            raise ClusterError(f"{what}: {refusal}")
-        uid = uid or pod.metadata.uid or ""
-        version = pod.metadata.resource_version
-        present = pod.metadata.annotations or {}
-        # A Binding sets annotations but cannot remove one: a removal (an allocation its
-        # author wrote on a pod that asks for no GPU) is a patch first, as read.
-        removals = {key: None for key, value in annotations.items()
-                    if value is None and key in present}
-        if removals:
-            try:
-                patched = msgspec.json.decode(await _client.patch_pod(
-                    self._api, namespace, name, annotation_patch(uid, version, removals)),
-                    type=Pod)
-            except API_FAILURES as error:
-                raise ClusterError(f"{what}: removing the allocation annotations failed: "
-                                   f"{describe_failure(error)}") from error
-            version = patched.metadata.resource_version
-        try:
-            await _client.create_binding(self._api, namespace, name, binding_body(
-                namespace, name, uid, node, resource_version=version,
-                annotations=annotations_set(annotations)))
-        except API_FAILURES as error:
-            raise ClusterError(f"{what}: creating the Binding failed: "
-                               f"{describe_failure(error)}") from error
+        key = f"{namespace}/{name}"
+        await self._binder.bind(namespace, name, uid, node, dict(annotations),
+                                watched=self._watched.get(key))
+        self._remember_uid(key, uid)
 
     async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         try:
