@@ -1,33 +1,28 @@
-"""``KubernetesCluster``: the ``Cluster`` and ``WebhookCluster`` ports, each call an
-async request on the daemon's event loop."""
+"""``KubernetesCluster``: the ``Cluster`` port, and the Lease read that follows
+kube-scheduler's leader, each call an async request on the daemon's event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 
 import msgspec
 
 from common.core.annotations import cordoned_uuids
 from common.locks import KeyedLocks
-from scheduler.busauth import NODE_NAME_EXTRA, ReviewedToken
 from scheduler.cluster.kube import _client
 from scheduler.cluster.kube._binding import PodBinder
 from scheduler.cluster.kube._client import Snapshot
 from scheduler.cluster.kube._events import SeriesCache, write_event
 from scheduler.cluster.kube._requests import (
-    JsonObject,
     PodEvent,
     bind_phase_patch,
     bind_refusal,
-    ca_bundle_patch,
     capacity_freed_patch,
-    secret_body,
     timestamp,
-    token_review_body,
 )
 from scheduler.cluster.kube._transport import (
     API_FAILURES,
@@ -43,9 +38,6 @@ from scheduler.cluster.kube._wire import (
     Lease,
     NodeList,
     PodToBind,
-    Secret,
-    TokenReview,
-    WebhookConfiguration,
     decode_pod,
     disruption_budget,
 )
@@ -66,7 +58,9 @@ UID_CACHE_SIZE = 4096
 
 
 class KubernetesCluster:
-    """The ``Cluster`` port on a Kubernetes API server."""
+    """The ``Cluster`` port on a Kubernetes API server, and ``FollowedLease``'s read of
+    kube-scheduler's Lease (``LeaseReader``). Built by ``Kubernetes`` over the transport its
+    other parts share, which closes it."""
 
     def __init__(self, api: ApiTransport, *,
                  scheduler_name: str = SCHEDULER_NAME, instance: str | None = None) -> None:
@@ -84,19 +78,6 @@ class KubernetesCluster:
         # The last list_pods(): changes() watches on from it, so nothing in between is lost.
         self._snapshot: Snapshot | None = None
         self._binder = PodBinder(api, scheduler_name)
-
-    @classmethod
-    def from_kubeconfig(cls, path: str, *, context: str | None = None,
-                        scheduler_name: str = SCHEDULER_NAME) -> KubernetesCluster:
-        return cls(_client.load_kubeconfig(path, context), scheduler_name=scheduler_name)
-
-    @classmethod
-    def in_cluster(cls, *, scheduler_name: str = SCHEDULER_NAME) -> KubernetesCluster:
-        return cls(_client.load_in_cluster(), scheduler_name=scheduler_name)
-
-    async def close(self) -> None:
-        """Close the connections to the API server."""
-        await self._api.close()
 
     # Reads ---------------------------------------------------------------------------
 
@@ -234,73 +215,7 @@ class KubernetesCluster:
         if len(self._uids) > UID_CACHE_SIZE:
             del self._uids[next(iter(self._uids))]
 
-    # The webhook's certificate (the WebhookCluster port) --------------------------------
-
-    async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
-        try:
-            data = await _client.read_secret(self._api, namespace, name)
-            return msgspec.json.decode(data, type=Secret).data or {}
-        except API_FAILURES as error:
-            if answered_with(error, NOT_FOUND):
-                return None
-            raise ClusterError(f"reading Secret {namespace}/{name} failed: "
-                               f"{describe_failure(error)}") from error
-
-    async def create_tls_secret(self, namespace: str, name: str,
-                                data: Mapping[str, bytes]) -> bool:
-        return await self._create_secret(namespace, name, secret_body(
-            name, data, secret_type="kubernetes.io/tls", component="webhook"))
-
-    async def create_opaque_secret(self, namespace: str, name: str,
-                                   data: Mapping[str, bytes]) -> bool:
-        return await self._create_secret(namespace, name, secret_body(
-            name, data, secret_type="Opaque", component="scheduler"))
-
-    async def _create_secret(self, namespace: str, name: str, body: JsonObject) -> bool:
-        """False when the Secret exists already."""
-        try:
-            await _client.create_secret(self._api, namespace, body)
-        except API_FAILURES as error:
-            if answered_with(error, CONFLICT):
-                return False
-            raise ClusterError(f"creating Secret {namespace}/{name} failed: "
-                               f"{describe_failure(error)}") from error
-        return True
-
-    async def webhook_ca_bundles(self, configuration: str) -> list[tuple[str, bytes]] | None:
-        try:
-            data = await _client.read_webhook_configuration(self._api, configuration)
-            webhooks = msgspec.json.decode(data, type=WebhookConfiguration).webhooks or []
-        except API_FAILURES as error:
-            if answered_with(error, NOT_FOUND):
-                return None
-            raise ClusterError(f"reading MutatingWebhookConfiguration {configuration} "
-                               f"failed: {describe_failure(error)}") from error
-        return [(webhook.name, webhook.client_config.ca_bundle) for webhook in webhooks]
-
-    async def set_webhook_ca_bundle(self, configuration: str,
-                                    webhooks: Sequence[tuple[int, str]], ca: bytes) -> None:
-        patch = ca_bundle_patch(webhooks, ca)
-        try:
-            await _client.patch_webhook_configuration(self._api, configuration, patch)
-        except API_FAILURES as error:
-            raise ClusterError(f"patching the caBundle of MutatingWebhookConfiguration "
-                               f"{configuration} failed: {describe_failure(error)}") from error
-
     # Changes -------------------------------------------------------------------------
-
-    # Agents' tokens (the TokenReviewer port) -----------------------------------------------
-
-    async def review_token(self, token: str, audiences: Sequence[str]) -> ReviewedToken:
-        try:
-            data = await _client.review_token(self._api, token_review_body(token, audiences))
-            status = msgspec.json.decode(data, type=TokenReview).status
-        except API_FAILURES as error:
-            raise ClusterError(f"TokenReview failed: {describe_failure(error)}") from error
-        nodes = (status.user.extra or {}).get(NODE_NAME_EXTRA) or []
-        return ReviewedToken(authenticated=status.authenticated,
-                             username=status.user.username,
-                             node=nodes[0] if len(nodes) == 1 else None, error=status.error)
 
     async def changes(self) -> AsyncIterator[PodChange]:
         """Pod changes from a watch on all namespaces, for as long as it is iterated.
