@@ -79,7 +79,7 @@ from scheduler.web.probes import serve, starting_app
 from scheduler.web.webhook import WEBHOOK_PATH, webhook_app
 
 if TYPE_CHECKING:
-    from scheduler.cluster.kube import KubernetesCluster
+    from scheduler.cluster.kube import Kubernetes
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Daemon:
         self._supervisor = Supervisor()
         # The auth callout answers from before the service (and its metrics) exist.
         self._auth_answers: Counter[AuthResult] = Counter()
-        self._kubernetes: KubernetesCluster | None = None
+        self._kubernetes: Kubernetes | None = None
         self._extender_files: CertificateFiles | None = None
         self._webhook_files: CertificateFiles | None = None
         self._webhook_status: Callable[[], dict[str, object]] | None = None
@@ -257,12 +257,12 @@ class Daemon:
         if not followed or followed == "none":
             return Sole(config.identity)
         namespace, _, name = followed.partition("/")
-        return FollowedLease(self._kubernetes, namespace, name, config.identity,
+        return FollowedLease(self._kubernetes.cluster, namespace, name, config.identity,
                              on_elected=self._elected)
 
     async def _open_cluster(self, client: Client) -> Cluster:
         if self._kubernetes is not None:
-            return self._kubernetes
+            return self._kubernetes.cluster
         self._phase.enter("opening the JetStream pod bucket")
         assert self._lease is not None, "standalone daemons hold a lease"
         self._standalone = await self._unless_stopped(_open_bucket(client, self._lease.refusal))
@@ -471,26 +471,26 @@ def nats_check(connection: Connection, grace: float) -> Callable[[], str | None]
     return check
 
 
-def _kubernetes(config: DaemonConfig) -> KubernetesCluster:
+def _kubernetes(config: DaemonConfig) -> Kubernetes:
     from scheduler.cluster.kube import (  # noqa: PLC0415 (heavy; loaded only when used)
-        KubernetesCluster,
+        Kubernetes,
     )
 
     if config.mode == "in-cluster":
         try:
-            return KubernetesCluster.in_cluster(scheduler_name=config.scheduler_name)
+            return Kubernetes.in_cluster(scheduler_name=config.scheduler_name)
         except ClusterError as error:
             raise StartupError(f"--in-cluster: {error} (it works only in a pod of the cluster; "
                                "elsewhere use --kubeconfig)") from None
     assert config.kubeconfig is not None
     try:
-        return KubernetesCluster.from_kubeconfig(config.kubeconfig,
-                                                 scheduler_name=config.scheduler_name)
+        return Kubernetes.from_kubeconfig(config.kubeconfig,
+                                          scheduler_name=config.scheduler_name)
     except ClusterError as error:
         raise StartupError(f"--kubeconfig: {error}") from None
 
 
-async def _callout_signer(config: BusAuthConfig, kubernetes: KubernetesCluster | None,
+async def _callout_signer(config: BusAuthConfig, kubernetes: Kubernetes | None,
                           connection: Connection, phase: StartupPhase) -> nkeys.KeyPair:
     """The issuer key, the daemon's password set on ``connection``: from the files, or read
     (made first if need be) from the Secret, tried again while the API fails."""
@@ -503,7 +503,7 @@ async def _callout_signer(config: BusAuthConfig, kubernetes: KubernetesCluster |
     secret = config.secret
     try:
         credentials = await _while_the_api_fails("NATS credentials", lambda: (
-            self_managed_credentials(kubernetes, config.namespace, secret)))
+            self_managed_credentials(kubernetes.secrets, config.namespace, secret)))
     except CredentialsError as error:
         raise StartupError(f"--nats-auth-secret: {error}; delete the Secret to have the "
                            "daemon make a new one (and restart NATS)") from None
@@ -519,7 +519,7 @@ class _Webhook:
 
 async def _webhook_server(config: WebhookConfig, scheduler_name: str, *,
                           files: CertificateFiles | None,
-                          kubernetes: KubernetesCluster | None, supervisor: Supervisor,
+                          kubernetes: Kubernetes | None, supervisor: Supervisor,
                           phase: StartupPhase) -> _Webhook:
     """The webhook on its listener, with its certificate from the files (followed) or from
     the Secret (made first if need be, its CA kept in the configuration's caBundle)."""
@@ -534,10 +534,11 @@ async def _webhook_server(config: WebhookConfig, scheduler_name: str, *,
         assert kubernetes is not None, "checked by the CLI: standalone needs the files"
         phase.enter(f"reading the webhook certificate from Secret "
                     f"{config.namespace}/{config.tls_secret}")
-        tls = await _self_managed_tls(config, kubernetes)
+        tls = await _self_managed_tls(config, kubernetes.secrets)
         context = context_for(tls)
         status["certificate"] = f"Secret {config.namespace}/{config.tls_secret}"
-        keeper = CaBundleKeeper(kubernetes, config.configuration, tls.ca, config.check_period)
+        keeper = CaBundleKeeper(kubernetes.secrets, config.configuration, tls.ca,
+                                config.check_period)
         supervisor.start("webhook-ca-bundle", keeper.run)
     runner = await serve(webhook_app(scheduler_name), config.listen, context)
     logger.info("webhook on https://%s:%d%s", *config.listen, WEBHOOK_PATH)
@@ -550,11 +551,11 @@ async def _webhook_server(config: WebhookConfig, scheduler_name: str, *,
     return _Webhook(runner, report)
 
 
-def _agent_identities(config: BusAuthConfig, kubernetes: KubernetesCluster | None,
+def _agent_identities(config: BusAuthConfig, kubernetes: Kubernetes | None,
                       signer: nkeys.KeyPair) -> AgentIdentities:
     if kubernetes is None:
         return NodeTokens(public_key(signer))
-    return ServiceAccountTokens(kubernetes, audience=config.audience,
+    return ServiceAccountTokens(kubernetes.token_reviewer, audience=config.audience,
                                 namespace=config.agent_namespace,
                                 service_account=config.agent_service_account)
 

@@ -34,7 +34,7 @@ from pyhami._controlplane import (
     tail,
     wait_for,
 )
-from scheduler.cluster.kube import KubernetesCluster
+from scheduler.cluster.kube import Kubernetes
 from scheduler.tls.webhook import self_managed, service_names
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import Lab, card_uuid, lab_pod
@@ -385,16 +385,17 @@ def test_a_secret_holding_no_certificate_stops_the_start_with_one_line(
 async def test_replicas_starting_together_serve_one_certificate(
         control_plane: ControlPlane) -> None:
     """Both read no Secret, both make one; the second create is a 409 and reads the first's."""
-    cluster = KubernetesCluster.from_kubeconfig(str(control_plane.admin_kubeconfig))
+    kubernetes = Kubernetes.from_kubeconfig(str(control_plane.admin_kubeconfig))
+    secrets = kubernetes.secrets
     secret = "pyhami-e2e-race-tls"
     try:
         now = datetime.now(UTC)
         first, second = await asyncio.gather(*(
-            self_managed(cluster, SYSTEM_NAMESPACE, secret, SELF_NAMES, now) for _ in range(2)))
+            self_managed(secrets, SYSTEM_NAMESPACE, secret, SELF_NAMES, now) for _ in range(2)))
         assert first == second
         assert secret_data(control_plane, secret)["ca.crt"] == first.ca
-        assert await cluster.webhook_ca_bundles("pyhami-e2e-no-such-configuration") is None
-        assert await cluster.read_secret(SYSTEM_NAMESPACE, "pyhami-e2e-no-such-secret") is None
+        assert await secrets.webhook_ca_bundles("pyhami-e2e-no-such-configuration") is None
+        assert await secrets.read_secret(SYSTEM_NAMESPACE, "pyhami-e2e-no-such-secret") is None
     finally:
-        await cluster.close()
+        await kubernetes.close()
         control_plane.api.delete(f"{SECRETS}/{secret}")

@@ -1,4 +1,5 @@
-"""The ``Cluster`` port on Kubernetes, spoken over aiohttp on the daemon's event loop.
+"""The ``Cluster`` port on Kubernetes, and the other ports the daemon needs of the API
+server, spoken over aiohttp on the daemon's event loop.
 
 Every API call is an async request on one connection pool and the pod watch an asyncio
 task: no worker thread holds the GIL while the loop answers kube-scheduler. The
@@ -10,11 +11,18 @@ The client's own route, JSON into its generated ``V1Pod`` models, then
 typical pod against 10 us for msgspec alone (client 37): over 100 times the work on every
 list page and watch event, for fields that are thrown away.
 
-One private module per layer, each importing only those below it:
+Private modules in layers, each importing only those below it (modules on one line
+import none of each other):
 
-- ``_cluster``: ``KubernetesCluster``, the async facade the daemon uses;
-- ``_watch``: the list-and-watch task;
-- ``_events``: Events counted on repeat, as client-go's recorder does;
+- ``_kubernetes``: ``Kubernetes``, what the daemon opens: the ports below built over one
+  transport, closed together;
+- the ports: ``_cluster`` (``KubernetesCluster``, the ``Cluster`` port and the read of
+  kube-scheduler's Lease), ``_secrets`` (``KubernetesSecrets``, the ``WebhookCluster``
+  port: the daemon's own Secrets and the webhook's caBundle), ``_tokens``
+  (``KubernetesTokenReviewer``, bus auth's TokenReview port);
+- ``_binding`` (``PodBinder``, a pod bound only when it is pyhami's to bind), ``_watch``
+  (the list-and-watch task), ``_events`` (Events counted on repeat, as client-go's
+  recorder does);
 - ``_client``: one async function per API call, its REST path written out, and the
   configuration loaded through the ``kubernetes`` package (the only module to use it);
 - ``_transport``: the aiohttp session, and HTTP errors mapped to the project's;
@@ -24,6 +32,7 @@ One private module per layer, each importing only those below it:
 
 from scheduler.cluster.kube._cluster import KubernetesCluster
 from scheduler.cluster.kube._events import EventSeries, SeriesCache
+from scheduler.cluster.kube._kubernetes import Kubernetes
 from scheduler.cluster.kube._requests import (
     PodEvent,
     annotation_patch,
@@ -31,13 +40,18 @@ from scheduler.cluster.kube._requests import (
     binding_body,
     recurrence_patch,
 )
+from scheduler.cluster.kube._secrets import KubernetesSecrets
+from scheduler.cluster.kube._tokens import KubernetesTokenReviewer
 from scheduler.cluster.kube._transport import ApiStatusError, describe_failure
 from scheduler.cluster.kube._wire import PodToBind, decode_pod
 
 __all__ = [
     "ApiStatusError",
     "EventSeries",
+    "Kubernetes",
     "KubernetesCluster",
+    "KubernetesSecrets",
+    "KubernetesTokenReviewer",
     "PodEvent",
     "PodToBind",
     "SeriesCache",

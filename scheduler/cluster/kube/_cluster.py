@@ -1,35 +1,28 @@
-"""``KubernetesCluster``: the ``Cluster`` and ``WebhookCluster`` ports, each call an
-async request on the daemon's event loop."""
+"""``KubernetesCluster``: the ``Cluster`` port, and the Lease read that follows
+kube-scheduler's leader, each call an async request on the daemon's event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 
 import msgspec
 
 from common.core.annotations import cordoned_uuids
 from common.locks import KeyedLocks
-from scheduler.busauth import NODE_NAME_EXTRA, ReviewedToken
 from scheduler.cluster.kube import _client
+from scheduler.cluster.kube._binding import PodBinder
 from scheduler.cluster.kube._client import Snapshot
 from scheduler.cluster.kube._events import SeriesCache, write_event
 from scheduler.cluster.kube._requests import (
-    JsonObject,
     PodEvent,
-    annotation_patch,
-    annotations_set,
     bind_phase_patch,
     bind_refusal,
-    binding_body,
-    ca_bundle_patch,
     capacity_freed_patch,
-    secret_body,
     timestamp,
-    token_review_body,
 )
 from scheduler.cluster.kube._transport import (
     API_FAILURES,
@@ -44,14 +37,9 @@ from scheduler.cluster.kube._wire import (
     DisruptionBudgetList,
     Lease,
     NodeList,
-    Pod,
     PodToBind,
-    Secret,
-    TokenReview,
-    WebhookConfiguration,
     decode_pod,
     disruption_budget,
-    pod_to_bind,
 )
 from scheduler.cluster.port import (
     SCHEDULER_NAME,
@@ -70,7 +58,9 @@ UID_CACHE_SIZE = 4096
 
 
 class KubernetesCluster:
-    """The ``Cluster`` port on a Kubernetes API server."""
+    """The ``Cluster`` port on a Kubernetes API server, and ``FollowedLease``'s read of
+    kube-scheduler's Lease (``LeaseReader``). Built by ``Kubernetes`` over the transport its
+    other parts share, which closes it."""
 
     def __init__(self, api: ApiTransport, *,
                  scheduler_name: str = SCHEDULER_NAME, instance: str | None = None) -> None:
@@ -87,19 +77,7 @@ class KubernetesCluster:
         self._watched: dict[str, ClusterPod] = {}
         # The last list_pods(): changes() watches on from it, so nothing in between is lost.
         self._snapshot: Snapshot | None = None
-
-    @classmethod
-    def from_kubeconfig(cls, path: str, *, context: str | None = None,
-                        scheduler_name: str = SCHEDULER_NAME) -> KubernetesCluster:
-        return cls(_client.load_kubeconfig(path, context), scheduler_name=scheduler_name)
-
-    @classmethod
-    def in_cluster(cls, *, scheduler_name: str = SCHEDULER_NAME) -> KubernetesCluster:
-        return cls(_client.load_in_cluster(), scheduler_name=scheduler_name)
-
-    async def close(self) -> None:
-        """Close the connections to the API server."""
-        await self._api.close()
+        self._binder = PodBinder(api, scheduler_name)
 
     # Reads ---------------------------------------------------------------------------
 
@@ -145,82 +123,10 @@ class KubernetesCluster:
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    annotations: Mapping[str, str | None]) -> None:
-        await self._bind(namespace, name, uid, node, dict(annotations))
-        self._remember_uid(f"{namespace}/{name}", uid)
-
-    async def _bind(self, namespace: str, name: str, uid: str, node: str,
-                    annotations: dict[str, str | None]) -> None:
-        """Bind the pod with its annotations in one write, checked first that it is
-        pyhami's to bind: kube-apiserver copies a Binding's annotations onto the pod and
-        sets its node in the same update. A failed Binding leaves nothing written.
-
-        A pod the watch delivered, the same uid, is checked as the watch has it and bound
-        with its uid as the one precondition, in one request: a node once set, a phase
-        past Pending and the scheduler name never change back, and the Binding itself
-        refuses (409) a pod on a node, being deleted, or re-created (an unbound pod leaves
-        Pending only as it is deleted). Any other pod, a removal, or a 409 reads the pod
-        first and binds it as read, its resourceVersion a precondition as well.
-        """
-        what = f"binding pod {namespace}/{name} to node {node}"
-        known = self._watched.get(f"{namespace}/{name}")
-        removing = None in annotations.values()  # needs the annotations the pod has now
-        if known is not None and known.uid and uid in ("", known.uid) and not removing:
-            refusal = bind_refusal(pod_to_bind(known), uid, self.scheduler_name)
-            if refusal is not None:
-                raise ClusterError(f"{what}: {refusal}")
-            # kube-apiserver's setPodNodeAndMetadata: wrong uid, deletionTimestamp, nodeName: 409.
-            try:
-                await _client.create_binding(self._api, namespace, name, binding_body(
-                    namespace, name, known.uid, node, annotations=annotations_set(annotations)))
-                return
-            except API_FAILURES as error:
-                if answered_with(error, NOT_FOUND):
-                    raise ClusterError(f"{what}: the pod no longer exists") from error
-                if not answered_with(error, CONFLICT):
-                    raise ClusterError(f"{what}: creating the Binding failed: "
-                                       f"{describe_failure(error)}") from error
-        await self._bind_as_read(namespace, name, uid, node, annotations)
-
-    async def _bind_as_read(self, namespace: str, name: str, uid: str, node: str,
-                            annotations: dict[str, str | None]) -> None:
-        """Read the pod, check it is pyhami's to bind, then bind it as read: the API
-        refuses (409) the Binding when the pod is no longer the uid and resourceVersion
-        read."""
-        what = f"binding pod {namespace}/{name} to node {node}"
-        try:
-            pod = msgspec.json.decode(await _client.read_pod(self._api, namespace, name),
-                                      type=PodToBind)
-        except API_FAILURES as error:
-            if answered_with(error, NOT_FOUND):
-                raise ClusterError(f"{what}: the pod no longer exists") from error
-            raise ClusterError(f"{what}: reading the pod failed: "
-                               f"{describe_failure(error)}") from error
-        refusal = bind_refusal(pod, uid, self.scheduler_name)
-        if refusal is not None:
-            raise ClusterError(f"{what}: {refusal}")
-        uid = uid or pod.metadata.uid or ""
-        version = pod.metadata.resource_version
-        present = pod.metadata.annotations or {}
-        # A Binding sets annotations but cannot remove one: a removal (an allocation its
-        # author wrote on a pod that asks for no GPU) is a patch first, as read.
-        removals = {key: None for key, value in annotations.items()
-                    if value is None and key in present}
-        if removals:
-            try:
-                patched = msgspec.json.decode(await _client.patch_pod(
-                    self._api, namespace, name, annotation_patch(uid, version, removals)),
-                    type=Pod)
-            except API_FAILURES as error:
-                raise ClusterError(f"{what}: removing the allocation annotations failed: "
-                                   f"{describe_failure(error)}") from error
-            version = patched.metadata.resource_version
-        try:
-            await _client.create_binding(self._api, namespace, name, binding_body(
-                namespace, name, uid, node, resource_version=version,
-                annotations=annotations_set(annotations)))
-        except API_FAILURES as error:
-            raise ClusterError(f"{what}: creating the Binding failed: "
-                               f"{describe_failure(error)}") from error
+        key = f"{namespace}/{name}"
+        await self._binder.bind(namespace, name, uid, node, dict(annotations),
+                                watched=self._watched.get(key))
+        self._remember_uid(key, uid)
 
     async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:
         try:
@@ -309,73 +215,7 @@ class KubernetesCluster:
         if len(self._uids) > UID_CACHE_SIZE:
             del self._uids[next(iter(self._uids))]
 
-    # The webhook's certificate (the WebhookCluster port) --------------------------------
-
-    async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
-        try:
-            data = await _client.read_secret(self._api, namespace, name)
-            return msgspec.json.decode(data, type=Secret).data or {}
-        except API_FAILURES as error:
-            if answered_with(error, NOT_FOUND):
-                return None
-            raise ClusterError(f"reading Secret {namespace}/{name} failed: "
-                               f"{describe_failure(error)}") from error
-
-    async def create_tls_secret(self, namespace: str, name: str,
-                                data: Mapping[str, bytes]) -> bool:
-        return await self._create_secret(namespace, name, secret_body(
-            name, data, secret_type="kubernetes.io/tls", component="webhook"))
-
-    async def create_opaque_secret(self, namespace: str, name: str,
-                                   data: Mapping[str, bytes]) -> bool:
-        return await self._create_secret(namespace, name, secret_body(
-            name, data, secret_type="Opaque", component="scheduler"))
-
-    async def _create_secret(self, namespace: str, name: str, body: JsonObject) -> bool:
-        """False when the Secret exists already."""
-        try:
-            await _client.create_secret(self._api, namespace, body)
-        except API_FAILURES as error:
-            if answered_with(error, CONFLICT):
-                return False
-            raise ClusterError(f"creating Secret {namespace}/{name} failed: "
-                               f"{describe_failure(error)}") from error
-        return True
-
-    async def webhook_ca_bundles(self, configuration: str) -> list[tuple[str, bytes]] | None:
-        try:
-            data = await _client.read_webhook_configuration(self._api, configuration)
-            webhooks = msgspec.json.decode(data, type=WebhookConfiguration).webhooks or []
-        except API_FAILURES as error:
-            if answered_with(error, NOT_FOUND):
-                return None
-            raise ClusterError(f"reading MutatingWebhookConfiguration {configuration} "
-                               f"failed: {describe_failure(error)}") from error
-        return [(webhook.name, webhook.client_config.ca_bundle) for webhook in webhooks]
-
-    async def set_webhook_ca_bundle(self, configuration: str,
-                                    webhooks: Sequence[tuple[int, str]], ca: bytes) -> None:
-        patch = ca_bundle_patch(webhooks, ca)
-        try:
-            await _client.patch_webhook_configuration(self._api, configuration, patch)
-        except API_FAILURES as error:
-            raise ClusterError(f"patching the caBundle of MutatingWebhookConfiguration "
-                               f"{configuration} failed: {describe_failure(error)}") from error
-
     # Changes -------------------------------------------------------------------------
-
-    # Agents' tokens (the TokenReviewer port) -----------------------------------------------
-
-    async def review_token(self, token: str, audiences: Sequence[str]) -> ReviewedToken:
-        try:
-            data = await _client.review_token(self._api, token_review_body(token, audiences))
-            status = msgspec.json.decode(data, type=TokenReview).status
-        except API_FAILURES as error:
-            raise ClusterError(f"TokenReview failed: {describe_failure(error)}") from error
-        nodes = (status.user.extra or {}).get(NODE_NAME_EXTRA) or []
-        return ReviewedToken(authenticated=status.authenticated,
-                             username=status.user.username,
-                             node=nodes[0] if len(nodes) == 1 else None, error=status.error)
 
     async def changes(self) -> AsyncIterator[PodChange]:
         """Pod changes from a watch on all namespaces, for as long as it is iterated.

@@ -1,5 +1,5 @@
-"""``scheduler.cluster.kube.KubernetesCluster``: its pure conversions and bodies, and the client
-against a stub of the Kubernetes API.
+"""``scheduler.cluster.kube``'s ``KubernetesCluster``: its pure conversions and bodies, and the
+client against a stub of the Kubernetes API.
 
 No kube-apiserver can run here, so ``tests.fakes.apiserver.StubApiServer`` (aiohttp on
 127.0.0.1) stands in for one: canned JSON shaped like the API's, every request recorded,
@@ -39,6 +39,7 @@ from scheduler.cluster import SCHEDULER_NAME, ClusterError, PodChange
 from scheduler.cluster.kube import (
     ApiStatusError,
     EventSeries,
+    Kubernetes,
     KubernetesCluster,
     PodEvent,
     PodToBind,
@@ -274,14 +275,14 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     api = StubApiServer()
     async with serve(api) as port:
         kubeconfig = write_kubeconfig(tmp_path / "kc", port)
-        cluster = KubernetesCluster.from_kubeconfig(str(kubeconfig))
-        yield Harness(api, cluster, kubeconfig, port)
-        await cluster.close()
+        kubernetes = Kubernetes.from_kubeconfig(str(kubeconfig))
+        yield Harness(api, kubernetes.cluster, kubeconfig, port)
+        await kubernetes.close()
 
 
 def test_a_missing_kubeconfig_is_a_cluster_error(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="cannot load kubeconfig"):
-        KubernetesCluster.from_kubeconfig(str(tmp_path / "absent"))
+        Kubernetes.from_kubeconfig(str(tmp_path / "absent"))
 
 
 # Reads ----------------------------------------------------------------------------------
@@ -328,12 +329,12 @@ async def test_the_kubeconfig_token_is_sent(tmp_path: Path) -> None:
     api = StubApiServer()
     async with serve(api) as port:
         path = write_kubeconfig(tmp_path / "kc", port, token="wrong")
-        cluster = KubernetesCluster.from_kubeconfig(str(path))
+        kubernetes = Kubernetes.from_kubeconfig(str(path))
         try:
             with pytest.raises(ClusterError, match="listing pods failed: HTTP 401 Unauthorized"):
-                await cluster.list_pods()
+                await kubernetes.cluster.list_pods()
         finally:
-            await cluster.close()
+            await kubernetes.close()
 
 
 # Writes ---------------------------------------------------------------------------------
@@ -675,10 +676,10 @@ async def test_a_restarted_daemon_counts_on_from_the_event_the_api_holds(
     api.pods["ml/p"] = pod_json("p", namespace="ml", uid="u-p")
     for _ in range(2):
         await harness.cluster.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
-    restarted = KubernetesCluster.from_kubeconfig(str(harness.kubeconfig))
+    restarted = Kubernetes.from_kubeconfig(str(harness.kubeconfig))
     try:
-        await restarted.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
-        await restarted.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
+        await restarted.cluster.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
+        await restarted.cluster.record_event("ml", "p", "Warning", "FilteringFailed", "no fit")
     finally:
         await restarted.close()
     (stored,) = api.events.values()
@@ -881,12 +882,12 @@ async def test_an_unreachable_api_server_is_a_transport_failure(tmp_path: Path) 
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     # Nothing listens on the port any more: the connection is refused.
-    cluster = KubernetesCluster.from_kubeconfig(str(write_kubeconfig(tmp_path / "kc", port)))
+    kubernetes = Kubernetes.from_kubeconfig(str(write_kubeconfig(tmp_path / "kc", port)))
     try:
         with pytest.raises(ClusterError) as raised:
-            await cluster.get_pod("ml", "p")
+            await kubernetes.cluster.get_pod("ml", "p")
     finally:
-        await cluster.close()
+        await kubernetes.close()
     cause = raised.value.__cause__
     assert isinstance(cause, _transport.API_FAILURES)
     assert not isinstance(cause, ApiStatusError)
