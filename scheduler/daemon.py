@@ -94,9 +94,9 @@ class StartupError(SchedulerError):
     nats-server without JetStream); the CLI prints it on one line and exits 2."""
 
 
-class _Stopped(Exception):
+class _Stopped(SchedulerError):
     """``stop`` was set during a step: the start-up ends there, and what was done is
-    undone."""
+    undone. Never leaves ``Daemon.run``."""
 
 
 class StartupPhase:
