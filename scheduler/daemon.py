@@ -321,31 +321,7 @@ class Daemon:
             undo.push_async_callback((await serve(metrics_app(service), config.metrics)).cleanup)
 
     async def _subscribe(self, service: SchedulerService, leadership: Leadership) -> None:
-        """Inventories from the agents; the device plugins' requests and outcomes, which
-        only the leader answers (a standby's view may lag)."""
-        connection, supervisor = self._connection, self._supervisor
-
-        async def on_inventory(message: Msg) -> None:
-            with supervisor.contained("inventory message"):
-                await service.reactions.receive_inventory(message.subject, message.data)
-
-        async def on_allocations_request(message: Msg) -> None:
-            if not leadership.leading():
-                return
-            with supervisor.contained("allocations request"):
-                pending = await service.reactions.pending_allocations(message.subject)
-                if pending is not None and message.reply:
-                    await connection.publish(message.reply, encode(pending))
-
-        async def on_allocation_outcome(message: Msg) -> None:
-            if not leadership.leading():
-                return
-            with supervisor.contained("allocation outcome"):
-                await service.reactions.allocation_outcome(message.subject, message.data)
-
-        await connection.subscribe(INVENTORY_SUBJECTS, on_inventory)
-        await connection.subscribe(ALLOCATIONS_SUBJECTS, on_allocations_request)
-        await connection.subscribe(ALLOCATED_SUBJECTS, on_allocation_outcome)
+        await _subscribe_to_agents(self._connection, self._supervisor, service, leadership)
         await self._ask_for_inventories()
 
     async def _collect_inventories(self) -> None:
@@ -387,20 +363,7 @@ class Daemon:
     # What the steps wait on, and the hooks ---------------------------------------------
 
     async def _unless_stopped(self, work: Awaitable[T]) -> T:
-        """``work``'s result; ``_Stopped`` (``work`` cancelled) when ``stop`` is set
-        first."""
-        task = asyncio.ensure_future(work)
-        stopping = asyncio.create_task(self._stop.wait())
-        try:
-            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        raise _Stopped
+        return await _unless_stopped(self._stop, work)
 
     def _count_auth_answer(self, result: AuthResult) -> None:
         if self._service is None:
@@ -447,6 +410,51 @@ class Daemon:
 
 
 # Helpers of the steps ---------------------------------------------------------------------
+
+
+async def _unless_stopped(stop: asyncio.Event, work: Awaitable[T]) -> T:
+    """``work``'s result; ``_Stopped`` (``work`` cancelled) when ``stop`` is set first."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise _Stopped
+
+
+async def _subscribe_to_agents(connection: Connection, supervisor: Supervisor,
+                               service: SchedulerService, leadership: Leadership) -> None:
+    """Inventories from the agents; the device plugins' requests and outcomes, which only
+    the leader answers (a standby's view may lag). A message that crashes its handler is
+    logged and counted, and the next one is handled as usual."""
+
+    async def on_inventory(message: Msg) -> None:
+        with supervisor.contained("inventory message"):
+            await service.reactions.receive_inventory(message.subject, message.data)
+
+    async def on_allocations_request(message: Msg) -> None:
+        if not leadership.leading():
+            return
+        with supervisor.contained("allocations request"):
+            pending = await service.reactions.pending_allocations(message.subject)
+            if pending is not None and message.reply:
+                await connection.publish(message.reply, encode(pending))
+
+    async def on_allocation_outcome(message: Msg) -> None:
+        if not leadership.leading():
+            return
+        with supervisor.contained("allocation outcome"):
+            await service.reactions.allocation_outcome(message.subject, message.data)
+
+    await connection.subscribe(INVENTORY_SUBJECTS, on_inventory)
+    await connection.subscribe(ALLOCATIONS_SUBJECTS, on_allocations_request)
+    await connection.subscribe(ALLOCATED_SUBJECTS, on_allocation_outcome)
 
 
 def telemetry_publisher(connection: Connection) -> Callable[
