@@ -5,7 +5,9 @@ usage booked on them) and its two keepers: the ``NodeRegistry`` (``nodes.py``) p
 agents' inventories in it, and knows which nodes are fresh; the ``Bookings``
 (``bookings.py``) decide among those nodes and hold the pods' cards in it, reserved
 and then bound. In kube-scheduler's terms the fleet is its cache of NodeInfos, the
-registry what keeps them current, and the bookings its assumed and bound pods.
+registry what keeps them current, and the bookings its assumed and bound pods. Beside
+them, ``PodsInFlight`` (``pods.py``) is what the service remembers of pods beyond their
+cards, as kube-scheduler's queue and cache do.
 
 Everything here is synchronous and takes the time as an argument, so one
 decision and its reservation happen without any await in between: concurrent
@@ -25,9 +27,10 @@ from scheduler.state.nodes import (
     IngestResult,
     NodeRegistry,
 )
+from scheduler.state.pods import PodsInFlight
 
 __all__ = ["NODE_STALE", "NODE_UNKNOWN", "POD_BOUND", "SEQUENCE_GAP_MAX", "Bookings",
-           "IngestResult", "LiveState", "NodeRegistry"]
+           "IngestResult", "LiveState", "NodeRegistry", "PodsInFlight"]
 
 
 class LiveState:
