@@ -1,9 +1,10 @@
 """A stub of the Kubernetes API server, for ``scheduler.cluster.kube`` without a cluster.
 
 No kube-apiserver can run in the unit tests, so ``StubApiServer`` (aiohttp on 127.0.0.1)
-stands in for one: it answers the few paths ``KubernetesCluster`` calls with canned JSON
-shaped like the API's (pod lists in pages, 404 and 409 Status bodies, a chunked
-newline-delimited watch stream) and records every request. Pods it holds change as on the
+stands in for one: it answers the paths the Kubernetes adapter calls (pods, Events,
+Secrets, a Lease, TokenReviews) with canned JSON shaped like the API's (pod lists in
+pages, 404 and 409 Status bodies, a chunked newline-delimited watch stream) and records
+every request. Pods it holds change as on the
 API server: a patch merges and honours its resourceVersion precondition (409 when the pod
 changed), a Binding places a pod on no node yet, and each change gives a new
 resourceVersion. A client reaches it through a kubeconfig ``write_kubeconfig`` writes, with
@@ -83,7 +84,7 @@ class Recorded:
 
 @dataclass
 class StubApiServer:
-    """The Kubernetes API paths ``KubernetesCluster`` calls, answered with canned JSON."""
+    """The Kubernetes API paths the adapter calls, answered with canned JSON."""
 
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # "ns/name" -> pod, for GET
     lists: list[tuple[list[dict[str, Any]], str]] = field(default_factory=list)
@@ -103,6 +104,13 @@ class StubApiServer:
     """Changes made to a pod by someone else right after the n-th GET of it is answered."""
     after_patch: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     """The same, after the n-th successful PATCH of a pod in ``pods``."""
+    secrets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """"ns/name" -> Secret, as created."""
+    leases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """"ns/name" -> coordination.k8s.io/v1 Lease."""
+    reviews: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """token -> the TokenReview status the API server answers for it (unknown tokens:
+    not authenticated)."""
     requests: list[Recorded] = field(default_factory=list)
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     _lists_served: int = 0
@@ -118,6 +126,11 @@ class StubApiServer:
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._event)
         app.router.add_get("/api/v1/namespaces/{ns}/events/{name}", self._get_event)
         app.router.add_patch("/api/v1/namespaces/{ns}/events/{name}", self._patch_event)
+        app.router.add_get("/api/v1/namespaces/{ns}/secrets/{name}", self._get_secret)
+        app.router.add_post("/api/v1/namespaces/{ns}/secrets", self._create_secret)
+        app.router.add_get("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
+                           self._get_lease)
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._review)
         return app
 
     def sent(self, method: str, path_end: str) -> list[Recorded]:
@@ -274,6 +287,36 @@ class StubApiServer:
             return event
         event.update(await request.json())
         return web.json_response(event)
+
+
+    async def _get_secret(self, request: web.Request) -> web.Response:
+        key = f"{request.match_info['ns']}/{request.match_info['name']}"
+        if key not in self.secrets:
+            return web.json_response(status_json(404, "NotFound", f"secrets {key!r} not found"),
+                                     status=404)
+        return web.json_response(self.secrets[key])
+
+    async def _create_secret(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        key = f"{request.match_info['ns']}/{body['metadata']['name']}"
+        if key in self.secrets:
+            return web.json_response(
+                status_json(409, "AlreadyExists", f"secrets {key!r} already exists"), status=409)
+        self.secrets[key] = body
+        return web.json_response(body, status=201)
+
+    async def _get_lease(self, request: web.Request) -> web.Response:
+        key = f"{request.match_info['ns']}/{request.match_info['name']}"
+        if key not in self.leases:
+            return web.json_response(status_json(404, "NotFound", f"leases {key!r} not found"),
+                                     status=404)
+        return web.json_response(self.leases[key])
+
+    async def _review(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        status = self.reviews.get(body["spec"]["token"], {"authenticated": False,
+                                                          "error": "invalid bearer token"})
+        return web.json_response({**body, "status": status}, status=201)
 
 
 def change(pod: dict[str, Any], how: Callable[[dict[str, Any]], None]) -> None:
