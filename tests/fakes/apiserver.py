@@ -4,11 +4,10 @@ No kube-apiserver can run in the unit tests, so ``StubApiServer`` (aiohttp on 12
 stands in for one: it answers the paths the Kubernetes adapter calls (pods, Events,
 Secrets, a Lease, TokenReviews) with canned JSON shaped like the API's (pod lists in
 pages, 404 and 409 Status bodies, a chunked newline-delimited watch stream) and records
-every request. Pods it holds change as on the
-API server: a patch merges and honours its resourceVersion precondition (409 when the pod
-changed), a Binding places a pod on no node yet, and each change gives a new
-resourceVersion. A client reaches it through a kubeconfig ``write_kubeconfig`` writes, with
-token auth, exactly as it would reach a real server.
+every request. Pods it holds change as on the API server: a patch merges and honours its
+resourceVersion precondition (409 when the pod changed), a Binding places a pod on no node
+yet, and each change gives a new resourceVersion. A client reaches it through a kubeconfig
+``write_kubeconfig`` writes, with token auth, exactly as it would reach a real server.
 """
 
 from __future__ import annotations
