@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,12 +123,14 @@ class StubApiServer:
         app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", self._binding)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._event)
-        app.router.add_get("/api/v1/namespaces/{ns}/events/{name}", self._get_event)
+        app.router.add_get("/api/v1/namespaces/{ns}/events/{name}",
+                           self._reading("events", self.events))
         app.router.add_patch("/api/v1/namespaces/{ns}/events/{name}", self._patch_event)
-        app.router.add_get("/api/v1/namespaces/{ns}/secrets/{name}", self._get_secret)
+        app.router.add_get("/api/v1/namespaces/{ns}/secrets/{name}",
+                           self._reading("secrets", self.secrets))
         app.router.add_post("/api/v1/namespaces/{ns}/secrets", self._create_secret)
         app.router.add_get("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
-                           self._get_lease)
+                           self._reading("leases", self.leases))
         app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._review)
         return app
 
@@ -268,32 +270,32 @@ class StubApiServer:
         self.events[key] = event
         return web.json_response(event, status=201)
 
-    def _stored_event(self, request: web.Request) -> dict[str, Any] | web.Response:
+    def _stored(self, request: web.Request, kind: str,
+                table: dict[str, dict[str, Any]]) -> dict[str, Any] | web.Response:
+        """The object the path names in ``table``, or the API server's 404 for it."""
         name = request.match_info["name"]
-        event = self.events.get(f"{request.match_info['ns']}/{name}")
-        if event is None:
+        stored = table.get(f"{request.match_info['ns']}/{name}")
+        if stored is None:
             return web.json_response(
-                status_json(404, "NotFound", f'events "{name}" not found'), status=404)
-        return event
+                status_json(404, "NotFound", f'{kind} "{name}" not found'), status=404)
+        return stored
 
-    async def _get_event(self, request: web.Request) -> web.Response:
-        event = self._stored_event(request)
-        return event if isinstance(event, web.Response) else web.json_response(event)
+    def _reading(self, kind: str, table: dict[str, dict[str, Any]],
+                 ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """A GET of one object of ``table``."""
+
+        async def read(request: web.Request) -> web.Response:
+            stored = self._stored(request, kind, table)
+            return stored if isinstance(stored, web.Response) else web.json_response(stored)
+
+        return read
 
     async def _patch_event(self, request: web.Request) -> web.Response:
-        event = self._stored_event(request)
+        event = self._stored(request, "events", self.events)
         if isinstance(event, web.Response):
             return event
         event.update(await request.json())
         return web.json_response(event)
-
-
-    async def _get_secret(self, request: web.Request) -> web.Response:
-        key = f"{request.match_info['ns']}/{request.match_info['name']}"
-        if key not in self.secrets:
-            return web.json_response(status_json(404, "NotFound", f"secrets {key!r} not found"),
-                                     status=404)
-        return web.json_response(self.secrets[key])
 
     async def _create_secret(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -303,13 +305,6 @@ class StubApiServer:
                 status_json(409, "AlreadyExists", f"secrets {key!r} already exists"), status=409)
         self.secrets[key] = body
         return web.json_response(body, status=201)
-
-    async def _get_lease(self, request: web.Request) -> web.Response:
-        key = f"{request.match_info['ns']}/{request.match_info['name']}"
-        if key not in self.leases:
-            return web.json_response(status_json(404, "NotFound", f"leases {key!r} not found"),
-                                     status=404)
-        return web.json_response(self.leases[key])
 
     async def _review(self, request: web.Request) -> web.Response:
         body = await request.json()
