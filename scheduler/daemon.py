@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -199,7 +200,7 @@ class Daemon:
         """Alive and not ready on the extender's and the metrics' listeners until the
         service answers there; returns what stops them."""
         config = self._config
-        tls = self._extender_files.context if self._extender_files is not None else None
+        tls = _context_of(self._extender_files)
         probes = contextlib.AsyncExitStack()
         undo.push_async_callback(probes.aclose)
         app = starting_app(self._phase.not_ready_because)
@@ -314,8 +315,7 @@ class Daemon:
                                         config.scheduler_name)
             app.add_routes(PodApi(self._standalone, self._pending.retry_now).routes())
         await probes.aclose()
-        files = self._extender_files
-        tls = files.context if files is not None else None
+        tls = _context_of(self._extender_files)
         undo.push_async_callback((await serve(app, config.listen, tls)).cleanup)
         if config.metrics is not None:
             undo.push_async_callback((await serve(metrics_app(service), config.metrics)).cleanup)
@@ -588,6 +588,12 @@ def _webhook_files(config: WebhookConfig) -> CertificateFiles | None:
                                 period=config.check_period)
     except TlsError as error:
         raise StartupError(str(error)) from None
+
+
+def _context_of(files: CertificateFiles | None) -> ssl.SSLContext | None:
+    """The TLS context a listener serving ``files`` keeps (it hands each connection the
+    files last loaded); None: plain HTTP."""
+    return files.context if files is not None else None
 
 
 def _extender_files(config: ExtenderTls | None) -> CertificateFiles | None:
