@@ -29,17 +29,19 @@ from common.core.placement import (
 )
 from common.core.pod import ContainerRequest, PodRequest
 from common.core.policy import NodePolicy
+from common.core.quota import QuotaRefusal
 from common.core.reasons import (
     CARD_REASON,
     CHECK_COUNT,
     INSUFFICIENT_CARDS,
+    QUOTA_REASON,
     TOPOLOGY_NOT_FIT,
     CardCheck,
     FailedNode,
     NodeReasons,
     failed_node_texts,
 )
-from common.core.refusal import refusal_message
+from common.core.refusal import quota_refusal, refusal_message
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +83,17 @@ class Decision:
     asks_for_gpu: bool = True
     """False for a pod that asks for no GPU: pyhami passes every node and leaves the
     choice to kube-scheduler (the decision is ``scheduled`` with no node)."""
+    quota: QuotaRefusal | None = None
+    """The ResourceQuota that refused cards to the pod, when one did."""
 
     @property
     def failed_nodes(self) -> dict[str, str] | None:
-        """Node -> its reasons as HAMi's FailedNodes writes them (``count/cards Reason``)."""
-        return None if self.failures is None else failed_node_texts(self.failures)
+        """Node -> its reasons as HAMi's FailedNodes writes them (``count/cards Reason``),
+        the quota's sentence after ``ResourceQuotaNotFit``."""
+        if self.failures is None:
+            return None
+        details = None if self.quota is None else {QUOTA_REASON: self.quota.text()}
+        return failed_node_texts(self.failures, details)
 
     def annotations(self) -> dict[str, str]:
         """The allocation annotations that do not depend on the clock."""
@@ -235,7 +243,7 @@ def decide(
         return Decision(pod=pod.key, scheduled=True, failures={},
                         ignored_policies=pod.ignored_policies, asks_for_gpu=False)
     layout = fleet.layout
-    view = PodView(layout, pod)
+    view = PodView(layout, pod, fleet.quotas.left(pod.subject))
     node_count = len(layout.node_names)
     considered = np.ones(node_count, dtype=np.bool_)
     if nodes is not None:
@@ -293,15 +301,22 @@ def decide(
         only_chosen = np.zeros(node_count, dtype=np.bool_)
         only_chosen[chosen_node] = True
         rows = _explain(view, codes, only_chosen, chosen_node, placement)
+    quota = None
+    if view.quota is not None and (
+            by_node[considered, CardCheck.QUOTA_NOT_FIT].any()
+            or any(reason == QUOTA_REASON for failure in failed.values()
+                   for reason, _ in failure.removed())):
+        quota = quota_refusal(fleet, pod, codes)
     if chosen_node is None:
         message = refusal_message(fleet, pod, failures) if describe else None
         return Decision(pod=pod.key, scheduled=False, failures=failures,
-                        ignored_policies=pod.ignored_policies, message=message, explain=rows)
-    return _scheduled(view, chosen_node, placement, failures, rows)
+                        ignored_policies=pod.ignored_policies, message=message, explain=rows,
+                        quota=quota)
+    return _scheduled(view, chosen_node, placement, failures, rows, quota)
 
 
 def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[str, FailedNode],
-               rows: tuple[ExplainRow, ...] | None) -> Decision:
+               rows: tuple[ExplainRow, ...] | None, quota: QuotaRefusal | None) -> Decision:
     layout, pod = view.layout, view.pod
     start = int(layout.start[node])
     per_container = iter(placement)
@@ -325,10 +340,11 @@ def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[s
         scheduled=True,
         node=name,
         cards=tuple(placed),
-        allocation=Allocation(name, tuple(grants), init_count),
+        allocation=Allocation(name, tuple(grants), init_count, pod.subject),
         failures=failed,
         ignored_policies=pod.ignored_policies,
         explain=rows,
+        quota=quota,
     )
 
 

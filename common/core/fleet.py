@@ -20,6 +20,7 @@ from common.core.annotations import cordoned_uuids
 from common.core.ledger import Allocation, Usage
 from common.core.model import Card, Node
 from common.core.policy import Weights
+from common.core.quota import QuotaBook
 from common.core.reasons import CHECK_COUNT
 
 IntArray = npt.NDArray[np.int64]
@@ -311,13 +312,20 @@ class Layout:
 
 
 class Fleet:
-    """Nodes, their cards, and the ledger of allocations, kept consistent."""
+    """Nodes, their cards, and the ledger of allocations, kept consistent; and the
+    namespaces' ResourceQuotas, charged as the ledger changes."""
 
     def __init__(self) -> None:
         self._nodes: dict[str, Node] = {}
         self._allocations: dict[str, Allocation] = {}
         self._usage: dict[tuple[str, str], Usage] = {}
         self._layout: Layout | None = None
+        self._quotas = QuotaBook()
+
+    @property
+    def quotas(self) -> QuotaBook:
+        """The quotas and what the ledger's pods are charged under them."""
+        return self._quotas
 
     @property
     def layout(self) -> Layout:
@@ -370,6 +378,7 @@ class Fleet:
         self._allocations[key] = allocation
         for uuid, usage in allocation.footprint().items():
             self._add_usage(allocation.node, uuid, usage)
+        self._quotas.charge(key, allocation)
 
     def without(self, key: str) -> Fleet:
         """The fleet as if pod ``key`` held nothing, leaving this one as it is: a copy of
@@ -387,6 +396,7 @@ class Fleet:
         other._nodes = dict(self._nodes)
         other._allocations = dict(self._allocations)
         other._usage = dict(self._usage)
+        other._quotas = self._quotas.copy()
         for key in held:
             other.release(key)
         return other
@@ -396,6 +406,7 @@ class Fleet:
         if allocation is not None:
             for uuid, usage in allocation.footprint().items():
                 self._add_usage(allocation.node, uuid, Usage() - usage)
+            self._quotas.refund(key)
         return allocation
 
     def usage(self, node: str, uuid: str) -> Usage:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.core.annotations import Containers
+from common.core.pod import QuotaSubject
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,9 @@ class Allocation:
     node: str
     containers: Containers
     init_containers: int = 0
+    subject: QuotaSubject | None = field(default=None, compare=False)
+    """Whose ResourceQuotas the cards are charged to; None: the namespace of the pod's key,
+    matching only quotas without scopes (a ledger entry that knows no more of its pod)."""
 
     def footprint(self) -> dict[str, Usage]:
         """Per card: app containers summed, init containers at their peak (they run first)."""
@@ -55,3 +59,12 @@ class Allocation:
         for uuid, usage in init.items():
             app[uuid] = app.get(uuid, Usage()).peak(usage)
         return app
+
+    def charge(self) -> Usage:
+        """What the pod is charged under its namespace's quotas: its footprint summed over
+        its cards (HAMi's rule: per card, init containers at their peak, app containers
+        summed)."""
+        total = Usage()
+        for usage in self.footprint().values():
+            total += usage
+        return total

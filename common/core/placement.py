@@ -21,6 +21,7 @@ from common.core.fleet import (
 )
 from common.core.pod import ContainerRequest, PodRequest
 from common.core.policy import SortKey
+from common.core.quota import QuotaLeft
 from common.core.reasons import (
     CARD_REASON,
     CHECK_COUNT,
@@ -49,12 +50,53 @@ class Extra:
     cores: IntArray
 
 
+@dataclass(frozen=True, slots=True)
+class OwnCharge:
+    """What the pod's earlier containers are charged on a node's cards under its quotas:
+    per card, init containers at their peak and app containers summed."""
+
+    init_memory: IntArray
+    init_cores: IntArray
+    app_memory: IntArray
+    app_cores: IntArray
+
+    @classmethod
+    def none(cls, cards: int) -> OwnCharge:
+        return cls(*(np.zeros(cards, dtype=np.int64) for _ in range(4)))
+
+    def add(self, request: ContainerRequest, card: int, memory: int) -> None:
+        if request.is_init:
+            self.init_memory[card] = max(int(self.init_memory[card]), memory)
+            self.init_cores[card] = max(int(self.init_cores[card]), request.cores)
+        else:
+            self.app_memory[card] += memory
+            self.app_cores[card] += request.cores
+
+    def increase(self, request: ContainerRequest, memory: IntArray,
+                 cores: IntArray) -> tuple[int, int, IntArray, IntArray]:
+        """The charge so far (memory, cores) and, per card, what giving it to ``request``
+        adds to it."""
+        base_memory = np.maximum(self.init_memory, self.app_memory)
+        base_cores = np.maximum(self.init_cores, self.app_cores)
+        if request.is_init:
+            memory = np.maximum(np.maximum(self.init_memory, memory), self.app_memory)
+            cores = np.maximum(np.maximum(self.init_cores, cores), self.app_cores)
+        else:
+            memory = np.maximum(self.init_memory, self.app_memory + memory)
+            cores = np.maximum(self.init_cores, self.app_cores + cores)
+        return (int(base_memory.sum()), int(base_cores.sum()),
+                memory - base_memory, cores - base_cores)
+
+
 class PodView:
     """What one decision needs about a pod, computed once against a layout."""
 
-    def __init__(self, layout: Layout, pod: PodRequest) -> None:
+    def __init__(self, layout: Layout, pod: PodRequest, quota: QuotaLeft | None = None) -> None:
+        """``quota``: what the pod may still be charged under its namespace's quotas (None:
+        no quota applies to it)."""
         self.layout = layout
         self.pod = pod
+        self.quota = quota
         self.type_ok: BoolArray | None = None
         self.uuid_ok: BoolArray | None = None
         if pod.use_types is not None or pod.nouse_types:
@@ -96,9 +138,47 @@ class PodView:
         return scores
 
     def card_codes(
-        self, request: ContainerRequest, where: slice | IntArray, extra: Extra | None = None
+        self, request: ContainerRequest, where: slice | IntArray, extra: Extra | None = None,
+        own: OwnCharge | None = None,
     ) -> CodeArray:
-        """Per card, the first failing check of ``CardCheck`` (0 when the card is eligible)."""
+        """Per card, the first failing check of ``CardCheck`` (0 when the card is eligible).
+
+        ``extra``: what the pod's earlier app containers put on the cards; ``own``: what its
+        earlier containers are charged on them (both node-local, ``where`` a node's run)."""
+        codes = self._capacity_codes(request, where, extra)
+        if self.quota is not None:
+            fails = self.quota_fails(request, where, own)
+            codes[fails & ((codes == 0) | (codes > CardCheck.QUOTA_NOT_FIT))] = \
+                CardCheck.QUOTA_NOT_FIT
+        return codes
+
+    def quota_fails(self, request: ContainerRequest, where: slice | IntArray,
+                    own: OwnCharge | None = None) -> BoolArray:
+        """Per card, whether giving ``request`` that card (and as many more as it asks for,
+        each charged as much) takes the pod beyond what its quotas leave it.
+
+        Judged per card, as HAMi does: a multi-card container is charged for each card what
+        this one would cost, so a set that passes never exceeds the quota."""
+        assert self.quota is not None
+        lay = self.layout
+        capacity = lay.memory[where]
+        if request.memory_mib is not None:
+            memory = np.full(len(capacity), request.memory_mib, dtype=np.int64)
+        else:
+            memory = capacity * request.memory_percent // 100
+        cores = np.full(len(capacity), request.cores, dtype=np.int64)
+        spent_memory = spent_cores = 0
+        if own is not None:
+            spent_memory, spent_cores, memory, cores = own.increase(request, memory, cores)
+        fails = np.zeros(len(capacity), dtype=np.bool_)
+        if self.quota.memory is not None:
+            fails |= spent_memory + request.cards * memory > self.quota.memory
+        if self.quota.cores is not None:
+            fails |= spent_cores + request.cards * cores > self.quota.cores
+        return fails
+
+    def _capacity_codes(self, request: ContainerRequest, where: slice | IntArray,
+                        extra: Extra | None) -> CodeArray:
         lay = self.layout
         memory, cores = lay.memory[where], lay.cores[where]
         used, usedmem, usedcores = lay.used[where], lay.usedmem[where], lay.usedcores[where]
@@ -106,7 +186,7 @@ class PodView:
             used = occupied_slots(lay.tenants[where] + extra.tenants, lay.processes[where])
             usedmem = usedmem + extra.memory
             usedcores = usedcores + extra.cores
-        codes = np.zeros(len(memory), dtype=np.int8)
+        codes: CodeArray = np.zeros(len(memory), dtype=np.int8)
         # Assigned last check first, so the first failing check is what remains.
         if request.cores == 0:
             codes[usedcores >= cores] = CardCheck.COMPUTE_EXHAUSTED
@@ -131,8 +211,9 @@ class PodView:
 
     def first_checks(self) -> tuple[CodeArray, IntArray]:
         """Every card's check code for the pod's first GPU container, and per node the
-        count of each code (``(nodes, CHECK_COUNT)``). Read-only: kept in the layout per
-        request shape and brought up to date from the cards changed since."""
+        count of each code (``(nodes, CHECK_COUNT)``). Read-only: the capacity checks are
+        kept in the layout per request shape and brought up to date from the cards changed
+        since; the pod's quota is applied over them."""
         lay, pod = self.layout, self.pod
         request = pod.gpu_containers[0]
         key = (request.cores, request.memory_mib, request.memory_percent, pod.chain.mutex,
@@ -141,13 +222,13 @@ class PodView:
         cached = cache.pop(key, None)  # popped and put back: the dict keeps LRU order
         behind = len(lay.changed) - cached.seen if cached is not None else 0
         if cached is None or behind > len(lay.devices) // _REFRESH_SHARE:
-            codes = self.card_codes(request, slice(None))
+            codes = self._capacity_codes(request, slice(None), None)
             nodes = len(lay.node_names)
             by_node = np.bincount(lay.check_base + codes, minlength=nodes * CHECK_COUNT)
             cached = CachedChecks(codes, by_node.reshape(nodes, CHECK_COUNT), len(lay.changed))
         elif behind:
             cards = np.unique(np.array(lay.changed[cached.seen:], dtype=np.int64))
-            fresh = self.card_codes(request, cards)
+            fresh = self._capacity_codes(request, cards, None)
             counts = cached.by_node.reshape(-1)
             np.subtract.at(counts, lay.check_base[cards] + cached.codes[cards], 1)
             np.add.at(counts, lay.check_base[cards] + fresh, 1)
@@ -156,7 +237,35 @@ class PodView:
         if len(cache) >= CACHED_REQUEST_SHAPES:
             del cache[next(iter(cache))]
         cache[key] = cached
-        return cached.codes, cached.by_node
+        if self.quota is None:
+            return cached.codes, cached.by_node
+        return self._with_quota(request, cached.codes, cached.by_node)
+
+    def _with_quota(self, request: ContainerRequest, codes: CodeArray,
+                    by_node: IntArray) -> tuple[CodeArray, IntArray]:
+        """The cached checks with the quota applied, copied where it refuses cards."""
+        quota_code = CardCheck.QUOTA_NOT_FIT
+        later = (codes == 0) | (codes > quota_code)
+        if request.memory_mib is not None:
+            # The same charge on every card: the quota refuses all of them or none.
+            if not self.quota_fails(request, slice(0, min(1, len(codes)))).any():
+                return codes, by_node
+            refused = codes.copy()
+            refused[later] = quota_code
+            counts = by_node.copy()
+            moved = [0, *range(quota_code + 1, CHECK_COUNT)]
+            counts[:, quota_code] += counts[:, moved].sum(axis=1)
+            counts[:, moved] = 0
+            return refused, counts
+        fails = self.quota_fails(request, slice(None)) & later
+        if not fails.any():
+            return codes, by_node
+        refused = codes.copy()
+        refused[fails] = quota_code
+        lay = self.layout
+        nodes = len(lay.node_names)
+        counts = np.bincount(lay.check_base + refused, minlength=nodes * CHECK_COUNT)
+        return refused, counts.reshape(nodes, CHECK_COUNT)
 
     def rank(self, node: int, eligible: list[int]) -> list[int]:
         """Eligible card positions (local to the node) in chain order."""
@@ -295,13 +404,14 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
     numa = layout.numa[where].tolist()
     memory = layout.memory[where]
     taken = Extra(*(np.zeros(cards, dtype=np.int64) for _ in range(3)))
+    own = OwnCharge.none(cards) if view.quota is not None else None
     placement: Placement = []
     for position, request in enumerate(pod.gpu_containers):
         failure = node_level_failure(request, cards, topology, pod.chain.topology_aware)
         if failure is not None:
             return NodeFailure(failure, position, None, None)
         extra = None if position == 0 or request.is_init else taken
-        codes = first_codes if position == 0 else view.card_codes(request, where, extra)
+        codes = first_codes if position == 0 else view.card_codes(request, where, extra, own)
         eligible = np.flatnonzero(codes == CardCheck.ELIGIBLE).tolist()
         ranked = view.rank(node, eligible)
         aware = pod.chain.topology_aware and request.cards > 1
@@ -311,6 +421,9 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
             by_code = np.bincount(codes, minlength=CHECK_COUNT).tolist()
             return NodeFailure(card_reason_counts(by_code) + chosen, position, codes, extra)
         placement.append(chosen)
+        if own is not None:
+            for card in chosen:
+                own.add(request, card, request.memory_slice(int(memory[card])))
         if not request.is_init:
             for card in chosen:
                 taken.tenants[card] += 1

@@ -68,6 +68,10 @@ class PodSpec(msgspec.Struct, rename="camel"):
     """Set by the API server from the pod's PriorityClass (0 without one)."""
     preemption_policy: str | None = None
     """``Never``: the pod waits for room and evicts nobody (default PreemptLowerPriority)."""
+    priority_class_name: str | None = None
+    """Read by a ResourceQuota's ``PriorityClass`` scope."""
+    active_deadline_seconds: StorableInt | None = None
+    """Set: the pod is ``Terminating`` to a ResourceQuota's scopes."""
 
 
 class ObjectMeta(msgspec.Struct):
@@ -109,6 +113,57 @@ def names_gpu_resource(containers: Iterable[Container]) -> bool:
     )
 
 
+# Compute resources of Kubernetes' QoS classes: a pod naming none of them is BestEffort.
+_QOS_RESOURCES = ("cpu", "memory")
+
+
+def _is_zero(value: Quantity) -> bool:
+    """Whether a quantity is zero; one that cannot be read counts as set (nonzero): the
+    API server would have refused it, and a quota scope errs towards charging the pod."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return value == 0
+    try:
+        return _quantity_text(value, "") == 0
+    except PodRejected:
+        return False
+
+
+def is_best_effort(manifest: PodManifest) -> bool:
+    """Kubernetes' BestEffort QoS class: no container, init containers included, has a
+    nonzero cpu or memory request or limit."""
+    for container in [*(manifest.spec.init_containers or ()), *manifest.spec.containers]:
+        resources = container.resources
+        if resources is None:
+            continue
+        for table in (resources.requests or {}, resources.limits or {}):
+            if any(name in table and not _is_zero(table[name]) for name in _QOS_RESOURCES):
+                return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSubject:
+    """A pod as a ResourceQuota sees it: its namespace and what quota scopes match on."""
+
+    namespace: str
+    priority_class: str = ""
+    """``spec.priorityClassName``, empty when unset."""
+    terminating: bool = False
+    """``spec.activeDeadlineSeconds`` is set (Kubernetes' Terminating scope)."""
+    best_effort: bool = False
+    """The pod's QoS class is BestEffort."""
+
+    @classmethod
+    def of(cls, manifest: PodManifest) -> QuotaSubject:
+        deadline = manifest.spec.active_deadline_seconds
+        return cls(namespace=manifest.namespace,
+                   priority_class=manifest.spec.priority_class_name or "",
+                   terminating=deadline is not None and deadline >= 0,
+                   best_effort=is_best_effort(manifest))
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerRequest:
     """One container's GPU request; ``cards == 0`` means it wants no GPU."""
@@ -139,6 +194,8 @@ class PodRequest:
     use_types: tuple[str, ...] | None
     nouse_types: tuple[str, ...]
     numa_bind: bool
+    subject: QuotaSubject
+    """The pod as its namespace's ResourceQuotas see it."""
 
     @property
     def gpu_containers(self) -> tuple[ContainerRequest, ...]:
@@ -179,7 +236,7 @@ QUANTITY_TEXT_MAX = 64
 _EXPONENT_SPAN = 2 * QUANTITY_TEXT_MAX
 
 
-def _quantity(value: Quantity, where: str) -> int:
+def whole_quantity(value: Quantity, where: str) -> int:
     """A Kubernetes quantity whose value is a whole number from 0 to ``QUANTITY_MAX``.
 
     The API server stores quantities in canonical form (``1000`` comes back as
@@ -239,7 +296,7 @@ def _container_request(container: Container, is_init: bool, position: str) -> Co
         )
         if raw is not None:
             where = f"{position}.resources.{source}[{resource}]"
-            values[resource] = _quantity(raw, where)
+            values[resource] = whole_quantity(raw, where)
     name = container.name
     cards = values.get(RESOURCE_GPU, 1 if values else 0)
     memory = values.get(RESOURCE_MEMORY)
@@ -318,4 +375,5 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
             t.lower() for t in comma_list(annotations.get(NOUSE_TYPE_ANNOTATION, ""))
         ),
         numa_bind=numa_bind,
+        subject=QuotaSubject.of(manifest),
     )

@@ -22,10 +22,12 @@ class CardCheck(IntEnum):
     UUID_MISMATCH = 4
     SLOTS_EXHAUSTED = 5
     MUTEX_BUSY = 6
-    INSUFFICIENT_MEMORY = 7
-    INSUFFICIENT_CORE = 8
-    WHOLE_CARD_BUSY = 9
-    COMPUTE_EXHAUSTED = 10
+    QUOTA_NOT_FIT = 7
+    """The pod's charge on this card would exceed a ResourceQuota of its namespace."""
+    INSUFFICIENT_MEMORY = 8
+    INSUFFICIENT_CORE = 9
+    WHOLE_CARD_BUSY = 10
+    COMPUTE_EXHAUSTED = 11
 
 
 CARD_REASON: dict[CardCheck, str] = {
@@ -35,6 +37,7 @@ CARD_REASON: dict[CardCheck, str] = {
     CardCheck.UUID_MISMATCH: "CardUuidMismatch",
     CardCheck.SLOTS_EXHAUSTED: "CardTimeSlicingExhausted",
     CardCheck.MUTEX_BUSY: "ExclusiveDeviceAllocateConflict",
+    CardCheck.QUOTA_NOT_FIT: "ResourceQuotaNotFit",
     CardCheck.INSUFFICIENT_MEMORY: "CardInsufficientMemory",
     CardCheck.INSUFFICIENT_CORE: "CardInsufficientCore",
     CardCheck.WHOLE_CARD_BUSY: "ExclusiveDeviceAllocateConflict",
@@ -42,6 +45,7 @@ CARD_REASON: dict[CardCheck, str] = {
 }
 
 CHECK_COUNT = len(CardCheck)
+QUOTA_REASON = CARD_REASON[CardCheck.QUOTA_NOT_FIT]
 
 INSUFFICIENT_CARDS = "AllocatedCardsInsufficientRequest"
 NUMA_NOT_FIT = "NumaNotFit"
@@ -71,9 +75,14 @@ class NodeReasons:
                       key=lambda item: (str(item[1]), item[0]))
         return cls(cards, tuple(kept))
 
-    def text(self) -> str:
-        """``count/cards Reason, ...`` as HAMi's FailedNodes carries it."""
-        return ", ".join(reason_token(name, n, self.cards) for name, n in self.counts)
+    def text(self, details: Mapping[str, str] | None = None) -> str:
+        """``count/cards Reason, ...`` as HAMi's FailedNodes carries it; a reason with an
+        entry in ``details`` is followed by it in parentheses."""
+        tokens = [reason_token(name, n, self.cards) for name, n in self.counts]
+        if details:
+            tokens = [f"{token} ({details[name]})" if name in details else token
+                      for token, (name, _) in zip(tokens, self.counts, strict=True)]
+        return ", ".join(tokens)
 
     def removed(self) -> tuple[tuple[str, int], ...]:
         """Reason -> the cards it removed."""
@@ -87,7 +96,7 @@ class NodeRefusal:
     reason: str
     detail: str
 
-    def text(self) -> str:
+    def text(self, details: Mapping[str, str] | None = None) -> str:
         """``Reason: detail``."""
         return f"{self.reason}: {self.detail}"
 
@@ -99,15 +108,17 @@ class NodeRefusal:
 FailedNode = NodeReasons | NodeRefusal
 
 
-def failed_node_texts(failures: Mapping[str, FailedNode]) -> dict[str, str]:
-    """Node -> its reasons as HAMi writes them. Nodes that fail the same way share one
-    reasons object in a decision: each object is written once."""
+def failed_node_texts(failures: Mapping[str, FailedNode],
+                      details: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Node -> its reasons as HAMi writes them (``details``: words after some reasons).
+    Nodes that fail the same way share one reasons object in a decision: each object is
+    written once."""
     written: dict[int, str] = {}
     texts: dict[str, str] = {}
     for name, failure in failures.items():
         text = written.get(id(failure))
         if text is None:
-            text = written[id(failure)] = failure.text()
+            text = written[id(failure)] = failure.text(details)
         texts[name] = text
     return texts
 

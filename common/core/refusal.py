@@ -25,11 +25,13 @@ import numpy as np
 from common.core.fleet import BoolArray, Fleet, IntArray, Layout
 from common.core.placement import CodeArray, NodeFailure, PodView, place_pod
 from common.core.pod import ContainerRequest, PodRequest
+from common.core.quota import QuotaRefusal, requested_charge
 from common.core.reasons import (
     CARD_REASON,
     INSUFFICIENT_CARDS,
     NODE_INSUFFICIENT_DEVICE,
     NUMA_NOT_FIT,
+    QUOTA_REASON,
     TOPOLOGY_NOT_FIT,
     TOPOLOGY_UNKNOWN,
     CardCheck,
@@ -85,8 +87,25 @@ class _Cards:
     """Node position -> the failing container's position among the GPU containers."""
 
 
-def _failing_checks(layout: Layout, pod: PodRequest, nodes: list[int]) -> _Cards:
-    view = PodView(layout, pod)
+def quota_refusal(fleet: Fleet, pod: PodRequest, codes: CodeArray) -> QuotaRefusal | None:
+    """The quota that refused the pod cards (``codes``: its first GPU container's checks),
+    with what the pod asked: a percentage of memory counted on the smallest card the
+    quota refused (or the largest card, when the charge fits on that one)."""
+    memory = fleet.layout.memory
+    refused = memory[codes == CardCheck.QUOTA_NOT_FIT]
+    candidates: list[int | None] = [int(refused.min())] if len(refused) else []
+    if len(memory):
+        candidates.append(int(memory.max()))
+    for card_memory in candidates or [None]:
+        refusal = fleet.quotas.refusal(pod.subject, requested_charge(pod, card_memory))
+        if refusal is not None:
+            return refusal
+    return None
+
+
+def _failing_checks(layout: Layout, pod: PodRequest, nodes: list[int],
+                    fleet: Fleet) -> _Cards:
+    view = PodView(layout, pod, fleet.quotas.left(pod.subject))
     codes = view.card_codes(pod.gpu_containers[0], slice(None))
     free_memory = layout.memory - layout.usedmem
     free_cores = layout.cores - layout.usedcores
@@ -241,7 +260,7 @@ def refusal_message(fleet: Fleet, pod: PodRequest, failures: Mapping[str, Failed
     judged = {name: why for name, why in failures.items() if isinstance(why, NodeReasons)}
     positions = {name: layout.node_position[name] for name in judged
                  if name in layout.node_position}
-    cards = _failing_checks(layout, pod, sorted(positions.values()))
+    cards = _failing_checks(layout, pod, sorted(positions.values()), fleet)
     groups: dict[tuple[NodeReasons, int], list[str]] = {}
     for name, reasons in judged.items():
         position = positions.get(name)
@@ -265,4 +284,11 @@ def refusal_message(fleet: Fleet, pod: PodRequest, failures: Mapping[str, Failed
     if not parts:
         return _cut(f"{asked_for(pod)}; pyhami knows no node with GPU cards")
     parts.sort(key=lambda part: (-len(part[1]), part[1][0]))
-    return _bounded(asked_for(pod), [(text, len(names)) for text, names in parts])
+    opening = asked_for(pod)
+    quota_hit = any(reason == QUOTA_REASON for reasons in judged.values()
+                    for reason, _ in reasons.counts)
+    refusal = quota_refusal(fleet, pod, cards.codes) if quota_hit else None
+    if refusal is not None:
+        # The quota first: it is what the namespace's owner can change.
+        opening = f"{refusal.text()}; {opening}"
+    return _bounded(opening, [(text, len(names)) for text, names in parts])

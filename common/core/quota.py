@@ -1,0 +1,431 @@
+"""ResourceQuota for GPU memory and cores: which quotas apply to a pod, what its namespace
+has used, and what a pod may still be charged.
+
+HAMi reads two keys of an ordinary ResourceQuota's ``spec.hard``:
+``limits.nvidia.com/gpumem`` (MiB) and ``limits.nvidia.com/gpucores`` (percent of a card,
+100 = one card). pyhami reads the same keys, with Kubernetes' semantics where HAMi's are
+accidental: every quota of a namespace applies (the tightest one decides), and a quota's
+``scopes`` and ``scopeSelector`` choose the pods it charges, as they do for Kubernetes'
+own quota.
+
+A pod is charged what its allocation puts on its cards (``Allocation.charge``): per card,
+its init containers at their peak and its app containers summed, then summed over the
+cards. ``QuotaBook`` keeps those charges for the pods that hold cards (bound or reserved)
+and the quotas the cluster holds; ``QuotaBook.left`` is what the decision core checks a
+card against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+
+import msgspec
+
+from common.core.errors import InvalidInput
+from common.core.ledger import Allocation, Usage
+from common.core.names import InvalidName, check_label, check_subdomain, shown
+from common.core.policy import PodRejected
+from common.core.pod import (
+    DEFAULT_NAMESPACE,
+    RESOURCE_CORES,
+    RESOURCE_MEMORY,
+    ObjectMeta,
+    PodRequest,
+    Quantity,
+    QuotaSubject,
+    whole_quantity,
+)
+
+QUOTA_PREFIX = "limits."
+"""HAMi reads only ``limits.<resource>`` keys of a quota's ``spec.hard``."""
+MEMORY_KEY = QUOTA_PREFIX + RESOURCE_MEMORY
+CORES_KEY = QUOTA_PREFIX + RESOURCE_CORES
+
+SCOPES_MAX = 16
+"""Scopes and scope expressions a quota may name, together."""
+SCOPE_VALUES_MAX = 64
+"""Values one scope expression may list."""
+
+
+class QuotaRejected(InvalidInput):
+    """A ResourceQuota pyhami cannot apply; the message names the quota and the field."""
+
+
+# The subset of a v1.ResourceQuota that pyhami reads; every other field is ignored.
+class ScopedRequirement(msgspec.Struct, rename="camel"):
+    scope_name: str = ""
+    operator: str = ""
+    values: list[str] | None = None
+
+
+class ScopeSelector(msgspec.Struct, rename="camel"):
+    match_expressions: list[ScopedRequirement] | None = None
+
+
+class QuotaSpec(msgspec.Struct, rename="camel"):
+    hard: dict[str, Quantity] | None = None
+    scopes: list[str] | None = None
+    scope_selector: ScopeSelector | None = None
+
+
+class ResourceQuotaManifest(msgspec.Struct):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: QuotaSpec = msgspec.field(default_factory=QuotaSpec)
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace or DEFAULT_NAMESPACE
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.metadata.name}"
+
+
+class Scope(Enum):
+    """The quota scopes that select pods by what pyhami knows of them."""
+
+    TERMINATING = "Terminating"
+    NOT_TERMINATING = "NotTerminating"
+    BEST_EFFORT = "BestEffort"
+    NOT_BEST_EFFORT = "NotBestEffort"
+    PRIORITY_CLASS = "PriorityClass"
+
+
+_OPPOSED = ((Scope.TERMINATING, Scope.NOT_TERMINATING), (Scope.BEST_EFFORT, Scope.NOT_BEST_EFFORT))
+_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeRule:
+    """One scope a pod must match for a quota to charge it (Kubernetes' rules)."""
+
+    scope: Scope
+    operator: str = "Exists"
+    values: frozenset[str] = frozenset()
+
+    def matches(self, pod: QuotaSubject) -> bool:
+        scope = self.scope
+        if scope is Scope.TERMINATING:
+            return pod.terminating
+        if scope is Scope.NOT_TERMINATING:
+            return not pod.terminating
+        if scope is Scope.BEST_EFFORT:
+            return pod.best_effort
+        if scope is Scope.NOT_BEST_EFFORT:
+            return not pod.best_effort
+        if self.operator == "Exists":
+            return pod.priority_class != ""
+        if self.operator == "In":
+            return pod.priority_class in self.values
+        if self.operator == "NotIn":
+            return pod.priority_class not in self.values
+        # DoesNotExist: Kubernetes matches a label selector against a set that always
+        # holds the priorityClass key (empty when the pod has none): it never matches.
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """One ResourceQuota as pyhami applies it: its GPU limits and the pods it charges."""
+
+    namespace: str
+    name: str
+    memory: int | None = None
+    """``limits.nvidia.com/gpumem``, MiB; None when the quota does not set it."""
+    cores: int | None = None
+    """``limits.nvidia.com/gpucores``, percent of a card; None when not set."""
+    rules: tuple[ScopeRule, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def limits_gpu(self) -> bool:
+        """Whether the quota sets a GPU limit at all (others are Kubernetes' own)."""
+        return self.memory is not None or self.cores is not None
+
+    def applies_to(self, pod: QuotaSubject) -> bool:
+        return pod.namespace == self.namespace and all(r.matches(pod) for r in self.rules)
+
+
+def _limit(hard: dict[str, Quantity], key: str, where: str) -> int | None:
+    if key not in hard:
+        return None
+    try:
+        return whole_quantity(hard[key], f"{where}.spec.hard[{key}]")
+    except PodRejected as error:
+        raise QuotaRejected(str(error)) from None
+
+
+def _scope(name: str, where: str) -> Scope:
+    try:
+        return Scope(name)
+    except ValueError:
+        known = ", ".join(s.value for s in Scope)
+        raise QuotaRejected(f"{where}: {shown(name)} is not a scope pyhami applies to GPU "
+                            f"requests (one of {known})") from None
+
+
+def _selector_rule(requirement: ScopedRequirement, where: str) -> ScopeRule:
+    scope = _scope(requirement.scope_name, f"{where}.scopeName")
+    operator = requirement.operator
+    if operator not in _OPERATORS:
+        raise QuotaRejected(f"{where}.operator: {shown(operator)} is not one of "
+                            f"{', '.join(_OPERATORS)}")
+    values = requirement.values or []
+    if len(values) > SCOPE_VALUES_MAX:
+        raise QuotaRejected(f"{where}.values: {len(values)} values (at most "
+                            f"{SCOPE_VALUES_MAX})")
+    if scope is not Scope.PRIORITY_CLASS:
+        if operator != "Exists" or values:
+            raise QuotaRejected(f"{where}: scope {scope.value} takes operator Exists and "
+                                "no values")
+    elif operator in ("In", "NotIn") and not values:
+        raise QuotaRejected(f"{where}.values: operator {operator} needs at least one value")
+    elif operator in ("Exists", "DoesNotExist") and values:
+        raise QuotaRejected(f"{where}.values: operator {operator} takes no values")
+    return ScopeRule(scope, operator, frozenset(values))
+
+
+def parse_quota(manifest: ResourceQuotaManifest) -> Quota:
+    """The quota's GPU limits and scopes. Raises ``QuotaRejected`` naming the quota and
+    the field: a limit that is not a whole quantity from 0 to 2^53 (the bounds of a pod's
+    requests), a scope pyhami does not know, a scope expression Kubernetes would refuse."""
+    where = f"ResourceQuota {shown(manifest.key)}"
+    try:
+        check_subdomain(f"{where}: metadata.name", manifest.metadata.name)
+        check_label(f"{where}: metadata.namespace", manifest.namespace)
+    except InvalidName as error:
+        raise QuotaRejected(str(error)) from None
+    where = f"ResourceQuota {manifest.key}"
+    spec = manifest.spec
+    hard = spec.hard or {}
+    expressions = (spec.scope_selector.match_expressions or []) if spec.scope_selector else []
+    if len(spec.scopes or ()) + len(expressions) > SCOPES_MAX:
+        raise QuotaRejected(f"{where}: more than {SCOPES_MAX} scopes and scope expressions")
+    rules = [ScopeRule(_scope(name, f"{where}: spec.scopes[{i}]"))
+             for i, name in enumerate(spec.scopes or ())]
+    rules += [_selector_rule(e, f"{where}: spec.scopeSelector.matchExpressions[{i}]")
+              for i, e in enumerate(expressions)]
+    named = {rule.scope for rule in rules}
+    for one, other in _OPPOSED:
+        if one in named and other in named:
+            raise QuotaRejected(f"{where}: scopes {one.value} and {other.value} exclude each "
+                                "other")
+    return Quota(namespace=manifest.namespace, name=manifest.metadata.name,
+                 memory=_limit(hard, MEMORY_KEY, where), cores=_limit(hard, CORES_KEY, where),
+                 rules=tuple(rules))
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLeft:
+    """What a pod may still be charged under every quota that applies to it: the least
+    room among them, per resource (negative when a quota is already exceeded)."""
+
+    memory: int | None
+    cores: int | None
+
+    def admits(self, charge: Usage) -> bool:
+        return ((self.memory is None or charge.memory <= self.memory)
+                and (self.cores is None or charge.cores <= self.cores))
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRefusal:
+    """The quota a pod's charge would exceed, with the figures of the sentence."""
+
+    namespace: str
+    quota: str
+    resource: str
+    used: int
+    asked: int
+    limit: int
+
+    def text(self) -> str:
+        """``team-a would use 18000 of 16384 MiB nvidia.com/gpumem under ResourceQuota
+        gpu-quota (asked 4000)``."""
+        unit = " MiB" if self.resource == RESOURCE_MEMORY else ""
+        return (f"{self.namespace} would use {self.used + self.asked} of {self.limit}{unit} "
+                f"{self.resource} under ResourceQuota {self.quota} (asked {self.asked})")
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaStanding:
+    """One quota's limit and what the pods it charges use, per resource it limits."""
+
+    namespace: str
+    quota: str
+    resource: str
+    used: int
+    limit: int
+
+
+class QuotaBook:
+    """The quotas of every namespace and the charges of the pods holding cards.
+
+    Each quota's use is kept up to date as pods are charged and refunded, so checking a
+    pod costs a look at its namespace's quotas, whatever the number of pods.
+    """
+
+    def __init__(self) -> None:
+        self._quotas: dict[str, dict[str, Quota]] = {}
+        self._pods: dict[str, tuple[QuotaSubject, Usage]] = {}
+        self._used: dict[tuple[str, str], Usage] = {}
+        self._namespace_used: dict[str, Usage] = {}
+
+    def copy(self) -> QuotaBook:
+        other = QuotaBook()
+        other._quotas = {namespace: dict(quotas) for namespace, quotas in self._quotas.items()}
+        other._pods = dict(self._pods)
+        other._used = dict(self._used)
+        other._namespace_used = dict(self._namespace_used)
+        return other
+
+    # Quotas --------------------------------------------------------------------------
+
+    def quotas(self) -> Iterator[Quota]:
+        for quotas in self._quotas.values():
+            yield from quotas.values()
+
+    def quota(self, namespace: str, name: str) -> Quota | None:
+        return self._quotas.get(namespace, {}).get(name)
+
+    def set_quota(self, quota: Quota) -> None:
+        """Add or replace a quota; its use is counted afresh from the pods it charges."""
+        self.remove_quota(quota.namespace, quota.name)
+        if not quota.limits_gpu:
+            return  # a quota of Kubernetes' own resources only: nothing to apply
+        self._quotas.setdefault(quota.namespace, {})[quota.name] = quota
+        used = Usage()
+        for subject, charge in self._pods.values():
+            if quota.applies_to(subject):
+                used += charge
+        self._used[(quota.namespace, quota.name)] = used
+
+    def remove_quota(self, namespace: str, name: str) -> Quota | None:
+        quotas = self._quotas.get(namespace)
+        if quotas is None or name not in quotas:
+            return None
+        removed = quotas.pop(name)
+        if not quotas:
+            del self._quotas[namespace]
+        del self._used[(namespace, name)]
+        return removed
+
+    def replace_quotas(self, quotas: Iterable[Quota]) -> None:
+        """Forget every quota, then set these (the quotas listed afresh)."""
+        for quota in list(self.quotas()):
+            self.remove_quota(quota.namespace, quota.name)
+        for quota in quotas:
+            self.set_quota(quota)
+
+    # Charges -------------------------------------------------------------------------
+
+    def charge(self, key: str, allocation: Allocation) -> None:
+        """Charge a pod what ``allocation`` puts on its cards (replacing an older charge)."""
+        self.refund(key)
+        subject = allocation.subject or QuotaSubject(key.partition("/")[0])
+        charge = allocation.charge()
+        self._pods[key] = (subject, charge)
+        self._add(subject, charge)
+
+    def refund(self, key: str) -> None:
+        held = self._pods.pop(key, None)
+        if held is not None:
+            subject, charge = held
+            self._add(subject, Usage() - charge)
+
+    def _add(self, subject: QuotaSubject, delta: Usage) -> None:
+        namespace = subject.namespace
+        total = self._namespace_used.get(namespace, Usage()) + delta
+        if total == Usage():
+            self._namespace_used.pop(namespace, None)
+        else:
+            self._namespace_used[namespace] = total
+        for quota in self._quotas.get(namespace, {}).values():
+            if quota.applies_to(subject):
+                where = (namespace, quota.name)
+                self._used[where] = self._used[where] + delta
+
+    # Checks ----------------------------------------------------------------------------
+
+    def left(self, pod: QuotaSubject) -> QuotaLeft | None:
+        """The least room under the quotas that apply to the pod; None when none does."""
+        quotas = self._quotas.get(pod.namespace)
+        if not quotas:
+            return None
+        memory: int | None = None
+        cores: int | None = None
+        for quota in quotas.values():
+            if not quota.applies_to(pod):
+                continue
+            used = self._used[(quota.namespace, quota.name)]
+            if quota.memory is not None:
+                room = quota.memory - used.memory
+                memory = room if memory is None else min(memory, room)
+            if quota.cores is not None:
+                room = quota.cores - used.cores
+                cores = room if cores is None else min(cores, room)
+        if memory is None and cores is None:
+            return None
+        return QuotaLeft(memory, cores)
+
+    def refusal(self, pod: QuotaSubject, asked: Usage) -> QuotaRefusal | None:
+        """The quota ``asked`` would exceed the most (by name on a tie), or None."""
+        found: list[tuple[int, str, QuotaRefusal]] = []
+        for quota in self._quotas.get(pod.namespace, {}).values():
+            if not quota.applies_to(pod):
+                continue
+            used = self._used[(quota.namespace, quota.name)]
+            for resource, limit, spent, wanted in (
+                    (RESOURCE_MEMORY, quota.memory, used.memory, asked.memory),
+                    (RESOURCE_CORES, quota.cores, used.cores, asked.cores)):
+                if limit is not None and spent + wanted > limit:
+                    refusal = QuotaRefusal(pod.namespace, quota.name, resource, spent, wanted,
+                                           limit)
+                    found.append((limit - spent - wanted, quota.name, refusal))
+        return min(found, key=lambda item: item[:2])[2] if found else None
+
+    # Reports ---------------------------------------------------------------------------
+
+    def standings(self) -> list[QuotaStanding]:
+        """Each quota's use against its limit, per resource it limits, sorted."""
+        rows = []
+        for quota in self.quotas():
+            used = self._used[(quota.namespace, quota.name)]
+            if quota.memory is not None:
+                rows.append(QuotaStanding(quota.namespace, quota.name, RESOURCE_MEMORY,
+                                          used.memory, quota.memory))
+            if quota.cores is not None:
+                rows.append(QuotaStanding(quota.namespace, quota.name, RESOURCE_CORES,
+                                          used.cores, quota.cores))
+        return sorted(rows, key=lambda r: (r.namespace, r.quota, r.resource))
+
+    def namespace_used(self) -> dict[str, Usage]:
+        """Per namespace, what its pods holding cards are charged, under a quota or not."""
+        return dict(self._namespace_used)
+
+
+def requested_charge(pod: PodRequest, card_memory: int | None) -> Usage:
+    """What the pod asks to be charged, its containers on cards of their own: app
+    containers summed, init containers at their largest (they run before them). A
+    percentage of memory counts on a card of ``card_memory`` MiB, or 0 when None (at
+    admission, where no card is chosen yet: HAMi's rule)."""
+    app_memory = app_cores = init_memory = init_cores = 0
+    for container in pod.gpu_containers:
+        if container.memory_mib is not None:
+            memory = container.memory_mib
+        elif card_memory is None:
+            memory = 0
+        else:
+            memory = container.memory_slice(card_memory)
+        memory *= container.cards
+        cores = container.cores * container.cards
+        if container.is_init:
+            init_memory, init_cores = max(init_memory, memory), max(init_cores, cores)
+        else:
+            app_memory, app_cores = app_memory + memory, app_cores + cores
+    return Usage(0, max(app_memory, init_memory), max(app_cores, init_cores))
