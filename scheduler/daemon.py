@@ -343,6 +343,7 @@ class Daemon:
         start = self._supervisor.start
         start("leadership", leadership.run)
         start("follow-cluster", service.reactions.follow_cluster)
+        start("follow-quotas", service.reactions.follow_quotas)
         start("expire-reservations", service.reactions.expire_reservations)
         start("follow-cordons", service.reactions.follow_cordons)
         start("watch-nodes", service.reactions.watch_nodes)

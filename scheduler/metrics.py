@@ -22,6 +22,7 @@ from prometheus_client.utils import floatToGoString
 
 from common.core import Fleet, Usage
 from common.core.model import Card
+from common.core.pod import RESOURCE_CORES, RESOURCE_MEMORY
 from common.messaging import Connection, Unsent
 from common.version import package_version
 
@@ -190,6 +191,52 @@ class CardGauges:
         return "".join(self.pieces())
 
 
+class QuotaCollector(Collector):
+    """HAMi's quota gauges (its ``collectQuotaMetrics``), and pyhami's per ResourceQuota.
+
+    HAMi keeps one limit per namespace and resource, so its gauges are per namespace: the
+    use of all the namespace's pods holding cards, and the tightest limit of its quotas.
+    pyhami applies every quota of a namespace, each to the pods its scopes select:
+    ``pyhami_resource_quota_*`` show each quota's own use and limit."""
+
+    def __init__(self, fleet: Callable[[], Fleet]) -> None:
+        self._fleet = fleet
+
+    def collect(self) -> Iterable[Metric]:
+        book = self._fleet().quotas
+        used = _gauge("hami_resource_quota_used", "resourcequota usage for a certain device",
+                      ["namespace", "quota_name", "limit", "zone"])
+        limit = _gauge("hami_resource_quota_limit", "resourcequota limit for a certain device",
+                       ["namespace", "quota_name", "zone"])
+        own_used = _gauge("pyhami_resource_quota_used",
+                          "What the pods a ResourceQuota charges hold, in its units (MiB of "
+                          "nvidia.com/gpumem, percent of a card of nvidia.com/gpucores)",
+                          ["namespace", "resource_quota", "resource"])
+        own_limit = _gauge("pyhami_resource_quota_limit",
+                           "A ResourceQuota's limit, in the same units",
+                           ["namespace", "resource_quota", "resource"])
+        tightest: dict[tuple[str, str], int] = {}
+        for row in book.standings():
+            series = [row.namespace, row.quota, row.resource]
+            own_used.add_metric(series, row.used)
+            own_limit.add_metric(series, row.limit)
+            where = (row.namespace, row.resource)
+            tightest[where] = min(tightest.get(where, row.limit), row.limit)
+        spent = book.namespace_used()
+        namespaces = sorted({*spent, *(namespace for namespace, _ in tightest)})
+        for namespace in namespaces:
+            charge = spent.get(namespace, Usage())
+            for resource, value in ((RESOURCE_MEMORY, charge.memory),
+                                    (RESOURCE_CORES, charge.cores)):
+                cap = tightest.get((namespace, resource))
+                if cap is None and value == 0:
+                    continue
+                used.add_metric([namespace, resource, str(cap or 0), HAMI_ZONE], value)
+                if cap is not None:
+                    limit.add_metric([namespace, resource, HAMI_ZONE], cap)
+        yield from (used, limit, own_used, own_limit)
+
+
 class DaemonCollector(Collector):
     """The daemon's own gauges: build, readiness, node freshness, cards, orphans."""
 
@@ -255,6 +302,7 @@ class Metrics:
         self.cards = CardGauges(sources.fleet)
         self.registry.register(HamiCollector(sources.fleet))
         self.registry.register(DaemonCollector(sources))
+        self.registry.register(QuotaCollector(sources.fleet))
         self.filter_duration = Histogram("pyhami_filter_duration_seconds",
                                          "Time to answer /filter", buckets=LATENCY_BUCKETS,
                                          registry=self.registry)
@@ -280,6 +328,10 @@ class Metrics:
             "Preemptions for GPU pods: by who evicts (daemon: pyhami itself; "
             "kube-scheduler: through the preempt verb) and result", ["by", "result"],
             registry=self.registry)
+        self.quotas_refused = Counter(
+            "pyhami_resource_quotas_refused_total",
+            "ResourceQuota objects (or versions of one) pyhami could not apply, each "
+            "counted once", registry=self.registry)
         self.preempted = Counter("pyhami_preemption_victims_total",
                                  "Pods pyhami itself evicted to make room for a GPU pod of "
                                  "higher priority", registry=self.registry)

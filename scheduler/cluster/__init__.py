@@ -17,6 +17,7 @@ from scheduler.cluster.port import (
     EventType,
     LabelRequirement,
     PodChange,
+    QuotaChange,
     StoreUnavailable,
     WebhookCluster,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "EventType",
     "LabelRequirement",
     "PodChange",
+    "QuotaChange",
     "StoreUnavailable",
     "WebhookCluster",
 ]

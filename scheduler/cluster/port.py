@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from common.core import Allocation, AnnotationError, PodManifest, decode_devices
+from common.core.pod import QuotaSubject
 from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
 from common.core.errors import ExternalFailure
+from common.core.quota import ResourceQuotaManifest
 from scheduler.errors import SchedulerError
 
 SCHEDULER_NAME = "pyhami-scheduler"
@@ -84,7 +86,8 @@ class ClusterPod:
             return None
         containers = decode_devices(text)
         init_count = len(self.manifest.spec.init_containers or ())
-        return Allocation(node, containers, min(init_count, len(containers)))
+        return Allocation(node, containers, min(init_count, len(containers)),
+                          QuotaSubject.of(self.manifest))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,14 @@ class DisruptionBudget:
 @dataclass(frozen=True, slots=True)
 class PodChange:
     pod: ClusterPod
+    deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaChange:
+    """A ResourceQuota added or changed (``deleted`` False) or deleted, as stored."""
+
+    quota: ResourceQuotaManifest
     deleted: bool
 
 
@@ -183,6 +194,22 @@ class Cluster(Protocol):
         """Pod updates and deletions, for as long as the daemon runs."""
         ...
 
+    async def list_quotas(self) -> list[ResourceQuotaManifest]:
+        """Every ResourceQuota of every namespace, whatever its keys, to read them at start.
+        Raises ``ClusterError``."""
+        ...
+
+    def quota_changes(self) -> AsyncIterator[QuotaChange]:
+        """ResourceQuota additions, updates and deletions, for as long as the daemon runs,
+        from the last ``list_quotas`` on (after a lost watch: the quotas listed afresh,
+        as changes, those gone as deletions)."""
+        ...
+
+    async def record_quota_event(self, namespace: str, name: str, kind: EventType,
+                                 reason: str, message: str) -> None:
+        """An Event on a ResourceQuota; best effort, like ``record_event``."""
+        ...
+
 
 class WebhookCluster(Protocol):
     """What the daemon reads and writes to serve its webhook with a certificate of its own
@@ -212,5 +239,5 @@ class WebhookCluster(Protocol):
 
 
 __all__ = ["AllocationPhase", "AnnotationError", "Cluster", "ClusterError", "ClusterPod",
-           "DisruptionBudget", "LabelRequirement", "PodChange", "StoreUnavailable",
-           "WebhookCluster"]
+           "DisruptionBudget", "LabelRequirement", "PodChange", "QuotaChange",
+           "StoreUnavailable", "WebhookCluster"]

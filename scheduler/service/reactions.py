@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from common.core import AnnotationError
+from common.core.quota import Quota, QuotaRejected, ResourceQuotaManifest, parse_quota
 from common.core.annotations import (
     BIND_PHASE_ANNOTATION,
     BIND_TIME_ANNOTATION,
@@ -27,7 +28,7 @@ from common.wire import (
     decode_outcome,
     subject_node_checked,
 )
-from scheduler.cluster import AllocationPhase, ClusterError, ClusterPod, PodChange
+from scheduler.cluster import AllocationPhase, ClusterError, ClusterPod, PodChange, QuotaChange
 from scheduler.metrics import Metrics
 from scheduler.service.shared import Reports, ServicePart, Shared
 
@@ -47,6 +48,9 @@ class Reactions(ServicePart):
         super().__init__(shared, metrics, reports)
         self._followed_cluster = False
         self._refusals = RateLimitedLog(shared.clock, logger)
+        # ResourceQuota -> why it was refused, so each refusal is logged and told once,
+        # not at every status update the quota controller writes.
+        self._refused_quotas: dict[str, str] = {}
         # Looked up once: every inventory message counts one of these.
         self._accepted = metrics.inventory.labels("accepted")
         self._out_of_order = metrics.inventory.labels("out_of_order")
@@ -57,6 +61,7 @@ class Reactions(ServicePart):
         Whatever the ledger held is replaced: a standalone daemon elected again reads the
         pods its predecessor bound."""
         pods = await self.cluster.list_pods()
+        quotas = await self.cluster.list_quotas()
         restored = []
         for pod in pods:
             try:
@@ -70,9 +75,18 @@ class Reactions(ServicePart):
                 self.shared.pods.bound(pod)
         self.shared.pods.keep_bound(key for key, _ in restored)
         self.state.bookings.replace_ledger(restored)
+        book = self.state.fleet.quotas
+        applied = []
+        for manifest in quotas:
+            quota = await self._read_quota(manifest) or book.quota(manifest.namespace,
+                                                                   manifest.metadata.name)
+            if quota is not None:
+                applied.append(quota)
+        book.replace_quotas(applied)
         await self.refresh_cordons()
         self.reports.mark_changed(*(a.node for _, a in restored))
-        logger.info("ledger rebuilt from %d pods holding cards", len(restored))
+        logger.info("ledger rebuilt from %d pods holding cards, under %d GPU quotas",
+                    len(restored), sum(1 for _ in self.state.fleet.quotas.quotas()))
         self.shared.ready = True
 
     async def receive_inventory(self, subject: str, data: bytes) -> None:
@@ -273,6 +287,60 @@ class Reactions(ServicePart):
             logger.info("pod %s ended: its cards on %s are free", key, released.node)
             await self.reports.capacity_changed(released.node)
 
+    # ResourceQuotas ------------------------------------------------------------------------
+
+    async def follow_quotas(self) -> None:
+        """Apply the namespaces' ResourceQuotas as they change, for as long as it runs."""
+        async for change in self.cluster.quota_changes():
+            await self.on_quota_change(change)
+
+    async def on_quota_change(self, change: QuotaChange) -> None:
+        """Apply, replace or drop one quota; pods waiting may fit under the new limits."""
+        manifest = change.quota
+        namespace, name = manifest.namespace, manifest.metadata.name
+        book = self.state.fleet.quotas
+        if change.deleted:
+            self._refused_quotas.pop(manifest.key, None)
+            if book.remove_quota(namespace, name) is not None:
+                logger.info("ResourceQuota %s deleted: its GPU limits no longer apply",
+                            manifest.key)
+                self.reports.retry_waiting()
+            return
+        quota = await self._read_quota(manifest)
+        if quota is None or book.quota(namespace, name) == quota:
+            return  # refused, or only its status changed
+        if not quota.limits_gpu:  # Kubernetes' own resources only
+            if book.remove_quota(namespace, name) is not None:
+                logger.info("ResourceQuota %s no longer limits GPUs", manifest.key)
+                self.reports.retry_waiting()
+            return
+        book.set_quota(quota)
+        logger.info("ResourceQuota %s applies: %s", manifest.key, _limits(quota))
+        self.reports.retry_waiting()
+
+    async def _read_quota(self, manifest: ResourceQuotaManifest) -> Quota | None:
+        """The quota, or None when it cannot be applied: then logged, counted and told in
+        a Warning Event on it, once for each reason. A quota refused after a valid version
+        keeps that version's limits (a typo must not lift a namespace's cap)."""
+        try:
+            quota = parse_quota(manifest)
+        except QuotaRejected as error:
+            why = str(error)
+            if self._refused_quotas.get(manifest.key) != why:
+                self._refused_quotas[manifest.key] = why
+                kept = self.state.fleet.quotas.quota(manifest.namespace,
+                                                     manifest.metadata.name)
+                outcome = ("its last valid limits stay applied" if kept is not None
+                           else "it is not applied")
+                logger.error("%s; %s", why, outcome)
+                self.metrics.quotas_refused.inc()
+                await self.cluster.record_quota_event(
+                    manifest.namespace, manifest.metadata.name, "Warning", "QuotaRefused",
+                    f"pyhami cannot apply this quota: {why}; {outcome}")
+            return None
+        self._refused_quotas.pop(manifest.key, None)
+        return quota
+
     async def refresh_cordons(self) -> None:
         """Read the nodes' ``hami.io/device-cordon`` annotations into the live state; where
         the cluster lists its Nodes, forget the nodes it no longer lists."""
@@ -325,6 +393,16 @@ class Reactions(ServicePart):
             if late:
                 await self.reports.capacity_changed(*(a.node for a in late.values()))
 
+
+
+def _limits(quota: Quota) -> str:
+    parts = []
+    if quota.memory is not None:
+        parts.append(f"{quota.memory} MiB of GPU memory")
+    if quota.cores is not None:
+        parts.append(f"{quota.cores}% of a card's cores")
+    scoped = f", to pods matching {len(quota.rules)} scopes" if quota.rules else ""
+    return " and ".join(parts) + scoped
 
 
 def _pending(pod: ClusterPod, node: str) -> PendingPod | None:
