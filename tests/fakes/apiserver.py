@@ -1,8 +1,8 @@
 """A stub of the Kubernetes API server, for ``scheduler.cluster.kube`` without a cluster.
 
 No kube-apiserver can run in the unit tests, so ``StubApiServer`` (aiohttp on 127.0.0.1)
-stands in for one: it answers the paths the Kubernetes adapter calls (pods, Events,
-Secrets, a Lease, TokenReviews) with canned JSON shaped like the API's (pod lists in
+stands in for one: it answers the paths the Kubernetes adapter calls (pods, ResourceQuotas,
+Events, Secrets, a Lease, TokenReviews) with canned JSON shaped like the API's (lists in
 pages, 404 and 409 Status bodies, a chunked newline-delimited watch stream) and records
 every request. Pods it holds change as on the API server: a patch merges and honours its
 resourceVersion precondition (409 when the pod changed), a Binding places a pod on no node
@@ -64,6 +64,25 @@ def pod_json(name: str, *, namespace: str = "default", uid: str | None = None,
     }
 
 
+def quota_json(name: str, hard: dict[str, Any], *, namespace: str = "default",
+               uid: str | None = None, version: str = "1",
+               scope_selector: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A v1.ResourceQuota as the API server returns it, with a status the quota controller
+    wrote and fields pyhami ignores."""
+    spec: dict[str, Any] = {"hard": hard}
+    if scope_selector is not None:
+        spec["scopeSelector"] = scope_selector
+    return {
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}",
+                     "resourceVersion": version,
+                     "creationTimestamp": "2025-01-02T03:04:05Z",
+                     "managedFields": [{"manager": "kubectl", "operation": "Update"}]},
+        "spec": spec,
+        "status": {"hard": hard, "used": {key: "0" for key in hard}},
+    }
+
+
 def status_json(code: int, reason: str, message: str) -> dict[str, Any]:
     """A Status body, as the API server answers a request it refuses."""
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -82,15 +101,29 @@ class Recorded:
 
 
 @dataclass
+class Scripted:
+    """What the stub answers, in turn, to the lists and the watches of one collection."""
+
+    lists: list[tuple[list[dict[str, Any]], str]] = field(default_factory=list)
+    """The n-th list (objects, resourceVersion); the last one repeats."""
+    watches: list[list[dict[str, Any]] | int] = field(default_factory=list)
+    """The n-th watch: its events, then the stream ends; or an HTTP error status. Once they
+    run out, a watch stays open without events."""
+    forbidden: bool = False
+    """Every list and watch refused (403), as RBAC refuses an account not allowed them."""
+    lists_served: int = 0
+    watches_served: int = 0
+
+
+@dataclass
 class StubApiServer:
     """The Kubernetes API paths the adapter calls, answered with canned JSON."""
 
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # "ns/name" -> pod, for GET
-    lists: list[tuple[list[dict[str, Any]], str]] = field(default_factory=list)
-    """The n-th list (pods, resourceVersion); the last one repeats."""
-    watches: list[list[dict[str, Any]] | int] = field(default_factory=list)
-    """The n-th watch: its events, then the stream ends; or an HTTP error status. Once they
-    run out, a watch stays open without events."""
+    all_pods: Scripted = field(default_factory=Scripted)
+    """The lists and watches of all pods."""
+    all_quotas: Scripted = field(default_factory=Scripted)
+    """The lists and watches of all ResourceQuotas."""
     page_size: int = 1
     patch_statuses: list[int] = field(default_factory=list)  # the n-th patch's; else 200
     binding_status: int = 201
@@ -112,12 +145,12 @@ class StubApiServer:
     not authenticated)."""
     requests: list[Recorded] = field(default_factory=list)
     closing: asyncio.Event = field(default_factory=asyncio.Event)
-    _lists_served: int = 0
-    _watches_served: int = 0
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._record])
-        app.router.add_get("/api/v1/pods", self._pods)
+        app.router.add_get("/api/v1/pods", self._listing(self.all_pods, "PodList"))
+        app.router.add_get("/api/v1/resourcequotas",
+                           self._listing(self.all_quotas, "ResourceQuotaList"))
         app.router.add_get("/api/v1/nodes", self._nodes)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get)
         app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
@@ -148,35 +181,46 @@ class StubApiServer:
         response: web.StreamResponse = await handler(request)
         return response
 
-    async def _pods(self, request: web.Request) -> web.StreamResponse:
-        if request.query.get("watch") == "true":
-            return await self._watch(request)
-        token = request.query.get("continue")
-        if token is None:
-            index, offset = min(self._lists_served, len(self.lists) - 1), 0
-            self._lists_served += 1
-        else:
-            index, offset = (int(part) for part in token.split(":"))
-        pods, version = self.lists[index]
-        end = offset + self.page_size
-        metadata = {"resourceVersion": version}
-        if end < len(pods):
-            metadata["continue"] = f"{index}:{end}"
-        return web.json_response({"kind": "PodList", "apiVersion": "v1", "metadata": metadata,
-                                  "items": pods[offset:end]})
+    def _listing(self, script: Scripted, kind: str,
+                 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """The list (in pages) and the watch of one collection, as ``script`` says."""
 
-    async def _watch(self, request: web.Request) -> web.StreamResponse:
-        script = (self.watches[self._watches_served]
-                  if self._watches_served < len(self.watches) else None)
-        self._watches_served += 1
-        if isinstance(script, int):
-            return web.json_response(status_json(script, "InternalError", "etcd is down"),
-                                     status=script)
+        async def answer(request: web.Request) -> web.StreamResponse:
+            if script.forbidden:
+                resource = request.path.rsplit("/", 1)[-1]
+                return web.json_response(status_json(
+                    403, "Forbidden", f'{resource} is forbidden: User "{TOKEN}" cannot list '
+                    f'resource "{resource}" in API group "" at the cluster scope'), status=403)
+            if request.query.get("watch") == "true":
+                return await self._watch(request, script)
+            token = request.query.get("continue")
+            if token is None:
+                index, offset = min(script.lists_served, len(script.lists) - 1), 0
+                script.lists_served += 1
+            else:
+                index, offset = (int(part) for part in token.split(":"))
+            items, version = script.lists[index]
+            end = offset + self.page_size
+            metadata = {"resourceVersion": version}
+            if end < len(items):
+                metadata["continue"] = f"{index}:{end}"
+            return web.json_response({"kind": kind, "apiVersion": "v1", "metadata": metadata,
+                                      "items": items[offset:end]})
+
+        return answer
+
+    async def _watch(self, request: web.Request, script: Scripted) -> web.StreamResponse:
+        events = (script.watches[script.watches_served]
+                  if script.watches_served < len(script.watches) else None)
+        script.watches_served += 1
+        if isinstance(events, int):
+            return web.json_response(status_json(events, "InternalError", "etcd is down"),
+                                     status=events)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)  # chunked, as the API server streams a watch
-        for event in script or ():
+        for event in events or ():
             await response.write(json.dumps(event).encode() + b"\n")
-        if script is None:
+        if events is None:
             await self.closing.wait()
         await response.write_eof()
         return response

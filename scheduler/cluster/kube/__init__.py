@@ -16,13 +16,14 @@ import none of each other):
 
 - ``_kubernetes``: ``Kubernetes``, what the daemon opens: the ports below built over one
   transport, closed together;
-- the ports: ``_cluster`` (``KubernetesCluster``, the ``Cluster`` port and the read of
-  kube-scheduler's Lease), ``_secrets`` (``KubernetesSecrets``, the ``WebhookCluster``
-  port: the daemon's own Secrets and the webhook's caBundle), ``_tokens``
-  (``KubernetesTokenReviewer``, bus auth's TokenReview port);
+- the ports: ``_cluster`` (``KubernetesCluster``, the ``Cluster`` port: pods and
+  ResourceQuotas, and the read of kube-scheduler's Lease), ``_secrets``
+  (``KubernetesSecrets``, the ``WebhookCluster`` port: the daemon's own Secrets and the
+  webhook's caBundle), ``_tokens`` (``KubernetesTokenReviewer``, bus auth's TokenReview
+  port);
 - ``_binding`` (``PodBinder``, a pod bound only when it is pyhami's to bind), ``_watch``
-  (the list-and-watch task), ``_events`` (Events counted on repeat, as client-go's
-  recorder does);
+  (the list-and-watch task, of pods and of ResourceQuotas alike), ``_events`` (Events
+  counted on repeat, as client-go's recorder does);
 - ``_client``: one async function per API call, its REST path written out, and the
   configuration loaded through the ``kubernetes`` package (the only module to use it);
 - ``_transport``: the aiohttp session, and HTTP errors mapped to the project's;
@@ -34,7 +35,7 @@ from scheduler.cluster.kube._cluster import KubernetesCluster
 from scheduler.cluster.kube._events import EventSeries, SeriesCache
 from scheduler.cluster.kube._kubernetes import Kubernetes
 from scheduler.cluster.kube._requests import (
-    PodEvent,
+    ObjectEvent,
     annotation_patch,
     bind_refusal,
     binding_body,
@@ -52,7 +53,7 @@ __all__ = [
     "KubernetesCluster",
     "KubernetesSecrets",
     "KubernetesTokenReviewer",
-    "PodEvent",
+    "ObjectEvent",
     "PodToBind",
     "SeriesCache",
     "annotation_patch",

@@ -9,16 +9,19 @@ one of ``API_FAILURES`` (``_transport``).
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 from urllib.parse import quote
 
 import msgspec
 from kubernetes import client, config
 
+from common.core.quota import ResourceQuotaManifest
 from scheduler.cluster.kube._requests import Json, JsonObject
 from scheduler.cluster.kube._transport import WATCH_TIMEOUT_SECONDS, ApiTransport, Endpoint
-from scheduler.cluster.kube._wire import PodList, cluster_pod
-from scheduler.cluster.port import ClusterError, ClusterPod
+from scheduler.cluster.kube._wire import RawList, Unreadable, pod_and_version, quota_and_version
+from scheduler.cluster.port import ClusterError, ClusterPod, PodChange, QuotaChange
 
 LIST_PAGE_SIZE = 500
 _JSON = "application/json"
@@ -84,44 +87,84 @@ def _encode(body: JsonObject | list[Json]) -> bytes:
     return msgspec.json.encode(body)
 
 
-# Pods and nodes -------------------------------------------------------------------------
+# Pods and quotas, listed and watched ------------------------------------------------------
+
+Item = TypeVar("Item")
+Change = TypeVar("Change")
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Every pod, and the resourceVersion to watch on from."""
+class Collection(Generic[Item, Change]):
+    """The objects of one kind in every namespace, as they are listed and watched: where,
+    how one decodes, what tells two apart, the change it makes."""
 
-    pods: list[ClusterPod]
+    noun: str
+    """What log lines call one: ``pod``, ``ResourceQuota``."""
+    path: str
+    read: Callable[[bytes], tuple[Item, str | None]]
+    """The object and its resourceVersion; raises ``msgspec.DecodeError``."""
+    uid: Callable[[Item], str]
+    change: Callable[[Item, bool], Change]
+    """The change it makes, added or changed (False) or deleted (True)."""
+
+    @property
+    def watch_task(self) -> str:
+        """The name of the task that watches them."""
+        return f"pyhami-{self.noun.lower()}-watch"
+
+
+PODS: Collection[ClusterPod, PodChange] = Collection(
+    "pod", "/api/v1/pods", pod_and_version, lambda pod: pod.uid, PodChange)
+QUOTAS: Collection[ResourceQuotaManifest, QuotaChange] = Collection(
+    "ResourceQuota", "/api/v1/resourcequotas", quota_and_version,
+    # The API server gives every object a uid; the key stands in where a server gave none.
+    lambda quota: quota.metadata.uid or quota.key, QuotaChange)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot(Generic[Item]):
+    """Every object of a collection, the resourceVersion to watch on from, and the
+    objects listed that did not decode (``unreadable``)."""
+
+    items: list[Item]
     resource_version: str
+    unreadable: list[Unreadable] = field(default_factory=list)
 
 
-PODS = "/api/v1/pods"
-
-
-def _pod(namespace: str, name: str) -> str:
-    return f"/api/v1/namespaces/{_part(namespace)}/pods/{_part(name)}"
-
-
-async def list_all_pods(api: ApiTransport) -> Snapshot:
-    """Every pod, a page at a time; the resourceVersion is the one to watch from."""
-    pods: list[ClusterPod] = []
+async def list_all(api: ApiTransport, collection: Collection[Item, Change]) -> Snapshot[Item]:
+    """Every object of the collection, a page at a time; the resourceVersion is the one to
+    watch from."""
+    items: list[Item] = []
+    unreadable: list[Unreadable] = []
     query = {"limit": str(LIST_PAGE_SIZE)}
     while True:
-        page = msgspec.json.decode(await api.call("GET", PODS, query=query), type=PodList)
-        pods.extend(cluster_pod(pod) for pod in page.items)
+        page = msgspec.json.decode(await api.call("GET", collection.path, query=query),
+                                   type=RawList)
+        for raw in page.items:
+            try:
+                items.append(collection.read(raw)[0])
+            except msgspec.DecodeError as error:
+                unreadable.append(Unreadable.of(raw, error))
         if not page.metadata.continue_token:
-            return Snapshot(pods, page.metadata.resource_version)
+            return Snapshot(items, page.metadata.resource_version, unreadable)
         query = {"limit": str(LIST_PAGE_SIZE), "continue": page.metadata.continue_token}
 
 
 def watch_query(resource_version: str | None) -> dict[str, str]:
-    """The query of one watch on all pods, newline-delimited watch events; the server ends
-    it after ``WATCH_TIMEOUT_SECONDS``."""
+    """The query of one watch on a collection, newline-delimited watch events; the server
+    ends it after ``WATCH_TIMEOUT_SECONDS``."""
     query = {"watch": "true", "allowWatchBookmarks": "true",
              "timeoutSeconds": str(WATCH_TIMEOUT_SECONDS)}
     if resource_version is not None:
         query["resourceVersion"] = resource_version
     return query
+
+
+# Pods and nodes -------------------------------------------------------------------------
+
+
+def _pod(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{_part(namespace)}/pods/{_part(name)}"
 
 
 async def read_pod(api: ApiTransport, namespace: str, name: str) -> bytes:

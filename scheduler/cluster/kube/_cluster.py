@@ -3,22 +3,23 @@ kube-scheduler's leader, each call an async request on the daemon's event loop."
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
 from datetime import UTC, datetime
 
 import msgspec
 
 from common.core.annotations import cordoned_uuids
+from common.core.quota import ResourceQuotaManifest
 from common.locks import KeyedLocks
 from scheduler.cluster.kube import _client
 from scheduler.cluster.kube._binding import PodBinder
-from scheduler.cluster.kube._client import Snapshot
+from scheduler.cluster.kube._client import PODS, QUOTAS, Snapshot
 from scheduler.cluster.kube._events import SeriesCache, write_event
 from scheduler.cluster.kube._requests import (
-    PodEvent,
+    ObjectEvent,
     bind_phase_patch,
     bind_refusal,
     capacity_freed_patch,
@@ -32,7 +33,7 @@ from scheduler.cluster.kube._transport import (
     answered_with,
     describe_failure,
 )
-from scheduler.cluster.kube._watch import PodWatcher
+from scheduler.cluster.kube._watch import UnreadableLog, follow
 from scheduler.cluster.kube._wire import (
     DisruptionBudgetList,
     Lease,
@@ -49,6 +50,7 @@ from scheduler.cluster.port import (
     DisruptionBudget,
     EventType,
     PodChange,
+    QuotaChange,
 )
 
 # The package's name: log lines name the package, not its private modules.
@@ -76,18 +78,38 @@ class KubernetesCluster:
         # /bind checks without reading the pod. Touched on the event loop only.
         self._watched: dict[str, ClusterPod] = {}
         # The last list_pods(): changes() watches on from it, so nothing in between is lost.
-        self._snapshot: Snapshot | None = None
+        self._snapshot: Snapshot[ClusterPod] | None = None
+        # The same for list_quotas() and quota_changes().
+        self._quota_snapshot: Snapshot[ResourceQuotaManifest] | None = None
+        # ResourceQuota uids by "namespace/name", as last listed or watched, for the Events
+        # on them (involvedObject.uid); touched on the event loop only.
+        self._quota_uids: dict[str, str] = {}
+        self.unreadable = UnreadableLog()
+        """The objects the API sent that did not decode, logged and counted."""
         self._binder = PodBinder(api, scheduler_name)
 
     # Reads ---------------------------------------------------------------------------
 
     async def list_pods(self) -> list[ClusterPod]:
         try:
-            snapshot = await _client.list_all_pods(self._api)
+            snapshot = await _client.list_all(self._api, PODS)
         except API_FAILURES as error:
             raise ClusterError(f"listing pods failed: {describe_failure(error)}") from error
+        self.unreadable.report(PODS.noun, snapshot.unreadable)
         self._snapshot = snapshot
-        return snapshot.pods
+        return snapshot.items
+
+    async def list_quotas(self) -> list[ResourceQuotaManifest]:
+        try:
+            snapshot = await _client.list_all(self._api, QUOTAS)
+        except API_FAILURES as error:
+            raise ClusterError(
+                f"listing ResourceQuotas failed: {describe_failure(error)}") from error
+        self.unreadable.report(QUOTAS.noun, snapshot.unreadable)
+        self._quota_snapshot = snapshot
+        self._quota_uids = {quota.key: quota.metadata.uid for quota in snapshot.items
+                            if quota.metadata.uid}
+        return snapshot.items
 
     async def get_pod(self, namespace: str, name: str) -> ClusterPod | None:
         try:
@@ -166,17 +188,32 @@ class KubernetesCluster:
         # Best effort by contract: whatever goes wrong is logged, never raised.
         try:
             uid = await self._pod_uid(namespace, name)
-            event = PodEvent.of(namespace, name, uid=uid, kind=kind, reason=reason,
-                                message=message, component=self.scheduler_name)
-            key = event.series_key
-            async with self._event_writes.hold(key):  # one write of an Event at a time
-                series = await write_event(
-                    self._api, event, self._event_series.get(key),
-                    timestamp(datetime.now(UTC)), instance=self.instance)
-                self._event_series.put(key, series)
+            await self._record(ObjectEvent.of(namespace, name, uid=uid, kind=kind,
+                                              reason=reason, message=message,
+                                              component=self.scheduler_name))
         except Exception as error:
             logger.warning("event %s on pod %s/%s not recorded: %s", reason, namespace, name,
                            describe_failure(error))
+
+    async def record_quota_event(self, namespace: str, name: str, kind: EventType,
+                                 reason: str, message: str) -> None:
+        """The same, about a ResourceQuota; its uid as last listed or watched (the daemon
+        may list and watch ResourceQuotas, not read one)."""
+        try:
+            await self._record(ObjectEvent.of(
+                namespace, name, uid=self._quota_uids.get(f"{namespace}/{name}"), kind=kind,
+                reason=reason, message=message, component=self.scheduler_name,
+                involved_kind="ResourceQuota"))
+        except Exception as error:
+            logger.warning("event %s on ResourceQuota %s/%s not recorded: %s", reason,
+                           namespace, name, describe_failure(error))
+
+    async def _record(self, event: ObjectEvent) -> None:
+        key = event.series_key
+        async with self._event_writes.hold(key):  # one write of an Event at a time
+            series = await write_event(self._api, event, self._event_series.get(key),
+                                       timestamp(datetime.now(UTC)), instance=self.instance)
+            self._event_series.put(key, series)
 
     async def evict(self, namespace: str, name: str, uid: str) -> None:
         try:
@@ -224,22 +261,32 @@ class KubernetesCluster:
         the watch has expired) with a list, given as deletions of the pods that are gone
         then changes for every pod there is.
         """
-        queue: asyncio.Queue[PodChange] = asyncio.Queue()
         snapshot, self._snapshot = self._snapshot, None
-        watcher = PodWatcher(self._api, queue.put_nowait, snapshot)
-        watcher.start()
         try:
-            while True:
-                change = await queue.get()
-                key = change.pod.key
-                if change.deleted:
-                    self._uids.pop(key, None)
-                    if (gone := self._watched.get(key)) is not None and gone.uid == change.pod.uid:
-                        del self._watched[key]
-                else:
-                    self._remember_uid(key, change.pod.uid)
-                    self._watched[key] = change.pod
-                yield change
+            async with aclosing(follow(self._api, PODS, snapshot, self.unreadable)) as changes:
+                async for change in changes:
+                    key = change.pod.key
+                    if change.deleted:
+                        self._uids.pop(key, None)
+                        if ((gone := self._watched.get(key)) is not None
+                                and gone.uid == change.pod.uid):
+                            del self._watched[key]
+                    else:
+                        self._remember_uid(key, change.pod.uid)
+                        self._watched[key] = change.pod
+                    yield change
         finally:
             self._watched.clear()  # no longer kept up to date
-            await watcher.stop()
+
+    async def quota_changes(self) -> AsyncIterator[QuotaChange]:
+        """ResourceQuota changes from a watch on all namespaces, as ``changes()`` gives the
+        pods': after the last ``list_quotas()``, else (and after a 410) from a list."""
+        snapshot, self._quota_snapshot = self._quota_snapshot, None
+        async with aclosing(follow(self._api, QUOTAS, snapshot, self.unreadable)) as changes:
+            async for change in changes:
+                quota = change.quota
+                if change.deleted:
+                    self._quota_uids.pop(quota.key, None)
+                elif quota.metadata.uid:
+                    self._quota_uids[quota.key] = quota.metadata.uid
+                yield change

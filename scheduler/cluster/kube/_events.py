@@ -1,5 +1,5 @@
 """Events counted as client-go's recorder counts them: an Event with the same source,
-pod, type, reason and message is patched (``count`` + 1, ``lastTimestamp``) rather than
+object, type, reason and message is patched (``count`` + 1, ``lastTimestamp``) rather than
 created again."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import msgspec
 
 from scheduler.cluster.kube import _client
-from scheduler.cluster.kube._requests import PodEvent, recurrence_patch
+from scheduler.cluster.kube._requests import ObjectEvent, recurrence_patch
 from scheduler.cluster.kube._transport import (
     API_FAILURES,
     CONFLICT,
@@ -54,7 +54,7 @@ class SeriesCache:
         return len(self._series)
 
 
-async def write_event(api: ApiTransport, event: PodEvent, known: EventSeries | None,
+async def write_event(api: ApiTransport, event: ObjectEvent, known: EventSeries | None,
                       now: str, *, instance: str) -> EventSeries:
     """Write the Event at ``now``, or count one more of the series ``known``.
     Answers the series as the API server holds it now."""

@@ -115,36 +115,45 @@ def timestamp(now: datetime) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class PodEvent:
-    """One Event about a pod, as it is written again each time it recurs.
+class ObjectEvent:
+    """One Event about an object (a pod, a ResourceQuota), as it is written again each
+    time it recurs.
 
     Its name is derived from everything that makes two Events the same one, the fields
-    client-go's event correlator compares (the source, the pod with its uid, the type,
+    client-go's event correlator compares (the source, the object with its uid, the type,
     the reason, the message): a repeat finds it by name, in this process or the next.
     """
 
     namespace: str
-    pod: str
+    involved: str
+    """The name of the object it is about."""
     uid: str | None
     kind: EventType
     reason: str
     message: str
     component: str
+    involved_kind: str = "Pod"
 
     @classmethod
-    def of(cls, namespace: str, pod: str, *, uid: str | None, kind: EventType, reason: str,
-           message: str, component: str) -> PodEvent:
-        return cls(namespace, pod, uid, kind, reason,
-                   _truncate_utf8(message, EVENT_MESSAGE_LIMIT), component)
+    def of(cls, namespace: str, involved: str, *, uid: str | None, kind: EventType,
+           reason: str, message: str, component: str,
+           involved_kind: str = "Pod") -> ObjectEvent:
+        return cls(namespace, involved, uid, kind, reason,
+                   _truncate_utf8(message, EVENT_MESSAGE_LIMIT), component, involved_kind)
 
     @property
     def name(self) -> str:
-        """``<pod>.<16 hex digits>``: a DNS subdomain, however long the pod's name."""
-        fields = (self.component, self.namespace, self.pod, self.uid or "", self.kind,
-                  self.reason, self.message)
+        """``<object>.<16 hex digits>``: a DNS subdomain, however long the object's name."""
+        fields: tuple[str, ...] = (self.component, self.namespace, self.involved,
+                                   self.uid or "", self.kind, self.reason, self.message)
+        if self.involved_kind != "Pod":
+            # Told apart from an Event about a pod of the same name; a pod's Events keep
+            # the names they had before other kinds had any, which a restart counts on.
+            fields += (self.involved_kind,)
         digest = hashlib.sha256("\0".join(fields).encode()).hexdigest()[:EVENT_DIGEST_LENGTH]
-        # The pod's name is a DNS subdomain: cut short, it must still end in a letter or digit.
-        base = self.pod[:SUBDOMAIN_MAX - EVENT_DIGEST_LENGTH - 1].rstrip(".-")
+        # The object's name is a DNS subdomain: cut short, it must still end in a letter
+        # or digit.
+        base = self.involved[:SUBDOMAIN_MAX - EVENT_DIGEST_LENGTH - 1].rstrip(".-")
         return f"{base}.{digest}"
 
     @property
@@ -153,16 +162,16 @@ class PodEvent:
         return f"{self.namespace}/{self.name}"
 
     def body(self, *, instance: str, count: int, first: str, last: str) -> JsonObject:
-        """The core/v1 Event, in the style ``kubectl describe pod`` lists.
+        """The core/v1 Event, in the style ``kubectl describe`` lists.
 
         ``eventTime`` stays unset: set, it makes the API server demand the events.k8s.io
         fields (action and the rest) too, and the client re-serializes it without the
         microseconds its format requires whenever they happen to be zero.
         """
-        involved: JsonObject = {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace,
-                                "name": self.pod}
+        involved: JsonObject = {"apiVersion": "v1", "kind": self.involved_kind,
+                                "namespace": self.namespace, "name": self.involved}
         if self.uid:
-            involved["uid"] = self.uid  # kubectl describe matches events on the pod's uid
+            involved["uid"] = self.uid  # kubectl describe matches events on the object's uid
         return {
             "apiVersion": "v1",
             "kind": "Event",

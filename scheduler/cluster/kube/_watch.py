@@ -1,20 +1,24 @@
-"""The pod watch: a list-and-watch loop, an asyncio task on the daemon's loop.
+"""The list-and-watch loop of a collection (the pods, the ResourceQuotas), an asyncio task
+on the daemon's loop.
 
 One watch request is read in steps of their own: the stream's lines, the watch event each
-line is, the pod change that makes.
+line is, the change that makes. An object the API sends that does not decode is logged and
+counted (``UnreadableLog``), and the watch goes on past it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections import Counter, OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from typing import Generic
 
 import msgspec
 
 from scheduler.cluster.kube import _client
-from scheduler.cluster.kube._client import PODS, Snapshot
+from scheduler.cluster.kube._client import Change, Collection, Item, Snapshot
 from scheduler.cluster.kube._transport import (
     API_FAILURES,
     GONE,
@@ -22,15 +26,15 @@ from scheduler.cluster.kube._transport import (
     answered_with,
     describe_failure,
 )
-from scheduler.cluster.kube._wire import Node, Pod, Status, WatchEvent, cluster_pod
-from scheduler.cluster.port import ClusterError, ClusterPod, PodChange
+from scheduler.cluster.kube._wire import Node, Status, Unreadable, WatchEvent
+from scheduler.cluster.port import ClusterError
 
 # The package's name: log lines name the package, not its private modules.
 logger = logging.getLogger("scheduler.cluster.kube")
 
 RETRY_FIRST_DELAY = 1.0
 RETRY_MAX_DELAY = 30.0
-WATCH_TASK = "pyhami-pod-watch"
+UNREADABLE_REMEMBERED = 1024  # object versions whose failure was logged, not logged again
 
 
 class Expired(ClusterError):
@@ -42,13 +46,37 @@ class WatchFailed(ClusterError):
 
 
 @dataclass(frozen=True, slots=True)
-class Seen:
-    """One watch event, decoded: the resourceVersion it moves the watch on to, and the pod
-    it adds, changes or deletes (none for a bookmark)."""
+class Seen(Generic[Item]):
+    """One watch event, decoded: the resourceVersion it moves the watch on to, and the
+    object it adds, changes or deletes (none for a bookmark, nor for an object that does
+    not decode: then ``unreadable`` says what is known of it)."""
 
     kind: str
     resource_version: str | None
-    pod: ClusterPod | None
+    item: Item | None
+    unreadable: Unreadable | None = None
+
+
+class UnreadableLog:
+    """Objects the API sent that do not decode: each version logged once, all counted."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        """Per noun (``pod``, ``ResourceQuota``), how many object versions did not decode."""
+        self._logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+
+    def report(self, noun: str, objects: Iterable[Unreadable]) -> None:
+        for unreadable in objects:
+            version = (noun, unreadable.uid or unreadable.key, unreadable.resource_version)
+            if version in self._logged:
+                continue
+            self._logged[version] = None
+            if len(self._logged) > UNREADABLE_REMEMBERED:
+                self._logged.popitem(last=False)
+            self.counts[noun] += 1
+            logger.warning("%s %s (resourceVersion %s) does not decode, left out until it "
+                           "changes: %s", noun, unreadable.key,
+                           unreadable.resource_version or "?", unreadable.error)
 
 
 async def lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
@@ -69,7 +97,7 @@ async def lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
         yield last
 
 
-def seen(line: bytes) -> Seen:
+def seen(line: bytes, collection: Collection[Item, Change]) -> Seen[Item]:
     """The watch event a line is. Raises ``Expired`` or ``WatchFailed`` on an ERROR event,
     ``msgspec.DecodeError`` on a line that is none."""
     event = msgspec.json.decode(line, type=WatchEvent)
@@ -79,31 +107,44 @@ def seen(line: bytes) -> Seen:
             raise Expired
         raise WatchFailed(f"ERROR event {status.code} {status.reason}: {status.message}")
     if event.type == "BOOKMARK":
-        # Only moves the resourceVersion on; its object is a pod skeleton
-        # (``spec.containers: null``) that does not decode as a pod.
+        # Only moves the resourceVersion on; its object is a skeleton (a pod's has
+        # ``spec.containers: null``) that need not decode as the kind.
         bookmark = msgspec.json.decode(event.object, type=Node)
         return Seen(event.type, bookmark.metadata.resource_version, None)
-    pod = msgspec.json.decode(event.object, type=Pod)
+    try:
+        item, version = collection.read(event.object)
+    except msgspec.DecodeError as error:
+        unreadable = Unreadable.of(event.object, error)
+        return Seen(event.type, unreadable.resource_version or None, None, unreadable)
     changed = event.type in ("ADDED", "MODIFIED", "DELETED")
-    return Seen(event.type, pod.metadata.resource_version,
-                cluster_pod(pod) if changed else None)
+    return Seen(event.type, version, item if changed else None)
 
 
-class PodWatcher:
-    """The list-and-watch loop, a task from ``start()`` until ``stop()``; every change goes
-    to ``deliver``, on the loop."""
+class ListWatcher(Generic[Item, Change]):
+    """The list-and-watch loop of a collection, a task from ``start()`` until ``stop()``;
+    every change goes to ``deliver``, on the loop.
 
-    def __init__(self, api: ApiTransport, deliver: Callable[[PodChange], None],
-                 start: Snapshot | None) -> None:
+    It watches on from ``start`` (a list taken before) or lists first; whenever the
+    watch's resourceVersion has expired (410 Gone) it lists again and delivers the list
+    as changes, the objects gone since as deletions; other failures are retried with
+    backoff.
+    """
+
+    def __init__(self, api: ApiTransport, collection: Collection[Item, Change],
+                 deliver: Callable[[Change], None], start: Snapshot[Item] | None,
+                 unreadable: UnreadableLog) -> None:
         self._api = api
+        self._collection = collection
         self._deliver = deliver
+        self._unreadable = unreadable
         self._task: asyncio.Task[None] | None = None
         self._version: str | None = start.resource_version if start else None
-        self._known: dict[str, ClusterPod] = {p.uid: p for p in start.pods} if start else {}
+        uid = collection.uid
+        self._known: dict[str, Item] = {uid(item): item for item in start.items} if start else {}
         self._delay = RETRY_FIRST_DELAY
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self.run(), name=WATCH_TASK)
+        self._task = asyncio.create_task(self.run(), name=self._collection.watch_task)
 
     async def stop(self) -> None:
         """End the task, a watch waiting on the socket included, and wait for it."""
@@ -113,55 +154,88 @@ class PodWatcher:
             await asyncio.wait([task])
 
     async def run(self) -> None:
+        noun = self._collection.noun
         while True:
             try:
                 if self._version is None:
                     await self._relist()
                 await self._watch()
             except Expired:
-                logger.info("pod watch: resourceVersion %s expired; listing pods again",
-                            self._version)
+                logger.info("%s watch: resourceVersion %s expired; listing %ss again", noun,
+                            self._version, noun)
                 self._version = None
             except Exception as error:
-                logger.warning("pod watch failed, retrying in %.0f s: %s", self._delay,
+                logger.warning("%s watch failed, retrying in %.0f s: %s", noun, self._delay,
                                describe_failure(error),
                                exc_info=not isinstance(error, (*API_FAILURES, WatchFailed)))
                 await asyncio.sleep(self._delay)
                 self._delay = min(self._delay * 2, RETRY_MAX_DELAY)
 
     async def _relist(self) -> None:
-        snapshot = await _client.list_all_pods(self._api)
-        current = {pod.uid: pod for pod in snapshot.pods}
-        # Deletions first: a pod re-created under the same name must not be dropped after.
-        for uid, pod in self._known.items():
+        collection = self._collection
+        snapshot = await _client.list_all(self._api, collection)
+        self._unreadable.report(collection.noun, snapshot.unreadable)
+        current = {collection.uid(item): item for item in snapshot.items}
+        # Still there but unreadable now: the version read last stands, as it does when
+        # the watch brings such a change.
+        for unreadable in snapshot.unreadable:
+            if (known := self._known.get(unreadable.uid)) is not None:
+                current[unreadable.uid] = known
+        # Deletions first: an object re-created under the same name must not be dropped after.
+        for uid, item in self._known.items():
             if uid not in current:
-                self._deliver(PodChange(pod, deleted=True))
-        for pod in snapshot.pods:
-            self._deliver(PodChange(pod, deleted=False))
+                self._deliver(collection.change(item, True))
+        for item in snapshot.items:
+            self._deliver(collection.change(item, False))
         self._known = current
         self._version = snapshot.resource_version
 
     async def _watch(self) -> None:
         """One watch request, until the server ends it (``timeoutSeconds``)."""
+        query = _client.watch_query(self._version)
         try:
-            async with self._api.stream(PODS, _client.watch_query(self._version)) as chunks:
+            async with self._api.stream(self._collection.path, query) as chunks:
                 self._delay = RETRY_FIRST_DELAY
                 async for line in lines(chunks):
-                    self._take(seen(line))
+                    self._take(seen(line, self._collection))
         except API_FAILURES as error:
             if answered_with(error, GONE):
                 raise Expired from error
             raise
 
-    def _take(self, event: Seen) -> None:
-        """Deliver the pod change this watch event makes; the watch moves on with it."""
+    def _take(self, event: Seen[Item]) -> None:
+        """Deliver the change this watch event makes; the watch moves on with it."""
         if event.resource_version:
             self._version = event.resource_version
-        if event.pod is None:
+        collection = self._collection
+        if event.unreadable is not None:
+            self._unreadable.report(collection.noun, [event.unreadable])
+            # A deletion still deletes what was read of it before.
+            if event.kind == "DELETED" and (
+                    gone := self._known.pop(event.unreadable.uid, None)) is not None:
+                self._deliver(collection.change(gone, True))
             return
+        if event.item is None:
+            return
+        uid = collection.uid(event.item)
         if event.kind == "DELETED":
-            self._known.pop(event.pod.uid, None)
-            self._deliver(PodChange(event.pod, deleted=True))
+            self._known.pop(uid, None)
+            self._deliver(collection.change(event.item, True))
         else:
-            self._known[event.pod.uid] = event.pod
-            self._deliver(PodChange(event.pod, deleted=False))
+            self._known[uid] = event.item
+            self._deliver(collection.change(event.item, False))
+
+
+async def follow(api: ApiTransport, collection: Collection[Item, Change],
+                 start: Snapshot[Item] | None, unreadable: UnreadableLog,
+                 ) -> AsyncGenerator[Change, None]:
+    """The collection's changes, from ``start`` on (else from a list), for as long as they
+    are iterated; the watch task ends when the iteration does."""
+    queue: asyncio.Queue[Change] = asyncio.Queue()
+    watcher = ListWatcher(api, collection, queue.put_nowait, start, unreadable)
+    watcher.start()
+    try:
+        while True:
+            yield await queue.get()
+    finally:
+        await watcher.stop()

@@ -6,12 +6,14 @@ docstring for why the client's own models are not used.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 import msgspec
 
 from common.core import PodManifest
 from common.core.pod import ObjectMeta, PodSpec
+from common.core.quota import QuotaSpec, ResourceQuotaManifest
 from scheduler.cluster.port import ClusterPod, DisruptionBudget, LabelRequirement
 
 
@@ -63,15 +65,26 @@ class ListMeta(msgspec.Struct):
     continue_token: str = msgspec.field(default="", name="continue")
 
 
-class PodList(msgspec.Struct):
+class RawList(msgspec.Struct):
+    """One page of a list, its items left raw: each is decoded on its own, so that one
+    that does not decode costs that one alone, not the page."""
+
     metadata: ListMeta = msgspec.field(default_factory=ListMeta)
-    items: list[Pod] = []
+    items: list[msgspec.Raw] = []
 
 
 class Node(msgspec.Struct):
     """A Node, or any object read for its metadata alone (a watch bookmark)."""
 
     metadata: Metadata = msgspec.field(default_factory=Metadata)
+
+
+class ResourceQuota(msgspec.Struct):
+    """A v1 ResourceQuota as the API sends it: what pyhami applies (``spec``), and the
+    metadata the watch and the Events on it need."""
+
+    metadata: Metadata = msgspec.field(default_factory=Metadata)
+    spec: QuotaSpec = msgspec.field(default_factory=QuotaSpec)
 
 
 class NodeList(msgspec.Struct):
@@ -188,6 +201,44 @@ def cluster_pod(pod: Pod) -> ClusterPod:
 def decode_pod(data: bytes | str) -> ClusterPod:
     """A pod from the API's JSON (a v1.Pod). Raises ``msgspec.DecodeError``."""
     return cluster_pod(msgspec.json.decode(data, type=Pod))
+
+
+def pod_and_version(data: bytes) -> tuple[ClusterPod, str | None]:
+    """A pod of a list or a watch event, and its resourceVersion. Raises
+    ``msgspec.DecodeError``."""
+    pod = msgspec.json.decode(data, type=Pod)
+    return cluster_pod(pod), pod.metadata.resource_version
+
+
+def quota_and_version(data: bytes) -> tuple[ResourceQuotaManifest, str | None]:
+    """A ResourceQuota of a list or a watch event, as the decision core reads it, and its
+    resourceVersion. Raises ``msgspec.DecodeError``."""
+    quota = msgspec.json.decode(data, type=ResourceQuota)
+    meta = quota.metadata
+    manifest = ResourceQuotaManifest(
+        metadata=ObjectMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid),
+        spec=quota.spec)
+    return manifest, meta.resource_version
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """An object the API sent that does not decode, named as far as its metadata allows."""
+
+    key: str
+    """``namespace/name``; ``?`` where even its metadata does not decode."""
+    uid: str
+    resource_version: str
+    error: str
+
+    @classmethod
+    def of(cls, data: bytes, error: msgspec.DecodeError) -> Unreadable:
+        try:
+            meta = msgspec.json.decode(data, type=Node).metadata
+        except msgspec.DecodeError:
+            return cls("?", "", "", str(error))
+        key = f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name or "?"
+        return cls(key, meta.uid or "", meta.resource_version or "", str(error))
 
 
 def disruption_budget(budget: PodDisruptionBudget) -> DisruptionBudget:

@@ -41,7 +41,7 @@ from scheduler.cluster.kube import (
     EventSeries,
     Kubernetes,
     KubernetesCluster,
-    PodEvent,
+    ObjectEvent,
     PodToBind,
     SeriesCache,
     _client,
@@ -147,8 +147,8 @@ def test_the_binding_targets_the_node_and_carries_the_annotations_and_guards() -
 
 
 def pod_event(message: str = "0/2 nodes fit", *, pod: str = "train-1",
-              uid: str | None = "u-1") -> PodEvent:
-    return PodEvent.of("ml", pod, uid=uid, kind="Warning", reason="FilteringFailed",
+              uid: str | None = "u-1") -> ObjectEvent:
+    return ObjectEvent.of("ml", pod, uid=uid, kind="Warning", reason="FilteringFailed",
                        message=message, component="pyhami-scheduler")
 
 
@@ -180,12 +180,12 @@ def test_the_event_name_is_the_same_for_the_same_event_only() -> None:
     assert name.startswith("train-1.") and len(name) == len("train-1.") + 16
     others = {pod_event("another message").name, pod_event(uid="u-2").name,
               pod_event(uid=None).name, pod_event(pod="train-2").name,
-              PodEvent.of("ml2", "train-1", uid="u-1", kind="Warning",
+              ObjectEvent.of("ml2", "train-1", uid="u-1", kind="Warning",
                           reason="FilteringFailed", message="0/2 nodes fit",
                           component="pyhami-scheduler").name,
-              PodEvent.of("ml", "train-1", uid="u-1", kind="Normal", reason="FilteringFailed",
+              ObjectEvent.of("ml", "train-1", uid="u-1", kind="Normal", reason="FilteringFailed",
                           message="0/2 nodes fit", component="pyhami-scheduler").name,
-              PodEvent.of("ml", "train-1", uid="u-1", kind="Warning", reason="BindingFailed",
+              ObjectEvent.of("ml", "train-1", uid="u-1", kind="Warning", reason="BindingFailed",
                           message="0/2 nodes fit", component="pyhami-scheduler").name}
     assert name not in others and len(others) == 7
 
@@ -246,8 +246,8 @@ async def test_the_watch_stream_reads_as_lines_however_it_is_cut() -> None:
 def test_the_watch_lines_read_as_events() -> None:
     pod = json.dumps(watch_event("ADDED", pod_json("a", uid="u-a", version="7"))).encode()
     bookmark = b'{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}'
-    seen = [_watch.seen(pod), _watch.seen(bookmark)]
-    assert [(s.kind, s.resource_version, s.pod.key if s.pod else None) for s in seen] == [
+    seen = [_watch.seen(pod, _client.PODS), _watch.seen(bookmark, _client.PODS)]
+    assert [(s.kind, s.resource_version, s.item.key if s.item else None) for s in seen] == [
         ("ADDED", "7", "default/a"), ("BOOKMARK", "9", None)]
 
 
@@ -256,7 +256,7 @@ def test_the_watch_lines_read_as_events() -> None:
 def test_an_error_event_ends_the_watch(code: int, raised: type[Exception]) -> None:
     line = json.dumps({"type": "ERROR", "object": {"code": code, "reason": "r"}}).encode()
     with pytest.raises(raised):
-        _watch.seen(line)
+        _watch.seen(line, _client.PODS)
 
 
 # Against the stub API server -----------------------------------------------------------
@@ -290,8 +290,8 @@ def test_a_missing_kubeconfig_is_a_cluster_error(tmp_path: Path) -> None:
 
 async def test_list_pods_follows_the_continue_token(harness: Harness) -> None:
     api = harness.api
-    api.lists = [([pod_json("a", node="n1", phase="Running"), pod_json("b", namespace="ml")],
-                  "100")]
+    api.all_pods.lists = [([pod_json("a", node="n1", phase="Running"),
+                            pod_json("b", namespace="ml")], "100")]
     pods = await harness.cluster.list_pods()
 
     assert [(p.key, p.node, p.phase) for p in pods] == [
@@ -455,7 +455,7 @@ async def watching(api: StubApiServer, cluster: KubernetesCluster,
                    *pods: dict[str, Any]) -> AsyncIterator[AsyncIterator[PodChange]]:
     """The cluster's pod watch running, the pods listed delivered; only the requests
     made after are left in ``api.requests``. Yields the changes to come."""
-    api.lists = [(list(pods), "10")]
+    api.all_pods.lists = [(list(pods), "10")]
     changes = cluster.changes()
     try:
         await take(changes, len(pods))
@@ -553,7 +553,7 @@ async def test_a_refused_binding_of_a_watched_pod_that_reads_as_bindable_binds_i
 
 async def test_a_pod_the_watch_saw_deleted_is_read_first(harness: Harness) -> None:
     api = harness.api
-    api.watches = [[watch_event("DELETED", pending_pod())]]
+    api.all_pods.watches = [[watch_event("DELETED", pending_pod())]]
     async with watching(api, harness.cluster, pending_pod()) as changes:
         assert await take(changes, 1) == [("ml/p", "Pending", True)]
         with pytest.raises(ClusterError) as raised:
@@ -719,17 +719,17 @@ async def take(changes: AsyncIterator[PodChange], count: int) -> list[tuple[str,
 
 
 def watch_task_ended() -> bool:
-    return not any(task.get_name() == _watch.WATCH_TASK for task in asyncio.all_tasks())
+    return not any(task.get_name() == _client.PODS.watch_task for task in asyncio.all_tasks())
 
 
 async def test_the_watch_resumes_and_lists_again_when_expired(harness: Harness) -> None:
     api = harness.api
-    api.lists = [
+    api.all_pods.lists = [
         ([pod_json("a", version="90"), pod_json("b", version="95")], "100"),
         ([pod_json("a", phase="Running", version="250"), pod_json("d", version="260")],
          "300"),
     ]
-    api.watches = [
+    api.all_pods.watches = [
         [watch_event("ADDED", pod_json("c", version="101"))],  # then the stream ends
         [watch_event("MODIFIED", pod_json("a", phase="Running", version="102")),
          # As the API server sends it: a pod skeleton with null containers.
@@ -761,8 +761,8 @@ async def test_the_watch_resumes_and_lists_again_when_expired(harness: Harness) 
 
 async def test_the_watch_starts_where_list_pods_ended(harness: Harness) -> None:
     api = harness.api
-    api.lists = [([pod_json("a"), pod_json("b")], "100"), ([pod_json("a")], "200")]
-    api.watches = [[EXPIRED]]
+    api.all_pods.lists = [([pod_json("a"), pod_json("b")], "100"), ([pod_json("a")], "200")]
+    api.all_pods.watches = [[EXPIRED]]
     assert len(await harness.cluster.list_pods()) == 2
     changes = harness.cluster.changes()
     consumer = asyncio.create_task(take(changes, 2))
@@ -786,8 +786,8 @@ async def test_watch_failures_are_retried_with_backoff(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_watch, "RETRY_FIRST_DELAY", 0.05)
     api = harness.api
-    api.lists = [([], "100"), ([pod_json("y", version="150")], "200")]
-    api.watches = [500, 410, [watch_event("ADDED", pod_json("x", version="201"))]]
+    api.all_pods.lists = [([], "100"), ([pod_json("y", version="150")], "200")]
+    api.all_pods.watches = [500, 410, [watch_event("ADDED", pod_json("x", version="201"))]]
     changes = harness.cluster.changes()
     try:
         with caplog.at_level(logging.INFO, logger="scheduler.cluster.kube"):
@@ -820,7 +820,7 @@ async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 async def test_the_watch_held_open_ends_as_soon_as_it_is_stopped(harness: Harness) -> None:
     api = harness.api
-    api.lists = [([pod_json("a")], "100")]  # then the watch stays open without events
+    api.all_pods.lists = [([pod_json("a")], "100")]  # then the watch stays open without events
     changes = harness.cluster.changes()
     assert await take(changes, 1) == [("default/a", "Pending", False)]
     await wait_for(lambda: len(watches_sent(api)) == 1)
