@@ -499,6 +499,11 @@ def daemon_role_only(installed: dict[Release, Installed],
     ("delete", "pods", None, "", "team-a", True),  # preemption's victims, chosen in code
     ("list", "poddisruptionbudgets", None, "policy", None, True),
     ("get", "poddisruptionbudgets", None, "policy", "team-a", False),
+    ("list", "resourcequotas", None, "", None, True),  # the namespaces' GPU limits
+    ("watch", "resourcequotas", None, "", None, True),
+    ("get", "resourcequotas", None, "", "team-a", False),
+    ("update", "resourcequotas", None, "", "team-a", False),
+    ("patch", "resourcequotas", "status", "", "team-a", False),
     ("update", "pods", None, "", "team-a", False),
     ("create", "pods", None, "", "team-a", False),
     ("patch", "pods", "status", "", "team-a", False),
