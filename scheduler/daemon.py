@@ -33,6 +33,7 @@ from nats.aio.msg import Msg
 from common import telemetry
 from common.busaccess import DAEMON_USER, CredentialsError
 from common.core.natsjwt import public_key
+from common.core.pod import PodManifest
 from common.messaging import Connection
 from common.supervision import Supervisor
 from common.wire import (
@@ -77,7 +78,7 @@ from scheduler.tls.webhook import (
 from scheduler.web.extender import extender_app, metrics_app
 from scheduler.web.pods import PodApi
 from scheduler.web.probes import serve, starting_app
-from scheduler.web.webhook import WEBHOOK_PATH, webhook_app
+from scheduler.web.webhook import WEBHOOK_PATH, QuotaGate, webhook_app
 
 if TYPE_CHECKING:
     from scheduler.cluster.kube import Kubernetes
@@ -218,7 +219,8 @@ class Daemon:
         if config is None:
             return
         webhook = await self._unless_stopped(_webhook_server(
-            config, self._config.scheduler_name, files=self._webhook_files,
+            config, self._config.scheduler_name, self._admission_quota,
+            files=self._webhook_files,
             kubernetes=self._kubernetes, supervisor=self._supervisor, phase=self._phase))
         undo.push_async_callback(webhook.runner.cleanup)
         self._webhook_status = webhook.status
@@ -362,6 +364,11 @@ class Daemon:
             self._started(service)
 
     # What the steps wait on, and the hooks ---------------------------------------------
+
+    def _admission_quota(self, pod: PodManifest) -> str | None:
+        """The webhook's quota check; the webhook listens before the service is built, and
+        admits on quota grounds until then."""
+        return None if self._service is None else self._service.verbs.admission_refusal(pod)
 
     async def _unless_stopped(self, work: Awaitable[T]) -> T:
         return await _unless_stopped(self._stop, work)
@@ -526,7 +533,7 @@ class _Webhook:
     status: Callable[[], dict[str, object]]
 
 
-async def _webhook_server(config: WebhookConfig, scheduler_name: str, *,
+async def _webhook_server(config: WebhookConfig, scheduler_name: str, quota: QuotaGate, *,
                           files: CertificateFiles | None,
                           kubernetes: Kubernetes | None, supervisor: Supervisor,
                           phase: StartupPhase) -> _Webhook:
@@ -549,7 +556,7 @@ async def _webhook_server(config: WebhookConfig, scheduler_name: str, *,
         keeper = CaBundleKeeper(kubernetes.secrets, config.configuration, tls.ca,
                                 config.check_period)
         supervisor.start("webhook-ca-bundle", keeper.run)
-    runner = await serve(webhook_app(scheduler_name), config.listen, context)
+    runner = await serve(webhook_app(scheduler_name, quota), config.listen, context)
     logger.info("webhook on https://%s:%d%s", *config.listen, WEBHOOK_PATH)
 
     def report() -> dict[str, object]:

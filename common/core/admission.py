@@ -50,6 +50,9 @@ class Admission:
     """Why, in a few words, for the daemon's log."""
     warning: str | None = None
     """Said to whoever creates the pod (``kubectl`` prints it as ``Warning:``)."""
+    ours: bool = False
+    """pyhami's scheduler will place the pod (redirected, or naming it already): its
+    namespace's quotas are checked at admission."""
 
 
 def names_no_other_scheduler(named: str | None, scheduler_name: str) -> bool:
@@ -70,7 +73,7 @@ def admit(pod: AdmittedPod, scheduler_name: str) -> Admission:
     if not names_gpu_resource(containers):
         return Admission(False, "asks for no GPU resource pyhami manages")
     if named == scheduler_name:
-        return Admission(False, f"already names {scheduler_name}")
+        return Admission(False, f"already names {scheduler_name}", ours=not spec.node_name)
     if named != DEFAULT_SCHEDULER:
         return Admission(False, f"names scheduler {named}")
     if spec.node_name:
@@ -84,4 +87,4 @@ def admit(pod: AdmittedPod, scheduler_name: str) -> Admission:
         return Admission(False, f"container {privileged} is privileged", warning=(
             f"pyhami: container {privileged!r} is privileged and would see every GPU of its "
             f"node, so the pod is left to {named}, not given to {scheduler_name}"))
-    return Admission(True, f"asks for a GPU: schedulerName set to {scheduler_name}")
+    return Admission(True, f"asks for a GPU: schedulerName set to {scheduler_name}", ours=True)

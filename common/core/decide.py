@@ -312,11 +312,11 @@ def decide(
         return Decision(pod=pod.key, scheduled=False, failures=failures,
                         ignored_policies=pod.ignored_policies, message=message, explain=rows,
                         quota=quota)
-    return _scheduled(view, chosen_node, placement, failures, rows, quota)
+    return _scheduled(view, chosen_node, placement, failures, rows=rows, quota=quota)
 
 
 def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[str, FailedNode],
-               rows: tuple[ExplainRow, ...] | None, quota: QuotaRefusal | None) -> Decision:
+               *, rows: tuple[ExplainRow, ...] | None, quota: QuotaRefusal | None) -> Decision:
     layout, pod = view.layout, view.pod
     start = int(layout.start[node])
     per_container = iter(placement)

@@ -315,12 +315,14 @@ class Fleet:
     """Nodes, their cards, and the ledger of allocations, kept consistent; and the
     namespaces' ResourceQuotas, charged as the ledger changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, quotas: QuotaBook | None = None) -> None:
+        """``quotas``: the quotas and charges to start from (a copy of another fleet's,
+        for a fleet of a few of its nodes that must still see the namespaces' quotas)."""
         self._nodes: dict[str, Node] = {}
         self._allocations: dict[str, Allocation] = {}
         self._usage: dict[tuple[str, str], Usage] = {}
         self._layout: Layout | None = None
-        self._quotas = QuotaBook()
+        self._quotas = quotas if quotas is not None else QuotaBook()
 
     @property
     def quotas(self) -> QuotaBook:
@@ -392,11 +394,10 @@ class Fleet:
         held = [key for key in keys if key in self._allocations]
         if not held:
             return self
-        other = Fleet()
+        other = Fleet(self._quotas.copy())
         other._nodes = dict(self._nodes)
         other._allocations = dict(self._allocations)
         other._usage = dict(self._usage)
-        other._quotas = self._quotas.copy()
         for key in held:
             other.release(key)
         return other

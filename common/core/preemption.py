@@ -1,8 +1,9 @@
 """Preemption: which lower-priority pods to evict from a node so that a pending pod fits.
 
 Every answer is checked by ``decide`` on a one-node fleet from which the victims' cards are
-released, so mutex, numa-bind, topology-aware, several containers and init containers count
-exactly as they do when the pod is scheduled; nothing here repeats a fit rule.
+released, so mutex, numa-bind, topology-aware, several containers, init containers and the
+namespace's ResourceQuotas count exactly as they do when the pod is scheduled; nothing here
+repeats a fit rule.
 
 Victim sets are compared by ``victim_cost``: fewest pods whose eviction violates a
 PodDisruptionBudget, then fewest pods, then the lowest priorities (the highest first, then
@@ -113,7 +114,10 @@ def preemption_on_node(fleet: Fleet, node: str, request: PodRequest, priority: i
     inventory = fleet.node(node)
     if inventory is None or not request.wants_gpu:
         return None
-    local = Fleet()
+    # The node's pods alone, but every pod's quota charges: evicting a pod of the
+    # preemptor's namespace makes room under its quota; a pod of another namespace does
+    # not, so a pod refused only for its quota preempts nobody outside its namespace.
+    local = Fleet(fleet.quotas.copy())
     local.upsert_node(inventory)
     for key, allocation in fleet.allocations().items():
         if allocation.node == node and key != request.key:

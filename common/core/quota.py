@@ -26,7 +26,6 @@ import msgspec
 from common.core.errors import InvalidInput
 from common.core.ledger import Allocation, Usage
 from common.core.names import InvalidName, check_label, check_subdomain, shown
-from common.core.policy import PodRejected
 from common.core.pod import (
     DEFAULT_NAMESPACE,
     RESOURCE_CORES,
@@ -37,6 +36,7 @@ from common.core.pod import (
     QuotaSubject,
     whole_quantity,
 )
+from common.core.policy import PodRejected
 
 QUOTA_PREFIX = "limits."
 """HAMi reads only ``limits.<resource>`` keys of a quota's ``spec.hard``."""
@@ -429,3 +429,14 @@ def requested_charge(pod: PodRequest, card_memory: int | None) -> Usage:
         else:
             app_memory, app_cores = app_memory + memory, app_cores + cores
     return Usage(0, max(app_memory, init_memory), max(app_cores, init_cores))
+
+
+def admission_refusal(book: QuotaBook, pod: PodRequest) -> QuotaRefusal | None:
+    """The quota a new pod's fixed requests alone would exceed (the webhook's check).
+
+    A percentage of memory counts 0 here, as in HAMi's webhook: no card is chosen yet, so
+    it is judged when the pod is filtered."""
+    charge = requested_charge(pod, None)
+    if charge.memory == 0 and charge.cores == 0:
+        return None
+    return book.refusal(pod.subject, charge)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from common.core import Allocation, AnnotationError, PodManifest, decode_devices
-from common.core.pod import QuotaSubject
 from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
 from common.core.errors import ExternalFailure
+from common.core.pod import QuotaSubject
 from common.core.quota import ResourceQuotaManifest
 from scheduler.errors import SchedulerError
 

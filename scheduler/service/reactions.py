@@ -10,12 +10,12 @@ import asyncio
 import logging
 
 from common.core import AnnotationError
-from common.core.quota import Quota, QuotaRejected, ResourceQuotaManifest, parse_quota
 from common.core.annotations import (
     BIND_PHASE_ANNOTATION,
     BIND_TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.quota import Quota, QuotaRejected, ResourceQuotaManifest, parse_quota
 from common.messaging import RateLimitedLog
 from common.wire import (
     ALLOCATED_SUBJECT_PREFIX,

@@ -30,6 +30,7 @@ from common.core.annotations import (
 )
 from common.core.fleet import NODE_WEIGHTS, score_max
 from common.core.pod import DEFAULT_NAMESPACE
+from common.core.quota import admission_refusal
 from common.core.reasons import removed_most
 from common.locks import KeyedLocks
 from scheduler.cluster import ClusterError
@@ -160,6 +161,20 @@ class Verbs(ServicePart):
                                                explain=True, describe=True,
                                                holding_nothing=True)
         return decision_document(decision)
+
+    def admission_refusal(self, pod: PodManifest) -> str | None:
+        """Why the webhook denies a new pod: its fixed GPU requests alone exceed what its
+        namespace's quotas leave (the quota's sentence). None when they fit, when the pod
+        is malformed (/filter refuses it with its reason) and while the ledger is being
+        rebuilt (the usage is not known yet: /filter judges the pod)."""
+        if not self.shared.ready:
+            return None
+        try:
+            request = parse_pod(pod, self.settings.defaults)
+        except PodRejected:
+            return None
+        refusal = admission_refusal(self.state.fleet.quotas, request)
+        return None if refusal is None else refusal.text()
 
     async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         """0..10 per node by the node policy: binpack favours the busiest node."""

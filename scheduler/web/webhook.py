@@ -1,8 +1,10 @@
 """The mutating admission webhook: an AdmissionReview in, the pod's ``schedulerName`` out.
 
 ``POST /webhook`` on its own HTTPS listener (``--webhook-listen``). The rule is the core's
-(``common.core.admission``); here is the wire. Every pod is allowed, and a JSONPatch is
-sent only when the rule changes the pod. A body that is no AdmissionReview, or a Pod that
+(``common.core.admission``); here is the wire. A pod is allowed, with a JSONPatch only when
+the rule changes the pod, unless pyhami will place it and its fixed GPU requests alone
+exceed what its namespace's ResourceQuotas leave (``QuotaGate``): then it is denied (403)
+with the quota's sentence. A body that is no AdmissionReview, or a Pod that
 does not decode, is answered 400 naming what is wrong: the API server then admits the pod
 unchanged under ``failurePolicy: Ignore``.
 """
@@ -10,13 +12,14 @@ unchanged under ``failurePolicy: Ignore``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import msgspec
 from aiohttp import web
 
 from common.core.admission import AdmittedPod, admit
 from common.core.errors import InvalidInput
-from common.core.pod import DEFAULT_NAMESPACE
+from common.core.pod import DEFAULT_NAMESPACE, PodManifest
 from scheduler.errors import SchedulerError
 from scheduler.web.limits import ADMISSION_BODY_LIMIT, read_body
 
@@ -50,9 +53,18 @@ class AdmissionRequest(msgspec.Struct, rename="camel"):
     object: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
+class ResponseStatus(msgspec.Struct, omit_defaults=True):
+    """The ``metav1.Status`` of a denial: the API server shows ``message`` to the client."""
+
+    code: int
+    reason: str = ""
+    message: str = ""
+
+
 class AdmissionResponse(msgspec.Struct, rename="camel", omit_defaults=True):
     uid: str
     allowed: bool
+    status: ResponseStatus | None = None
     patch_type: str | None = None
     patch: bytes | None = None  # base64 on the wire, as msgspec writes bytes
     warnings: list[str] | None = None
@@ -75,6 +87,11 @@ class PatchOperation(msgspec.Struct):
 
 _review = msgspec.json.Decoder(AdmissionReview)
 _pod = msgspec.json.Decoder(AdmittedPod)
+_manifest = msgspec.json.Decoder(PodManifest)
+
+QuotaGate = Callable[[PodManifest], "str | None"]
+"""Why a new pod's fixed GPU requests exceed what its namespace's quotas leave (the
+sentence), or None: they fit, or the daemon cannot judge yet (its ledger not rebuilt)."""
 _encoder = msgspec.json.Encoder()
 
 
@@ -98,8 +115,10 @@ def read_review(body: bytes) -> tuple[str, AdmissionRequest]:
     return review.api_version, review.request
 
 
-def respond(request: AdmissionRequest, scheduler_name: str) -> AdmissionResponse:
-    """Allowed; with a patch setting ``spec.schedulerName`` when a new Pod is pyhami's.
+def respond(request: AdmissionRequest, scheduler_name: str,
+            quota: QuotaGate | None = None) -> AdmissionResponse:
+    """Allowed; with a patch setting ``spec.schedulerName`` when a new Pod is pyhami's;
+    denied when it is pyhami's and ``quota`` refuses it.
 
     Anything but the creation of a Pod is let through untouched. Raises ``BadReview`` when
     the Pod does not decode."""
@@ -118,6 +137,18 @@ def respond(request: AdmissionRequest, scheduler_name: str) -> AdmissionResponse
     admission = admit(pod, scheduler_name)
     name = pod.metadata.name or request.name or "(name to be generated)"
     where = f"pod {request.namespace or pod.metadata.namespace or DEFAULT_NAMESPACE}/{name}"
+    if admission.ours and quota is not None:
+        try:
+            manifest = _manifest.decode(request.object)
+        except msgspec.DecodeError as error:
+            raise BadReview(f"request.object is not a Pod: {error}") from None
+        if request.namespace:
+            manifest.metadata.namespace = request.namespace  # the API server's word
+        refusal = quota(manifest)
+        if refusal is not None:
+            logger.info("%s: denied: %s", where, refusal)
+            return AdmissionResponse(uid=request.uid, allowed=False, status=ResponseStatus(
+                code=403, reason="Forbidden", message=refusal))
     log = logger.info if admission.redirect or admission.warning else logger.debug
     log("%s: %s", where, admission.reason)
     if not admission.redirect:
@@ -129,14 +160,15 @@ def respond(request: AdmissionRequest, scheduler_name: str) -> AdmissionResponse
                              patch=_encoder.encode(patch))
 
 
-def webhook_app(scheduler_name: str) -> web.Application:
-    """``POST /webhook``, for the webhook's HTTPS listener."""
+def webhook_app(scheduler_name: str, quota: QuotaGate | None = None) -> web.Application:
+    """``POST /webhook``, for the webhook's HTTPS listener; ``quota`` judges the pods
+    pyhami will place against their namespace's quotas."""
 
     async def review(http: web.Request) -> web.Response:
         body = await read_body(http, ADMISSION_BODY_LIMIT)
         try:
             version, request = read_review(body)
-            response = respond(request, scheduler_name)
+            response = respond(request, scheduler_name, quota)
         except BadReview as error:
             return web.Response(status=400, text=f"malformed AdmissionReview: {error}\n")
         answer = AdmissionReview(api_version=version, kind=REVIEW_KIND, response=response)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from itertools import combinations
 
+import pytest
+
 from common.core import (
     Fleet,
     PodManifest,
@@ -17,6 +19,7 @@ from common.core import (
     preemption_on_node,
 )
 from common.core.preemption import victim_cost
+from common.core.quota import Quota
 from pyhami.sandbox import DEFAULTS
 from tests.builders import fleet_of, hold, manifest, node, node_with
 
@@ -318,3 +321,39 @@ class TestAgainstEverySubset:
             found = preemption_on_node(fleet, "n", pod, HIGH, tenants)
             expected = brute_force(fleet, pod, tenants)
             assert (None if found is None else tuple(sorted(found.victims))) == expected
+
+
+class TestQuota:
+    """A pod refused for its namespace's quota makes room under it by evicting pods of its
+    own namespace; pods of other namespaces free none of it."""
+
+    @staticmethod
+    def quota_fleet(tenants: dict[str, Tenant], *holders: tuple[str, str, int]) -> Fleet:
+        """Two roomy nodes, a 2000 MiB quota on namespace default, and ``holders``: pod key,
+        node, card, each of 1000 MiB and priority 1."""
+        fleet = fleet_of(node("n", 4), node("m", 4))
+        fleet.quotas.set_quota(Quota("default", "gpu-quota", memory=2000))
+        for key, node_name, card in holders:
+            hold(fleet, key, node_name, f"GPU-{node_name}-{card}")
+            tenants[key] = Tenant(1, 0.0)
+        return fleet
+
+    def test_a_pod_of_its_own_namespace_is_evicted_for_quota_room(self) -> None:
+        tenants: dict[str, Tenant] = {}
+        fleet = self.quota_fleet(tenants, ("team-b/other", "n", 0), ("default/low", "n", 1))
+        pod = request(manifest("p", gpumem=2000))
+        assert decide(fleet, pod).node is None  # the cards have room; the quota has not
+        found = preemption_on_node(fleet, "n", pod, HIGH, tenants)
+        assert found is not None
+        assert found.victims == ("default/low",)
+
+    @pytest.mark.parametrize("holders", [
+        [("team-b/other", "n", 0), ("team-b/more", "n", 1), ("default/low", "m", 0)],
+        [("team-b/other", "n", 0), ("default/low", "m", 0), ("default/lower", "m", 1)],
+    ], ids=["only-other-namespaces-on-the-node", "its-namespace-holds-another-node"])
+    def test_pods_of_other_namespaces_are_never_evicted_for_quota(
+            self, holders: list[tuple[str, str, int]]) -> None:
+        tenants: dict[str, Tenant] = {}
+        fleet = self.quota_fleet(tenants, *holders)
+        pod = request(manifest("p", gpumem=2000))
+        assert preemption_on_node(fleet, "n", pod, HIGH, tenants) is None

@@ -23,6 +23,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from common.core.pod import PodManifest
 from common.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, standalone_config
 from scheduler.config import WebhookConfig
@@ -303,3 +304,74 @@ async def test_the_daemon_serves_the_webhook_on_its_own_listener(
         await daemon.stop()
     with pytest.raises(OSError):  # the listener is closed with the daemon
         await asyncio.open_connection("127.0.0.1", port)
+
+
+class RecordingGate:
+    """A quota gate that refuses every pod of namespace ``refused`` with ``SENTENCE``."""
+
+    SENTENCE = ("ml would use 5000 of 4000 MiB nvidia.com/gpumem under ResourceQuota "
+                "gpu-quota (asked 1000)")
+
+    def __init__(self, refused: str = "ml") -> None:
+        self.refused = refused
+        self.asked: list[tuple[str, str]] = []
+
+    def __call__(self, pod: PodManifest) -> str | None:
+        self.asked.append((pod.namespace, pod.metadata.name))
+        return self.SENTENCE if pod.namespace == self.refused else None
+
+
+@pytest.fixture
+async def gated(tls: ServerFiles) -> AsyncIterator[tuple[Webhook, RecordingGate]]:
+    gate = RecordingGate()
+    runner = web.AppRunner(webhook_app(OURS, gate))
+    await runner.setup()
+    port = free_port()
+    files = CertificateFiles("webhook", WEBHOOK_FLAGS, str(tls.cert), str(tls.key))
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=files.context).start()
+    connector = aiohttp.TCPConnector(ssl=client_context(tls.ca))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        yield Webhook(f"https://127.0.0.1:{port}/webhook", session), gate
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("scheduler", ["default-scheduler", OURS],
+                         ids=["redirected", "naming-pyhami"])
+async def test_a_pod_over_its_namespaces_quota_is_denied_with_the_sentence(
+        gated: tuple[Webhook, RecordingGate], scheduler: str) -> None:
+    hook, gate = gated
+    status, answer = await hook.post(review(pod_json(GPU_LIMITS, scheduler=scheduler)))
+    assert status == 200
+    response = answer["response"]
+    assert response["allowed"] is False
+    assert response["status"] == {"code": 403, "reason": "Forbidden",
+                                  "message": RecordingGate.SENTENCE}
+    assert "patch" not in response
+    assert gate.asked == [("ml", "trainer")]
+
+
+async def test_the_quota_is_judged_in_the_namespace_the_api_server_names(
+        gated: tuple[Webhook, RecordingGate]) -> None:
+    hook, gate = gated
+    pod = pod_json(GPU_LIMITS)
+    del pod["metadata"]["namespace"]  # as kubectl sends a pod created with -n
+    body = review(pod)
+    body["request"]["namespace"] = "other"
+    status, answer = await hook.post(body)
+    assert status == 200
+    assert answer["response"]["allowed"] is True
+    assert patch_of(answer)[0]["value"] == OURS
+    assert gate.asked == [("other", "trainer")]
+
+
+@pytest.mark.parametrize(("limits", "scheduler"), [
+    ({}, "default-scheduler"),
+    (GPU_LIMITS, "another-scheduler"),
+], ids=["no-gpu", "other-scheduler"])
+async def test_a_pod_pyhami_will_not_place_is_not_judged_by_quota(
+        gated: tuple[Webhook, RecordingGate], limits: dict[str, str], scheduler: str) -> None:
+    hook, gate = gated
+    status, answer = await hook.post(review(pod_json(limits, scheduler=scheduler)))
+    assert status == 200
+    assert answer["response"]["allowed"] is True
+    assert gate.asked == []
