@@ -59,21 +59,27 @@ class Placement:
 
 
 class Lab:
-    """The pods of one test, created and read as a user would."""
+    """The pods of one test in one namespace (the suite's by default), created and read as
+    a user would."""
 
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: ControlPlane, namespace: str = TEST_NAMESPACE) -> None:
         self.plane = plane
         self.api = plane.api
+        self.namespace = namespace
+        self.pods = f"/api/v1/namespaces/{namespace}/pods"
+        self._events = f"/api/v1/namespaces/{namespace}/events"
 
     def create(self, name: str, annotations: dict[str, str] | None = None) -> None:
         self.create_manifest(lab_pod(name, annotations))
 
     def create_manifest(self, pod: dict[str, Any]) -> None:
-        self.api.create(PODS, pod)
+        """Create the pod in the lab's namespace (whatever namespace it names)."""
+        pod["metadata"]["namespace"] = self.namespace
+        self.api.create(self.pods, pod)
 
     def read(self, name: str) -> dict[str, Any]:
         """The pod as the API returns it, as ``kubectl get pod -o json`` shows it."""
-        return self.api.get(f"{PODS}/{name}")
+        return self.api.get(f"{self.pods}/{name}")
 
     def bound(self, name: str) -> dict[str, Any] | None:
         pod = self.read(name)
@@ -94,7 +100,7 @@ class Lab:
         return self.wait_placed(name)
 
     def delete(self, name: str) -> None:
-        self.api.delete(f"{PODS}/{name}", gracePeriodSeconds="0")
+        self.api.delete(f"{self.pods}/{name}", gracePeriodSeconds="0")
 
         def gone() -> bool:
             try:
@@ -110,7 +116,7 @@ class Lab:
     def events(self, name: str) -> list[dict[str, Any]]:
         """The core/v1 Events about the pod, as ``kubectl describe pod`` lists them."""
         found: list[dict[str, Any]] = self.api.get(
-            EVENTS, fieldSelector=f"involvedObject.name={name}")["items"]
+            self._events, fieldSelector=f"involvedObject.name={name}")["items"]
         return found
 
     def wait_event(self, name: str, reason: str, *needles: str,

@@ -98,6 +98,8 @@ def test_k8s_ships_that_configuration_over_plain_http_on_loopback(
     ("patch", "pods", "", "pyhami-e2e", "p", None),
     ("create", "pods", "", "pyhami-e2e", "p", "binding"),
     ("list", "nodes", "", None, None, None),
+    ("list", "resourcequotas", "", None, None, None),
+    ("watch", "resourcequotas", "", None, None, None),
     ("create", "events", "", "pyhami-e2e", None, None),
     ("create", "events", "events.k8s.io", "pyhami-e2e", None, None),
     ("update", "leases", "coordination.k8s.io", SYSTEM_NAMESPACE, "pyhami-scheduler", None),
