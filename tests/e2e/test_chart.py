@@ -501,7 +501,7 @@ def daemon_role_only(installed: dict[Release, Installed],
     ("get", "poddisruptionbudgets", None, "policy", "team-a", False),
     ("list", "resourcequotas", None, "", None, True),  # the namespaces' GPU limits
     ("watch", "resourcequotas", None, "", None, True),
-    ("get", "resourcequotas", None, "", "team-a", False),
+    ("get", "resourcequotas", None, "", "team-a", True),
     ("update", "resourcequotas", None, "", "team-a", False),
     ("patch", "resourcequotas", "status", "", "team-a", False),
     ("update", "pods", None, "", "team-a", False),

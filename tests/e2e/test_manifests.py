@@ -98,6 +98,7 @@ def test_k8s_ships_that_configuration_over_plain_http_on_loopback(
     ("patch", "pods", "", "pyhami-e2e", "p", None),
     ("create", "pods", "", "pyhami-e2e", "p", "binding"),
     ("list", "nodes", "", None, None, None),
+    ("get", "resourcequotas", "", "pyhami-e2e", None, None),
     ("list", "resourcequotas", "", None, None, None),
     ("watch", "resourcequotas", "", None, None, None),
     ("create", "events", "", "pyhami-e2e", None, None),
