@@ -11,6 +11,7 @@ import pytest
 
 from common.core import (
     Card,
+    ClusterFile,
     Defaults,
     Node,
     NodePolicy,
@@ -20,7 +21,6 @@ from common.core import (
     parse_default_chain,
     parse_pod,
 )
-from common.core.model import ClusterFile
 from common.core.pod import (
     GPU_POLICY_ANNOTATION,
     NUMA_BIND_ANNOTATION,
