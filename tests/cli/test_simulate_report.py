@@ -402,6 +402,54 @@ class TestCommand:
         assert lines[0] == "1 nodes, 2 cards; 3 pods"
         assert lines[2].split()[:5] == ["binpack", "binpack", "3", "3", "0"]
 
+    def test_refusals_by_namespace_under_a_quota(self, tmp_path: Path) -> None:
+        # Two cards of 16384 MiB; team-a may use 8000 MiB. team-a's four pods of 3000 MiB:
+        # two fit (6000), the third would make 9000: it and the fourth wait, and are
+        # refused at the end for the quota. team-b's three pods of 3000 fit; its pod of
+        # 20000 MiB fits no card.
+        cluster = tmp_path / "cluster.json"
+        cluster.write_text(json.dumps({
+            "nodes": [{"name": "a", "devices": [
+                {"uuid": f"GPU-{i}", "index": i, "type": "NVIDIA", "memory": 16384}
+                for i in range(2)]}],
+            "quotas": [{"apiVersion": "v1", "kind": "ResourceQuota",
+                        "metadata": {"name": "gpu-quota", "namespace": "team-a"},
+                        "spec": {"hard": {"limits.nvidia.com/gpumem": "8000"}}}]}))
+
+        def pod(name: str, namespace: str, memory: int) -> dict[str, Any]:
+            limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": memory}
+            return {"metadata": {"name": name, "namespace": namespace},
+                    "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+
+        workload = tmp_path / "workload.json"
+        workload.write_text(json.dumps({"pods": [
+            *({"arrival": i, "pod": pod(f"a{i}", "team-a", 3000)} for i in range(4)),
+            *({"arrival": 10 + i, "pod": pod(f"b{i}", "team-b", 3000)} for i in range(3)),
+            {"arrival": 20, "pod": pod("big", "team-b", 20000)}]}))
+        table = pyhami("--cluster", cluster, "--workload", workload, "--policy", "binpack")
+        assert (table.returncode, table.stderr) == (0, "")
+        lines = table.stdout.splitlines()
+        assert lines[0] == "1 nodes, 2 cards, 1 ResourceQuota; 8 pods"
+        assert "ResourceQuotaNotFit (2), CardInsufficientMemory (1)" in lines[2]
+        assert lines[4] == "Pods by namespace"
+        assert [line.split() for line in lines[5:]] == [
+            ["policy", "namespace", "pods", "placed", "refused", "for", "quota", "refused",
+             "otherwise"],
+            ["binpack", "team-a", "4", "2", "2", "0"],
+            ["binpack", "team-b", "4", "3", "0", "1"],
+        ]
+        done = pyhami("--cluster", cluster, "--workload", workload, "--policy", "binpack",
+                      "-o", "json")
+        document = json.loads(done.stdout)
+        assert document["cluster"] == {"nodes": 1, "cards": 2, "quotas": 1}
+        run = document["policies"][0]
+        assert run["refused_by_reason"] == {"CardInsufficientMemory": 1,
+                                            "ResourceQuotaNotFit": 2}
+        assert run["by_namespace"] == {
+            "team-a": {"pods": 4, "placed": 2, "refused_for_quota": 2, "refused_otherwise": 0},
+            "team-b": {"pods": 4, "placed": 3, "refused_for_quota": 0, "refused_otherwise": 1},
+        }
+
     def test_a_file_the_formats_refuse_is_one_line(self, tmp_path: Path) -> None:
         argv = write_two_cards(tmp_path)
         (tmp_path / "pods.csv").write_text(
