@@ -1,11 +1,11 @@
 """The pure decision core: data in, decision out; no I/O, no clock."""
 
 from common.core.annotations import AnnotationError, CardGrant, decode_devices, encode_devices
-from common.core.cluster import ClusterFileError, fleet_from_cluster
+from common.core.cluster import ClusterFile, ClusterFileError, fleet_from_cluster
 from common.core.decide import Decision, ExplainRow, PlacedCard, decide, rejected
 from common.core.fleet import Fleet
 from common.core.ledger import Allocation, Usage
-from common.core.model import Card, ClusterFile, Node, PodRecord
+from common.core.model import Card, Node, PodRecord
 from common.core.pod import Defaults, PodManifest, PodRequest, parse_pod
 from common.core.policy import (
     Chain,

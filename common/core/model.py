@@ -1,4 +1,5 @@
-"""Declared data: cards, nodes, the ledger's pod records and the cluster file.
+"""Declared data: cards, nodes and the ledger's pod records (the cluster file that lists
+them is declared with its reader, ``common.core.cluster``).
 
 These types are the one declaration of the shapes the core consumes; the agent's
 wire messages and the daemon's state are converted into them.
@@ -93,7 +94,10 @@ class PodRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """A pod that already holds cards, known from its allocation annotation.
 
     ``init_containers`` says how many leading containers of the annotation are
-    init containers, whose cards count at their peak rather than summed.
+    init containers, whose cards count at their peak rather than summed. The last three
+    fields are what a ResourceQuota's scopes match on: the pod's
+    ``spec.priorityClassName``, its ``spec.activeDeadlineSeconds`` (set: the pod is
+    ``Terminating``) and whether its QoS class is BestEffort.
     """
 
     namespace: str
@@ -101,8 +105,6 @@ class PodRecord(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     node: str
     annotations: dict[str, str] = {}
     init_containers: NonNegative = 0
-
-
-class ClusterFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    nodes: list[Node]
-    pods: list[PodRecord] = []
+    priority_class_name: str = ""
+    active_deadline_seconds: NonNegative | None = None
+    best_effort: bool = False

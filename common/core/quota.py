@@ -155,7 +155,7 @@ def _limit(hard: dict[str, Quantity], key: str, where: str) -> int | None:
     if key not in hard:
         return None
     try:
-        return whole_quantity(hard[key], f"{where}.spec.hard[{key}]")
+        return whole_quantity(hard[key], f"{where}: spec.hard[{key}]")
     except PodRejected as error:
         raise QuotaRejected(str(error)) from None
 

@@ -17,9 +17,11 @@ from pyhami.output import add_output_argument, print_json, stderr_console, stdou
 from pyhami.simulate._engine import simulate
 from pyhami.simulate._formats import load_trace
 from pyhami.simulate._report import (
+    namespace_table,
     plot_html,
     plot_svg,
     progress_bars,
+    shows_namespaces,
     simulation_document,
     summary_table,
 )
@@ -99,20 +101,28 @@ def run(args: argparse.Namespace) -> int:
                          progress=callback)
                 for policy, callback in zip(args.policy, callbacks, strict=True)]
     nodes, cards = len(trace.nodes), sum(len(node.devices) for node in trace.nodes)
+    quotas = len(trace.quotas)
+    namespaces = shows_namespaces(runs, quotas)
     if args.plot is not None:
         title = (f"pyhami simulate: {args.workload.name} ({len(trace.pods)} pods) on "
                  f"{args.cluster.name} ({nodes} nodes, {cards} cards)")
+        suffix = args.plot.suffix.lower()
+        page = (plot_html(runs, title, namespaces=namespaces) if suffix == ".html"
+                else PLOT_FORMATS[suffix](runs, title))
         try:
-            args.plot.write_text(PLOT_FORMATS[args.plot.suffix.lower()](runs, title),
-                                 encoding="utf-8")
+            args.plot.write_text(page, encoding="utf-8")
         except OSError as error:
             return refuse(f"{args.plot}: {error.strerror or error}")
     if args.output == "json":
-        print_json(simulation_document(nodes, cards, len(trace.pods), runs))
+        print_json(simulation_document(nodes, cards, len(trace.pods), runs, quotas))
     else:
         console = stdout_console()
-        console.print(Text(f"{nodes} nodes, {cards} cards; {len(trace.pods)} pods"))
+        under = f", {quotas} ResourceQuota{'s' if quotas != 1 else ''}" if quotas else ""
+        console.print(Text(f"{nodes} nodes, {cards} cards{under}; {len(trace.pods)} pods"))
         console.print(summary_table(runs))
+        if namespaces:
+            console.print(Text("\nPods by namespace"))
+            console.print(namespace_table(runs))
     return 0
 
 

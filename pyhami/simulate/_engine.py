@@ -7,17 +7,23 @@ departures come first, then the arrivals in trace order. Each arriving pod is de
 decides it; a pod that fits nowhere waits, and waiting pods are tried again, in arrival
 order, whenever departures free capacity.
 
-Retrying waiting pods cheaply, and why it finds what a full retry would: a node's usage
-only grows between departures, and every check of the core is monotone in usage (more
-usage never lets a pod fit where it did not), so a waiting pod that failed on every node
-when last tried still fails on every node nobody left since. After a batch of departures
-the waiting pods are therefore tried on the freed nodes only. Two shortcuts skip pods
-without calling ``decide``: pods whose requests are identical (all but the name) fail or
-fit alike, so once one fails in a batch the later ones are skipped; and a request whose
-first GPU container finds too few cards with enough free cores, memory and slots on every
-freed node (a necessary condition of the core's card checks) is not tried at all. The
-choice among the freed nodes is the one a full retry makes: the nodes that fit are the
-same, and so are their scores.
+The cluster file's ResourceQuotas apply throughout: a pod placed is charged to the
+quotas of its namespace that select it, and refunded when it leaves, as in the daemon.
+
+Retrying waiting pods cheaply, and why it finds what a full retry would: a node's usage,
+and a quota's, only grow between departures, and every check of the core is monotone in
+them (more usage never lets a pod fit where it did not), so a waiting pod that failed on
+every node when last tried still fails on every node nobody left since. After a batch of
+departures the waiting pods are therefore tried on the freed nodes only, except the pods
+of a namespace under quota that a departure refunded: those may now fit on any node, and
+are tried on all. Two shortcuts skip pods without calling ``decide``: pods whose requests
+are identical (all but the name; the namespace and what quota scopes match on are part
+of the request) fail or fit alike, so once one fails in a batch the later ones are
+skipped; and a request whose first GPU container finds too few cards with enough free
+cores, memory and slots on every freed node (a necessary condition of the core's card
+checks) is not tried at all, unless it is to be tried on all nodes. The choice among the
+freed nodes is the one a full retry makes: the nodes that fit are the same, and so are
+their scores.
 
 ``inflate=X`` follows Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing
 Workloads with Fragmentation Gradient Descent" (USENIX ATC '23): the workload's pods are
@@ -52,9 +58,9 @@ from common.core import (
 from common.core.fleet import BoolArray, FloatArray, IntArray, Layout, ratio
 from common.core.placement import PodView
 from common.core.pod import ContainerRequest
-from common.core.reasons import removed_most
+from common.core.reasons import QUOTA_REASON, removed_most
 from common.files import InputFileError
-from pyhami.simulate._results import PolicyRun, Sample
+from pyhami.simulate._results import NamespaceTally, PolicyRun, Sample
 from pyhami.simulate._trace import Trace
 
 NO_NODE = "NoNode"
@@ -67,6 +73,7 @@ class _Submission:
     """One pod as it arrives: its request (or why it is malformed) and its demand."""
 
     request: PodRequest | PodRejected
+    namespace: str
     kind: int
     """Index of the pod's request among the distinct requests (-1: malformed)."""
     arrival: float
@@ -86,6 +93,8 @@ def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
     """
     defaults = Defaults(parse_default_chain(policy), node_policy)
     fleet = fleet_from_cluster(ClusterFile(nodes=list(trace.nodes)))
+    for quota in trace.quotas:
+        fleet.quotas.set_quota(quota)
     layout = fleet.layout
     requests = _Requests(layout)
     in_order = sorted(trace.pods, key=lambda pod: pod.arrival)  # stable: ties keep order
@@ -105,6 +114,7 @@ def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
         peak_allocation=replay.peak_allocation,
         samples=replay.samples,
         waits=replay.waits,
+        by_namespace=replay.by_namespace(),
     )
 
 
@@ -148,10 +158,11 @@ class _Requests:
 
     def submission(self, manifest: PodManifest, defaults: Defaults, arrival: float,
                    duration: float | None) -> _Submission:
+        namespace = manifest.namespace
         try:
             request = parse_pod(manifest, defaults)
         except PodRejected as error:
-            return _Submission(error, -1, arrival, duration, 0.0)
+            return _Submission(error, namespace, -1, arrival, duration, 0.0)
         signature = replace(request, key="")
         kind = self.kinds.get(signature)
         if kind is None:
@@ -160,7 +171,7 @@ class _Requests:
             self.counts.append(0)
         self.counts[kind] += 1
         demand = sum(c.cards * self.share(c) for c in request.containers if not c.is_init)
-        return _Submission(request, kind, arrival, duration, demand)
+        return _Submission(request, namespace, kind, arrival, duration, demand)
 
     def share(self, container: ContainerRequest) -> float:
         """The share of one card a container takes: its cores or its memory, the larger."""
@@ -287,6 +298,13 @@ class _Replay:
         self.samples: list[Sample] = []
         self.waits: list[float] = []
         self.refused: Counter[str] = Counter()
+        # Namespaces with a quota: a departure there may let their waiting pods fit
+        # anywhere.
+        self.quota_namespaces = frozenset(quota.namespace for quota in fleet.quotas.quotas())
+        self.pods_in: Counter[str] = Counter()
+        self.placed_in: Counter[str] = Counter()
+        self.refused_for_quota_in: Counter[str] = Counter()
+        self.refused_otherwise_in: Counter[str] = Counter()
         self.peak_allocation = 0.0
         self.arrived = 0.0
 
@@ -312,11 +330,14 @@ class _Replay:
 
     def _arrive(self, position: int, submission: _Submission) -> None:
         self.arrived += submission.demand
+        self.pods_in[submission.namespace] += 1
         request = submission.request
         if isinstance(request, PodRejected):
             self.refused[type(request).__name__] += 1
+            self.refused_otherwise_in[submission.namespace] += 1
         elif not request.wants_gpu:
             self.waits.append(0.0)
+            self.placed_in[submission.namespace] += 1
         elif self.waiting.get(submission.kind):
             # An identical request already waits: it fits nowhere, nor does this one.
             self.waiting[submission.kind].append(position)
@@ -340,6 +361,7 @@ class _Replay:
         self.fragmentation.update(self.layout.node_position[decision.node])
         self.peak_allocation = max(self.peak_allocation, self._allocation())
         self.waits.append(now - submission.arrival)
+        self.placed_in[submission.namespace] += 1
         if submission.duration is not None:
             heapq.heappush(self.departures, (now + submission.duration, position))
         return True
@@ -349,6 +371,7 @@ class _Replay:
         on the nodes they freed."""
         now = self.departures[0][0]
         freed: set[int] = set()
+        refunded: set[str] = set()
         while self.departures and self.departures[0][0] == now:
             _, position = heapq.heappop(self.departures)
             allocation = self.fleet.release(str(position))
@@ -356,30 +379,51 @@ class _Replay:
                 node = self.layout.node_position[allocation.node]
                 self.fragmentation.update(node)
                 freed.add(node)
+                namespace = self.submissions[position].namespace
+                if namespace in self.quota_namespaces:
+                    refunded.add(namespace)
         if freed and self.waiting:
-            self._retry(sorted(freed), now)
+            self._retry(sorted(freed), now, refunded)
 
-    def _retry(self, freed: list[int], now: float) -> None:
-        kinds = np.array(list(self.waiting), dtype=np.int64)
-        may_fit = self.needs.may_fit(self.layout, kinds, freed)
+    def _retry(self, freed: list[int], now: float, refunded: set[str]) -> None:
+        """Try the waiting pods again after departures freed ``freed`` nodes and refunded
+        the quotas of the ``refunded`` namespaces."""
+        kinds = list(self.waiting)
+        may_fit = self.needs.may_fit(self.layout, np.array(kinds, dtype=np.int64), freed)
         names = frozenset(self.layout.node_names[n] for n in freed)
-        # Heads of the candidate requests, merged by arrival order.
-        heads = [(self.waiting[kind][0], kind) for kind in kinds[may_fit].tolist()]
+        # Heads of the candidate requests, merged by arrival order; with whether they
+        # are tried on every node.
+        heads: list[tuple[int, int, bool]] = []
+        for kind, fits in zip(kinds, may_fit.tolist(), strict=True):
+            anywhere = self.requests.examples[kind].subject.namespace in refunded
+            if fits or anywhere:
+                heads.append((self.waiting[kind][0], kind, anywhere))
         heapq.heapify(heads)
         while heads:
-            position, kind = heapq.heappop(heads)
-            if not self._try(position, now, names):
+            position, kind, anywhere = heapq.heappop(heads)
+            if not self._try(position, now, None if anywhere else names):
                 continue  # identical requests behind it fail the same way
             queue = self.waiting[kind]
             queue.popleft()
             if queue:
-                heapq.heappush(heads, (queue[0], kind))
+                heapq.heappush(heads, (queue[0], kind, anywhere))
             else:
                 del self.waiting[kind]
 
     def _refuse_waiting(self) -> None:
         for kind, queue in self.waiting.items():
-            decision = decide(self.fleet, self.requests.examples[kind])
+            request = self.requests.examples[kind]
+            decision = decide(self.fleet, request)
             reason = removed_most((decision.failures or {}).values()) or NO_NODE
             self.refused[reason] += len(queue)
+            refused_in = (self.refused_for_quota_in if reason == QUOTA_REASON
+                          else self.refused_otherwise_in)
+            refused_in[request.subject.namespace] += len(queue)
         self.waiting.clear()
+
+    def by_namespace(self) -> dict[str, NamespaceTally]:
+        return {namespace: NamespaceTally(
+                    pods=self.pods_in[namespace], placed=self.placed_in[namespace],
+                    refused_for_quota=self.refused_for_quota_in[namespace],
+                    refused_otherwise=self.refused_otherwise_in[namespace])
+                for namespace in sorted(self.pods_in)}

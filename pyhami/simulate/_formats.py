@@ -26,6 +26,7 @@ from common.core.pod import (
     PodSpec,
     ResourceRequirements,
 )
+from common.core.quota import Quota
 from common.files import InputFileError, parse_document, parse_pod_manifest
 from pyhami.simulate._trace import SimPod, Trace
 
@@ -62,10 +63,10 @@ def load_trace(cluster: Path, workload: Path) -> Trace:
     """The nodes of ``cluster`` and the pods of ``workload``, each file in pyhami's own
     shape or openb's. Pods that ask for no GPU are left out and counted in
     ``Trace.cpu_only``. Raises ``InputFileError`` naming the file, line or field."""
-    nodes = _load_nodes(cluster, _read_text(cluster))
+    nodes, quotas = _load_nodes(cluster, _read_text(cluster))
     pods, cpu_only = _load_pods(workload, _read_text(workload))
     pods.sort(key=lambda pod: pod.arrival)  # stable: equal arrivals keep the file's order
-    return Trace(nodes=nodes, pods=pods, cpu_only=cpu_only)
+    return Trace(nodes=nodes, pods=pods, cpu_only=cpu_only, quotas=quotas)
 
 
 def _read_text(path: Path) -> str:
@@ -93,13 +94,14 @@ def _is_openb_pods(header: Sequence[str]) -> bool:
     return "num_gpu" in header or "gpu_milli" in header
 
 
-def _load_nodes(path: Path, text: str) -> list[Node]:
+def _load_nodes(path: Path, text: str) -> tuple[list[Node], tuple[Quota, ...]]:
+    """The cluster's nodes and its ResourceQuotas (an openb node list has none)."""
     header = _csv_header(text)
     if header is None:
         return _own_nodes(path, text)
     if _is_openb_pods(header):
         raise InputFileError(f"{path}: an openb pod list where a cluster was expected")
-    return _openb_nodes(path, text)
+    return _openb_nodes(path, text), ()
 
 
 def _load_pods(path: Path, text: str) -> tuple[list[SimPod], int]:
@@ -121,7 +123,7 @@ def _document(text: str, source: str) -> object:
         return parse_document(text, source)
 
 
-def _own_nodes(path: Path, text: str) -> list[Node]:
+def _own_nodes(path: Path, text: str) -> tuple[list[Node], tuple[Quota, ...]]:
     try:
         cluster = msgspec.convert(_document(text, str(path)), ClusterFile)
     except msgspec.ValidationError as error:
@@ -133,10 +135,11 @@ def _own_nodes(path: Path, text: str) -> list[Node]:
             f"{path}: pods: a simulated cluster starts empty; list running pods in the "
             "workload with arrival 0 instead")
     try:
-        fleet_from_cluster(cluster)  # names and cards listed twice
+        # Names and cards listed twice, quotas that cannot be applied.
+        fleet = fleet_from_cluster(cluster)
     except ClusterFileError as error:
         raise InputFileError(f"{path}: {error}") from None
-    return cluster.nodes
+    return cluster.nodes, tuple(fleet.quotas.quotas())
 
 
 class _WorkloadPod(msgspec.Struct, forbid_unknown_fields=True):

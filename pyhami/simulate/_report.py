@@ -27,6 +27,8 @@ ProgressCallback = Callable[[int, int], None]
 
 # The table names this many refusal reasons per policy, the commonest first.
 SHOWN_REASONS = 3
+# The counts of the by-namespace table (and of the HTML page's), in order.
+NAMESPACE_COUNTS = ("pods", "placed", "refused for quota", "refused otherwise")
 
 # The plot: two panels side by side, each PANEL_WIDTH x PANEL_HEIGHT including its margins,
 # then the legend, one row per policy.
@@ -48,11 +50,12 @@ DASHED = "6 3"  # the lines after the palette's first round
 SVG_NAMESPACE = "http://www.w3.org/2000/svg"
 
 
-def simulation_document(nodes: int, cards: int, pods: int,
-                        runs: Sequence[PolicyRun]) -> dict[str, object]:
-    """What ``--output json`` prints."""
-    return {"cluster": {"nodes": nodes, "cards": cards}, "workload": {"pods": pods},
-            "policies": [run.document() for run in runs]}
+def simulation_document(nodes: int, cards: int, pods: int, runs: Sequence[PolicyRun],
+                        quotas: int = 0) -> dict[str, object]:
+    """What ``--output json`` prints (``quotas``: the cluster's ResourceQuotas that limit
+    GPU memory or cores)."""
+    return {"cluster": {"nodes": nodes, "cards": cards, "quotas": quotas},
+            "workload": {"pods": pods}, "policies": [run.document() for run in runs]}
 
 
 # The table.
@@ -77,6 +80,28 @@ def summary_table(runs: Sequence[PolicyRun]) -> Table:
             share(run.peak_allocation), share(at_capacity),
             share(run.samples[-1].fragmentation if run.samples else None),
             duration(percentile(run.waits, 0.5)), duration(percentile(run.waits, 0.95)))
+    return table
+
+
+def shows_namespaces(runs: Sequence[PolicyRun], quotas: int) -> bool:
+    """Whether the by-namespace table says anything: the cluster has quotas, or the
+    workload spans several namespaces."""
+    return quotas > 0 or any(len(run.by_namespace) > 1 for run in runs)
+
+
+def namespace_table(runs: Sequence[PolicyRun]) -> Table:
+    """One row per run and namespace: its pods, how many were placed, and how many were
+    never placed, for its ResourceQuotas or for another reason."""
+    table = Table(show_edge=False, pad_edge=False, box=None, padding=(0, 1, 0, 2))
+    for column in ("policy", "namespace"):
+        table.add_column(column, no_wrap=True)
+    for column in NAMESPACE_COUNTS:
+        table.add_column(column, justify="right", no_wrap=True)
+    for run in runs:
+        for namespace, tally in run.by_namespace.items():
+            table.add_row(Text(run.policy), Text(namespace), str(tally.pods),
+                          str(tally.placed), str(tally.refused_for_quota),
+                          str(tally.refused_otherwise))
     return table
 
 
@@ -253,8 +278,9 @@ def plot_svg(runs: Sequence[PolicyRun], title: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def plot_html(runs: Sequence[PolicyRun], title: str) -> str:
-    """The SVG in a page with its title and a legend that adds each run's totals."""
+def plot_html(runs: Sequence[PolicyRun], title: str, *, namespaces: bool = False) -> str:
+    """The SVG in a page with its title and a legend that adds each run's totals; with
+    ``namespaces``, then each run's pods by namespace, as the by-namespace table."""
     rows = "\n".join(
         f'<tr><td><svg width="28" height="10"><line x1="0" y1="5" x2="28" y2="5" '
         f'stroke-width="2" {line_style(index)}/></svg></td>'
@@ -262,6 +288,21 @@ def plot_html(runs: Sequence[PolicyRun], title: str) -> str:
         f"<td>{run.placed} of {run.pods}</td><td>{share(run.peak_allocation)}</td>"
         f"<td>{share(allocation_at_arrived(run.samples, 1.0))}</td></tr>"
         for index, run in enumerate(runs))
+    by_namespace = ""
+    if namespaces:
+        heads = "".join(f"<th>{escape(name)}</th>" for name in ("policy", "namespace",
+                                                                  *NAMESPACE_COUNTS))
+        cells = "\n".join(
+            f"<tr><td>{escape(run.policy)}</td><td>{escape(namespace)}</td>"
+            f"<td>{tally.pods}</td><td>{tally.placed}</td><td>{tally.refused_for_quota}</td>"
+            f"<td>{tally.refused_otherwise}</td></tr>"
+            for run in runs for namespace, tally in run.by_namespace.items())
+        by_namespace = f"""<h2>Pods by namespace</h2>
+<table class="namespaces">
+<tr>{heads}</tr>
+{cells}
+</table>
+"""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -280,6 +321,6 @@ th, td {{ padding: 0.2em 0.8em; text-align: left; }}
 <th>allocation at 100% arrived</th></tr>
 {rows}
 </table>
-</body>
+{by_namespace}</body>
 </html>
 """

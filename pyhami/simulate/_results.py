@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 # A series in the JSON document keeps at most this many points, spread evenly.
@@ -39,6 +39,25 @@ class Sample:
 
 
 @dataclass(frozen=True, slots=True)
+class NamespaceTally:
+    """One namespace's pods in a run: how many arrived, were placed, and were never placed
+    for its ResourceQuotas or for another reason."""
+
+    pods: int
+    placed: int
+    refused_for_quota: int
+    """Pods still waiting at the end whose reason (as ``refused_by_reason`` counts it) is
+    ``ResourceQuotaNotFit``."""
+    refused_otherwise: int
+    """Malformed pods, and pods still waiting at the end for any other reason."""
+
+    def document(self) -> dict[str, int]:
+        return {"pods": self.pods, "placed": self.placed,
+                "refused_for_quota": self.refused_for_quota,
+                "refused_otherwise": self.refused_otherwise}
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyRun:
     policy: str
     node_policy: str
@@ -53,6 +72,8 @@ class PolicyRun:
     """One per arrival, in order."""
     waits: list[float]
     """Seconds each placed pod waited, in the order they were placed."""
+    by_namespace: dict[str, NamespaceTally] = field(default_factory=dict)
+    """Per namespace of the workload, sorted by name."""
 
     def document(self) -> dict[str, object]:
         """The run as ``--output json`` prints it."""
@@ -64,6 +85,8 @@ class PolicyRun:
             "placed": self.placed,
             "refused": self.refused,
             "refused_by_reason": dict(sorted(self.refused_by_reason.items())),
+            "by_namespace": {namespace: tally.document()
+                             for namespace, tally in self.by_namespace.items()},
             "peak_allocation": self.peak_allocation,
             "allocation_at_arrived": [[round(s.arrived, SHARE_DIGITS),
                                        round(s.allocation, SHARE_DIGITS)] for s in points],

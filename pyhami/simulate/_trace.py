@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from common.core import PodManifest
 from common.core.model import Node
+from common.core.quota import Quota
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,3 +30,5 @@ class Trace:
     """In arrival order."""
     cpu_only: int = 0
     """Pods of the workload file that ask for no GPU, left out of ``pods``."""
+    quotas: tuple[Quota, ...] = ()
+    """The cluster file's ResourceQuotas that limit GPU memory or cores."""

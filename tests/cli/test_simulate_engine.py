@@ -11,6 +11,7 @@ import pytest
 
 from common.core import (
     Card,
+    ClusterFile,
     Defaults,
     Node,
     NodePolicy,
@@ -20,7 +21,6 @@ from common.core import (
     parse_default_chain,
     parse_pod,
 )
-from common.core.model import ClusterFile
 from common.core.pod import (
     GPU_POLICY_ANNOTATION,
     NUMA_BIND_ANNOTATION,
@@ -29,8 +29,10 @@ from common.core.pod import (
     PodSpec,
     ResourceRequirements,
 )
+from common.core.quota import Quota
 from common.files import InputFileError
 from pyhami.simulate._engine import PolicyRun, simulate
+from pyhami.simulate._results import NamespaceTally
 from pyhami.simulate._trace import SimPod, Trace
 
 MIB = 1000
@@ -42,7 +44,8 @@ def node(name: str, cards: int) -> Node:
 
 
 def manifest(name: str, *, gpus: int = 1, percent: int | None = None,
-             annotations: dict[str, str] | None = None) -> PodManifest:
+             annotations: dict[str, str] | None = None,
+             namespace: str | None = None) -> PodManifest:
     """A pod of ``gpus`` cards taking ``percent`` of each card's cores and memory
     (None: whole cards, 100 cores and all the memory)."""
     limits: dict[str, str | int | float] = {"nvidia.com/gpu": gpus,
@@ -50,14 +53,14 @@ def manifest(name: str, *, gpus: int = 1, percent: int | None = None,
     if percent is not None:
         limits["nvidia.com/gpumem-percentage"] = percent
     return PodManifest(
-        metadata=ObjectMeta(name=name, annotations=annotations),
+        metadata=ObjectMeta(name=name, namespace=namespace, annotations=annotations),
         spec=PodSpec(containers=[Container(name="main",
                                            resources=ResourceRequirements(limits=limits))]))
 
 
 def run(nodes: list[Node], pods: list[SimPod], policy: str = "binpack",
-        inflate: float | None = None) -> PolicyRun:
-    return simulate(Trace(nodes=nodes, pods=pods), policy=policy,
+        inflate: float | None = None, quotas: tuple[Quota, ...] = ()) -> PolicyRun:
+    return simulate(Trace(nodes=nodes, pods=pods, quotas=quotas), policy=policy,
                     node_policy=NodePolicy.BINPACK, inflate=inflate)
 
 
@@ -154,6 +157,53 @@ class TestDepartures:
         assert result.refused == 0
 
 
+class TestQuotas:
+    """Two nodes of one 1000 MiB card; team-a may use 500 MiB of GPU memory."""
+
+    nodes: ClassVar[list[Node]] = [node("n1", 1), node("n2", 1)]
+    quotas: ClassVar[tuple[Quota, ...]] = (Quota("team-a", "gpu-quota", memory=500),)
+    pods: ClassVar[list[SimPod]] = [
+        # a1 (400 MiB) then b1 (600 MiB) fill n1: binpack takes the fuller node.
+        SimPod(manifest("a1", percent=40, namespace="team-a"), 0.0, 10.0),
+        SimPod(manifest("b1", percent=60, namespace="team-b"), 0.0),
+        # a2 (500 MiB) fits n2, but team-a's quota (400 + 500 > 500) keeps it waiting until
+        # a1 leaves n1 at 10; n1 then has only 400 MiB free: a2 takes n2, a node nobody
+        # left. a3, the same request, waits behind it and is refused for the quota at the
+        # end (500 + 500 > 500).
+        SimPod(manifest("a2", percent=50, namespace="team-a"), 1.0),
+        SimPod(manifest("a3", percent=50, namespace="team-a"), 2.0),
+        # b2 asks for two cards: no node has them.
+        SimPod(manifest("b2", gpus=2, namespace="team-b"), 3.0),
+    ]
+
+    def test_a_refunded_namespace_is_retried_on_every_node(self) -> None:
+        result = run(self.nodes, self.pods, quotas=self.quotas)
+        assert result.waits == [0.0, 0.0, 9.0]
+        assert result.refused_by_reason == {"ResourceQuotaNotFit": 1,
+                                            "NodeInsufficientDevice": 1}
+
+    def test_pods_by_namespace(self) -> None:
+        result = run(self.nodes, self.pods, quotas=self.quotas)
+        assert result.by_namespace == {"team-a": NamespaceTally(3, 2, 1, 0),
+                                       "team-b": NamespaceTally(2, 1, 0, 1)}
+
+    def test_without_the_quota_nobody_waits(self) -> None:
+        result = run(self.nodes, self.pods)
+        # a2 and a3 go straight to n2, 500 MiB each.
+        assert result.waits == [0.0, 0.0, 0.0, 0.0]
+        assert result.by_namespace == {"team-a": NamespaceTally(3, 3, 0, 0),
+                                       "team-b": NamespaceTally(2, 1, 0, 1)}
+
+    def test_a_malformed_pod_counts_as_another_refusal_of_its_namespace(self) -> None:
+        bad = PodManifest(
+            metadata=ObjectMeta(name="bad", namespace="team-a"),
+            spec=PodSpec(containers=[Container(name="main", resources=ResourceRequirements(
+                limits={"nvidia.com/gpumem": "lots"}))]))
+        result = run(self.nodes, [SimPod(bad, 0.0)], quotas=self.quotas)
+        assert result.by_namespace == {"team-a": NamespaceTally(1, 0, 0, 1)}
+        assert result.refused_by_reason == {"PodRejected": 1}
+
+
 def test_pods_listed_out_of_order_arrive_in_time_order() -> None:
     # "late" is listed first but arrives after "early" has taken the only card.
     pods = [SimPod(manifest("late"), 5.0), SimPod(manifest("early"), 1.0, 10.0)]
@@ -220,23 +270,32 @@ class TestInflate:
             run([node("n1", 1)], [SimPod(no_gpu, 0.0)], inflate=1.0)
 
 
-def random_trace(seed: int) -> Trace:
+# Quotas tight enough against random_trace's pods to keep some of them waiting.
+RANDOM_QUOTAS = (Quota("team-a", "memory", memory=1500),
+                 Quota("team-b", "cores", cores=150), Quota("team-b", "memory", memory=2500))
+
+
+def random_trace(seed: int, quotas: bool = False) -> Trace:
+    """80 pods on 4 nodes; with ``quotas``, in three namespaces, two of them under quota."""
     rng = random.Random(seed)
     nodes = [node(f"n{i}", rng.choice([1, 2, 4])) for i in range(4)]
     pods = []
     for i in range(80):
+        namespace = rng.choice(["team-a", "team-b", "default"]) if quotas else None
         if rng.random() < 0.6:
-            pod = manifest(f"p{i}", percent=rng.choice([10, 25, 50, 75]))
+            pod = manifest(f"p{i}", percent=rng.choice([10, 25, 50, 75]), namespace=namespace)
         else:
-            pod = manifest(f"p{i}", gpus=rng.choice([1, 2]))
+            pod = manifest(f"p{i}", gpus=rng.choice([1, 2]), namespace=namespace)
         duration = rng.choice([None, 3.0, 10.0, 30.0])
         pods.append(SimPod(pod, float(i // 2), duration))
-    return Trace(nodes=nodes, pods=pods)
+    return Trace(nodes=nodes, pods=pods, quotas=RANDOM_QUOTAS if quotas else ())
 
 
 def full_retry_replay(trace: Trace, policy: str) -> tuple[list[float], Counter[str]]:
     """A slow reference: every waiting pod tried on every node after each departure."""
     fleet = fleet_from_cluster(ClusterFile(nodes=trace.nodes))
+    for quota in trace.quotas:
+        fleet.quotas.set_quota(quota)
     defaults = Defaults(parse_default_chain(policy), NodePolicy.BINPACK)
     requests = [parse_pod(p.manifest, defaults) for p in trace.pods]
     departures: list[tuple[float, int]] = []
@@ -287,6 +346,23 @@ def test_retrying_freed_nodes_only_matches_a_full_retry(policy: str, seed: int) 
     assert result.waits == waits
     assert result.refused_by_reason == dict(reasons)
     assert any(wait > 0 for wait in waits)  # the trace does exercise the retries
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_under_quotas_retrying_matches_a_full_retry(policy: str, seed: int) -> None:
+    # A departure refunds its namespace's quotas: that namespace's waiting pods are tried
+    # on every node, the others on the freed nodes only, as a full retry would find.
+    trace = random_trace(seed, quotas=True)
+    waits, reasons = full_retry_replay(trace, policy)
+    result = simulate(trace, policy=policy, node_policy=NodePolicy.BINPACK)
+    assert result.waits == waits
+    assert result.refused_by_reason == dict(reasons)
+    tallies = result.by_namespace.values()
+    assert sum(t.refused_for_quota for t in tallies) == reasons["ResourceQuotaNotFit"]
+    assert sum(t.refused_for_quota + t.refused_otherwise for t in tallies) == result.refused
+    assert sum(t.placed for t in tallies) == result.placed
+    assert sum(t.pods for t in tallies) == 80
 
 
 def test_the_same_run_twice_gives_the_same_result() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.core.model import Card, Node
+from common.core.quota import Quota, Scope, ScopeRule
 from common.files import InputFileError
 from pyhami.simulate._formats import load_trace
 from pyhami.simulate._trace import SimPod
@@ -273,6 +274,42 @@ class TestOwnFormat:
             Card(uuid="GPU-0", index=0, type="A100", memory=40960),
             Card(uuid="GPU-1", index=1, type="A100", memory=40960)])]
         assert trace.pods == []
+
+    def test_quotas_of_the_cluster_file(self, tmp_path: Path) -> None:
+        # kubectl's List, in YAML; a quota of Kubernetes' own resources only does nothing
+        # to GPU pods and is left out.
+        cluster = write(tmp_path / "cluster.yaml", """\
+nodes: []
+quotas:
+  apiVersion: v1
+  kind: List
+  items:
+  - apiVersion: v1
+    kind: ResourceQuota
+    metadata: {name: gpu-quota, namespace: team-a, resourceVersion: "7"}
+    spec:
+      hard: {limits.nvidia.com/gpumem: 16Ki, limits.nvidia.com/gpucores: "200"}
+      scopeSelector:
+        matchExpressions:
+        - {scopeName: PriorityClass, operator: In, values: [high]}
+    status: {used: {limits.nvidia.com/gpumem: "0"}}
+  - metadata: {name: pods, namespace: team-a}
+    spec: {hard: {pods: "10"}}
+""")
+        trace = load_trace(cluster, own_workload(tmp_path, {"pods": []}))
+        assert trace.quotas == (Quota("team-a", "gpu-quota", memory=16384, cores=200,
+                                      rules=(ScopeRule(Scope.PRIORITY_CLASS, "In",
+                                                       frozenset({"high"})),)),)
+
+    def test_a_quota_pyhami_cannot_apply_is_refused_naming_it(self, tmp_path: Path) -> None:
+        cluster = write(tmp_path / "cluster.json", json.dumps({**OWN_CLUSTER, "quotas": [
+            {"metadata": {"name": "gpu-quota", "namespace": "team-a"},
+             "spec": {"hard": {"limits.nvidia.com/gpumem": "-1"}}}]}))
+        with pytest.raises(InputFileError) as refused:
+            load_trace(cluster, own_workload(tmp_path, {"pods": []}))
+        assert str(refused.value) == (
+            f"{cluster}: quotas[0]: ResourceQuota team-a/gpu-quota: "
+            "spec.hard[limits.nvidia.com/gpumem]: '-1' is a negative number")
 
     def test_yaml_cluster_and_workload(self, tmp_path: Path) -> None:
         cluster = write(tmp_path / "cluster.yaml", """\

@@ -21,15 +21,17 @@ from pyhami.simulate import PolicyRun, Sample
 from pyhami.simulate._report import (
     allocation_at_arrived,
     duration,
+    namespace_table,
     nice_ceiling,
     plot_html,
     plot_svg,
     progress_bars,
+    shows_namespaces,
     simulation_document,
     summary_table,
     top_reasons,
 )
-from pyhami.simulate._results import percentile, thinned
+from pyhami.simulate._results import NamespaceTally, percentile, thinned
 from tests.paths import EXAMPLES
 from tests.simulate_example import write_example
 
@@ -45,7 +47,8 @@ def policy_run(policy: str = "binpack", samples: list[Sample] | None = None,
                waits: list[float] | None = None, **totals: Any) -> PolicyRun:
     fields: dict[str, Any] = {"node_policy": "binpack", "pods": 4, "placed": 3, "refused": 1,
                               "refused_by_reason": {"NodeInsufficientDevice": 1},
-                              "peak_allocation": 0.75}
+                              "peak_allocation": 0.75,
+                              "by_namespace": {"default": NamespaceTally(4, 3, 0, 1)}}
     fields.update(totals)
     return PolicyRun(policy=policy, samples=samples or [], waits=waits or [], **fields)
 
@@ -57,6 +60,12 @@ STALLING = policy_run("mutex,spread", [sample(0.25, 0.25, 0.05), sample(0.5, 0.2
                       placed=1, refused=3, peak_allocation=0.25,
                       refused_by_reason={"ExclusiveDeviceAllocateConflict": 2,
                                          "limits[nvidia.com/gpu] is not a number": 1})
+# Two namespaces under quota: team-a's two pods kept out by its quota, team-b's one for
+# want of memory.
+QUOTAED = policy_run("spread", [sample(0.5, 0.25, 0.0)], pods=6, placed=3, refused=3,
+                     refused_by_reason={"ResourceQuotaNotFit": 2, "CardInsufficientMemory": 1},
+                     by_namespace={"team-a": NamespaceTally(4, 2, 2, 0),
+                                   "team-b": NamespaceTally(2, 1, 0, 1)})
 
 
 class TestDocument:
@@ -64,6 +73,8 @@ class TestDocument:
         assert FILLING.document() == {
             "policy": "binpack", "node_policy": "binpack", "pods": 4, "placed": 3,
             "refused": 1, "refused_by_reason": {"NodeInsufficientDevice": 1},
+            "by_namespace": {"default": {"pods": 4, "placed": 3, "refused_for_quota": 0,
+                                         "refused_otherwise": 1}},
             "peak_allocation": 0.75,
             "allocation_at_arrived": [[0.25, 0.25], [0.5, 0.5], [1.0, 0.75]],
             "fragmentation_at_arrived": [[0.25, 0.0], [0.5, 0.1], [1.0, 0.2]],
@@ -92,8 +103,16 @@ class TestDocument:
 
     def test_the_whole_document(self) -> None:
         assert simulation_document(3, 12, 40, [FILLING, STALLING]) == {
-            "cluster": {"nodes": 3, "cards": 12}, "workload": {"pods": 40},
+            "cluster": {"nodes": 3, "cards": 12, "quotas": 0}, "workload": {"pods": 40},
             "policies": [FILLING.document(), STALLING.document()]}
+
+    def test_pods_by_namespace(self) -> None:
+        document = simulation_document(1, 4, 6, [QUOTAED], quotas=2)
+        assert document["cluster"] == {"nodes": 1, "cards": 4, "quotas": 2}
+        assert QUOTAED.document()["by_namespace"] == {
+            "team-a": {"pods": 4, "placed": 2, "refused_for_quota": 2, "refused_otherwise": 0},
+            "team-b": {"pods": 2, "placed": 1, "refused_for_quota": 0, "refused_otherwise": 1},
+        }
 
 
 class TestTable:
@@ -114,6 +133,32 @@ class TestTable:
                             "ExclusiveDeviceAllocateConflict (2), "
                             "limits[nvidia.com/gpu] is not a number (1)",
                             "25.0%", "-", "20.0%", "-", "-"]
+
+    def test_pods_by_namespace_one_row_per_policy_and_namespace(self) -> None:
+        out = io.StringIO()
+        stdout_console(out).print(namespace_table([FILLING, QUOTAED]))
+        rows = [[cell.strip() for cell in line.split("  ") if cell.strip()]
+                for line in out.getvalue().splitlines()]
+        assert rows == [
+            ["policy", "namespace", "pods", "placed", "refused for quota",
+             "refused otherwise"],
+            ["binpack", "default", "4", "3", "0", "1"],
+            ["spread", "team-a", "4", "2", "2", "0"],
+            ["spread", "team-b", "2", "1", "0", "1"],
+        ]
+
+    @pytest.mark.parametrize(
+        ("runs", "quotas", "shown"),
+        [
+            ([FILLING], 0, False),
+            ([FILLING], 1, True),
+            ([FILLING, QUOTAED], 0, True),
+        ],
+        ids=["one-namespace-no-quota", "a-quota", "several-namespaces"],
+    )
+    def test_the_namespace_table_is_shown_with_quotas_or_several_namespaces(
+            self, runs: list[PolicyRun], quotas: int, shown: bool) -> None:
+        assert shows_namespaces(runs, quotas) is shown
 
     def test_allocation_at_a_share_of_capacity_is_read_between_samples(self) -> None:
         samples = [sample(0.5, 0.4, 0.0), sample(1.5, 0.8, 0.0)]
@@ -214,6 +259,18 @@ class TestPlot:
         assert inline is not None and ET.fromstring(inline.group()).findtext(
             f"{SVG}title") == title
         assert "<td>&lt;script&gt;&amp;</td><td>x&quot;y</td><td>3 of 4</td>" in page
+
+    def test_the_page_adds_pods_by_namespace_when_asked(self) -> None:
+        assert "Pods by namespace" not in plot_html([QUOTAED], "t")
+        page = plot_html([QUOTAED], "t", namespaces=True)
+        table = re.search(r'<table class="namespaces">.*?</table>', page, re.DOTALL)
+        assert table is not None
+        rows = [re.findall(r"<t[dh]>(.*?)</t[dh]>", row)
+                for row in re.findall(r"<tr>(.*?)</tr>", table.group())]
+        assert rows == [["policy", "namespace", "pods", "placed", "refused for quota",
+                         "refused otherwise"],
+                        ["spread", "team-a", "4", "2", "2", "0"],
+                        ["spread", "team-b", "2", "1", "0", "1"]]
 
 
 class TestProgress:
@@ -324,7 +381,7 @@ class TestCommand:
                       "--policy", "spread", "-o", "json", "--plot", plot)
         assert (done.returncode, done.stderr) == (0, "")
         document = json.loads(done.stdout)
-        assert document["cluster"] == {"nodes": 1, "cards": 2}
+        assert document["cluster"] == {"nodes": 1, "cards": 2, "quotas": 0}
         assert document["workload"] == {"pods": 3}
         binpack, spread = document["policies"]
         # binpack: both halves on card 0, the whole pod on card 1: all cores booked.
@@ -344,6 +401,54 @@ class TestCommand:
         lines = done.stdout.splitlines()
         assert lines[0] == "1 nodes, 2 cards; 3 pods"
         assert lines[2].split()[:5] == ["binpack", "binpack", "3", "3", "0"]
+
+    def test_refusals_by_namespace_under_a_quota(self, tmp_path: Path) -> None:
+        # Two cards of 16384 MiB; team-a may use 8000 MiB. team-a's four pods of 3000 MiB:
+        # two fit (6000), the third would make 9000: it and the fourth wait, and are
+        # refused at the end for the quota. team-b's three pods of 3000 fit; its pod of
+        # 20000 MiB fits no card.
+        cluster = tmp_path / "cluster.json"
+        cluster.write_text(json.dumps({
+            "nodes": [{"name": "a", "devices": [
+                {"uuid": f"GPU-{i}", "index": i, "type": "NVIDIA", "memory": 16384}
+                for i in range(2)]}],
+            "quotas": [{"apiVersion": "v1", "kind": "ResourceQuota",
+                        "metadata": {"name": "gpu-quota", "namespace": "team-a"},
+                        "spec": {"hard": {"limits.nvidia.com/gpumem": "8000"}}}]}))
+
+        def pod(name: str, namespace: str, memory: int) -> dict[str, Any]:
+            limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": memory}
+            return {"metadata": {"name": name, "namespace": namespace},
+                    "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+
+        workload = tmp_path / "workload.json"
+        workload.write_text(json.dumps({"pods": [
+            *({"arrival": i, "pod": pod(f"a{i}", "team-a", 3000)} for i in range(4)),
+            *({"arrival": 10 + i, "pod": pod(f"b{i}", "team-b", 3000)} for i in range(3)),
+            {"arrival": 20, "pod": pod("big", "team-b", 20000)}]}))
+        table = pyhami("--cluster", cluster, "--workload", workload, "--policy", "binpack")
+        assert (table.returncode, table.stderr) == (0, "")
+        lines = table.stdout.splitlines()
+        assert lines[0] == "1 nodes, 2 cards, 1 ResourceQuota; 8 pods"
+        assert "ResourceQuotaNotFit (2), CardInsufficientMemory (1)" in lines[2]
+        assert lines[4] == "Pods by namespace"
+        assert [line.split() for line in lines[5:]] == [
+            ["policy", "namespace", "pods", "placed", "refused", "for", "quota", "refused",
+             "otherwise"],
+            ["binpack", "team-a", "4", "2", "2", "0"],
+            ["binpack", "team-b", "4", "3", "0", "1"],
+        ]
+        done = pyhami("--cluster", cluster, "--workload", workload, "--policy", "binpack",
+                      "-o", "json")
+        document = json.loads(done.stdout)
+        assert document["cluster"] == {"nodes": 1, "cards": 2, "quotas": 1}
+        run = document["policies"][0]
+        assert run["refused_by_reason"] == {"CardInsufficientMemory": 1,
+                                            "ResourceQuotaNotFit": 2}
+        assert run["by_namespace"] == {
+            "team-a": {"pods": 4, "placed": 2, "refused_for_quota": 2, "refused_otherwise": 0},
+            "team-b": {"pods": 4, "placed": 3, "refused_for_quota": 0, "refused_otherwise": 1},
+        }
 
     def test_a_file_the_formats_refuse_is_one_line(self, tmp_path: Path) -> None:
         argv = write_two_cards(tmp_path)

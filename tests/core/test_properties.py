@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,8 @@ from common.core import (
     decide,
     parse_pod,
 )
+from common.core.pod import Container, ResourceRequirements
+from common.core.quota import Quota, Scope, ScopeRule
 from pyhami.sandbox import DEFAULTS
 from tests.builders import manifest, run
 
@@ -260,3 +263,128 @@ def test_a_fleet_that_decided_before_changes_decides_as_one_built_afresh(
         request = parse_pod(pod, DEFAULTS)
         assert outcome(decide(fleet, request)) == outcome(
             decide(afresh, request, exhaustive=True))
+
+
+# ResourceQuota: random quotas, random pods decided and booked one after another.
+
+NAMESPACES = ["team-a", "team-b"]
+
+
+@st.composite
+def quota_lists(draw: st.DrawFn) -> list[Quota]:
+    quotas = []
+    for number in range(draw(st.integers(1, 4))):
+        memory = draw(st.none() | st.integers(0, 12000))
+        cores = draw(st.none() | st.integers(0, 250))
+        if memory is None and cores is None:
+            memory = draw(st.integers(0, 12000))
+        rules = draw(st.sampled_from([
+            (), (), (), (ScopeRule(Scope.PRIORITY_CLASS, "In", frozenset({"high"})),),
+            (ScopeRule(Scope.PRIORITY_CLASS, "NotIn", frozenset({"high"})),),
+            (ScopeRule(Scope.TERMINATING),), (ScopeRule(Scope.NOT_TERMINATING),),
+            (ScopeRule(Scope.BEST_EFFORT),), (ScopeRule(Scope.NOT_BEST_EFFORT),)]))
+        quotas.append(Quota(draw(st.sampled_from(NAMESPACES)), f"q{number}", memory, cores,
+                            rules))
+    return quotas
+
+
+@st.composite
+def tenant_pods(draw: st.DrawFn, number: int) -> PodManifest:
+    """A pod of a namespace under quota: what quota scopes match on, and containers asking
+    MiB or a percentage, with cores, over one or two cards, init containers among them."""
+
+    def limits() -> dict[str, int | str]:
+        spec: dict[str, int | str] = {"nvidia.com/gpu": draw(st.integers(1, 2)),
+                                      "nvidia.com/gpucores": draw(st.sampled_from([0, 20, 40]))}
+        if draw(st.booleans()):
+            spec["nvidia.com/gpumem"] = draw(st.sampled_from([1000, 2000, 4000]))
+        else:
+            spec["nvidia.com/gpumem-percentage"] = draw(st.sampled_from([10, 25, 50]))
+        return spec
+
+    pod = manifest(f"p{number}",
+                   containers=[limits() for _ in range(draw(st.sampled_from([1, 1, 2])))],
+                   init_containers=[limits() for _ in range(draw(st.sampled_from([0, 0, 1])))],
+                   policy=draw(st.sampled_from(["binpack", "spread"])))
+    # With a cpu request the pod is not BestEffort.
+    requests: dict[str, str | int | float] | None = (
+        {"cpu": "100m"} if draw(st.booleans()) else None)
+    containers = [Container(name=c.name, resources=ResourceRequirements(
+        limits=(c.resources.limits if c.resources else None), requests=requests))
+        for c in pod.spec.containers]
+    spec = msgspec.structs.replace(
+        pod.spec, containers=containers,
+        priority_class_name=draw(st.sampled_from([None, "high", "low"])),
+        active_deadline_seconds=draw(st.sampled_from([None, 600])))
+    metadata = msgspec.structs.replace(pod.metadata, namespace=draw(st.sampled_from(NAMESPACES)))
+    return PodManifest(metadata=metadata, spec=spec)
+
+
+def quota_used(fleet: Fleet) -> dict[tuple[str, str, str], tuple[int, int]]:
+    """(namespace, quota, resource) -> (used, limit)."""
+    return {(s.namespace, s.quota, s.resource): (s.used, s.limit)
+            for s in fleet.quotas.standings()}
+
+
+@st.composite
+def quota_cards(draw: st.DrawFn) -> list[Node]:
+    """Up to three nodes of two to four cards of two sizes, so that a percentage costs
+    different MiB on different cards."""
+    return [Node(name=f"node-{n}", devices=[
+        Card(uuid=f"GPU-{n}-{i}", index=i, type="NVIDIA-A100",
+             memory=draw(st.sampled_from([8192, 16384])), cores=100, count=10)
+        for i in range(draw(st.integers(2, 4)))]) for n in range(draw(st.integers(1, 3)))]
+
+
+@COMMON
+@given(cluster=quota_cards(), quotas=quota_lists(),
+       pods=st.integers(1, 10).flatmap(
+           lambda count: st.tuples(*(tenant_pods(n) for n in range(count)))),
+       quotas_first=st.booleans(), shuffle=st.randoms(use_true_random=False))
+def test_no_quota_is_exceeded_by_a_pod_placed_and_refunds_bring_it_back_to_zero(
+    cluster: list[Node], quotas: list[Quota], pods: tuple[PodManifest, ...],
+    quotas_first: bool, shuffle: Any,
+) -> None:
+    fleet = build(cluster, {})
+    if quotas_first:
+        for quota in quotas:
+            fleet.quotas.set_quota(quota)
+    placed: list[str] = []
+    for position, pod in enumerate(pods):
+        if position == len(pods) // 2 and not quotas_first:
+            # Quotas set with pods already holding cards: counted from them.
+            for quota in quotas:
+                fleet.quotas.set_quota(quota)
+        request = parse_pod(pod, DEFAULTS)
+        before = quota_used(fleet)
+        decision = decide(fleet, request)
+        if decision.allocation is None:
+            continue
+        fleet.allocate(decision.pod, decision.allocation)
+        placed.append(decision.pod)
+        after = quota_used(fleet)
+        charge = decision.allocation.charge()
+        for quota in fleet.quotas.quotas():
+            applies = quota.applies_to(request.subject)
+            for resource, asked in (("nvidia.com/gpumem", charge.memory),
+                                    ("nvidia.com/gpucores", charge.cores)):
+                key = (quota.namespace, quota.name, resource)
+                if key not in after:
+                    continue
+                was, limit = before[key]
+                now, _ = after[key]
+                assert now == (was + asked if applies else was)
+                if applies:
+                    # A quota already exceeded admits nothing; one within its limit
+                    # stays within it.
+                    assert was <= limit
+                    assert now <= limit
+    # The book kept by charges agrees with one counted afresh from the ledger.
+    afresh = build(cluster, fleet.allocations())
+    for quota in quotas:
+        afresh.quotas.set_quota(quota)
+    assert quota_used(afresh) == quota_used(fleet)
+    for key in shuffle.sample(placed, len(placed)):
+        fleet.release(key)
+    assert all(used == 0 for used, _ in quota_used(fleet).values())
+    assert fleet.quotas.namespace_used() == {}
