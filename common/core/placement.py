@@ -171,10 +171,12 @@ class PodView:
         if own is not None:
             spent_memory, spent_cores, memory, cores = own.increase(request, memory, cores)
         fails = np.zeros(len(capacity), dtype=np.bool_)
+        # A resource the card would add nothing of is not checked, as Kubernetes checks
+        # only what a pod asks for: an exceeded cores quota refuses no pod of 0 cores.
         if self.quota.memory is not None:
-            fails |= spent_memory + request.cards * memory > self.quota.memory
+            fails |= (memory > 0) & (spent_memory + request.cards * memory > self.quota.memory)
         if self.quota.cores is not None:
-            fails |= spent_cores + request.cards * cores > self.quota.cores
+            fails |= (cores > 0) & (spent_cores + request.cards * cores > self.quota.cores)
         return fails
 
     def _capacity_codes(self, request: ContainerRequest, where: slice | IntArray,

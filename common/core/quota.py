@@ -228,10 +228,6 @@ class QuotaLeft:
     memory: int | None
     cores: int | None
 
-    def admits(self, charge: Usage) -> bool:
-        return ((self.memory is None or charge.memory <= self.memory)
-                and (self.cores is None or charge.cores <= self.cores))
-
 
 @dataclass(frozen=True, slots=True)
 class QuotaRefusal:
@@ -383,7 +379,7 @@ class QuotaBook:
             for resource, limit, spent, wanted in (
                     (RESOURCE_MEMORY, quota.memory, used.memory, asked.memory),
                     (RESOURCE_CORES, quota.cores, used.cores, asked.cores)):
-                if limit is not None and spent + wanted > limit:
+                if limit is not None and wanted > 0 and spent + wanted > limit:
                     refusal = QuotaRefusal(pod.namespace, quota.name, resource, spent, wanted,
                                            limit)
                     found.append((limit - spent - wanted, quota.name, refusal))

@@ -374,8 +374,9 @@ def test_no_quota_is_exceeded_by_a_pod_placed_and_refunds_bring_it_back_to_zero(
                 was, limit = before[key]
                 now, _ = after[key]
                 assert now == (was + asked if applies else was)
-                if applies:
-                    # A quota already exceeded admits nothing; one within its limit
+                if applies and asked > 0:
+                    # A quota already exceeded admits nothing of its resource (a pod
+                    # asking none of it is not judged by it); one within its limit
                     # stays within it.
                     assert was <= limit
                     assert now <= limit

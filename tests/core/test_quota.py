@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from common.core import Allocation, CardGrant, Defaults, Usage, parse_pod
+from common.core import Allocation, CardGrant, Defaults, Usage, decide, parse_pod
 from common.core.pod import (
     Container,
     ObjectMeta,
@@ -31,6 +31,7 @@ from common.core.quota import (
     requested_charge,
 )
 from pyhami.sandbox import DEFAULTS
+from tests.builders import fleet_of, hold, manifest, node
 
 MEMORY = "limits.nvidia.com/gpumem"
 CORES = "limits.nvidia.com/gpucores"
@@ -602,3 +603,25 @@ class TestAllocationCharge:
     def test_charge(self, containers: tuple[tuple[CardGrant, ...], ...], init: int,
                     charge: Usage) -> None:
         assert allocation(*containers, init=init).charge() == charge
+
+
+class TestExceededQuota:
+    """A quota already past its limit (lowered below its use) refuses what adds to it, and
+    only that: Kubernetes checks the resources a pod asks for."""
+
+    @pytest.mark.parametrize(("asked", "placed"), [
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10}, True),
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10, "nvidia.com/gpucores": 1}, False),
+    ], ids=["asking-no-cores-is-placed", "asking-one-core-is-refused"])
+    def test_an_exceeded_cores_quota(self, asked: dict[str, Any], placed: bool) -> None:
+        fleet = fleet_of(node("n", 2))
+        hold(fleet, "default/old", "n", "GPU-n-0", memory=1000, cores=60)
+        fleet.quotas.set_quota(Quota("default", "q", cores=50))
+        decision = decide(fleet, parse_pod(manifest(containers=[asked]), DEFAULTS),
+                          describe=True)
+        assert (decision.node is not None) is placed
+        if not placed:
+            assert decision.message is not None
+            assert decision.message.startswith(
+                "default would use 61 of 50 nvidia.com/gpucores under ResourceQuota q "
+                "(asked 1)")
