@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from common.core.names import InvalidName, check_label, check_subdomain, shown
 from common.core.pod import DEFAULT_NAMESPACE, whole_quantity
 from common.core.policy import PodRejected
 from common.core.quota import (
@@ -26,6 +27,8 @@ from scheduler.web.pods import Handler, path_names, refusing_on_standby
 
 KIND = "ResourceQuota"
 SOURCE = "request body"
+SHOWN = 40
+"""Characters of a refused value that is not text shown in a message."""
 
 
 class QuotaBodyError(Exception):
@@ -48,8 +51,8 @@ def read_quota(body: bytes, namespace: str | None = None,
     for field, wanted in (("namespace", namespace), ("name", name)):
         given = metadata.get(field)
         if wanted is not None and given not in (None, "", wanted):
-            raise QuotaBodyError(f"{SOURCE}: metadata.{field} {given!r} is not the URL's "
-                                 f"{wanted!r}")
+            raise QuotaBodyError(f"{SOURCE}: metadata.{field} {_shown(given)} is not the "
+                                 f"URL's {wanted!r}")
         if wanted is not None and not given:
             metadata[field] = wanted
     if not metadata.get("namespace"):
@@ -91,8 +94,16 @@ def _document(body: bytes) -> dict[str, Any]:
         raise QuotaBodyError(f"{SOURCE}: expected a ResourceQuota manifest (a mapping)")
     kind = document.get("kind", KIND)
     if kind != KIND:
-        raise QuotaBodyError(f"{SOURCE}: kind is {kind!r:.80}, expected {KIND!r}")
+        raise QuotaBodyError(f"{SOURCE}: kind is {_shown(kind)}, expected {KIND!r}")
     return document
+
+
+def _shown(value: object) -> str:
+    """A value of the body, quoted and cut short for a one-line message."""
+    if isinstance(value, str):
+        return shown(value)
+    text = repr(value)
+    return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
 
 
 def _early_refusal(document: dict[str, Any]) -> str | None:
@@ -103,11 +114,18 @@ def _early_refusal(document: dict[str, Any]) -> str | None:
     hard = spec.get("hard") if isinstance(spec, dict) else None
     if not isinstance(hard, dict) or not isinstance(metadata, dict):
         return None
-    where = f"ResourceQuota {metadata.get('namespace')}/{metadata.get('name')}"
+    namespace, name = metadata.get("namespace"), metadata.get("name")
+    try:
+        check_label("", namespace if isinstance(namespace, str) else "")
+        check_subdomain("", name if isinstance(name, str) else "")
+    except InvalidName:
+        return None  # msgspec's message names the field, and parse_quota would the name
+    where = f"ResourceQuota {namespace}/{name}"
     for key, value in hard.items():
-        field = f"{where}.spec.hard[{key}]"
+        # The GPU keys are named as parse_quota names them; any other is quoted.
+        field = f"{where}.spec.hard[{key if key in (MEMORY_KEY, CORES_KEY) else _shown(key)}]"
         if isinstance(value, bool) or not isinstance(value, int | float | str):
-            return f"{field}: {value!r:.40} is not a quantity"
+            return f"{field}: {_shown(value)} is not a quantity"
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
             try:
                 whole_quantity(value, field)
