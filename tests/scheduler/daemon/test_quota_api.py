@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+import nats
 import pytest
 
-from common.core.quota import QuotaStanding
+from common.core.quota import QuotaStanding, ResourceQuotaManifest
 from pyhami.demo import lab_pod
+from scheduler.cluster.standalone import BUCKET, StoredQuota
 from scheduler.web.limits import POD_BODY_LIMIT
-from tests.harness import Lab
+from tests.harness import Lab, eventually
 from tests.quotas import NAMESPACE, QUOTAS, call, quota, standings, team_pod
 
 
@@ -194,3 +197,44 @@ async def test_a_quota_of_another_namespace_leaves_this_one_alone(lab: Lab) -> N
                            json_body=quota("tight", memory=1))
     assert status == 201
     await lab.pods.submit_and_place(lab_pod("default-pod"))  # namespace default
+
+
+async def test_a_quota_written_to_the_bucket_by_another_writer_is_applied_or_refused_with_an_event(
+        lab: Lab) -> None:
+    """What the door never lets in may still reach the bucket (another daemon's version, a
+    hand edit): the watch brings it, and a quota pyhami cannot apply gets a Warning Event
+    while its last valid limits stay."""
+    client = await nats.connect(lab.nats.url)
+    try:
+        bucket = await client.jetstream().key_value(BUCKET)
+
+        async def write(manifest: dict[str, Any]) -> None:
+            stored = StoredQuota(manifest=msgspec.convert(manifest, ResourceQuotaManifest),
+                                 given=msgspec.json.encode(manifest))
+            await bucket.put(f"_resourcequota.{NAMESPACE}.outside", msgspec.msgpack.encode(stored))
+
+        await write(quota("outside", memory=3000))
+
+        async def applied() -> bool:
+            return standings(lab.daemon) == [
+                QuotaStanding(NAMESPACE, "outside", "nvidia.com/gpumem", 0, 3000)]
+
+        await eventually(applied, "the watch to bring the quota")
+        await write(quota("outside", memory=-1))
+        url = f"{lab.daemon.url}{QUOTAS}/{NAMESPACE}/outside"
+
+        async def refused() -> bool:
+            status, text = await call(lab.pods.session, "GET", f"{url}/events")
+            return status == 200 and json.loads(text) != []
+
+        await eventually(refused, "the refusal's Event")
+        (event,) = json.loads((await call(lab.pods.session, "GET", f"{url}/events"))[1])
+        assert (event["type"], event["reason"], event["message"]) == (
+            "Warning", "QuotaRefused",
+            f"pyhami cannot apply this quota: ResourceQuota {NAMESPACE}/outside.spec.hard["
+            "limits.nvidia.com/gpumem]: '-1' is a negative number; its last valid limits stay "
+            "applied")
+        assert (await call(lab.pods.session, "GET", url))[1].count('"-1"') == 1  # kept as stored
+        assert await applied()
+    finally:
+        await client.close()
