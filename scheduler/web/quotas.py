@@ -27,6 +27,9 @@ from scheduler.web.pods import Handler, path_names, refusing_on_standby
 
 KIND = "ResourceQuota"
 SOURCE = "request body"
+APPLY_WAIT_S = 5.0
+"""How long a write waits for this daemon to apply the quota before it answers anyway (the
+quota is stored, and applies as soon as the daemon gets to it)."""
 SHOWN = 40
 """Characters of a refused value that is not text shown in a message."""
 
@@ -140,10 +143,11 @@ class QuotaApi:
 
     A body is a ResourceQuota manifest, JSON or YAML, at most ``POD_BODY_LIMIT`` (413); one
     pyhami cannot apply is a 400 naming the field, and nothing is stored. A standby answers
-    503 naming the lease's holder, as the pod API does. A quota is kept
-    as given (with its namespace filled in), and applies once stored: the daemon that
-    stored it at once, the others through the bucket's watch. A 503 means nothing was
-    stored. A quota that sets no GPU limit is stored and listed, and limits nothing.
+    503 naming the lease's holder, as the pod API does; any 503 means nothing was stored.
+    A quota is kept as given (with its namespace filled in) and applies once stored: on
+    this daemon before the write is answered (``APPLY_WAIT_S`` at most), on the others
+    through the bucket's watch. A quota that sets no GPU limit is stored and listed, and
+    limits nothing.
     """
 
     def __init__(self, cluster: StandaloneCluster) -> None:
@@ -186,6 +190,7 @@ class QuotaApi:
             return _text(413, str(error))
         except ClusterError as error:
             return _text(409, str(error))
+        await self._cluster.quotas_applied(APPLY_WAIT_S)
         return _json(quota.given, status=201 if created else 200)
 
     async def list_quotas(self, _: web.Request) -> web.Response:
@@ -211,6 +216,7 @@ class QuotaApi:
             return _text(409, str(error))
         if not deleted:
             return _text(404, f"ResourceQuota {namespace}/{name} not found")
+        await self._cluster.quotas_applied(APPLY_WAIT_S)
         return web.Response(status=204)
 
     async def quota_events(self, request: web.Request) -> web.Response:

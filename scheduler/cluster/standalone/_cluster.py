@@ -219,6 +219,14 @@ class StandaloneCluster:
             await self._quotas.replace(key, quota, what)
             return False
 
+    async def quotas_applied(self, timeout: float) -> bool:
+        """Whether every quota change this daemon knows of was applied within ``timeout``
+        seconds (``quota_changes`` read past it)."""
+        applied = asyncio.ensure_future(self._quotas.applied())
+        done, _ = await asyncio.wait({applied}, timeout=timeout)
+        applied.cancel()
+        return bool(done)
+
     async def delete_quota(self, namespace: str, name: str) -> bool:
         """Delete the quota and its Events; False when there is no such quota."""
         key = quota_key(namespace, name)

@@ -74,6 +74,10 @@ class QuotaBucket(FencedBucket[StoredQuota]):
         """Every quota as this daemon last knew it."""
         return self.values()
 
+    async def applied(self) -> None:
+        """Return once every change told so far was applied (``changes`` was read past it)."""
+        await self._changes.join()
+
     async def reattach(self, connection: Client) -> None:
         await super().reattach(connection)
         self._watch_replaced = True
@@ -92,6 +96,7 @@ class QuotaBucket(FencedBucket[StoredQuota]):
         try:
             while True:
                 yield await self._changes.get()
+                self._changes.task_done()  # the reader has applied it: asked for the next
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
