@@ -238,3 +238,25 @@ async def test_a_quota_written_to_the_bucket_by_another_writer_is_applied_or_ref
         assert await applied()
     finally:
         await client.close()
+
+
+BIG = "x" * (1536 * 1024)  # under the 3 MiB body limit, over the 1 MiB NATS message
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    pytest.param(QUOTAS, {**quota("big", memory=1000), "metadata": {
+        "name": "big", "namespace": NAMESPACE, "labels": {"note": BIG}}}, id="quota"),
+    pytest.param("/api/pods", {**team_pod("big", 1000), "metadata": {
+        "name": "big", "namespace": NAMESPACE, "annotations": {"note": BIG}}}, id="pod"),
+])
+async def test_what_the_store_cannot_hold_in_one_message_is_a_413_and_nothing_is_written(
+        lab: Lab, path: str, body: dict[str, Any]) -> None:
+    status, text = await call(lab.pods.session, "POST", f"{lab.daemon.url}{path}",
+                              json_body=body)
+    assert status == 413
+    assert "bytes stored, more than the" in text
+    assert text.endswith("the NATS server takes in one message; nothing was written\n")
+    assert (await listed(lab))["items"] == []
+    assert await lab.pods.pods() == []
+    await lab.pods.submit(team_pod("after", 1000))  # the store is written as before
+    await lab.pods.placed("after", NAMESPACE)

@@ -177,6 +177,9 @@ async def test_a_standby_applies_the_quotas_through_the_watch_and_enforces_them_
             return limit_on_standby() == limit
 
         await eventually(lambda: standby_has(4000), "the standby to apply the quota")
+        status, text = await call(lab.pods.session, "POST", f"{standby.url}{QUOTAS}",
+                                  json_body=quota("elsewhere", memory=1))
+        assert (status, text.startswith("standby: ")) == (503, True)  # it writes nothing
         await store_quota(lab, quota("gpu-quota", memory=3000), status=200)
         await eventually(lambda: standby_has(3000), "the standby to apply the new limit")
         await lab.pods.submit(team_pod("held", 3000))
