@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from common.core.errors import InvalidInput
 from common.core.names import InvalidName, check_label, check_subdomain, shown
 from common.core.pod import DEFAULT_NAMESPACE, whole_quantity
 from common.core.policy import PodRejected
@@ -34,7 +35,7 @@ SHOWN = 40
 """Characters of a refused value that is not text shown in a message."""
 
 
-class QuotaBodyError(Exception):
+class QuotaBodyError(InvalidInput):
     """A body that is no ResourceQuota pyhami can store; the message says why."""
 
 
