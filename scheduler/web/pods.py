@@ -53,7 +53,8 @@ def refusing_on_standby(cluster: StandaloneCluster, handler: Handler) -> Handler
 class PodApi:
     """``/api/pods``: submit (POST a Pod manifest, YAML or JSON), list, get, delete.
 
-    Names are checked as Kubernetes checks them; a body over ``POD_BODY_LIMIT`` is a 413.
+    Names are checked as Kubernetes checks them; a body over ``POD_BODY_LIMIT``, or a pod
+    larger than the store takes in one NATS message, is a 413.
     A standby's pods may be stale and it writes none: every route answers it 503 naming
     the holder. ``retry_now`` is told of every pod submitted (the pending loop's).
     """

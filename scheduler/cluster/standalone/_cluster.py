@@ -207,8 +207,8 @@ class StandaloneCluster:
         namespace, name = quota.manifest.namespace, quota.manifest.metadata.name
         key = quota_key(namespace, name)
         async with self._quotas.writing(key) as existing:
-            what = f"{'replace' if existing is not None else 'create'} ResourceQuota " \
-                   f"{namespace}/{name}"
+            verb = "create" if existing is None else "replace"
+            what = f"{verb} ResourceQuota {namespace}/{name}"
             if existing is None:
                 if not await self._quotas.create(key, quota, what):
                     raise ClusterError(f"ResourceQuota {namespace}/{name} was created "
