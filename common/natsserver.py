@@ -17,10 +17,24 @@ from types import TracebackType
 from common.core.errors import ExternalFailure
 
 READY_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 2.0
 
 
 class NatsServerError(ExternalFailure):
     """The embedded nats-server cannot be found or does not start."""
+
+
+def _all_stopped(tasks: Path) -> bool:
+    """Whether every thread listed under ``/proc/PID/task`` is stopped (state T); True
+    where /proc cannot tell (not Linux, or the process is gone)."""
+    try:
+        for task in tasks.iterdir():
+            state = (task / "stat").read_text().rpartition(")")[2].split()[0]
+            if state not in ("T", "t"):
+                return False
+    except (OSError, IndexError):
+        return True
+    return True
 
 
 def nats_server_binary() -> Path:
@@ -109,9 +123,18 @@ class LocalNatsServer:
             self._process = None
 
     def pause(self) -> None:
-        """Freeze the server (SIGSTOP): connections stay open and nothing is answered."""
-        if self._process is not None:
-            self._process.send_signal(signal.SIGSTOP)
+        """Freeze the server (SIGSTOP): connections stay open and nothing is answered.
+
+        Returns once every thread of it is stopped: a signal takes effect when a thread
+        next enters the kernel, and a busy server could answer one more request meanwhile.
+        """
+        if self._process is None:
+            return
+        self._process.send_signal(signal.SIGSTOP)
+        tasks = Path(f"/proc/{self._process.pid}/task")
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while time.monotonic() < deadline and not _all_stopped(tasks):
+            time.sleep(0.001)
 
     def resume(self) -> None:
         """Let a paused server go on with what it received meanwhile (SIGCONT)."""

@@ -82,11 +82,13 @@ class ScenarioError(PyhamiError):
 
 @dataclass(frozen=True)
 class Step:
-    """``title`` opens a section; ``submit`` places a pod; ``delete`` removes one by name."""
+    """``title`` opens a section; ``submit`` places a pod; ``delete`` removes one by name;
+    ``quota`` stores a ResourceQuota (or replaces the one of its name)."""
 
     title: str | None = None
     submit: dict[str, Any] | None = None
     delete: str | None = None
+    quota: dict[str, Any] | None = None
 
 
 def lab_pod(name: str, annotations: dict[str, str] | None = None,
@@ -126,7 +128,8 @@ def lab_scenario(first_node: str) -> list[Step]:
 
 
 def load_scenario(path: Path) -> list[Step]:
-    """A YAML list: ``- title: TEXT``, ``- submit: MANIFEST or FILE``, ``- delete: NAME``."""
+    """A YAML list: ``- title: TEXT``, ``- submit: MANIFEST or FILE``, ``- delete: NAME``,
+    ``- quota: MANIFEST or FILE`` (a ResourceQuota)."""
     try:
         document = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
@@ -137,30 +140,30 @@ def load_scenario(path: Path) -> list[Step]:
     for position, entry in enumerate(document):
         where = f"{path}: step {position + 1}"
         if not isinstance(entry, dict) or len(entry) != 1:
-            raise ScenarioError(f"{where}: expected one of title, submit, delete")
+            raise ScenarioError(f"{where}: expected one of title, submit, delete, quota")
         (kind, value), = entry.items()
         if kind == "title" and isinstance(value, str):
             steps.append(Step(title=value))
         elif kind == "delete" and isinstance(value, str):
             steps.append(Step(delete=value))
-        elif kind == "submit" and isinstance(value, str):
-            try:
-                manifest = yaml.safe_load((path.parent / value).read_text())
-            except (OSError, yaml.YAMLError) as error:
-                raise ScenarioError(f"{where}: {value}: {error}".replace("\n", " ")) from None
-            steps.append(Step(submit=_manifest(manifest, where)))
-        elif kind == "submit":
-            steps.append(Step(submit=_manifest(value, where)))
+        elif kind in ("submit", "quota"):
+            if isinstance(value, str):
+                try:
+                    value = yaml.safe_load((path.parent / value).read_text())
+                except (OSError, yaml.YAMLError) as error:
+                    raise ScenarioError(f"{where}: {value}: {error}".replace("\n", " ")) from None
+            manifest = _manifest(value, where, "Pod" if kind == "submit" else "ResourceQuota")
+            steps.append(Step(submit=manifest) if kind == "submit" else Step(quota=manifest))
         else:
             raise ScenarioError(f"{where}: {kind!r} with {type(value).__name__} is not a step")
     return steps
 
 
-def _manifest(value: object, where: str) -> dict[str, Any]:
+def _manifest(value: object, where: str, kind: str = "Pod") -> dict[str, Any]:
     if not isinstance(value, dict) or not isinstance(value.get("metadata"), dict) or not (
         value["metadata"].get("name")
     ):
-        raise ScenarioError(f"{where}: a Pod manifest with metadata.name is needed")
+        raise ScenarioError(f"{where}: a {kind} manifest with metadata.name is needed")
     value["metadata"].setdefault("namespace", DEFAULT_NAMESPACE)
     return value
 
@@ -249,7 +252,28 @@ class Driver:
                 raise ScenarioError(f"delete {name}: {response.status} {await response.text()}")
         self.waiting.pop(name, None)
         self.console.print(f"  [dim]deleted {name}[/]")
-        for manifest in list(self.waiting.values()):  # as kube-scheduler requeues on delete
+        await self._retry_waiting()
+
+    async def set_quota(self, manifest: dict[str, Any]) -> None:
+        """Store a ResourceQuota (replacing the one of its name); waiting pods are tried
+        again, as pyhami asks kube-scheduler to when a quota changes."""
+        metadata = manifest["metadata"]
+        if self.namespace is not None:
+            metadata["namespace"] = self.namespace
+        where = f"{self.url}/api/resourcequotas/{metadata['namespace']}/{metadata['name']}"
+        async with self.http.put(where, json=manifest) as response:
+            if response.status not in (200, 201):
+                raise ScenarioError(f"quota {metadata['name']}: {response.status} "
+                                    f"{await response.text()}")
+        hard = manifest.get("spec", {}).get("hard", {})
+        limits = ", ".join(f"{key} {value}" for key, value in hard.items()
+                           if key.startswith("limits.nvidia.com/")) or "no GPU limit"
+        self.console.print(f"  [dim]ResourceQuota {metadata['name']} in "
+                           f"{metadata['namespace']}: {limits}[/]")
+        await self._retry_waiting()
+
+    async def _retry_waiting(self) -> None:
+        for manifest in list(self.waiting.values()):  # as kube-scheduler requeues
             if await self.schedule(manifest):
                 self.console.print(f"  [dim]{manifest['metadata']['name']} was waiting and is "
                                    "now placed, without being submitted again[/]")
@@ -260,16 +284,20 @@ class Driver:
         return await known_nodes(self.http, self.url)
 
     async def clear_namespace(self) -> None:
-        """Deletes every pod in the driver's namespace: what an earlier run left there."""
+        """Deletes every pod and ResourceQuota in the driver's namespace: what an earlier
+        run left there."""
         async with self.http.get(f"{self.url}/api/pods") as response:
             pods = await response.json()
-        for pod in pods:
-            if pod["namespace"] != self.namespace:
-                continue
-            where = f"{self.url}/api/pods/{pod['namespace']}/{pod['name']}"
+        async with self.http.get(f"{self.url}/api/resourcequotas") as response:
+            quotas = (await response.json())["items"] if response.status == 200 else []
+        doomed = [("pods", pod["name"]) for pod in pods if pod["namespace"] == self.namespace]
+        doomed += [("resourcequotas", quota["metadata"]["name"]) for quota in quotas
+                   if quota["metadata"]["namespace"] == self.namespace]
+        for kind, name in doomed:
+            where = f"{self.url}/api/{kind}/{self.namespace}/{name}"
             async with self.http.delete(where) as response:
                 if response.status not in (204, 404):
-                    raise ScenarioError(f"delete {pod['name']}: {response.status} "
+                    raise ScenarioError(f"delete {name}: {response.status} "
                                         f"{await response.text()}")
 
 
@@ -367,6 +395,8 @@ async def play_steps(driver: Driver, steps: list[Step]) -> None:
             await driver.submit(step.submit)
         elif step.delete is not None:
             await driver.delete(step.delete)
+        elif step.quota is not None:
+            await driver.set_quota(step.quota)
     driver.console.print(summary(driver.placements))
 
 

@@ -78,6 +78,7 @@ from scheduler.tls.webhook import (
 from scheduler.web.extender import extender_app, metrics_app
 from scheduler.web.pods import PodApi
 from scheduler.web.probes import serve, starting_app
+from scheduler.web.quotas import QuotaApi
 from scheduler.web.webhook import WEBHOOK_PATH, QuotaGate, webhook_app
 
 if TYPE_CHECKING:
@@ -316,6 +317,7 @@ class Daemon:
             self._pending = PendingLoop(service, self._standalone, config.retry_period,
                                         config.scheduler_name)
             app.add_routes(PodApi(self._standalone, self._pending.retry_now).routes())
+            app.add_routes(QuotaApi(self._standalone).routes())
         await probes.aclose()
         tls = _context_of(self._extender_files)
         undo.push_async_callback((await serve(app, config.listen, tls)).cleanup)

@@ -66,25 +66,27 @@ class PodClient:
             pods: list[dict[str, Any]] = await response.json()
             return pods
 
-    async def placed(self, name: str) -> dict[str, Any]:
+    async def placed(self, name: str, namespace: str = "default",
+                     timeout: float = WAIT_S) -> dict[str, Any]:
         """Wait until the pod is bound; returns it."""
         pod: dict[str, Any] = {}
 
         async def bound() -> bool:
             nonlocal pod
-            pod = await self.get(name)
+            pod = await self.get(name, namespace)
             return pod["node"] is not None
 
-        await eventually(bound, f"pod {name} to be placed")
+        await eventually(bound, f"pod {name} to be placed", timeout)
         return pod
 
-    async def pending_with(self, name: str, reason: str) -> dict[str, Any]:
+    async def pending_with(self, name: str, reason: str,
+                           namespace: str = "default") -> dict[str, Any]:
         """Wait until the pod carries a FilteringFailed event; returns it, still unbound."""
         pod: dict[str, Any] = {}
 
         async def failed() -> bool:
             nonlocal pod
-            pod = await self.get(name)
+            pod = await self.get(name, namespace)
             return any(e["reason"] == reason for e in pod["events"])
 
         await eventually(failed, f"pod {name} to get a {reason} event")

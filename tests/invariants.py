@@ -15,7 +15,12 @@ broken invariant, none when all hold:
   store shows bound;
 - no reservation older than its TTL (plus the expiry loop's period).
 
-The annotation is decoded here, independently of the daemon's own decoder.
+``quota_violations`` checks one more, where the caller knows it must hold: no
+ResourceQuota's pods are charged past its limit, while every pod holding cards was
+placed after the quotas were last written (lowering a quota evicts nobody).
+
+The annotation is decoded here, independently of the daemon's own decoder, and a pod's
+charge is summed here from its cards.
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ import json
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+from common.core.pod import QuotaSubject
+from common.core.quota import Quota
 
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 FINISHED_PHASES = ("Succeeded", "Failed")
@@ -185,6 +194,39 @@ def agreement_violations(ledger: dict[str, Any], pods: list[dict[str, Any]]) -> 
     for key in ledger["bound"]:
         if key not in held and key not in bare_bound:
             problems.append(f"the daemon counts {key} as bound but holds no cards for it")
+    return problems
+
+
+def quota_violations(ledger: dict[str, Any], quotas: Iterable[Quota],
+                     subjects: Mapping[str, QuotaSubject]) -> list[str]:
+    """No quota's pods charged past its limit, counting every pod of the ledger, bound or
+    reserved: per card, its init containers at their peak beside its app containers summed
+    (``footprint``), then summed over its cards.
+
+    ``subjects`` gives, by pod key, what a quota's scopes read of a pod; a pod without one
+    is charged to the quotas of its namespace that have no scopes. Holds while every pod
+    holding cards was placed after the quotas were last written.
+    """
+    quotas = list(quotas)
+    charged: dict[tuple[str, str], Counter[str]] = {}
+    for key, entry in sorted(ledger["pods"].items()):
+        cards = footprint(_ledger_containers(entry), int(entry["init_containers"]))
+        charge = Counter(memory=sum(c["memory"] for c in cards.values()),
+                         cores=sum(c["cores"] for c in cards.values()))
+        namespace = key.partition("/")[0]
+        subject = subjects.get(key)
+        for quota in quotas:
+            if quota.namespace != namespace:
+                continue
+            if quota.applies_to(subject) if subject is not None else not quota.rules:
+                charged.setdefault((quota.namespace, quota.name), Counter()).update(charge)
+    problems = []
+    for quota in quotas:
+        used = charged.get((quota.namespace, quota.name), Counter())
+        for resource, limit in (("memory", quota.memory), ("cores", quota.cores)):
+            if limit is not None and used[resource] > limit:
+                problems.append(f"ResourceQuota {quota.key}: its pods hold {used[resource]} "
+                                f"of GPU {resource}, over its limit of {limit}")
     return problems
 
 

@@ -12,7 +12,7 @@ from aiohttp import web
 from common.core.names import InvalidName, check_label, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
 from scheduler.cluster import ClusterError, StoreUnavailable
-from scheduler.cluster.standalone import PodEvent, StandaloneCluster, StoredPod
+from scheduler.cluster.standalone import EntryTooLarge, PodEvent, StandaloneCluster, StoredPod
 from scheduler.web.limits import POD_BODY_LIMIT, read_body
 from scheduler.web.protocol import check_pod_names
 
@@ -27,7 +27,7 @@ def _pod_view(pod: StoredPod, events: list[PodEvent]) -> dict[str, object]:
     }
 
 
-def _path_names(request: web.Request) -> tuple[str, str]:
+def path_names(request: web.Request) -> tuple[str, str]:
     """The namespace and name in the URL; 400 naming the one Kubernetes would refuse."""
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     try:
@@ -38,10 +38,23 @@ def _path_names(request: web.Request) -> tuple[str, str]:
     return namespace, name
 
 
+def refusing_on_standby(cluster: StandaloneCluster, handler: Handler) -> Handler:
+    """``handler``, answering 503 naming the lease's holder while this daemon stands by:
+    its store may be stale, and it writes nothing."""
+    async def handle(request: web.Request) -> web.Response:
+        standby = cluster.refusal()
+        if standby is not None:
+            return web.Response(status=503, text=f"{standby}\n")
+        return await handler(request)
+
+    return handle
+
+
 class PodApi:
     """``/api/pods``: submit (POST a Pod manifest, YAML or JSON), list, get, delete.
 
-    Names are checked as Kubernetes checks them; a body over ``POD_BODY_LIMIT`` is a 413.
+    Names are checked as Kubernetes checks them; a body over ``POD_BODY_LIMIT``, or a pod
+    larger than the store takes in one NATS message, is a 413.
     A standby's pods may be stale and it writes none: every route answers it 503 naming
     the holder. ``retry_now`` is told of every pod submitted (the pending loop's).
     """
@@ -51,20 +64,13 @@ class PodApi:
         self._retry_now = retry_now
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/api/pods", self._refusing_on_standby(self.submit)),
-                web.get("/api/pods", self._refusing_on_standby(self.list_pods)),
-                web.get("/api/pods/{namespace}/{name}", self._refusing_on_standby(self.get_pod)),
-                web.delete("/api/pods/{namespace}/{name}",
-                           self._refusing_on_standby(self.delete_pod))]
+        def guard(handler: Handler) -> Handler:
+            return refusing_on_standby(self._cluster, handler)
 
-    def _refusing_on_standby(self, handler: Handler) -> Handler:
-        async def handle(request: web.Request) -> web.Response:
-            standby = self._cluster.refusal()
-            if standby is not None:
-                return web.Response(status=503, text=f"{standby}\n")
-            return await handler(request)
-
-        return handle
+        return [web.post("/api/pods", guard(self.submit)),
+                web.get("/api/pods", guard(self.list_pods)),
+                web.get("/api/pods/{namespace}/{name}", guard(self.get_pod)),
+                web.delete("/api/pods/{namespace}/{name}", guard(self.delete_pod))]
 
     async def submit(self, request: web.Request) -> web.Response:
         try:
@@ -80,6 +86,8 @@ class PodApi:
             pod = await self._cluster.submit(manifest)
         except StoreUnavailable as error:
             return web.Response(status=503, text=f"{error}\n")
+        except EntryTooLarge as error:
+            return web.Response(status=413, text=f"{error}\n")
         except ClusterError as error:
             return web.Response(status=409, text=f"{error}\n")
         self._retry_now()
@@ -93,7 +101,7 @@ class PodApi:
         ])
 
     async def get_pod(self, request: web.Request) -> web.Response:
-        namespace, name = _path_names(request)
+        namespace, name = path_names(request)
         found = next((p for p in self._cluster.pods()
                       if p.manifest.metadata.namespace == namespace
                       and p.manifest.metadata.name == name), None)
@@ -102,7 +110,7 @@ class PodApi:
         return _json_response(_pod_view(found, self._cluster.events(namespace, name)))
 
     async def delete_pod(self, request: web.Request) -> web.Response:
-        namespace, name = _path_names(request)
+        namespace, name = path_names(request)
         try:
             deleted = await self._cluster.delete(namespace, name)
         except StoreUnavailable as error:

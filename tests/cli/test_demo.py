@@ -197,3 +197,40 @@ async def test_explain_offers_only_the_nodes_named_in_the_query(
     async with http.post(f"{lab.daemon.url}/explain?node=Not_A_Node", json=pod) as response:
         assert response.status == 400
         assert "node" in await response.text()
+
+
+QUOTA_SENTENCE = ("{namespace} would use 6000 of 4000 MiB nvidia.com/gpumem under "
+                  "ResourceQuota gpu-quota (asked 3000)")
+
+
+def assert_the_quota_scenario_played_on(out: str, node: str, namespace: str) -> None:
+    sentence = QUOTA_SENTENCE.format(namespace=namespace)
+    waited = f"Pending ({node}: 4/4 ResourceQuotaNotFit ({sentence}))"
+    assert landed(out, "first") == [f"GPU 0 on {node}"]
+    assert landed(out, "second") == [waited, f"GPU 0 on {node}"]
+    assert landed(out, "third") == [waited, f"GPU 1 on {node}"]
+    assert f"ResourceQuota gpu-quota in {namespace}: limits.nvidia.com/gpumem 8000" in out
+    assert out.index("gpumem 8000") < out.index("third was waiting and is now placed")
+
+
+def test_the_quota_scenario_caps_a_namespace_until_the_quota_is_raised() -> None:
+    done = pyhami("demo", "--scenario", EXAMPLES / "quota-scenario.yaml")
+    assert done.returncode == 0, done.stderr
+    assert_the_quota_scenario_played_on(done.stdout, "gpu-node-1", "default")
+
+
+async def test_the_demo_clears_the_quotas_of_its_namespace_on_a_running_daemon(
+        lab: Lab, http: aiohttp.ClientSession) -> None:
+    quotas = f"{lab.daemon.url}/api/resourcequotas"
+    leftover = {"kind": "ResourceQuota", "metadata": {"name": "leftover",
+                                                      "namespace": DEMO_NAMESPACE},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": "1"}}}
+    async with http.post(quotas, json=leftover) as response:
+        assert response.status == 201
+
+    done = await asyncio.to_thread(pyhami, "demo", "--daemon", lab.daemon.url, "--scenario",
+                                   EXAMPLES / "quota-scenario.yaml")
+    assert done.returncode == 0, done.stderr
+    assert_the_quota_scenario_played_on(done.stdout, "gpu-node-1", DEMO_NAMESPACE)
+    async with http.get(quotas) as response:
+        assert (await response.json())["items"] == []

@@ -1,13 +1,15 @@
-"""``PodBucket``: the standalone pods in a NATS JetStream key-value bucket, written under a
-fence so that an answered error means nothing changed and two daemons never both win."""
+"""``FencedBucket``: entries of one kind in a NATS JetStream key-value bucket, written under
+a fence so that an answered error means nothing changed and two daemons never both win;
+``PodBucket``, the standalone pods kept that way."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -32,7 +34,7 @@ from nats.js.kv import KeyValue
 from common.locks import KeyedLocks
 from common.messaging import describe_error
 from scheduler.cluster.port import ClusterError, PodChange, StoreUnavailable
-from scheduler.cluster.standalone._wire import StoredPod
+from scheduler.cluster.standalone._wire import StoredPod, holds_pod
 
 # The package's name: log lines name the package, not its private modules.
 logger = logging.getLogger("scheduler.cluster.standalone")
@@ -46,13 +48,30 @@ _NOT_SENT = (APIError, NoRespondersError, OutboundBufferLimitError, ConnectionCl
              ConnectionDrainingError, MaxPayloadError, BadSubjectError, InvalidKeyError)
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(StoredPod)
+# Room left beside a value in one NATS message: the subject and the compare-and-set header.
+_MESSAGE_OVERHEAD = 1024
 
 
-class PodBucket:
-    """Pods in a JetStream key-value bucket, and in memory as this daemon last answered.
+class EntryTooLarge(ClusterError):
+    """A value the bucket cannot hold: its encoding exceeds the largest message the NATS
+    server takes. Nothing was written."""
+
+
+async def open_bucket(connection: Client, name: str = BUCKET) -> KeyValue:
+    """The key-value bucket ``name``, made when missing."""
+    js = connection.jetstream()
+    try:
+        return await js.key_value(name)
+    except BucketNotFoundError:
+        return await js.create_key_value(bucket=name, history=1)
+
+
+class FencedBucket(abc.ABC, Generic[V]):
+    """Entries of one kind (a subclass says which keys are its) in a JetStream key-value
+    bucket, and in memory as this daemon last answered.
 
     Every write goes to the bucket first and to memory once the bucket confirmed it, so an
     answered error means nothing changed. Writes are compare-and-set on the revision last
@@ -62,39 +81,42 @@ class PodBucket:
     got no answer may still land; it is undone (``keep_settled``) once the bucket answers again.
     A write is refused too while ``refusal`` names a reason (a standby writes nothing).
 
-    Writers hold a pod with ``writing`` and, within it, call ``create``, ``replace`` or
-    ``delete``; ``changes`` tells of every pod replaced or deleted, by this daemon or, as
-    found on writing, by another.
+    Writers hold an entry with ``writing`` and, within it, call ``create``, ``replace`` or
+    ``delete``. Each entry replaced or deleted, by this daemon or, as found on writing, by
+    another, is told to ``_told``; each one this daemon created to ``_created``.
     """
 
+    noun = "entry"
+    """What an entry is, in the messages: "pod"."""
+
     def __init__(self, kv: KeyValue, connection: Client, name: str,
-                 refusal: Callable[[], str | None]) -> None:
+                 refusal: Callable[[], str | None], decoder: msgspec.msgpack.Decoder[V]) -> None:
         self._kv = kv  # the JetStream key-value bucket itself
         self._connection = connection
         self._name = name
         self._refusal = refusal
-        self._pods: dict[str, StoredPod] = {}
-        self._revisions: dict[str, int] = {}  # the bucket revision of each pod in _pods
+        self._decoder = decoder
+        self._values: dict[str, V] = {}
+        self._revisions: dict[str, int] = {}  # the bucket revision of each entry in _values
         # Writes that got no answer: the value sent (None for a delete), to be undone.
         self._unsettled: dict[str, bytes | None] = {}
-        self._writing = KeyedLocks()  # one write of a pod at a time, settling included
-        self._changes: asyncio.Queue[PodChange] = asyncio.Queue()
+        self._writing = KeyedLocks()  # one write of an entry at a time, settling included
 
-    @classmethod
-    async def open(cls, connection: Client, refusal: Callable[[], str | None],
-                   name: str = BUCKET) -> PodBucket:
-        """The bucket ``name`` (made when missing) with every pod read.
+    @abc.abstractmethod
+    def _owns(self, key: str) -> bool:
+        """Whether the key holds an entry of this bucket's kind."""
 
-        ``refusal`` says why this daemon may not write the bucket now (a standby); None
-        when it may."""
-        js = connection.jetstream()
-        try:
-            kv = await js.key_value(name)
-        except BucketNotFoundError:
-            kv = await js.create_key_value(bucket=name, history=1)
-        bucket = cls(kv, connection, name, refusal)
-        await bucket._load()
-        return bucket
+    def _told(self, key: str, before: V | None, after: V | None) -> None:
+        """An entry replaced (``before`` None when it was not known) or deleted (``after``
+        None)."""
+
+    def _created(self, key: str, value: V) -> None:
+        """An entry this daemon created."""
+
+    def _removed(self, key: str, revision: int) -> None:
+        """Forget the entry, gone from the bucket after ``revision``."""
+        self._values.pop(key, None)
+        self._revisions.pop(key, None)
 
     def refusal(self) -> str | None:
         """Why this daemon may not write the bucket now (a standby); None when it may."""
@@ -105,8 +127,12 @@ class PodBucket:
         self._kv = await connection.jetstream().key_value(self._name)
         self._connection = connection
 
+    async def load(self) -> None:
+        """Read every entry of the bucket's kind (once, on opening)."""
+        await self._load()
+
     async def reload(self) -> None:
-        """Read every pod afresh (this daemon was elected: another may have written).
+        """Read every entry afresh (this daemon was elected: another may have written).
 
         This daemon's own writes that got no answer are settled first, against what it
         answered; one that cannot be settled yet keeps its answered version in memory,
@@ -116,46 +142,40 @@ class PodBucket:
             with contextlib.suppress(StoreUnavailable):
                 async with self._writing.hold(key):
                     await self._settle(key)
-        answered = {key: (self._pods.get(key), self._revisions.get(key, 0))
+        answered = {key: (self._values.get(key), self._revisions.get(key, 0))
                     for key in self._unsettled}
-        self._pods.clear()
+        self._values.clear()
         self._revisions.clear()
         await self._load()
-        for key, (pod, revision) in answered.items():
-            if pod is None:
-                self._pods.pop(key, None)
+        for key, (value, revision) in answered.items():
+            if value is None:
+                self._values.pop(key, None)
                 self._revisions.pop(key, None)
             else:
-                self._pods[key], self._revisions[key] = pod, revision
+                self._values[key], self._revisions[key] = value, revision
 
     async def keep_settled(self, period: float = SETTLE_PERIOD_S) -> None:
         """Undo the writes that got no answer, once the bucket answers; runs forever."""
         while True:
             await asyncio.sleep(period)
             if self._refusal() is not None:
-                continue  # a standby writes nothing; it reads every pod again if elected
+                continue  # a standby writes nothing; it reads every entry again if elected
             for key in list(self._unsettled):
                 try:
                     async with self._writing.hold(key):
                         await self._settle(key)
                 except StoreUnavailable as error:
-                    logger.debug("pod %s not settled yet: %s", key, error)
+                    logger.debug("%s %s not settled yet: %s", self.noun, key, error)
 
     # Reading -----------------------------------------------------------------
 
-    def get(self, key: str) -> StoredPod | None:
-        """The pod under ``key`` as this daemon last answered; None when there is none."""
-        return self._pods.get(key)
+    def get(self, key: str) -> V | None:
+        """The entry under ``key`` as this daemon last answered; None when there is none."""
+        return self._values.get(key)
 
-    def pods(self) -> list[StoredPod]:
-        """Every pod as this daemon last answered."""
-        return list(self._pods.values())
-
-    async def changes(self) -> AsyncIterator[PodChange]:
-        """Every pod replaced or deleted, in order; a pod created is not told of (it is
-        pending, and the pod API asks the pending loop to try it)."""
-        while True:
-            yield await self._changes.get()
+    def values(self) -> list[V]:
+        """Every entry as this daemon last answered."""
+        return list(self._values.values())
 
     async def _load(self) -> None:
         try:
@@ -163,81 +183,86 @@ class PodBucket:
         except NoKeysError:
             keys = []
         for key in keys:
+            if not self._owns(key):
+                continue
             try:
                 entry = await self._kv.get(key)
             except KeyNotFoundError:
                 continue
-            if entry.value:
+            revision = entry.revision or 0
+            if entry.value and revision > self._revisions.get(key, 0):
                 try:
-                    self._pods[key] = _decoder.decode(entry.value)
+                    self._values[key] = self._decoder.decode(entry.value)
                 except msgspec.DecodeError as error:
                     logger.error("bucket %s: entry %s is unreadable (%s); skipped", self._name,
                                  key, error)
                     continue
-                self._revisions[key] = entry.revision or 0
+                self._revisions[key] = revision
 
     # Writing -----------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def writing(self, key: str) -> AsyncIterator[StoredPod | None]:
-        """Hold the pod under ``key`` for one write, and give it as this daemon answered
+    async def writing(self, key: str) -> AsyncIterator[V | None]:
+        """Hold the entry under ``key`` for one write, and give it as this daemon answered
         (None when there is none) once its writes that got no answer are settled.
 
         Raises ``StoreUnavailable`` while they cannot be settled."""
         async with self._writing.hold(key):
             await self._settle(key)
-            yield self._pods.get(key)
+            yield self._values.get(key)
 
-    async def create(self, key: str, pod: StoredPod, what: str) -> bool:
-        """Write ``pod`` under ``key``, within ``writing``; False when another writer made a
-        pod there first (it is read, and nothing is written).
+    async def create(self, key: str, value: V, what: str) -> bool:
+        """Write ``value`` under ``key``, within ``writing``; False when another writer made
+        an entry there first (it is read, and nothing is written).
 
-        Raises ``StoreUnavailable`` when the write was not applied, or may have been."""
-        value = _encoder.encode(pod)
+        Raises ``StoreUnavailable`` when the write was not applied, or may have been, and
+        ``EntryTooLarge``."""
+        data = _encoder.encode(value)
         try:
-            revision = await self._write(key, value, what,
-                                         lambda: self._kv.create(key, value))
+            revision = await self._write(key, data, what, lambda: self._kv.create(key, data))
         except KeyWrongLastSequenceError:
             await self._read_again(key)
             return False
-        self._pods[key] = pod
+        self._values[key] = value
         self._revisions[key] = revision
+        self._created(key, value)
         return True
 
-    async def replace(self, key: str, pod: StoredPod, what: str) -> None:
-        """Write ``pod`` over the revision last read (compare-and-set), within ``writing``.
+    async def replace(self, key: str, value: V, what: str) -> None:
+        """Write ``value`` over the revision last read (compare-and-set), within ``writing``.
 
-        Raises ``StoreUnavailable`` when the write was not applied, or may have been, and
-        ``ClusterError`` when another writer changed the pod (its version is read)."""
-        value = _encoder.encode(pod)
+        Raises ``StoreUnavailable`` when the write was not applied, or may have been,
+        ``EntryTooLarge``, and ``ClusterError`` when another writer changed the entry (its
+        version is read)."""
+        data = _encoder.encode(value)
         last = self._revisions.get(key, 0)
+        before = self._values.get(key)
         try:
-            revision = await self._write(key, value, what,
-                                         lambda: self._kv.update(key, value, last=last))
+            revision = await self._write(key, data, what,
+                                         lambda: self._kv.update(key, data, last=last))
         except KeyWrongLastSequenceError:
             await self._read_again(key)
-            raise ClusterError(f"{what}: the pod changed meanwhile; try again") from None
-        self._pods[key] = pod
+            raise ClusterError(f"{what}: the {self.noun} changed meanwhile; try again") from None
+        self._values[key] = value
         self._revisions[key] = revision
-        self._changes.put_nowait(PodChange(pod.cluster_pod(), deleted=False))
+        self._told(key, before, value)
 
     async def delete(self, key: str, what: str) -> bool:
-        """Delete the pod under ``key`` at the revision last read, within ``writing``; False
-        when there is none (nothing is written).
+        """Delete the entry under ``key`` at the revision last read, within ``writing``;
+        False when there is none (nothing is written).
 
         Raises as ``replace`` does."""
-        pod = self._pods.get(key)
-        if pod is None:
+        value = self._values.get(key)
+        if value is None:
             return False
         last = self._revisions.get(key, 0)
         try:
             await self._write(key, None, what, lambda: self._kv.delete(key, last=last))
         except KeyWrongLastSequenceError:
             await self._read_again(key)
-            raise ClusterError(f"{what}: the pod changed meanwhile; try again") from None
-        del self._pods[key]
-        self._revisions.pop(key, None)
-        self._changes.put_nowait(PodChange(pod.cluster_pod(), deleted=True))
+            raise ClusterError(f"{what}: the {self.noun} changed meanwhile; try again") from None
+        self._removed(key, last)
+        self._told(key, value, None)
         return True
 
     async def _write(self, key: str, sent: bytes | None, what: str,
@@ -245,12 +270,18 @@ class PodBucket:
         """One bucket write (``sent``: the value, None for a delete).
 
         Raises ``StoreUnavailable`` when it was not applied, or may have been (then it is
-        undone by ``keep_settled``), and ``KeyWrongLastSequenceError`` when the pod changed.
+        undone by ``keep_settled``), ``EntryTooLarge`` when the value is more than a NATS
+        message holds, and ``KeyWrongLastSequenceError`` when the entry changed.
         """
         if (standby := self._refusal()) is not None:
             raise StoreUnavailable(f"{what}: {standby}; nothing was written")
         if not self._connection.is_connected:
             raise StoreUnavailable(f"{what}: the NATS connection is down; nothing was written")
+        largest = self._connection.max_payload - _MESSAGE_OVERHEAD
+        if sent is not None and len(sent) > largest:
+            raise EntryTooLarge(f"{what}: the {self.noun} takes {len(sent)} bytes stored, more "
+                                f"than the {largest} the NATS server takes in one message; "
+                                "nothing was written")
         try:
             return await write()
         except KeyWrongLastSequenceError:
@@ -272,9 +303,9 @@ class PodBucket:
         if key not in self._unsettled:
             return
         sent = self._unsettled[key]
-        answered = self._pods.get(key)
+        answered = self._values.get(key)
         wanted = _encoder.encode(answered) if answered is not None else None
-        what = f"settling pod {key}"
+        what = f"settling {self.noun} {key}"
         if not self._connection.is_connected:
             raise StoreUnavailable(f"{what}: the NATS connection is down")
         for _ in range(SETTLE_ATTEMPTS):
@@ -287,7 +318,7 @@ class PodBucket:
                 # was answered, on the revision just read, undoes it or fences it off.
                 if wanted is None:
                     await self._kv.delete(key, last=revision)
-                    self._revisions.pop(key, None)
+                    self._removed(key, revision)
                 else:
                     self._revisions[key] = await self._kv.update(key, wanted, last=revision)
                 break
@@ -296,13 +327,14 @@ class PodBucket:
             except Exception as error:
                 raise StoreUnavailable(f"{what}: {describe_error(error)}") from None
         else:
-            raise StoreUnavailable(f"{what}: the pod kept changing")
+            raise StoreUnavailable(f"{what}: the {self.noun} kept changing")
         del self._unsettled[key]
         if stored == sent:
-            logger.warning("pod %s: a write reported failed had reached the store; undone", key)
+            logger.warning("%s %s: a write reported failed had reached the store; undone",
+                           self.noun, key)
 
     async def _read(self, key: str) -> tuple[bytes | None, int]:
-        """The pod's bytes in the bucket (None when absent) and the key's last revision."""
+        """The entry's bytes in the bucket (None when absent) and the key's last revision."""
         try:
             entry = await self._kv.get(key)
         except KeyNotFoundError as gone:
@@ -311,25 +343,56 @@ class PodBucket:
         return entry.value or None, entry.revision or 0
 
     async def _read_again(self, key: str) -> None:
-        """A compare-and-set write lost: take the bucket's version of the pod, should the
+        """A compare-and-set write lost: take the bucket's version of the entry, should the
         bucket answer."""
         with contextlib.suppress(Exception):
             self._adopt(key, *await self._read(key))
 
     def _adopt(self, key: str, stored: bytes | None, revision: int) -> None:
-        """Take the bucket's version of a pod that someone else changed."""
+        """Take the bucket's version of an entry that someone else changed."""
+        before = self._values.get(key)
         if stored is None:
-            gone = self._pods.pop(key, None)
-            self._revisions.pop(key, None)
-            if gone is not None:
-                self._changes.put_nowait(PodChange(gone.cluster_pod(), deleted=True))
+            self._removed(key, revision)
+            if before is not None:
+                self._told(key, before, None)
             return
         try:
-            pod = _decoder.decode(stored)
+            value = self._decoder.decode(stored)
         except msgspec.DecodeError as error:
             logger.error("bucket %s: entry %s is unreadable (%s); skipped", self._name, key,
                          error)
             return
-        self._pods[key] = pod
+        self._values[key] = value
         self._revisions[key] = revision
-        self._changes.put_nowait(PodChange(pod.cluster_pod(), deleted=False))
+        self._told(key, before, value)
+
+
+class PodBucket(FencedBucket[StoredPod]):
+    """The standalone pods, fenced (``FencedBucket``); ``changes`` tells of every pod
+    replaced or deleted, by this daemon or, as found on writing, by another."""
+
+    noun = "pod"
+
+    def __init__(self, kv: KeyValue, connection: Client, name: str,
+                 refusal: Callable[[], str | None]) -> None:
+        super().__init__(kv, connection, name, refusal, msgspec.msgpack.Decoder(StoredPod))
+        self._changes: asyncio.Queue[PodChange] = asyncio.Queue()
+
+    def _owns(self, key: str) -> bool:
+        return holds_pod(key)
+
+    def _told(self, key: str, before: StoredPod | None, after: StoredPod | None) -> None:
+        if after is not None:
+            self._changes.put_nowait(PodChange(after.cluster_pod(), deleted=False))
+        elif before is not None:
+            self._changes.put_nowait(PodChange(before.cluster_pod(), deleted=True))
+
+    def pods(self) -> list[StoredPod]:
+        """Every pod as this daemon last answered."""
+        return self.values()
+
+    async def changes(self) -> AsyncIterator[PodChange]:
+        """Every pod replaced or deleted, in order; a pod created is not told of (it is
+        pending, and the pod API asks the pending loop to try it)."""
+        while True:
+            yield await self._changes.get()

@@ -1,8 +1,10 @@
-"""``StandaloneCluster``: the ``Cluster`` port over the pods of a ``PodBucket``, the Events
-kept in memory, and the queries and writes the pod API and the pending loop need."""
+"""``StandaloneCluster``: the ``Cluster`` port over the pods of a ``PodBucket`` and the
+ResourceQuotas of a ``QuotaBucket`` (the same bucket), the Events kept in memory, and the
+queries and writes the pod API and the pending loop need."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections import deque
@@ -13,6 +15,7 @@ from nats.aio.client import Client
 
 from common.core import PodManifest
 from common.core.annotations import BIND_PHASE_ANNOTATION
+from common.core.quota import ResourceQuotaManifest
 from scheduler.cluster.port import (
     AllocationPhase,
     ClusterError,
@@ -20,29 +23,46 @@ from scheduler.cluster.port import (
     DisruptionBudget,
     EventType,
     PodChange,
+    QuotaChange,
 )
-from scheduler.cluster.standalone._bucket import BUCKET, SETTLE_PERIOD_S, PodBucket
-from scheduler.cluster.standalone._wire import PodEvent, StoredPod, pod_key
+from scheduler.cluster.standalone._bucket import BUCKET, SETTLE_PERIOD_S, PodBucket, open_bucket
+from scheduler.cluster.standalone._quotas import QuotaBucket
+from scheduler.cluster.standalone._wire import (
+    PodEvent,
+    StoredPod,
+    StoredQuota,
+    pod_key,
+    quota_key,
+)
 
 EVENTS_KEPT = 20
 
 
 class StandaloneCluster:
-    """The pods of a ``PodBucket`` as the ``Cluster`` port offers them, and the Events
-    recorded on them (in memory, the last ``EVENTS_KEPT`` of each pod)."""
+    """The pods of a ``PodBucket`` and the ResourceQuotas of a ``QuotaBucket`` as the
+    ``Cluster`` port offers them, and the Events recorded on them (in memory, the last
+    ``EVENTS_KEPT`` of each)."""
 
-    def __init__(self, bucket: PodBucket) -> None:
+    def __init__(self, bucket: PodBucket, quotas: QuotaBucket) -> None:
         self._bucket = bucket
+        self._quotas = quotas
         self._events: dict[str, deque[PodEvent]] = {}
+        self._quota_events: dict[str, deque[PodEvent]] = {}
 
     @classmethod
     async def open(cls, connection: Client, refusal: Callable[[], str | None],
                    bucket: str = BUCKET) -> StandaloneCluster:
-        """The cluster over the bucket ``bucket`` (made when missing), every pod read.
+        """The cluster over the bucket ``bucket`` (made when missing), every pod and quota
+        read.
 
         ``refusal`` says why this daemon may not write the bucket now (a standby); None
         when it may."""
-        return cls(await PodBucket.open(connection, refusal, bucket))
+        kv = await open_bucket(connection, bucket)
+        pods = PodBucket(kv, connection, bucket, refusal)
+        quotas = QuotaBucket(kv, connection, bucket, refusal)
+        await pods.load()
+        await quotas.load()
+        return cls(pods, quotas)
 
     def refusal(self) -> str | None:
         """Why this daemon may not write the bucket now (a standby); None when it may."""
@@ -51,14 +71,18 @@ class StandaloneCluster:
     async def reattach(self, connection: Client) -> None:
         """Use the bucket through a new NATS client (the old one was closed for good)."""
         await self._bucket.reattach(connection)
+        await self._quotas.reattach(connection)
 
     async def reload(self) -> None:
-        """Read every pod afresh (this daemon was elected: another may have written)."""
+        """Read every pod and quota afresh (this daemon was elected: another may have
+        written)."""
         await self._bucket.reload()
+        await self._quotas.reload()
 
     async def keep_settled(self, period: float = SETTLE_PERIOD_S) -> None:
         """Undo the writes that got no answer, once the bucket answers; runs forever."""
-        await self._bucket.keep_settled(period)
+        await asyncio.gather(self._bucket.keep_settled(period),
+                             self._quotas.keep_settled(period))
 
     # The Cluster port ---------------------------------------------------------
 
@@ -103,16 +127,7 @@ class StandaloneCluster:
 
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:
-        events = self._events.setdefault(pod_key(namespace, name), deque(maxlen=EVENTS_KEPT))
-        now = time.time()
-        for event in events:
-            if (event.type, event.reason, event.message) == (kind, reason, message):
-                events.remove(event)  # a repeat: moved to the end, as the latest
-                event.count += 1
-                event.last_time = now
-                events.append(event)
-                return
-        events.append(PodEvent(kind, reason, message, 1, now, now))
+        _record(self._events, pod_key(namespace, name), kind, reason, message)
 
     async def evict(self, namespace: str, name: str, uid: str) -> None:
         pod = self._bucket.get(pod_key(namespace, name))
@@ -128,6 +143,18 @@ class StandaloneCluster:
 
     def changes(self) -> AsyncIterator[PodChange]:
         return self._bucket.changes()
+
+    async def list_quotas(self) -> list[ResourceQuotaManifest]:
+        return [stored.manifest for stored in self._quotas.quotas()]
+
+    def quota_changes(self) -> AsyncIterator[QuotaChange]:
+        """The quotas' changes, this daemon's writes and, through the bucket's watch, every
+        other daemon's."""
+        return self._quotas.changes()
+
+    async def record_quota_event(self, namespace: str, name: str, kind: EventType,
+                                 reason: str, message: str) -> None:
+        _record(self._quota_events, quota_key(namespace, name), kind, reason, message)
 
     # What the pod API and the pending loop need ------------------------------------
 
@@ -169,3 +196,69 @@ class StandaloneCluster:
     def events(self, namespace: str, name: str) -> list[PodEvent]:
         """The pod's Events, the latest last."""
         return list(self._events.get(pod_key(namespace, name), ()))
+
+    # What the pod API needs of ResourceQuotas -------------------------------------
+
+    async def put_quota(self, quota: StoredQuota, *, replace: bool) -> bool:
+        """Store a quota; True when it is new. ``replace`` False: ``ClusterError`` when one
+        exists under its name. The quota applies once stored (``quota_changes``).
+
+        Raises ``StoreUnavailable`` (nothing applied) and ``EntryTooLarge``."""
+        namespace, name = quota.manifest.namespace, quota.manifest.metadata.name
+        key = quota_key(namespace, name)
+        async with self._quotas.writing(key) as existing:
+            verb = "create" if existing is None else "replace"
+            what = f"{verb} ResourceQuota {namespace}/{name}"
+            if existing is None:
+                if not await self._quotas.create(key, quota, what):
+                    raise ClusterError(f"ResourceQuota {namespace}/{name} was created "
+                                       "meanwhile; try again")
+                return True
+            if not replace:
+                raise ClusterError(f"ResourceQuota {namespace}/{name} already exists")
+            await self._quotas.replace(key, quota, what)
+            return False
+
+    async def quotas_applied(self, timeout: float) -> bool:
+        """Whether every quota change this daemon knows of was applied within ``timeout``
+        seconds (``quota_changes`` read past it)."""
+        applied = asyncio.ensure_future(self._quotas.applied())
+        done, _ = await asyncio.wait({applied}, timeout=timeout)
+        applied.cancel()
+        return bool(done)
+
+    async def delete_quota(self, namespace: str, name: str) -> bool:
+        """Delete the quota and its Events; False when there is no such quota."""
+        key = quota_key(namespace, name)
+        async with self._quotas.writing(key):
+            deleted = await self._quotas.delete(key, f"delete ResourceQuota {namespace}/{name}")
+            if deleted:
+                self._quota_events.pop(key, None)
+            return deleted
+
+    def quotas(self) -> list[StoredQuota]:
+        """Every quota, by namespace and name."""
+        return sorted(self._quotas.quotas(), key=lambda q: (q.manifest.namespace,
+                                                            q.manifest.metadata.name))
+
+    def quota(self, namespace: str, name: str) -> StoredQuota | None:
+        return self._quotas.get(quota_key(namespace, name))
+
+    def quota_events(self, namespace: str, name: str) -> list[PodEvent]:
+        """The quota's Events (a quota this daemon refused to apply), the latest last."""
+        return list(self._quota_events.get(quota_key(namespace, name), ()))
+
+
+def _record(kept: dict[str, deque[PodEvent]], key: str, kind: EventType, reason: str,
+            message: str) -> None:
+    """One Event on the object under ``key``; a repeat raises the count of its entry."""
+    events = kept.setdefault(key, deque(maxlen=EVENTS_KEPT))
+    now = time.time()
+    for event in events:
+        if (event.type, event.reason, event.message) == (kind, reason, message):
+            events.remove(event)  # a repeat: moved to the end, as the latest
+            event.count += 1
+            event.last_time = now
+            events.append(event)
+            return
+    events.append(PodEvent(kind, reason, message, 1, now, now))

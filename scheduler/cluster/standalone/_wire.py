@@ -1,12 +1,19 @@
 """What the standalone pod bucket holds: each pod (``StoredPod``, msgpack) under its key
-(``pod_key``); and ``PodEvent``, the Events kept beside the pods, in memory only."""
+(``pod_key``), each ResourceQuota (``StoredQuota``) under its own (``quota_key``); and
+``PodEvent``, the Events kept beside them, in memory only."""
 
 from __future__ import annotations
 
 import msgspec
 
 from common.core import PodManifest
+from common.core.quota import ResourceQuotaManifest
 from scheduler.cluster.port import ClusterPod
+
+RESERVED_PREFIX = "_"
+"""Keys that start with it hold no pod: a pod's key starts with its namespace, a DNS-1123
+label, which cannot."""
+QUOTA_PREFIX = RESERVED_PREFIX + "resourcequota."
 
 
 class StoredPod(msgspec.Struct, kw_only=True):
@@ -26,6 +33,14 @@ class StoredPod(msgspec.Struct, kw_only=True):
                           started=self.submitted)
 
 
+class StoredQuota(msgspec.Struct, kw_only=True):
+    """A ResourceQuota as the bucket stores it: the manifest as the pod API was given it
+    (JSON, what it answers), and the part of it pyhami reads."""
+
+    manifest: ResourceQuotaManifest
+    given: bytes
+
+
 class PodEvent(msgspec.Struct):
     """One Event, counted as kubectl shows it: a repeat raises ``count`` and ``last_time``."""
 
@@ -43,3 +58,14 @@ def pod_key(namespace: str, name: str) -> str:
     # holds no dot, so the first dot separates the two and no two pods share a key; both
     # hold only characters NATS accepts in a key, 317 of them at most.
     return f"{namespace}.{name}"
+
+
+def quota_key(namespace: str, name: str) -> str:
+    """The ResourceQuota's key in the bucket: never a pod's (see ``RESERVED_PREFIX``), and
+    unique as ``pod_key`` is."""
+    return f"{QUOTA_PREFIX}{namespace}.{name}"
+
+
+def holds_pod(key: str) -> bool:
+    """Whether the key is a pod's (else a ResourceQuota's, or another kind's to come)."""
+    return not key.startswith(RESERVED_PREFIX)

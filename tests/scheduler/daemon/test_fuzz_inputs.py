@@ -2,12 +2,13 @@
 or break an invariant (docs/reliability.md).
 
 Targets: extender bodies (/filter, /prioritize, /bind, /preempt), pod manifests (POST /api/pods,
-YAML and JSON), pod-API paths (GET/DELETE /api/pods/{ns}/{name}), and inventory messages
-on NATS. Each target runs against a fresh, real standalone stack (``tests.fuzzing``):
-first the issue's known hostile inputs, then hypothesis-generated ones in batches. After
-every batch: no answer >= 500 and none missing, /healthz, /readyz and /metrics answer 200,
-a normal pod is still scheduled, a pod asking no GPU is not stuck in BindingFailed,
-nothing was logged with a traceback, and the invariants of ``tests.invariants`` hold.
+YAML and JSON), pod-API paths (GET/DELETE /api/pods/{ns}/{name}), ResourceQuota bodies and
+paths (/api/resourcequotas), and inventory messages on NATS. Each target runs against a
+fresh, real standalone stack (``tests.fuzzing``): first the issue's known hostile inputs,
+then hypothesis-generated ones in batches. After every batch: no answer >= 500 and none
+missing, /healthz, /readyz and /metrics answer 200, a normal pod is still scheduled, a pod
+asking no GPU is not stuck in BindingFailed, nothing was logged with a traceback, and the
+invariants of ``tests.invariants`` hold.
 
 CI runs ``CI_EXAMPLES_PER_TARGET`` generated inputs per target; ``PYHAMI_FUZZ_EXAMPLES=N``
 runs N per target (``scripts/fuzz-long.sh`` runs a campaign of >= 100,000 inputs).
@@ -29,6 +30,9 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from common.core import PodManifest
+from common.core.pod import QuotaSubject
+from common.core.quota import Quota, ResourceQuotaManifest, parse_quota
 from tests.fuzzing import (
     NODE_NAMES,
     REAL_UUIDS,
@@ -40,7 +44,7 @@ from tests.fuzzing import (
     sanity_pod,
     write_report,
 )
-from tests.invariants import settled_violations_sync
+from tests.invariants import quota_violations, settled_violations_sync
 
 pytestmark = pytest.mark.timeout(0 if long_campaign() else 150)
 
@@ -610,6 +614,277 @@ def test_fuzzed_pod_paths_never_get_a_server_error_nor_touch_another_pod(
     found = campaign(stack, tally, path_operations, model.act, seeds=seeds, tmp_path=tmp_path,
                      before_batch=model.seed, batch_problems=model.problems)
     verdict(tally, found)
+
+
+# ResourceQuota bodies --------------------------------------------------------------------
+
+QUOTA_NAMESPACES = ["team-a", "team-b", "default"]
+QUOTA_NAMES = ["gpu-quota", "small", "high-only"]
+MEMORY_KEY, CORES_KEY = "limits.nvidia.com/gpumem", "limits.nvidia.com/gpucores"
+QUOTA_SERIES = re.compile(r"^pyhami_resource_quota_limit\{([^}]*)\} (\S+)$", re.MULTILINE)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+CHECK_PODS = 12
+"""Pods placed after each batch's quotas, for the quota invariant."""
+
+quota_limits = st.one_of(st.integers(0, 20000), st.integers(0, 20000).map(str),
+                         st.integers(0, 400), st.sampled_from(["2Ki", "4k", "1e3", "10Gi"]),
+                         quantities)
+valid_scopes = st.sampled_from([[], ["NotTerminating"], ["NotBestEffort"], ["Terminating"],
+                                ["BestEffort"]])
+scope_names = st.one_of(
+    st.sampled_from(["Terminating", "NotTerminating", "BestEffort", "NotBestEffort",
+                     "PriorityClass", "CrossNamespacePodAffinity"]), st.text(max_size=12))
+valid_selectors = st.sampled_from([
+    {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In",
+                           "values": ["high"]}]},
+    {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "NotIn",
+                           "values": ["high"]}]},
+    {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "Exists"}]}])
+scope_expressions = st.fixed_dictionaries(
+    {"scopeName": mostly(scope_names)},
+    optional={"operator": mostly(st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist",
+                                                  "Near"])),
+              "values": mostly(st.lists(st.one_of(st.sampled_from(["high", "low"]),
+                                                  st.text(max_size=10)), max_size=3))})
+gpu_hard = st.fixed_dictionaries({}, optional={
+    MEMORY_KEY: st.one_of(st.integers(0, 12000), st.integers(0, 12000).map(str)),
+    CORES_KEY: st.one_of(st.integers(0, 400), st.integers(0, 400).map(str)),
+    "pods": st.just("10")})
+any_hard = st.dictionaries(
+    st.one_of(st.sampled_from([MEMORY_KEY, MEMORY_KEY, CORES_KEY, "pods", "cpu",
+                               "limits.nvidia.com/gpu", "requests.nvidia.com/gpumem"]),
+              st.text(max_size=20)),
+    mostly(quota_limits), max_size=4)
+# Two in three specs a quota pyhami applies (so that many are stored, replaced, deleted and
+# applied), the others anything a spec may hold.
+quota_specs = st.one_of(
+    st.fixed_dictionaries({"hard": gpu_hard}, optional={"scopes": valid_scopes}),
+    st.fixed_dictionaries({"hard": gpu_hard}, optional={"scopeSelector": valid_selectors}),
+    st.fixed_dictionaries({}, optional={
+        "hard": mostly(any_hard), "scopes": mostly(st.lists(scope_names, max_size=2)),
+        "scopeSelector": mostly(st.fixed_dictionaries({}, optional={
+            "matchExpressions": mostly(st.lists(scope_expressions, max_size=2))}))}))
+quota_names = st.one_of(st.sampled_from(QUOTA_NAMES), st.sampled_from(QUOTA_NAMES), names)
+quota_namespaces = st.one_of(st.sampled_from(QUOTA_NAMESPACES),
+                             st.sampled_from(QUOTA_NAMESPACES), names)
+shaped_quotas = st.fixed_dictionaries(
+    {"apiVersion": st.just("v1"), "kind": st.just("ResourceQuota"),
+     "metadata": st.fixed_dictionaries(
+         {"name": quota_names},
+         optional={"namespace": quota_namespaces,
+                   "labels": st.dictionaries(st.text(max_size=8), st.text(max_size=8),
+                                             max_size=2),
+                   "uid": st.text(max_size=10)}),
+     "spec": quota_specs},
+    optional={"status": junk})
+any_quotas = st.one_of(shaped_quotas, shaped_quotas, shaped_quotas, st.fixed_dictionaries(
+    {"metadata": mostly(metadata)},
+    optional={"kind": st.sampled_from(["ResourceQuota", "Pod", "resourcequota"]),
+              "spec": mostly(quota_specs)}))
+quota_bodies = st.one_of(any_quotas.map(to_json), any_quotas.map(to_json),
+                         any_quotas.map(to_json), any_quotas.map(to_yaml),
+                         pick(hostile_yaml_bodies() + hostile_pod_bodies()),
+                         junk.map(to_json), st.binary(max_size=64))
+
+
+def put_body(manifest: Any, namespace: str, name: str, named: bool) -> bytes:
+    """A PUT's body: the manifest named as the URL names it, when ``named`` and it can be."""
+    if named and isinstance(manifest, dict) and isinstance(manifest.get("metadata"), dict):
+        manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace,
+                                             "name": name}}
+    return to_json(manifest)
+
+
+quota_paths = st.tuples(st.sampled_from([*QUOTA_NAMESPACES, "ns-with-none"]),
+                        st.sampled_from(QUOTA_NAMES))
+quota_operations_of: dict[str, st.SearchStrategy[Any]] = {
+    "POST": quota_bodies.map(lambda body: ("POST", None, None, body)),
+    "PUT": st.builds(lambda path, manifest, named: ("PUT", *path,
+                                                     put_body(manifest, *path, named)),
+                     st.one_of(quota_paths, st.tuples(quota_namespaces, quota_names)),
+                     any_quotas, st.sampled_from([True, True, True, False])),
+    "GET": st.builds(lambda path: ("GET", *path), st.one_of(
+        quota_paths, st.tuples(quota_namespaces, quota_names))).map(lambda op: (*op, None)),
+    "DELETE": st.builds(lambda path: ("DELETE", *path), st.one_of(
+        quota_paths, st.tuples(quota_namespaces, quota_names))).map(lambda op: (*op, None)),
+}
+# The method drawn first: hypothesis's one_of favours its first strategies.
+quota_operations = st.sampled_from(["POST", "POST", "POST", "PUT", "PUT", "PUT", "DELETE",
+                                    "GET"]).flatmap(quota_operations_of.__getitem__)
+
+
+def one_line(body: bytes) -> bool:
+    return bool(body.strip()) and b"\n" not in body.strip()
+
+
+class QuotaModel:
+    """What /api/resourcequotas acknowledged, against which every answer, the list, the
+    daemon's applied limits and the quota invariant are judged."""
+
+    def __init__(self, stack: FuzzStack, tally: Tally) -> None:
+        self.stack = stack
+        self.tally = tally
+        self.stored: dict[tuple[str, str], Any] = {}
+        self.wrong: list[str] = []
+
+    def act(self, operation: tuple[str, str | None, str | None, bytes | None]) -> None:
+        method, namespace, name, body = operation
+        path = "/api/resourcequotas"
+        if namespace is not None and name is not None:
+            path += (f"/{urllib.parse.quote(namespace, safe='')}/"
+                     f"{urllib.parse.quote(name, safe='')}")
+        answer = self.stack.send(self.tally, method, path, body)
+        if answer is None or answer.status >= 500:
+            return
+        shown = f"{method} {path[:100]} -> {answer.status}"
+        if answer.status >= 400 and not one_line(answer.body):
+            self._wrong(f"{shown} without a one-line message: {answer.body[:200]!r}")
+        target = (namespace, name)
+        if answer.status in (200, 201) and method in ("POST", "PUT"):
+            stored = json.loads(answer.body)
+            key = (stored["metadata"]["namespace"], stored["metadata"]["name"])
+            if method == "PUT" and key != target:
+                self._wrong(f"{shown} stored {key}")
+            if (answer.status == 201) == (key in self.stored):
+                self._wrong(f"{shown}: the model {'holds' if key in self.stored else 'lacks'} "
+                            f"{key}")
+            self.stored[key] = stored
+        elif method == "DELETE" and answer.status in (204, 404):
+            if (answer.status == 204) != (target in self.stored):
+                self._wrong(f"{shown}: the model {'holds' if target in self.stored else 'lacks'}"
+                            f" {target}")
+            self.stored.pop(target, None)  # type: ignore[arg-type]
+        elif method == "GET" and answer.status in (200, 404):
+            expected = self.stored.get(target)  # type: ignore[arg-type]
+            if (json.loads(answer.body) if answer.status == 200 else None) != expected:
+                self._wrong(f"{shown}: the model holds {str(expected)[:200]}")
+
+    def _wrong(self, text: str) -> None:
+        if len(self.wrong) < 20:
+            self.wrong.append(text)
+
+    def applied_limits(self) -> set[tuple[str, str, str, int]]:
+        """The GPU limits the model's quotas set: (namespace, quota, resource, limit)."""
+        limits = set()
+        for quota in self.parsed():
+            for resource, limit in (("nvidia.com/gpumem", quota.memory),
+                                    ("nvidia.com/gpucores", quota.cores)):
+                if limit is not None:
+                    limits.add((quota.namespace, quota.name, resource, limit))
+        return limits
+
+    def parsed(self) -> list[Quota]:
+        return [parse_quota(msgspec.convert(stored, ResourceQuotaManifest))
+                for stored in self.stored.values()]
+
+    def problems(self) -> list[str]:
+        """The answers that disagreed with the model; the list and the daemon's limits
+        against it; then pods placed under the batch's quotas, and the quota invariant."""
+        problems, self.wrong = self.wrong, []
+        listed = json.loads(self.stack.request("GET", "/api/resourcequotas").body)["items"]
+        in_store = {(q["metadata"]["namespace"], q["metadata"]["name"]): q for q in listed}
+        if in_store != self.stored:
+            problems.append(f"the store lists {sorted(in_store)[:10]}, the model holds "
+                            f"{sorted(self.stored)[:10]}")
+        metrics = self.stack.request("GET", "/metrics", port=self.stack.metrics_port).body
+        applied = set()
+        for labels, value in QUOTA_SERIES.findall(metrics.decode()):
+            named = dict(LABEL.findall(labels))
+            applied.add((named["namespace"], named["resource_quota"], named["resource"],
+                         int(float(value))))
+        if applied != self.applied_limits():
+            problems.append(f"the daemon applies {sorted(applied)[:10]}, the model's quotas "
+                            f"set {sorted(self.applied_limits())[:10]}")
+        return problems + self._placed_under_the_quotas()
+
+    def _placed_under_the_quotas(self) -> list[str]:
+        """Pods of the quotas' namespaces, placed now that the quotas are written: none may
+        take a namespace past a quota."""
+        pods = [known_pod(f"under-{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem":
+                                          1000 + 500 * (i % 7)},
+                          QUOTA_NAMESPACES[i % len(QUOTA_NAMESPACES)])
+                for i in range(CHECK_PODS)]
+        for i, pod in enumerate(pods):
+            if i % 3 == 0:
+                pod["spec"]["priorityClassName"] = "high"
+            self.stack.request("POST", "/api/pods", to_json(pod))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            listed = json.loads(self.stack.request("GET", "/api/pods").body)
+            if all(p["node"] is not None or p["events"] for p in listed
+                   if p["name"].startswith("under-")):
+                break
+            time.sleep(0.1)
+        subjects = {f"{pod['metadata']['namespace']}/{pod['metadata']['name']}":
+                    QuotaSubject.of(msgspec.convert(pod, PodManifest)) for pod in pods}
+        ledger = json.loads(self.stack.request("GET", "/ledgerz").body)
+        return quota_violations(ledger, self.parsed(), subjects)
+
+    def forget_all(self) -> list[str]:
+        """Delete every quota and every pod (the checks after the batch need room)."""
+        problems = self.stack.delete_every_pod()
+        listed = json.loads(self.stack.request("GET", "/api/resourcequotas").body)["items"]
+        for quota in listed:
+            metadata = quota["metadata"]
+            path = f"/api/resourcequotas/{metadata['namespace']}/{metadata['name']}"
+            status = self.stack.request("DELETE", path).status
+            if status != 204:
+                problems.append(f"DELETE {path[:200]}: HTTP {status}")
+        self.stored.clear()
+        return problems
+
+
+def quota_seeds() -> list[tuple[str, str | None, str | None, bytes | None]]:
+    """The issue's quotas: valid ones (a PUT raising one), a limit that is no quantity,
+    negative, beyond 2^53 or an integer beyond any, an unknown scope, a bad expression, bad
+    names, a quota of Kubernetes' resources only, and hostile bodies."""
+
+    def body(name: str, hard: dict[str, Any], namespace: str = "team-a",
+             **spec: Any) -> bytes:
+        return to_json({"apiVersion": "v1", "kind": "ResourceQuota",
+                        "metadata": {"name": name, "namespace": namespace},
+                        "spec": {"hard": hard, **spec}})
+
+    post: list[bytes] = [
+        body("gpu-quota", {MEMORY_KEY: "4000", CORES_KEY: "150"}),
+        body("small", {MEMORY_KEY: 2500}, namespace="team-b"),
+        body("high-only", {MEMORY_KEY: "1000"}, scopeSelector={"matchExpressions": [
+            {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]}),
+        body("cpu-only", {"cpu": "4", "pods": "10"}),
+        body("bad", {MEMORY_KEY: "lots"}), body("bad", {MEMORY_KEY: "-1"}),
+        body("bad", {MEMORY_KEY: str(2**53 + 1)}), body("bad", {CORES_KEY: raw("1" * 5000)}),
+        body("bad", {MEMORY_KEY: raw("1e10000000")}), body("bad", {MEMORY_KEY: "1e10000000"}),
+        body("bad", {}, scopes=["Forever"]),
+        body("bad", {}, scopeSelector={"matchExpressions": [
+            {"scopeName": "PriorityClass", "operator": "In"}]}),
+        body("Bad_Name", {MEMORY_KEY: 1}), body("n" * 300, {MEMORY_KEY: 1}),
+        body("bad", {MEMORY_KEY: 1}, namespace="a.b"),
+        *hostile_yaml_bodies(), *hostile_pod_bodies(),
+    ]
+    operations: list[tuple[str, str | None, str | None, bytes | None]] = [
+        ("POST", None, None, data) for data in post]
+    operations += [("PUT", "team-a", "gpu-quota", body("gpu-quota", {MEMORY_KEY: "6000"})),
+                   ("GET", "team-a", "gpu-quota", None), ("DELETE", "team-b", "small", None),
+                   ("DELETE", "team-b", "small", None), ("GET", "n" * 4100, "x", None)]
+    return operations
+
+
+def test_fuzzed_quota_bodies_never_get_a_server_error_and_never_let_a_namespace_past_a_quota(
+        stack: FuzzStack, tmp_path: Path) -> None:
+    """Every answer agrees with what was acknowledged, a refusal is a 4xx with a one-line
+    message, the daemon applies exactly the stored quotas' limits, and pods placed under
+    them take no namespace past any."""
+    tally = Tally("pod API ResourceQuotas")
+    model = QuotaModel(stack, tally)
+
+    def check_then_clean() -> list[str]:
+        return model.problems() + model.forget_all()
+
+    found = campaign(stack, tally, quota_operations, model.act, seeds=quota_seeds(),
+                     tmp_path=tmp_path, before_batch=lambda: None,
+                     batch_problems=check_then_clean)
+    verdict(tally, found)
+
 
 
 # Inventory messages on NATS ------------------------------------------------------------------

@@ -7,9 +7,11 @@ from typing import Any
 
 import aiohttp
 
+from common.core.pod import QuotaSubject
+from common.core.quota import Quota, Scope, ScopeRule
 from pyhami.demo import lab_pod
 from tests.harness import Lab
-from tests.invariants import Snapshot, decode_allocated, snapshot, violations
+from tests.invariants import Snapshot, decode_allocated, quota_violations, snapshot, violations
 
 
 def multi_container_pod(name: str) -> dict[str, Any]:
@@ -100,3 +102,21 @@ async def test_each_kind_of_breakage_is_reported(lab: Lab, http: aiohttp.ClientS
 def test_the_annotation_is_decoded_per_container() -> None:
     assert decode_allocated("GPU-a,NVIDIA,1000,30:GPU-b,NVIDIA,1000,30:;;GPU-c,NVIDIA,5,0:;") == [
         [("GPU-a", 1000, 30), ("GPU-b", 1000, 30)], [], [("GPU-c", 5, 0)]]
+
+
+async def test_the_quota_invariant_sums_what_the_daemon_charges_and_names_a_quota_exceeded(
+        lab: Lab, http: aiohttp.ClientSession) -> None:
+    ledger = (await healthy_snapshot(lab, http)).ledger
+    assert lab.daemon.service is not None
+    held = lab.daemon.service.state.fleet.quotas.namespace_used()["default"].memory
+    high = (ScopeRule(Scope.PRIORITY_CLASS, "In", frozenset({"high"})),)
+    quotas = [Quota("default", "at-limit", memory=held), Quota("team-a", "elsewhere", memory=0),
+              Quota("default", "high-only", memory=999, rules=high)]
+    assert quota_violations(ledger, quotas, {}) == []
+    assert quota_violations(ledger, [Quota("default", "below", memory=held - 1)], {}) == [
+        f"ResourceQuota default/below: its pods hold {held} of GPU memory, over its limit of "
+        f"{held - 1}"]
+    subjects = {"default/one": QuotaSubject("default", priority_class="high")}
+    assert quota_violations(ledger, quotas, subjects) == [
+        "ResourceQuota default/high-only: its pods hold 1000 of GPU memory, over its limit of "
+        "999"]
