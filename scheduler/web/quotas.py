@@ -127,7 +127,7 @@ def _early_refusal(document: dict[str, Any]) -> str | None:
     where = f"ResourceQuota {namespace}/{name}"
     for key, value in hard.items():
         # The GPU keys are named as parse_quota names them; any other is quoted.
-        field = f"{where}.spec.hard[{key if key in (MEMORY_KEY, CORES_KEY) else _shown(key)}]"
+        field = f"{where}: spec.hard[{key if key in (MEMORY_KEY, CORES_KEY) else _shown(key)}]"
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             return f"{field}: {_shown(value)} is not a quantity"
         if isinstance(value, int) and not -(2**63) <= value < 2**63:

@@ -41,17 +41,17 @@ CORES = "limits.nvidia.com/gpucores"
 WHERE = f"ResourceQuota {NAMESPACE}/q"
 
 REFUSED: list[Any] = [
-    pytest.param(with_hard({MEMORY: "lots"}), f"{WHERE}.spec.hard[{MEMORY}]: 'lots' is not a "
+    pytest.param(with_hard({MEMORY: "lots"}), f"{WHERE}: spec.hard[{MEMORY}]: 'lots' is not a "
                  "quantity", id="not-a-quantity"),
-    pytest.param(with_hard({MEMORY: "-1"}), f"{WHERE}.spec.hard[{MEMORY}]: '-1' is a negative "
+    pytest.param(with_hard({MEMORY: "-1"}), f"{WHERE}: spec.hard[{MEMORY}]: '-1' is a negative "
                  "number", id="negative"),
-    pytest.param(with_hard({CORES: str(2**53 + 1)}), f"{WHERE}.spec.hard[{CORES}]: "
+    pytest.param(with_hard({CORES: str(2**53 + 1)}), f"{WHERE}: spec.hard[{CORES}]: "
                  f"'{2**53 + 1}' is above 2^53", id="beyond-2^53"),
-    pytest.param(with_hard({MEMORY: 2**70}), f"{WHERE}.spec.hard[{MEMORY}]: an integer of 71 "
+    pytest.param(with_hard({MEMORY: 2**70}), f"{WHERE}: spec.hard[{MEMORY}]: an integer of 71 "
                  "bits is above 2^53", id="integer-beyond-any-quantity"),
-    pytest.param(with_hard({MEMORY: "0.5"}), f"{WHERE}.spec.hard[{MEMORY}]: '0.5' is not an "
+    pytest.param(with_hard({MEMORY: "0.5"}), f"{WHERE}: spec.hard[{MEMORY}]: '0.5' is not an "
                  "integer", id="fraction"),
-    pytest.param(with_hard({CORES: True}), f"{WHERE}.spec.hard[{CORES}]: True is not a "
+    pytest.param(with_hard({CORES: True}), f"{WHERE}: spec.hard[{CORES}]: True is not a "
                  "quantity", id="boolean"),
     pytest.param(with_hard({}, scopes=["Forever"]), f"{WHERE}: spec.scopes[0]: 'Forever' is "
                  "not a scope pyhami applies", id="unknown-scope"),
@@ -99,7 +99,7 @@ async def test_a_quota_pyhami_cannot_apply_is_refused_by_name_and_nothing_is_sto
 
 @pytest.mark.parametrize(("body", "status", "message"), [
     pytest.param("metadata: {name: q}\nspec: {hard: {limits.nvidia.com/gpumem: 1e10000000}}",
-                 400, "ResourceQuota default/q.spec.hard[limits.nvidia.com/gpumem]: "
+                 400, "ResourceQuota default/q: spec.hard[limits.nvidia.com/gpumem]: "
                  "'1e10000000' is above 2^53", id="yaml-exponent"),
     pytest.param('{"metadata":{"name":"q"},"spec":{"hard":{"limits.nvidia.com/gpumem":'
                  '1e10000000}}}', 400, "'1e10000000' is above 2^53", id="json-exponent-literal"),
@@ -231,7 +231,7 @@ async def test_a_quota_written_to_the_bucket_by_another_writer_is_applied_or_ref
         (event,) = json.loads((await call(lab.pods.session, "GET", f"{url}/events"))[1])
         assert (event["type"], event["reason"], event["message"]) == (
             "Warning", "QuotaRefused",
-            f"pyhami cannot apply this quota: ResourceQuota {NAMESPACE}/outside.spec.hard["
+            f"pyhami cannot apply this quota: ResourceQuota {NAMESPACE}/outside: spec.hard["
             "limits.nvidia.com/gpumem]: '-1' is a negative number; its last valid limits stay "
             "applied")
         assert (await call(lab.pods.session, "GET", url))[1].count('"-1"') == 1  # kept as stored
