@@ -306,7 +306,9 @@ async def test_the_dashboard_queries_only_what_the_daemon_exposes(
     for needed in ("pyhami_filter_duration_seconds_bucket", "pyhami_bind_duration_seconds_bucket",
                    "pyhami_decisions_total", "hami_gpu_memory_allocated_bytes",
                    "hami_gpu_memory_limit_bytes", "hami_gpu_core_allocated_ratio",
-                   "pyhami_node_stale", "pyhami_nats_connected", "pyhami_build_info"):
+                   "pyhami_node_stale", "pyhami_nats_connected", "pyhami_build_info",
+                   "hami_resource_quota_used", "hami_resource_quota_limit",
+                   "pyhami_resource_quota_used", "pyhami_resource_quota_limit"):
         assert names[needed], f"no panel queries {needed}"
     # One data source variable, which every panel and query uses: it imports anywhere.
     sources = [v for v in dashboard["templating"]["list"] if v["type"] == "datasource"]
