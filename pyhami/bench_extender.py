@@ -3,6 +3,10 @@
 A nats-server and ``pyhami scheduler --standalone`` run as their own processes;
 this process publishes simulated inventories (as the agents would), submits the
 pods, and then plays kube-scheduler: /filter with every node name, then /bind.
+
+With ``--quota-namespaces N`` the pods are spread over N namespaces, each under a
+ResourceQuota of GPU memory and cores posted to the pod API as a user would
+(``/api/resourcequotas``), so every /filter checks its namespace's quota.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,7 @@ import aiohttp
 import msgspec
 import nats
 import nats.aio.client
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.report import Report
 from agent.simulated import profile_cards
@@ -33,6 +39,14 @@ from common.wire import Reason, encode, inventory_subject
 
 PROFILES = ("a100x8-nvswitch", "h100x8-islands")
 WAIT_S = 60.0
+POD_MEMORY_MIB = 1000
+NAMESPACE = "bench"
+QUOTA_NAME = "gpu-quota"
+FULL_EVERY = 10
+"""Under quotas, every tenth namespace's memory limit is exactly what its pods take, so
+its last pods pass with the quota nearly or exactly spent; the others leave half free."""
+CORES_LIMIT = 800
+"""The bench's pods ask no cores: the cores limit (8 cards' worth) is checked, never hit."""
 
 
 def register(benches: Subcommands) -> None:
@@ -46,6 +60,10 @@ def register(benches: Subcommands) -> None:
                         help="filter+bind pairs in flight for the throughput figure")
     parser.add_argument("--updates", type=positive_int, default=20000,
                         help="inventory messages published for the ingestion figure")
+    parser.add_argument("--quota-namespaces", type=positive_int, default=None, metavar="N",
+                        help="spread the pods over N namespaces, each under a ResourceQuota "
+                             "of GPU memory and cores that still lets them all in (default: "
+                             "one namespace, no quota)")
     parser.set_defaults(handler=lambda args: asyncio.run(run(args)))
 
 
@@ -61,19 +79,46 @@ async def publish(client: nats.aio.client.Client, report: Report, reason: Reason
     report.confirm(message)
 
 
-def pod(name: str) -> dict[str, Any]:
+def pod(name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "bench",
+            "metadata": {"name": name, "namespace": namespace,
                          "annotations": {"hami.io/gpu-scheduler-policy": "binpack"}},
             "spec": {"containers": [{"name": "app", "image": "busybox", "resources": {
-                "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
+                "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": POD_MEMORY_MIB}}}]}}
+
+
+def namespaces_of(names: Sequence[str], count: int | None) -> dict[str, str]:
+    """Pod name -> its namespace: ``bench`` for all without quotas, else the N namespaces
+    in turn (``bench-00`` to ``bench-99`` for 100)."""
+    if count is None:
+        return dict.fromkeys(names, NAMESPACE)
+    width = len(str(count - 1))
+    return {name: f"{NAMESPACE}-{i % count:0{width}d}" for i, name in enumerate(names)}
+
+
+def quota_manifests(namespaces: Iterable[str]) -> list[dict[str, Any]]:
+    """One ResourceQuota per namespace, given each pod's namespace: a memory limit every
+    pod fits under, exactly their total in every ``FULL_EVERY``-th namespace and twice it
+    elsewhere, and ``CORES_LIMIT``."""
+    pods = Counter(namespaces)
+    manifests = []
+    for position, (namespace, count) in enumerate(sorted(pods.items())):
+        share = 1 if position % FULL_EVERY == 0 else 2
+        manifests.append({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"namespace": namespace, "name": QUOTA_NAME},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": str(share * count * POD_MEMORY_MIB),
+                              "limits.nvidia.com/gpucores": str(CORES_LIMIT)}}})
+    return manifests
 
 
 class Bench:
-    def __init__(self, http: aiohttp.ClientSession, url: str, names: list[str]) -> None:
+    def __init__(self, http: aiohttp.ClientSession, url: str, names: list[str],
+                 namespaces: dict[str, str]) -> None:
         self.http = http
         self.url = url
         self.names = names
+        self.namespaces = namespaces
 
     async def post(self, verb: str, body: bytes) -> Any:
         async with self.http.post(f"{self.url}/{verb}", data=body,
@@ -84,18 +129,29 @@ class Bench:
     async def submit(self, names: list[str]) -> dict[str, str]:
         uids = {}
         for name in names:
-            async with self.http.post(f"{self.url}/api/pods", json=pod(name)) as response:
+            body = pod(name, self.namespaces[name])
+            async with self.http.post(f"{self.url}/api/pods", json=body) as response:
                 response.raise_for_status()
                 uids[name] = (await response.json())["uid"]
         return uids
 
-    def filter_body(self, name: str) -> bytes:
-        return json.dumps({"Pod": pod(name), "Nodes": None, "NodeNames": self.names}).encode()
+    async def set_quotas(self, manifests: list[dict[str, Any]]) -> None:
+        """Post the ResourceQuotas to the pod API, as a user of standalone mode would."""
+        for manifest in manifests:
+            async with self.http.post(f"{self.url}/api/resourcequotas",
+                                      json=manifest) as response:
+                if response.status >= 300:
+                    where = manifest["metadata"]
+                    raise RuntimeError(f"ResourceQuota {where['namespace']}/{where['name']}: "
+                                       f"{response.status} {(await response.text()).strip()}")
 
-    @staticmethod
-    def bind_body(name: str, uid: str, node: str) -> bytes:
-        return json.dumps({"PodName": name, "PodNamespace": "bench", "PodUID": uid,
-                           "Node": node}).encode()
+    def filter_body(self, name: str) -> bytes:
+        return json.dumps({"Pod": pod(name, self.namespaces[name]), "Nodes": None,
+                           "NodeNames": self.names}).encode()
+
+    def bind_body(self, name: str, uid: str, node: str) -> bytes:
+        return json.dumps({"PodName": name, "PodNamespace": self.namespaces[name],
+                           "PodUID": uid, "Node": node}).encode()
 
     async def filter_and_bind(self, name: str, uid: str, timings: dict[str, list[float]]) -> None:
         # Bodies are built before the clock starts, as for the no-op floor.
@@ -127,15 +183,35 @@ async def accepted_inventories(http: aiohttp.ClientSession, url: str) -> int:
         return accepted
 
 
+async def scrape(metrics_url: str) -> str:
+    async with aiohttp.ClientSession() as http, http.get(metrics_url) as response:
+        response.raise_for_status()
+        return await response.text()
+
+
+def quota_standing(text: str) -> dict[str, int]:
+    """How the quotas stand in the daemon's gauges (an exposition): how many limits it
+    applies, and in how many namespaces the pods have spent all the memory."""
+    # Only the quota families are parsed: the per-card lines are most of the text.
+    lines = "\n".join(line for line in text.splitlines() if "pyhami_resource_quota_" in line)
+    samples = {metric.name: metric.samples for metric in text_string_to_metric_families(lines)}
+    limits = samples.get("pyhami_resource_quota_limit", [])
+    memory_limits = {sample.labels["namespace"]: sample.value for sample in limits
+                     if sample.labels["resource"] == "nvidia.com/gpumem"}
+    full = sum(1 for sample in samples.get("pyhami_resource_quota_used", [])
+               if sample.labels["resource"] == "nvidia.com/gpumem"
+               and sample.value == memory_limits.get(sample.labels["namespace"]))
+    return {"quota_limits": len(limits), "quota_namespaces_full": full}
+
+
 async def server_side(metrics_url: str) -> dict[str, float]:
     """Mean time inside the daemon per verb, from its own histograms."""
     sums: dict[str, float] = {}
-    async with aiohttp.ClientSession() as http, http.get(metrics_url) as response:
-        for line in (await response.text()).splitlines():
-            for verb in ("filter", "bind"):
-                for part in ("sum", "count"):
-                    if line.startswith(f"pyhami_{verb}_duration_seconds_{part} "):
-                        sums[f"{verb}_{part}"] = float(line.split()[-1])
+    for line in (await scrape(metrics_url)).splitlines():
+        for verb in ("filter", "bind"):
+            for part in ("sum", "count"):
+                if line.startswith(f"pyhami_{verb}_duration_seconds_{part} "):
+                    sums[f"{verb}_{part}"] = float(line.split()[-1])
     return {f"server_{verb}_mean_ms": round(sums[f"{verb}_sum"] / sums[f"{verb}_count"] * 1e3, 3)
             for verb in ("filter", "bind") if sums.get(f"{verb}_count")}
 
@@ -176,9 +252,11 @@ async def run(args: argparse.Namespace) -> int:
              f"127.0.0.1:{metrics_port}", "--node-timeout", "3600", "--node-retention", "7200",
              "--resync-wait", "0.1",
              "--log-level", "warning", "--noop-endpoint", "--no-pending-loop"])
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         try:
-            result = await measure(args, f"http://127.0.0.1:{port}", server.url, daemon.pid)
-            result.update(await server_side(f"http://127.0.0.1:{metrics_port}/metrics"))
+            result = await measure(args, f"http://127.0.0.1:{port}", server.url, daemon.pid,
+                                   metrics_url)
+            result.update(await server_side(metrics_url))
             result.update(daemon_memory(daemon.pid))
         finally:
             daemon.terminate()
@@ -189,7 +267,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def measure(args: argparse.Namespace, url: str, nats_url: str,
-                  daemon_pid: int) -> dict[str, Any]:
+                  daemon_pid: int, metrics_url: str) -> dict[str, Any]:
     client = await nats.connect(nats_url)
     reports = {f"node-{i:05d}": Report(f"node-{i:05d}", "bench", 3600.0)
                for i in range(args.nodes)}
@@ -213,8 +291,17 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
             return await accepted_inventories(http, url) >= int(args.nodes)
 
         await wait_for(all_nodes, "every inventory")
-        bench = Bench(http, url, list(reports))
         names = [f"p-{i}" for i in range(args.requests + args.pods)]
+        namespaces = namespaces_of(names, args.quota_namespaces)
+        bench = Bench(http, url, list(reports), namespaces)
+        quotas = quota_manifests(namespaces.values()) if args.quota_namespaces else []
+        await bench.set_quotas(quotas)
+
+        async def quotas_applied() -> bool:
+            # Two limits a quota, each a series of the daemon's own gauge.
+            return quota_standing(await scrape(metrics_url))["quota_limits"] >= 2 * len(quotas)
+
+        await wait_for(quotas_applied, "every ResourceQuota to apply")
         uids = await bench.submit(names)
 
         noop = []
@@ -258,8 +345,10 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
         ingest_s = time.perf_counter() - started
         cpu_after = cpu_seconds(daemon_pid)
     await client.close()
+    standing = quota_standing(await scrape(metrics_url)) if quotas else {}
     return {
         "nodes": args.nodes, "cards": args.nodes * 8,
+        "quota_namespaces": len(quotas), **standing,
         "filter_p50_ms": round(statistics.median(timings["filter"]) * 1e3, 3),
         "filter_p99_ms": round(percentile(timings["filter"], 0.99) * 1e3, 3),
         "bind_p50_ms": round(statistics.median(timings["bind"]) * 1e3, 3),
