@@ -302,8 +302,10 @@ def decide(
         only_chosen[chosen_node] = True
         rows = _explain(view, codes, only_chosen, chosen_node, placement)
     quota = None
+    # The first checks hold QUOTA_NOT_FIT only where the quota refused cards (most pods
+    # under a quota: nowhere, and then the counts need no look).
     if view.quota is not None and (
-            by_node[considered, CardCheck.QUOTA_NOT_FIT].any()
+            (view.quota_refused_first and by_node[considered, CardCheck.QUOTA_NOT_FIT].any())
             or any(reason == QUOTA_REASON for failure in failed.values()
                    for reason, _ in failure.removed())):
         quota = quota_refusal(fleet, pod, codes)

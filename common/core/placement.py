@@ -88,6 +88,18 @@ class OwnCharge:
                 memory - base_memory, cores - base_cores)
 
 
+def _refuses_fixed(quota: QuotaLeft, request: ContainerRequest) -> bool:
+    """Whether the quota refuses every card to a pod's first container, of fixed MiB (each
+    card is charged alike): ``PodView.quota_fails`` for one card, on integers (a resource
+    the container adds nothing of is not checked)."""
+    assert request.memory_mib is not None
+    memory, cores = request.memory_mib, request.cores
+    return ((quota.memory is not None and memory > 0
+             and request.cards * memory > quota.memory)
+            or (quota.cores is not None and cores > 0
+                and request.cards * cores > quota.cores))
+
+
 class PodView:
     """What one decision needs about a pod, computed once against a layout."""
 
@@ -97,6 +109,9 @@ class PodView:
         self.layout = layout
         self.pod = pod
         self.quota = quota
+        self.quota_refused_first = False
+        """Whether the quota refused any card in ``first_checks`` (then its codes and
+        counts hold ``QUOTA_NOT_FIT``; never otherwise)."""
         self.type_ok: BoolArray | None = None
         self.uuid_ok: BoolArray | None = None
         if pod.use_types is not None or pod.nouse_types:
@@ -246,12 +261,19 @@ class PodView:
     def _with_quota(self, request: ContainerRequest, codes: CodeArray,
                     by_node: IntArray) -> tuple[CodeArray, IntArray]:
         """The cached checks with the quota applied, copied where it refuses cards."""
+        assert self.quota is not None
         quota_code = CardCheck.QUOTA_NOT_FIT
-        later = (codes == 0) | (codes > quota_code)
         if request.memory_mib is not None:
-            # The same charge on every card: the quota refuses all of them or none.
-            if not self.quota_fails(request, slice(0, min(1, len(codes)))).any():
+            # The same charge on every card: the quota refuses all of them or none. Judged
+            # on plain integers, as ``quota_fails`` judges each card (the pod's first
+            # container: nothing charged before it); this is the usual pod's whole cost
+            # of its quota.
+            if not len(codes) or not _refuses_fixed(self.quota, request):
                 return codes, by_node
+            later = (codes == 0) | (codes > quota_code)
+            if not later.any():
+                return codes, by_node  # every card fails an earlier check
+            self.quota_refused_first = True
             refused = codes.copy()
             refused[later] = quota_code
             counts = by_node.copy()
@@ -259,9 +281,13 @@ class PodView:
             counts[:, quota_code] += counts[:, moved].sum(axis=1)
             counts[:, moved] = 0
             return refused, counts
-        fails = self.quota_fails(request, slice(None)) & later
+        fails = self.quota_fails(request, slice(None))
         if not fails.any():
             return codes, by_node
+        fails &= (codes == 0) | (codes > quota_code)
+        if not fails.any():
+            return codes, by_node
+        self.quota_refused_first = True
         refused = codes.copy()
         refused[fails] = quota_code
         lay = self.layout
@@ -406,7 +432,9 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
     numa = layout.numa[where].tolist()
     memory = layout.memory[where]
     taken = Extra(*(np.zeros(cards, dtype=np.int64) for _ in range(3)))
-    own = OwnCharge.none(cards) if view.quota is not None else None
+    # What earlier containers are charged matters to later ones only.
+    own = (OwnCharge.none(cards) if view.quota is not None and len(pod.gpu_containers) > 1
+           else None)
     placement: Placement = []
     for position, request in enumerate(pod.gpu_containers):
         failure = node_level_failure(request, cards, topology, pod.chain.topology_aware)
