@@ -312,8 +312,14 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
             noop.append(time.perf_counter() - started)
 
         timings: dict[str, list[float]] = {"filter": [], "bind": []}
+        pairs_cpu_before = cpu_seconds(daemon_pid)
         for name in names[:args.requests]:
             await bench.filter_and_bind(name, uids[name], timings)
+        pairs_cpu_after = cpu_seconds(daemon_pid)
+        # The daemon's own CPU for each sequential pair, apart from the client's and
+        # nats-server's (other load on the machine moves it too).
+        pair_cpu_ms = None if pairs_cpu_before is None or pairs_cpu_after is None else round(
+            (pairs_cpu_after - pairs_cpu_before) / args.requests * 1e3, 3)
 
         gate = asyncio.Semaphore(args.concurrency)
         throughput: dict[str, list[float]] = {"filter": [], "bind": []}
@@ -353,6 +359,7 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
         "filter_p99_ms": round(percentile(timings["filter"], 0.99) * 1e3, 3),
         "bind_p50_ms": round(statistics.median(timings["bind"]) * 1e3, 3),
         "bind_p99_ms": round(percentile(timings["bind"], 0.99) * 1e3, 3),
+        "daemon_cpu_ms_per_pair": pair_cpu_ms,
         "pods_per_s": round(pods_per_s, 1),
         "noop_p50_ms": round(statistics.median(noop) * 1e3, 3),
         "noop_p99_ms": round(percentile(noop, 0.99) * 1e3, 3),
