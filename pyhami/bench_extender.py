@@ -64,6 +64,11 @@ def register(benches: Subcommands) -> None:
                         help="spread the pods over N namespaces, each under a ResourceQuota "
                              "of GPU memory and cores that still lets them all in (default: "
                              "one namespace, no quota)")
+    parser.add_argument("--half-without-quota", action="store_true",
+                        help="with --quota-namespaces: every other pod in namespace bench, "
+                             "under no quota, so that one run times /filter with and without "
+                             "a quota at the same moments (filter_p50_ms_quota, "
+                             "filter_p50_ms_no_quota)")
     parser.set_defaults(handler=lambda args: asyncio.run(run(args)))
 
 
@@ -87,20 +92,25 @@ def pod(name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
                 "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": POD_MEMORY_MIB}}}]}}
 
 
-def namespaces_of(names: Sequence[str], count: int | None) -> dict[str, str]:
+def namespaces_of(names: Sequence[str], count: int | None,
+                  half_without: bool = False) -> dict[str, str]:
     """Pod name -> its namespace: ``bench`` for all without quotas, else the N namespaces
-    in turn (``bench-00`` to ``bench-99`` for 100)."""
+    in turn (``bench-00`` to ``bench-99`` for 100); with ``half_without``, only every other
+    pod goes to them, the rest to ``bench``."""
     if count is None:
         return dict.fromkeys(names, NAMESPACE)
     width = len(str(count - 1))
-    return {name: f"{NAMESPACE}-{i % count:0{width}d}" for i, name in enumerate(names)}
+    step = 2 if half_without else 1
+    spread = {name: f"{NAMESPACE}-{i % count:0{width}d}"
+              for i, name in enumerate(names[step - 1::step])}
+    return {name: spread.get(name, NAMESPACE) for name in names}
 
 
 def quota_manifests(namespaces: Iterable[str]) -> list[dict[str, Any]]:
-    """One ResourceQuota per namespace, given each pod's namespace: a memory limit every
-    pod fits under, exactly their total in every ``FULL_EVERY``-th namespace and twice it
-    elsewhere, and ``CORES_LIMIT``."""
-    pods = Counter(namespaces)
+    """One ResourceQuota per namespace but ``bench``, given each pod's namespace: a memory
+    limit every pod fits under, exactly their total in every ``FULL_EVERY``-th namespace
+    and twice it elsewhere, and ``CORES_LIMIT``."""
+    pods = Counter(namespace for namespace in namespaces if namespace != NAMESPACE)
     manifests = []
     for position, (namespace, count) in enumerate(sorted(pods.items())):
         share = 1 if position % FULL_EVERY == 0 else 2
@@ -167,6 +177,15 @@ class Bench:
         timings["bind"].append(time.perf_counter() - started)
         if bound["Error"]:
             raise RuntimeError(f"bind {name}: {bound['Error']}")
+
+
+def by_quota(names: Sequence[str], filter_s: Sequence[float],
+             namespaces: dict[str, str]) -> dict[str, float]:
+    """The sequential /filter p50 of the pods under a quota and of those in ``bench``."""
+    under = [t for name, t in zip(names, filter_s, strict=True) if namespaces[name] != NAMESPACE]
+    free = [t for name, t in zip(names, filter_s, strict=True) if namespaces[name] == NAMESPACE]
+    return {"filter_p50_ms_quota": round(statistics.median(under) * 1e3, 3),
+            "filter_p50_ms_no_quota": round(statistics.median(free) * 1e3, 3)}
 
 
 async def wait_for(check: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -242,6 +261,10 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    if args.half_without_quota and args.quota_namespaces is None:
+        print("pyhami bench extender: --half-without-quota needs --quota-namespaces",
+              file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as scratch:
         server = LocalNatsServer(extra_args=["-js", "-sd", str(Path(scratch) / "js")])
         server.start()
@@ -292,7 +315,7 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
 
         await wait_for(all_nodes, "every inventory")
         names = [f"p-{i}" for i in range(args.requests + args.pods)]
-        namespaces = namespaces_of(names, args.quota_namespaces)
+        namespaces = namespaces_of(names, args.quota_namespaces, args.half_without_quota)
         bench = Bench(http, url, list(reports), namespaces)
         quotas = quota_manifests(namespaces.values()) if args.quota_namespaces else []
         await bench.set_quotas(quotas)
@@ -320,6 +343,8 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
         # nats-server's (other load on the machine moves it too).
         pair_cpu_ms = None if pairs_cpu_before is None or pairs_cpu_after is None else round(
             (pairs_cpu_after - pairs_cpu_before) / args.requests * 1e3, 3)
+        split = by_quota(names[:args.requests], timings["filter"], namespaces) \
+            if args.half_without_quota and quotas else {}
 
         gate = asyncio.Semaphore(args.concurrency)
         throughput: dict[str, list[float]] = {"filter": [], "bind": []}
@@ -354,7 +379,7 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
     standing = quota_standing(await scrape(metrics_url)) if quotas else {}
     return {
         "nodes": args.nodes, "cards": args.nodes * 8,
-        "quota_namespaces": len(quotas), **standing,
+        "quota_namespaces": len(quotas), **standing, **split,
         "filter_p50_ms": round(statistics.median(timings["filter"]) * 1e3, 3),
         "filter_p99_ms": round(percentile(timings["filter"], 0.99) * 1e3, 3),
         "bind_p50_ms": round(statistics.median(timings["bind"]) * 1e3, 3),

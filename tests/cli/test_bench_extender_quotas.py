@@ -13,6 +13,7 @@ from common.core.quota import ResourceQuotaManifest, parse_quota
 from pyhami.bench_extender import (
     CORES_LIMIT,
     POD_MEMORY_MIB,
+    by_quota,
     namespaces_of,
     quota_manifests,
     quota_standing,
@@ -23,14 +24,29 @@ from tests.builders import hold, lab_fleet
 NAMES = [f"p-{i}" for i in range(4000)]
 
 
-@pytest.mark.parametrize(("count", "expected"), [
-    pytest.param(None, {"bench": 4000}, id="no-quotas-one-namespace"),
-    pytest.param(100, {f"bench-{i:02d}": 40 for i in range(100)}, id="100-namespaces"),
-    pytest.param(3, {"bench-0": 1334, "bench-1": 1333, "bench-2": 1333}, id="uneven"),
+@pytest.mark.parametrize(("count", "half_without", "expected"), [
+    pytest.param(None, False, {"bench": 4000}, id="no-quotas-one-namespace"),
+    pytest.param(100, False, {f"bench-{i:02d}": 40 for i in range(100)}, id="100-namespaces"),
+    pytest.param(3, False, {"bench-0": 1334, "bench-1": 1333, "bench-2": 1333}, id="uneven"),
+    pytest.param(100, True, {"bench": 2000, **{f"bench-{i:02d}": 20 for i in range(100)}},
+                 id="half-without-quota"),
 ])
 def test_pods_are_spread_over_the_namespaces_in_turn(
-        count: int | None, expected: dict[str, int]) -> None:
-    assert Counter(namespaces_of(NAMES, count).values()) == expected
+        count: int | None, half_without: bool, expected: dict[str, int]) -> None:
+    assert Counter(namespaces_of(NAMES, count, half_without).values()) == expected
+
+
+def test_half_without_quota_alternates_and_splits_the_filter_times() -> None:
+    names = NAMES[:6]
+    namespaces = namespaces_of(names, 2, half_without=True)
+    assert [namespaces[name] for name in names] == ["bench", "bench-0", "bench", "bench-1",
+                                                    "bench", "bench-0"]
+    # No quota for bench: its pods are the run's pods without one.
+    assert [m["metadata"]["namespace"] for m in quota_manifests(namespaces.values())] == [
+        "bench-0", "bench-1"]
+    seconds = [0.001, 0.004, 0.002, 0.005, 0.003, 0.006]
+    assert by_quota(names, seconds, namespaces) == {"filter_p50_ms_quota": 5.0,
+                                                    "filter_p50_ms_no_quota": 2.0}
 
 
 def test_every_quota_applies_and_lets_its_namespace_in_every_tenth_exactly() -> None:
