@@ -52,6 +52,19 @@ def hold(fleet: Fleet, key: str, node_name: str, *uuids: str, memory: int = 1000
     fleet.allocate(key, Allocation(node_name, (grants,)))
 
 
+def gpu_limits(mib: int | None = None, *, cards: int = 1, percent: int | None = None,
+               cores: int | None = None) -> dict[str, int]:
+    """A container's GPU limits: ``cards`` cards of ``mib`` MiB or ``percent`` % of a
+    card's memory, and ``cores`` % of its cores; what is None is left out."""
+    limits = {"nvidia.com/gpu": cards}
+    for resource, value in (("nvidia.com/gpumem", mib),
+                            ("nvidia.com/gpumem-percentage", percent),
+                            ("nvidia.com/gpucores", cores)):
+        if value is not None:
+            limits[resource] = value
+    return limits
+
+
 def manifest(
     name: str = "p",
     *,

@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import nats
+from nats.js.errors import KeyNotFoundError, NoKeysError
 
 from common.natsserver import LocalNatsServer
-from pyhami.sandbox import RunningDaemon, SimulatedAgent
+from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
+from scheduler.cluster.standalone import BUCKET
 from scheduler.service import SchedulerService
 
 WAIT_S = 15.0
@@ -110,3 +113,33 @@ class Lab:
     node: SimulatedAgent
     daemon: RunningDaemon
     pods: PodClient
+
+    async def restart_daemon(self) -> None:
+        """Stop the daemon and start a new one on the same NATS, the pod client pointed
+        at it."""
+        await self.daemon.stop()
+        self.daemon = await RunningDaemon(standalone_config(self.nats.url)).start()
+        self.pods.url = self.daemon.url
+
+
+async def stored_entries(nats_url: str, wanted: Callable[[str], bool]) -> dict[str, bytes]:
+    """The entries of the standalone pod bucket whose keys ``wanted`` keeps, read with a
+    client of our own: key -> stored value."""
+    client = await nats.connect(nats_url)
+    try:
+        bucket = await client.jetstream().key_value(BUCKET)
+        try:
+            keys = await bucket.keys()
+        except NoKeysError:
+            return {}
+        found: dict[str, bytes] = {}
+        for key in filter(wanted, keys):
+            try:
+                entry = await bucket.get(key)
+            except KeyNotFoundError:
+                continue  # deleted since it was listed
+            if entry.value is not None:
+                found[key] = entry.value
+        return found
+    finally:
+        await client.close()

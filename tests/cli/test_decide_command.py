@@ -17,7 +17,9 @@ from common.files import InputFileError
 from pyhami.cli import main
 from pyhami.decide import decide_files
 from pyhami.sandbox import DEFAULTS
+from tests.builders import gpu_limits
 from tests.paths import EXAMPLES
+from tests.strategies import json_floats, json_junk
 
 
 def pyhami(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -235,14 +237,8 @@ def cluster(cards: list[int], pods: list[dict[str, object]],
 def gpu(memory: int | None = None, *, percent: int | None = None, cards: int = 1,
         cores: int | None = None, requests: dict[str, str] | None = None,
         ) -> dict[str, object]:
-    limits: dict[str, int] = {"nvidia.com/gpu": cards}
-    if memory is not None:
-        limits["nvidia.com/gpumem"] = memory
-    if percent is not None:
-        limits["nvidia.com/gpumem-percentage"] = percent
-    if cores is not None:
-        limits["nvidia.com/gpucores"] = cores
-    resources: dict[str, object] = {"limits": limits}
+    resources: dict[str, object] = {
+        "limits": gpu_limits(memory, cards=cards, percent=percent, cores=cores)}
     if requests is not None:
         resources["requests"] = requests
     return {"resources": resources}
@@ -473,12 +469,8 @@ class TestQuotas:
 
 # Any quota entry: applied, or one error naming the file --------------------------------
 
-_finite = st.floats(allow_nan=False, allow_infinity=False)  # what JSON can hold
-_junk = st.recursive(
-    st.none() | st.booleans() | st.integers() | _finite | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                max_size=3),
-    max_leaves=6)
+_finite = json_floats
+_junk = json_junk(max_leaves=6)
 
 
 def _mostly(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:

@@ -31,7 +31,7 @@ from common.core.quota import (
     requested_charge,
 )
 from pyhami.sandbox import DEFAULTS
-from tests.builders import fleet_of, hold, manifest, node
+from tests.builders import fleet_of, gpu_limits, hold, manifest, node
 
 MEMORY = "limits.nvidia.com/gpumem"
 CORES = "limits.nvidia.com/gpucores"
@@ -531,39 +531,29 @@ def request(containers: list[dict[str, Any]], init: list[dict[str, Any]] | None 
     return parse_pod(manifest, defaults)
 
 
-def limits(mib: int | None = None, *, cards: int = 1, percent: int | None = None,
-           cores: int | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"nvidia.com/gpu": cards}
-    if mib is not None:
-        spec["nvidia.com/gpumem"] = mib
-    if percent is not None:
-        spec["nvidia.com/gpumem-percentage"] = percent
-    if cores is not None:
-        spec["nvidia.com/gpucores"] = cores
-    return spec
 
 
 class TestRequestedCharge:
     @pytest.mark.parametrize(
         ("containers", "init", "card_memory", "charge"),
         [
-            ([limits(3000), limits(2000)], None, None, Usage(0, 5000, 0)),
-            ([limits(3000, cards=2)], None, None, Usage(0, 6000, 0)),
+            ([gpu_limits(3000), gpu_limits(2000)], None, None, Usage(0, 5000, 0)),
+            ([gpu_limits(3000, cards=2)], None, None, Usage(0, 6000, 0)),
             # Init at its peak against the app sum: 6000 > 3000 + 2000.
-            ([limits(3000), limits(2000)], [limits(6000)], None, Usage(0, 6000, 0)),
+            ([gpu_limits(3000), gpu_limits(2000)], [gpu_limits(6000)], None, Usage(0, 6000, 0)),
             # 4000 < 5000: the app sum.
-            ([limits(3000), limits(2000)], [limits(4000)], None, Usage(0, 5000, 0)),
+            ([gpu_limits(3000), gpu_limits(2000)], [gpu_limits(4000)], None, Usage(0, 5000, 0)),
             # Two init containers: the larger one, not their sum.
-            ([limits(1000)], [limits(4000), limits(3000)], None, Usage(0, 4000, 0)),
-            ([limits(1000, cores=30), limits(1000, cores=40)], [limits(1000, cores=100)],
-             None, Usage(0, 2000, 100)),
-            ([limits(1000, cores=30, cards=2)], None, None, Usage(0, 2000, 60)),
+            ([gpu_limits(1000)], [gpu_limits(4000), gpu_limits(3000)], None, Usage(0, 4000, 0)),
+            ([gpu_limits(1000, cores=30), gpu_limits(1000, cores=40)],
+             [gpu_limits(1000, cores=100)], None, Usage(0, 2000, 100)),
+            ([gpu_limits(1000, cores=30, cards=2)], None, None, Usage(0, 2000, 60)),
             # A percentage counts on a card of the size given: 25% of 16384.
-            ([limits(percent=25)], None, 16384, Usage(0, 4096, 0)),
-            ([limits(percent=25, cards=2)], None, 16384, Usage(0, 8192, 0)),
+            ([gpu_limits(percent=25)], None, 16384, Usage(0, 4096, 0)),
+            ([gpu_limits(percent=25, cards=2)], None, 16384, Usage(0, 8192, 0)),
             # At admission no card is chosen: 0, as HAMi charges it.
-            ([limits(percent=25)], None, None, Usage(0, 0, 0)),
-            ([limits(percent=25), limits(1000)], None, None, Usage(0, 1000, 0)),
+            ([gpu_limits(percent=25)], None, None, Usage(0, 0, 0)),
+            ([gpu_limits(percent=25), gpu_limits(1000)], None, None, Usage(0, 1000, 0)),
         ],
         ids=["apps-summed", "cards-multiply", "init-above-apps", "apps-above-init",
              "init-peak-not-sum", "cores-init-peak", "cores-cards-multiply",

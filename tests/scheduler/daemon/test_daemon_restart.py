@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.core import Usage
 from pyhami.demo import lab_pod
-from pyhami.sandbox import RunningDaemon, standalone_config
+from pyhami.sandbox import RunningDaemon
 from tests.harness import Lab, card_of
 
 GPU = [f"GPU-gpu-node-1-{i}" for i in range(4)]
@@ -29,9 +29,7 @@ async def test_a_restart_keeps_the_ledger_and_the_pending_pods(lab: Lab) -> None
     before = ledger(lab.daemon)
     assert before[GPU[0]] == Usage(tenants=2, memory=4000, cores=20)
 
-    await lab.daemon.stop()
-    lab.daemon = await RunningDaemon(standalone_config(lab.nats.url)).start()
-    lab.pods.url = lab.daemon.url
+    await lab.restart_daemon()
 
     assert ledger(lab.daemon) == before
     pods = {p["name"]: p for p in await lab.pods.pods()}

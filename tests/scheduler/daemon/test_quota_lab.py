@@ -91,9 +91,7 @@ async def test_a_restarted_daemon_rebuilds_the_usage_and_the_quota(lab: Lab) -> 
     await lab.pods.submit(team_pod("held", 3000))
     await lab.pods.placed("held", NAMESPACE)
 
-    await lab.daemon.stop()
-    lab.daemon = await RunningDaemon(standalone_config(lab.nats.url)).start()
-    lab.pods.url = lab.daemon.url
+    await lab.restart_daemon()
 
     assert standings(lab.daemon) == [
         QuotaStanding(NAMESPACE, "gpu-quota", "nvidia.com/gpumem", 3000, 4000)]

@@ -32,6 +32,7 @@ from tests.fakes.apiserver import (
     status_json,
     write_kubeconfig,
 )
+from tests.strategies import json_floats, json_junk
 
 MEMORY = "limits.nvidia.com/gpumem"
 CORES = "limits.nvidia.com/gpucores"
@@ -118,12 +119,8 @@ def test_an_object_that_does_not_decode_is_named_as_far_as_its_metadata_allows(
     assert unreadable.error == str(failed.value)
 
 
-finite = st.floats(allow_nan=False, allow_infinity=False)  # JSON has no others
-junk = st.recursive(
-    st.none() | st.booleans() | st.integers() | finite | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                max_size=3),
-    max_leaves=8)
+finite = json_floats
+junk = json_junk(max_leaves=8)
 quota_objects = st.fixed_dictionaries({}, optional={
     "metadata": st.fixed_dictionaries({}, optional={
         "name": st.sampled_from(["gpu-quota", "a"]) | st.text(max_size=10) | junk,

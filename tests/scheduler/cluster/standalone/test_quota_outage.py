@@ -15,13 +15,9 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import msgspec
-import nats
-from nats.js.errors import KeyNotFoundError, NoKeysError
 
 from common.core.quota import QuotaStanding
-from pyhami.sandbox import RunningDaemon, standalone_config
-from scheduler.cluster.standalone import BUCKET
-from tests.harness import Lab, eventually
+from tests.harness import Lab, eventually, stored_entries
 from tests.quotas import NAMESPACE, QUOTAS, call, quota, standings
 
 KEPT = [QuotaStanding(NAMESPACE, "kept", "nvidia.com/gpumem", 0, 4000)]
@@ -29,31 +25,9 @@ KEPT = [QuotaStanding(NAMESPACE, "kept", "nvidia.com/gpumem", 0, 4000)]
 
 async def stored_quotas(nats_url: str) -> dict[str, str]:
     """The quotas in the bucket, read with a client of our own: key -> GPU memory limit."""
-    client = await nats.connect(nats_url)
-    try:
-        bucket = await client.jetstream().key_value(BUCKET)
-        try:
-            keys = await bucket.keys()
-        except NoKeysError:
-            return {}
-        found = {}
-        for key in keys:
-            if key.startswith("_resourcequota."):
-                try:
-                    entry = await bucket.get(key)
-                except KeyNotFoundError:
-                    continue  # deleted since it was listed
-                stored = msgspec.msgpack.decode(entry.value)
-                found[key] = stored["manifest"]["spec"]["hard"]["limits.nvidia.com/gpumem"]
-        return found
-    finally:
-        await client.close()
-
-
-async def restart_daemon(lab: Lab) -> None:
-    await lab.daemon.stop()
-    lab.daemon = await RunningDaemon(standalone_config(lab.nats.url)).start()
-    lab.pods.url = lab.daemon.url
+    entries = await stored_entries(nats_url, lambda key: key.startswith("_resourcequota."))
+    return {key: msgspec.msgpack.decode(value)["manifest"]["spec"]["hard"][
+                "limits.nvidia.com/gpumem"] for key, value in entries.items()}
 
 
 @contextlib.asynccontextmanager
@@ -109,7 +83,7 @@ async def test_quota_writes_while_nats_is_down_are_refused_and_never_applied(
     assert await stored_quotas(lab.nats.url) == {
         f"_resourcequota.{NAMESPACE}.kept": "4000", f"_resourcequota.{NAMESPACE}.after": "1000"}
 
-    await restart_daemon(lab)
+    await lab.restart_daemon()
     assert [s.quota for s in standings(lab.daemon)] == ["after", "kept"]  # no ghost
     assert standings(lab.daemon)[1] == KEPT[0]
 
@@ -145,7 +119,7 @@ async def test_a_quota_write_that_got_no_answer_is_undone_and_never_applied(
         await asyncio.sleep(1.5)  # the watch has brought the late writes and their undoing
         assert seen == [KEPT]
 
-    await restart_daemon(lab)
+    await lab.restart_daemon()
     assert standings(lab.daemon) == KEPT
     # The client's retry now succeeds, as a first write would.
     assert (await call(http, "POST", f"{lab.daemon.url}{QUOTAS}",

@@ -12,16 +12,13 @@ import time
 from typing import Any
 
 import aiohttp
-import nats
-from nats.js.errors import NoKeysError
 
 from common.core import Allocation, Usage, decode_devices
 from common.core.annotations import ALLOCATED_ANNOTATION
 from pyhami.demo import lab_pod
-from pyhami.sandbox import RunningDaemon, Sandbox, standalone_config
-from scheduler.cluster.standalone import BUCKET
+from pyhami.sandbox import Sandbox
 from scheduler.service import SchedulerService
-from tests.harness import Lab, PodClient, eventually
+from tests.harness import Lab, PodClient, eventually, stored_entries
 
 NODE = "gpu-node-1"
 
@@ -53,23 +50,14 @@ def ledger_of_the_pods(pods: list[dict[str, Any]]) -> dict[str, Allocation]:
 
 
 async def stored_pod_names(nats_url: str) -> set[str]:
-    """The pods in the bucket, read with a client of our own."""
-    client = await nats.connect(nats_url)
-    try:
-        bucket = await client.jetstream().key_value(BUCKET)
-        try:
-            keys = await bucket.keys()
-        except NoKeysError:
-            return set()
-        return {key.partition(".")[2] for key in keys}
-    finally:
-        await client.close()
+    """The pods in the bucket (not its quotas, whose keys start with '_'), read with a
+    client of our own."""
+    entries = await stored_entries(nats_url, lambda key: not key.startswith("_"))
+    return {key.partition(".")[2] for key in entries}
 
 
 async def restart_daemon(lab: Lab) -> SchedulerService:
-    await lab.daemon.stop()
-    lab.daemon = await RunningDaemon(standalone_config(lab.nats.url)).start()
-    lab.pods.url = lab.daemon.url
+    await lab.restart_daemon()
     return service_of(lab)
 
 
