@@ -63,7 +63,7 @@ from scheduler.leadership import (
     NatsLease,
     Sole,
 )
-from scheduler.metrics import ConnectionCollector
+from scheduler.metrics import ConnectionCollector, UnreadableCollector
 from scheduler.pending import PendingLoop
 from scheduler.service import SchedulerService
 from scheduler.tls.files import CertificateFiles, TlsError
@@ -303,6 +303,9 @@ class Daemon:
         for result, times in self._auth_answers.items():
             service.metrics.nats_auth.labels(result).inc(times)
         service.metrics.registry.register(ConnectionCollector(connection))
+        if self._kubernetes is not None:
+            service.metrics.registry.register(
+                UnreadableCollector(self._kubernetes.cluster.unreadable.counts))
         undo.push_async_callback(service.shared.settle, SETTLE_S)
         return service
 

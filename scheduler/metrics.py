@@ -8,7 +8,7 @@ docs/scheduler.md ("Metrics") lists them beside HAMi's definitions.
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import lru_cache
@@ -294,6 +294,23 @@ class ConnectionCollector(Collector):
         for reason in UNSENT_REASONS:
             unsent.add_metric([reason], self._connection.unsent[reason])
         yield from (connected, replaced, unsent)
+
+
+class UnreadableCollector(Collector):
+    """Objects the Kubernetes API sent that do not decode, per kind: each version is
+    logged once and counted here (Kubernetes mode only)."""
+
+    def __init__(self, counts: Mapping[str, int]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "pyhami_cluster_objects_unreadable",
+            "Versions of objects the Kubernetes API sent that do not decode, left out until "
+            "they change, by kind", labels=["kind"])
+        for kind, count in sorted(self._counts.items()):
+            family.add_metric([kind], count)
+        yield family
 
 
 class Metrics:

@@ -84,7 +84,7 @@ class KubernetesCluster:
         # ResourceQuota uids by "namespace/name", as last listed or watched, for the Events
         # on them (involvedObject.uid); touched on the event loop only.
         self._quota_uids: dict[str, str] = {}
-        self.unreadable = UnreadableLog()
+        self.unreadable = UnreadableLog((PODS.noun, QUOTAS.noun))
         """The objects the API sent that did not decode, logged and counted."""
         self._binder = PodBinder(api, scheduler_name)
 

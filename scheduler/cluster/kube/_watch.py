@@ -60,8 +60,9 @@ class Seen(Generic[Item]):
 class UnreadableLog:
     """Objects the API sent that do not decode: each version logged once, all counted."""
 
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
+    def __init__(self, nouns: Iterable[str] = ()) -> None:
+        """``nouns``: the kinds counted from zero (metrics show them before any)."""
+        self.counts: Counter[str] = Counter(dict.fromkeys(nouns, 0))
         """Per noun (``pod``, ``ResourceQuota``), how many object versions did not decode."""
         self._logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()
 

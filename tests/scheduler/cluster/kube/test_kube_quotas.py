@@ -20,10 +20,12 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 
 from common.core.quota import QuotaRejected, Scope, parse_quota
 from scheduler.cluster import ClusterError, QuotaChange
 from scheduler.cluster.kube import Kubernetes, KubernetesCluster, _client, _watch, _wire
+from scheduler.metrics import UnreadableCollector
 from tests.fakes.apiserver import (
     StubApiServer,
     pod_json,
@@ -265,7 +267,12 @@ async def test_an_unreadable_quota_is_left_out_of_the_list_logged_and_counted_on
     with caplog.at_level(logging.WARNING, logger="scheduler.cluster.kube"):
         assert [q.key for q in await cluster.list_quotas()] == ["default/good"]
         assert [q.key for q in await cluster.list_quotas()] == ["default/good"]
-    assert cluster.unreadable.counts == {"ResourceQuota": 1}
+    assert cluster.unreadable.counts == {"ResourceQuota": 1, "pod": 0}
+    registry = CollectorRegistry()
+    registry.register(UnreadableCollector(cluster.unreadable.counts))
+    exposition = generate_latest(registry).decode()
+    assert 'pyhami_cluster_objects_unreadable_total{kind="ResourceQuota"} 1.0' in exposition
+    assert 'pyhami_cluster_objects_unreadable_total{kind="pod"} 0.0' in exposition
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("ResourceQuota default/bad (resourceVersion 7) does not decode, "
                            "left out until it changes: Expected `")
@@ -304,7 +311,7 @@ async def test_the_watch_goes_past_an_unreadable_quota(
     assert [w.get("resourceVersion") for w in watches_sent(api)] == ["100", "300"]
     # a at 101, b at 103, the object without metadata, a at 105, a at 250 (b at 103 again
     # in the list after the 410 is the same version: not counted twice).
-    assert cluster.unreadable.counts == {"ResourceQuota": 5}
+    assert cluster.unreadable.counts == {"ResourceQuota": 5, "pod": 0}
     assert "ResourceQuota ? (resourceVersion ?) does not decode" in caplog.text
     assert watch_task_ended()
 
@@ -322,7 +329,7 @@ async def test_a_pod_that_does_not_decode_no_longer_stalls_the_pod_watch(
     finally:
         await changes.aclose()
     assert first.pod.key == "default/x"
-    assert cluster.unreadable.counts == {"pod": 1}
+    assert cluster.unreadable.counts == {"ResourceQuota": 0, "pod": 1}
 
 
 # Events -----------------------------------------------------------------------------------
