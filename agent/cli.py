@@ -18,9 +18,11 @@ from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
 from agent.service import Agent, AgentSettings
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
 from common.arguments import Subcommands, positive_int, variable_for
+from common.core.deviceconfig import NodeDeviceConfig, effective_for
 from common.core.errors import SettingsError
 from common.core.model import CARD_COUNT_MAX
 from common.core.names import InvalidName, check_subdomain
+from common.deviceconfig import add_device_config_argument, device_config_from, node_config_from
 from common.logs import add_log_arguments, configure_logging
 from common.messaging import add_nats_arguments, nats_settings
 from common.settings import add_settings, settings_from
@@ -76,6 +78,11 @@ def register(commands: Subcommands) -> None:
                              f"(default: {DEFAULT_SPLIT_COUNT}); nvml only: a simulated "
                              "inventory states its own")
     add_settings(parser, AgentSettings, "cordoned")
+    add_device_config_argument(parser)
+    parser.add_argument("--node-config", type=Path, metavar="FILE",
+                        help="HAMi's device plugin config.json (the hami-device-plugin "
+                             "ConfigMap): this node's nodeconfig entry applied over "
+                             "--device-config's values")
     plugin = parser.add_argument_group("kubelet device plugin")
     plugin.add_argument("--device-plugin", action="store_true",
                         help="serve the kubelet's device plugin API: advertise the cards as "
@@ -108,10 +115,18 @@ def inventory_source(spec: InventorySpec, node: str,
     return SimulatedSource(file_cards(Path(spec.value), node))
 
 
+def node_device_config(args: argparse.Namespace, node: str) -> NodeDeviceConfig:
+    """``--device-config`` with ``node``'s ``--node-config`` entry applied; raises
+    ``SettingsError`` for a file that cannot be used."""
+    return effective_for(device_config_from(args), node_config_from(args), node)
+
+
 def run(args: argparse.Namespace) -> int:
+    configure_logging(args)  # first: reading the device files logs the keys they ignore
     try:
         node = node_name(args.node, os.environ)
         nats = nats_settings(args)
+        device = node_device_config(args, node)
         source = inventory_source(args.inventory, node, args.device_split_count)
     except SettingsError as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
@@ -119,9 +134,8 @@ def run(args: argparse.Namespace) -> int:
     except InventoryError as error:
         print(f"pyhami agent: --inventory: {error}", file=sys.stderr)
         return 2
-    settings = settings_from(AgentSettings, args, node=node)
+    settings = settings_from(AgentSettings, args, node=node, device=device)
     plugin = settings_from(PluginSettings, args) if args.device_plugin else None
-    configure_logging(args)
     try:
         asyncio.run(serve(Agent(settings, source, nats, device_plugin=plugin)))
     except InventoryError as error:

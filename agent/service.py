@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -26,6 +26,7 @@ from agent.report import Report
 from common.arguments import positive_seconds
 from common.busaccess import agent_inbox_prefix
 from common.core.annotations import comma_list
+from common.core.deviceconfig import NodeDeviceConfig
 from common.messaging import Connection, NatsSettings
 from common.settings import setting
 from common.supervision import Supervisor
@@ -67,6 +68,9 @@ class AgentSettings:
     cordoned: tuple[str, ...] = setting(
         (), flag="--cordon", parse=uuid_list, metavar="UUID[,UUID...]",
         help="cards to report as cordoned: the scheduler leaves them alone")
+    device: NodeDeviceConfig = field(default_factory=NodeDeviceConfig)
+    """HAMi's device configuration for this node (``--device-config`` with its
+    ``--node-config`` entry applied); held, not read by the agent yet."""
 
 
 class Agent:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Annotated
 
 import msgspec
 
 from common.core.annotations import comma_list
+from common.core.deviceconfig import DeviceConfig
 from common.core.names import shown
 from common.core.policy import (
     WEIGHTS_ANNOTATION,
@@ -212,6 +213,9 @@ class Defaults:
 
     gpu_policy: Chain
     node_policy: NodePolicy
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    """HAMi's device configuration (``--device-config``): resource names, request
+    defaults, ``memoryFactor``. Held here for the pod parser; not read by it yet."""
 
 
 _QUANTITY = re.compile(
