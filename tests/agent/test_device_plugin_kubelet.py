@@ -222,3 +222,21 @@ async def test_without_hami_core_allocate_mounts_nothing(
     assert list(response.mounts) == []
     assert response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
     assert sum("memory slices are not enforced" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_a_container_folder_that_cannot_be_made_fails_the_call_and_the_pod(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    kubelet_dir, hami_dir = folders
+    (hami_dir / "libvgpu.so").write_bytes(b"\x7fELF")
+    (hami_dir / "containers").write_text("a file where the folder should be")
+    first = pending_pod("first", [[CardGrant(CARDS[3], 3000, 30)]], bind_time=100)
+    async with node(nats_server.url, kubelet_dir, hami_dir, t4x4()) as (kubelet, daemon):
+        await kubelet.next_list()
+        daemon.pending = [first]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await kubelet.admit(1)
+        outcome = await daemon.next_outcome()
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = refused.value.details() or ""
+    assert details.startswith(f"cannot make HAMi-core's folder {hami_dir}/containers/uid-first_c0")
+    assert (outcome.name, outcome.ok, outcome.reason) == ("first", False, details)
