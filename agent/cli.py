@@ -87,7 +87,8 @@ def register(commands: Subcommands) -> None:
     plugin.add_argument("--device-plugin", action="store_true",
                         help="serve the kubelet's device plugin API: advertise the cards as "
                              "nvidia.com/gpu and give containers the cards pyhami chose")
-    add_settings(plugin, PluginSettings, "kubelet_dir", "hami_core_dir")
+    add_settings(plugin, PluginSettings, "kubelet_dir", "hami_core_dir", "folder_grace",
+                 "folder_sweep_interval")
     add_log_arguments(parser)
     add_nats_arguments(parser)
     parser.set_defaults(handler=run)

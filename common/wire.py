@@ -122,6 +122,10 @@ PodUid = Annotated[str, msgspec.Meta(max_length=128)]
 # The whole of a pod's annotations may take 256 KiB; one value cannot be longer.
 AnnotationValue = Annotated[str, msgspec.Meta(max_length=262144)]
 UnixSeconds = Annotated[int, msgspec.Meta(ge=0)]
+# A container name is a DNS-1123 label (63); the bound leaves room and the agent checks it.
+ContainerName = Annotated[str, msgspec.Meta(max_length=253)]
+# Kubernetes caps a pod's containers far below this; a bound on what a decoder accepts.
+PENDING_CONTAINERS_MAX = 1024
 # Far more pods than a node admits at once; a bound on what a decoder accepts.
 PENDING_PODS_MAX = 16384
 
@@ -164,6 +168,19 @@ class ResyncRequest(msgspec.Struct, frozen=True, kw_only=True):
         return not self.nodes or node in self.nodes
 
 
+class PendingContainer(msgspec.Struct, frozen=True, kw_only=True):
+    """One container of a pending pod, as the device plugin needs it for HAMi-core."""
+
+    name: ContainerName
+    """The container's name: HAMi-core's folder on the node is ``<pod uid>_<name>``."""
+    control_disabled: bool = False
+    """The container's own env sets ``CUDA_DISABLE_CONTROL`` true: no ld.so.preload."""
+
+
+PendingContainers = Annotated[tuple[PendingContainer, ...],
+                              msgspec.Meta(max_length=PENDING_CONTAINERS_MAX)]
+
+
 class PendingPod(msgspec.Struct, frozen=True, kw_only=True):
     """A pod bound to the node whose cards are still to be handed to its containers."""
 
@@ -174,6 +191,9 @@ class PendingPod(msgspec.Struct, frozen=True, kw_only=True):
     """The pod's ``hami.io/vgpu-devices-to-allocate`` (``common.core.decode_devices``)."""
     bind_time: UnixSeconds
     """The pod's ``hami.io/bind-time``."""
+    containers: PendingContainers = ()
+    """The pod's containers in the annotation's order (init containers first); empty from
+    a daemon that predates them."""
 
 
 PendingPods = Annotated[list[PendingPod], msgspec.Meta(max_length=PENDING_PODS_MAX)]

@@ -23,6 +23,7 @@ import grpc
 from agent.deviceplugin._v1beta1 import api_pb2, api_pb2_grpc
 from agent.deviceplugin.allocation import (
     CONTAINER_LIBRARY,
+    CONTAINER_LOCK_DIR,
     HEALTHY,
     RESOURCE_NAME,
     UNHEALTHY,
@@ -30,11 +31,16 @@ from agent.deviceplugin.allocation import (
     Device,
     Granted,
     HamiCore,
+    Refused,
     advertised_devices,
     allocate,
+    outcome,
     preferred_devices,
 )
-from agent.deviceplugin.source import AllocationSource, AllocationSourceError
+from agent.deviceplugin.folders import ContainerFolders, make_open_folder
+from agent.deviceplugin.hamicore import HAMI_DEFAULTS, HamiCoreSettings
+from agent.deviceplugin.source import AllocationSource, AllocationSourceError, LivePods
+from common.arguments import positive_seconds
 from common.settings import setting
 from common.wire import AllocationOutcome, ReportedCard
 
@@ -44,16 +50,27 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_HAMI_CORE_DIR = Path("/usr/local/vgpu")
+DEFAULT_LOCK_DIR = Path(CONTAINER_LOCK_DIR)
+CONTAINERS_FOLDER = "containers"
 PLUGIN_SOCKET = "pyhami-nvidia-gpu.sock"
 WATCH_INTERVAL_S = 1.0
 REGISTER_TIMEOUT_S = 10.0
 STOP_GRACE_S = 0.5
 
 
-def hami_core(directory: Path) -> HamiCore | None:
+def library_path(directory: Path, version: str) -> Path:
+    """``libvgpu.so.<version>`` where the node has it (HAMi's image installs it so), else
+    the plain ``libvgpu.so``."""
+    versioned = directory / f"libvgpu.so.{version}"
+    return versioned if version and versioned.is_file() else directory / "libvgpu.so"
+
+
+def hami_core(directory: Path, settings: HamiCoreSettings = HAMI_DEFAULTS,
+              lock_dir: Path = DEFAULT_LOCK_DIR) -> HamiCore | None:
     """HAMi-core's host paths when ``directory`` holds libvgpu.so, writing the
-    ld.so.preload that loads it; None (logged) when memory slices cannot be enforced."""
-    library = directory / "libvgpu.so"
+    ld.so.preload that loads it and making the lock folder; None (logged) when memory
+    slices cannot be enforced."""
+    library = library_path(directory, settings.libvgpu_version)
     preload = directory / "ld.so.preload"
     if not library.is_file():
         logger.warning("no HAMi-core on this node (%s is missing): containers get their "
@@ -64,12 +81,15 @@ def hami_core(directory: Path) -> HamiCore | None:
     try:
         if not preload.is_file() or preload.read_text() != content:
             preload.write_text(content)
+        make_open_folder(lock_dir, fresh=False)
     except OSError as error:
-        logger.warning("cannot write %s (%s): memory slices are not enforced on this node",
-                       preload, error.strerror or error)
+        logger.warning("cannot prepare HAMi-core's files (%s: %s): memory slices are not "
+                       "enforced on this node", error.filename, error.strerror or error)
         return None
     logger.info("HAMi-core found at %s: containers preload it", library)
-    return HamiCore(library=str(library), preload=str(preload))
+    return HamiCore(library=str(library), preload=str(preload),
+                    containers=str(directory / CONTAINERS_FOLDER), lock=str(lock_dir),
+                    settings=settings)
 
 
 class DeviceFeed:
@@ -120,6 +140,23 @@ async def _abort(context: grpc.aio.ServicerContext, code: Any, message: str) -> 
     """Fail the call with ``message``: the kubelet shows it as the pod's admission error."""
     await context.abort(code, message)
     raise AssertionError("grpc.aio's abort raises")  # for the type checker: abort never returns
+
+
+def _with_folders(granted: Granted) -> Granted | Refused:
+    """``granted`` once each container's HAMi-core folder is made; refused (the pods
+    served failed, nothing committed) when one cannot be."""
+    for allocation in granted.allocations:
+        if allocation.folder is None:
+            continue
+        try:
+            make_open_folder(Path(allocation.folder), fresh=True)
+        except OSError as error:
+            reason = (f"cannot make HAMi-core's folder {allocation.folder} "
+                      f"({error.strerror or error})")
+            failed = {a.pod.uid: outcome(a.pod, reason) for a in granted.allocations}
+            return Refused(reason, (*(o for o in granted.outcomes if not o.ok),
+                                    *failed.values()))
+    return granted
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
@@ -176,6 +213,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                               [list(c.devices_ids) for c in request.container_requests],
                               node=self._node, node_cards=self._feed.cards,
                               hami_core=self._hami)
+            if isinstance(result, Granted):
+                result = _with_folders(result)
             self._unreported.extend(result.outcomes)
             if isinstance(result, Granted):
                 self._progress = result.progress
@@ -217,6 +256,18 @@ class PluginSettings:
         DEFAULT_HAMI_CORE_DIR, parse=Path, metavar="DIR",
         help="where HAMi-core's libvgpu.so is installed on the node; without it memory "
              "slices are not enforced (default: {default})")
+    folder_grace: float = setting(
+        300.0, parse=positive_seconds, metavar="SECONDS",
+        help="remove a container's HAMi-core folder once its pod is gone and the folder is "
+             "this old, as HAMi's monitor does after its resync interval (default: {default})")
+    folder_sweep_interval: float = setting(
+        60.0, parse=positive_seconds, metavar="SECONDS",
+        help="look for the HAMi-core folders of pods that are gone this often "
+             "(default: {default})")
+    hami_core: HamiCoreSettings = HAMI_DEFAULTS
+    """HAMi's device configuration for HAMi-core (no flags: HAMi's device-config.yaml)."""
+    lock_dir: Path = DEFAULT_LOCK_DIR
+    """The host's lock folder HAMi-core shares across containers (tests move it)."""
     watch_interval: float = WATCH_INTERVAL_S
     """How often the kubelet's socket and the plugin's own are looked at (tests shorten it)."""
 
@@ -238,7 +289,10 @@ class DevicePlugin:
         self._settings = settings
         self._source = source
         self._feed = DeviceFeed()
-        self._hami = hami_core(settings.hami_core_dir)
+        self._hami = hami_core(settings.hami_core_dir, settings.hami_core, settings.lock_dir)
+        self.folders = ContainerFolders(settings.hami_core_dir / CONTAINERS_FOLDER,
+                                        settings.folder_grace)
+        """HAMi-core's container folders, swept by ``sweep_folders``."""
         self.registrations = 0
         """Times the kubelet accepted the registration (once per kubelet start)."""
 
@@ -277,6 +331,18 @@ class DevicePlugin:
                 if _identity(self.socket) == served:  # ours, not one a new start made
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(self.socket)
+
+    async def sweep_folders(self, live: LivePods) -> None:
+        """Every ``folder_sweep_interval``, remove HAMi-core's folders of pods that are
+        gone; a round whose live pods cannot be learned removes nothing. Until cancelled."""
+        while True:
+            await asyncio.sleep(self._settings.folder_sweep_interval)
+            try:
+                uids = await live.live_pods(self._node)
+            except AllocationSourceError as error:
+                logger.warning("HAMi-core's container folders not swept: %s", error)
+                continue
+            await asyncio.to_thread(self.folders.sweep, uids)
 
     async def _kubelet_up(self) -> tuple[int, int, int]:
         waited = False

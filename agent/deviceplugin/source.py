@@ -36,6 +36,12 @@ class AllocationSource(Protocol):
         """Tell whether a pod's allocation succeeded; raises ``AllocationSourceError``."""
 
 
+class LivePods(Protocol):
+    async def live_pods(self, node: str) -> frozenset[str]:
+        """The uids of every pod ``node`` runs now, complete (a partial answer would have
+        live containers' folders removed); raises ``AllocationSourceError``."""
+
+
 class NatsAllocationSource:
     """Asks the daemon on ``allocations_subject(node)``; reports on ``allocated_subject``."""
 

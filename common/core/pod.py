@@ -51,9 +51,29 @@ class ResourceRequirements(msgspec.Struct):
     requests: dict[str, Quantity] | None = None
 
 
+class EnvVar(msgspec.Struct):
+    name: str = ""
+    value: str = ""
+    """Empty for a variable taken from elsewhere (``valueFrom``), which pyhami cannot read."""
+
+
 class Container(msgspec.Struct):
     name: str = ""
     resources: ResourceRequirements | None = None
+    env: list[EnvVar] | None = None
+
+
+DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
+# Go's strconv.ParseBool true spellings, which HAMi's device plugin uses for this variable.
+_TRUE_SPELLINGS = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+
+
+def control_disabled(container: Container) -> bool:
+    """Whether the container's own env turns HAMi-core off (``CUDA_DISABLE_CONTROL`` true,
+    in any of Go's spellings): its device plugin then mounts no ld.so.preload. As HAMi,
+    any true occurrence counts; a false or unreadable one is ignored."""
+    return any(var.name == DISABLE_CONTROL_ENV and var.value in _TRUE_SPELLINGS
+               for var in container.env or ())
 
 
 DEFAULT_NAMESPACE = "default"

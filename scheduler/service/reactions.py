@@ -15,6 +15,7 @@ from common.core.annotations import (
     BIND_TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.pod import control_disabled
 from common.core.quota import Quota, QuotaRejected, ResourceQuotaManifest, parse_quota
 from common.messaging import RateLimitedLog
 from common.wire import (
@@ -22,6 +23,7 @@ from common.wire import (
     ALLOCATIONS_SUBJECT_PREFIX,
     Inventory,
     PendingAllocations,
+    PendingContainer,
     PendingPod,
     WireError,
     decode_inventory,
@@ -414,5 +416,9 @@ def _pending(pod: ClusterPod, node: str) -> PendingPod | None:
         return None
     bind_time = annotations.get(BIND_TIME_ANNOTATION, "")
     readable = bind_time.isascii() and bind_time.isdigit() and len(bind_time) <= 12
+    spec = pod.manifest.spec
+    containers = tuple(PendingContainer(name=container.name,
+                                        control_disabled=control_disabled(container))
+                       for container in [*(spec.init_containers or ()), *spec.containers])
     return PendingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid, devices=devices,
-                      bind_time=int(bind_time) if readable else 0)
+                      bind_time=int(bind_time) if readable else 0, containers=containers)

@@ -9,7 +9,9 @@ pending and drops a pod once its outcome arrives.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
+import stat
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -30,6 +32,7 @@ from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
     PendingAllocations,
+    PendingContainer,
     PendingPod,
     allocated_subject,
     allocations_subject,
@@ -85,6 +88,7 @@ async def node(url: str, kubelet_dir: Path, hami_dir: Path, source: SimulatedSou
     agent = Agent(AgentSettings(NODE, poll_interval=0.2, heartbeat_interval=30.0), source,
                   NatsSettings(servers=(url,), reconnect_max_wait=0.5),
                   device_plugin=PluginSettings(kubelet_dir=kubelet_dir, hami_core_dir=hami_dir,
+                                               lock_dir=hami_dir.parent / "vgpulock",
                                                watch_interval=0.1))
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
@@ -103,7 +107,9 @@ def t4x4() -> SimulatedSource:
 
 def pending_pod(name: str, containers: list[list[CardGrant]], bind_time: int) -> PendingPod:
     return PendingPod(namespace="lab", name=name, uid=f"uid-{name}",
-                      devices=encode_devices(containers), bind_time=bind_time)
+                      devices=encode_devices(containers), bind_time=bind_time,
+                      containers=tuple(PendingContainer(name=f"c{position}")
+                                       for position in range(len(containers))))
 
 
 async def test_the_plugin_registers_and_lists_count_devices_per_card(
@@ -162,16 +168,22 @@ async def test_allocate_gives_the_chosen_cards_limits_and_hami_core(
         first_outcome = await daemon.next_outcome()
         two = await kubelet.admit(2)
         second_outcome = await daemon.next_outcome()
+    cache = one.envs.pop("CUDA_DEVICE_MEMORY_SHARED_CACHE")
     assert dict(one.envs) == {
         "NVIDIA_VISIBLE_DEVICES": CARDS[3],
         "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
         "CUDA_DEVICE_SM_LIMIT": "30",
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/vgpu/uid-first.cache",
+        "LIBCUDA_LOG_LEVEL": "1",
     }
+    assert re.fullmatch(r"/usr/local/vgpu/[0-9a-f-]{36}\.cache", cache), cache
+    folder, lock = hami_dir / "containers" / "uid-first_c0", hami_dir.parent / "vgpulock"
     assert [(m.container_path, m.host_path, m.read_only) for m in one.mounts] == [
         ("/usr/local/vgpu/libvgpu.so", str(hami_dir / "libvgpu.so"), True),
+        ("/usr/local/vgpu", str(folder), False),
+        ("/tmp/vgpulock", str(lock), False),
         ("/etc/ld.so.preload", str(hami_dir / "ld.so.preload"), True)]
     assert (hami_dir / "ld.so.preload").read_text() == "/usr/local/vgpu/libvgpu.so\n"
+    assert [stat.S_IMODE(path.stat().st_mode) for path in (folder, lock)] == [0o777, 0o777]
     assert (first_outcome.name, first_outcome.ok) == ("first", True)
     assert two.envs["NVIDIA_VISIBLE_DEVICES"] == f"{CARDS[1]},{CARDS[2]}"
     assert (two.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], two.envs["CUDA_DEVICE_MEMORY_LIMIT_1"]) == (
@@ -210,3 +222,21 @@ async def test_without_hami_core_allocate_mounts_nothing(
     assert list(response.mounts) == []
     assert response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
     assert sum("memory slices are not enforced" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_a_container_folder_that_cannot_be_made_fails_the_call_and_the_pod(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    kubelet_dir, hami_dir = folders
+    (hami_dir / "libvgpu.so").write_bytes(b"\x7fELF")
+    (hami_dir / "containers").write_text("a file where the folder should be")
+    first = pending_pod("first", [[CardGrant(CARDS[3], 3000, 30)]], bind_time=100)
+    async with node(nats_server.url, kubelet_dir, hami_dir, t4x4()) as (kubelet, daemon):
+        await kubelet.next_list()
+        daemon.pending = [first]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await kubelet.admit(1)
+        outcome = await daemon.next_outcome()
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = refused.value.details() or ""
+    assert details.startswith(f"cannot make HAMi-core's folder {hami_dir}/containers/uid-first_c0")
+    assert (outcome.name, outcome.ok, outcome.reason) == ("first", False, details)

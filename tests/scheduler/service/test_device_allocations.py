@@ -122,3 +122,17 @@ async def test_a_request_naming_no_valid_node_gets_no_answer(lab: Lab, bus: Clie
     with pytest.raises(nats.errors.TimeoutError):
         await bus.request(allocations_subject("Not_A_Node"), b"", timeout=1)
     assert allocations_counted(lab, "refused") == 1
+
+
+async def test_the_listed_pod_names_its_containers_and_their_control_switch(
+        lab: Lab, bus: Client) -> None:
+    manifest = lab_pod("named")
+    manifest["spec"]["initContainers"] = [{"name": "warmup", "image": "busybox"}]
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "CUDA_DISABLE_CONTROL", "value": "True"}]
+    manifest["spec"]["containers"].append({"name": "sidecar", "image": "busybox", "env": [
+        {"name": "CUDA_DISABLE_CONTROL", "value": "no"}]})
+    await lab.pods.submit_and_place(manifest)
+    (listed,) = (await pending(bus)).pods
+    assert [(c.name, c.control_disabled) for c in listed.containers] == [
+        ("warmup", False), ("app", True), ("sidecar", False)]
