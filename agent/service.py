@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from agent.deviceplugin.plugin import DevicePlugin, PluginSettings
 from agent.deviceplugin.source import NatsAllocationSource
 from agent.inventory import InventorySource
+from agent.registration import ConfiguredSource
 from agent.report import Report
 from common.arguments import positive_seconds
 from common.busaccess import agent_inbox_prefix
@@ -70,7 +71,8 @@ class AgentSettings:
         help="cards to report as cordoned: the scheduler leaves them alone")
     device: NodeDeviceConfig = field(default_factory=NodeDeviceConfig)
     """HAMi's device configuration for this node (``--device-config`` with its
-    ``--node-config`` entry applied); held, not read by the agent yet."""
+    ``--node-config`` entry applied): every card is registered under it
+    (``agent.registration``); the device plugin's part comes in its ``PluginSettings``."""
 
 
 class Agent:
@@ -78,7 +80,7 @@ class Agent:
                  clock: Callable[[], float] = time.time,
                  device_plugin: PluginSettings | None = None) -> None:
         self._settings = settings
-        self._source = source
+        self._source = ConfiguredSource(source, settings.device)
         self._nats = nats
         self._clock = clock
         self._report = Report(settings.node, secrets.token_hex(8), settings.heartbeat_interval,

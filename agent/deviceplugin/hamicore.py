@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from common.core.deviceconfig import NodeDeviceConfig
 from common.core.errors import InvalidInput
 from common.core.names import InvalidName, check_label, shown
 
@@ -51,6 +52,15 @@ class HamiCoreSettings:
 
 HAMI_DEFAULTS = HamiCoreSettings()
 """HAMi's chart defaults: what a node gets without a device configuration."""
+
+
+def hami_core_settings(config: NodeDeviceConfig) -> HamiCoreSettings:
+    """What ``config``, the node's device configuration, tells HAMi-core: its
+    ``libCudaLogLevel`` and ``deviceMemoryScaling`` (the node's entry over the global
+    ones) and the global ``disableCoreLimit``."""
+    return HamiCoreSettings(lib_cuda_log_level=config.settings.libcuda_log_level,
+                            disable_core_limit=config.device.disable_core_limit,
+                            device_memory_scaling=config.settings.device_memory_scaling)
 
 
 class UnsafeFolderName(InvalidInput):

@@ -1,5 +1,6 @@
 """The kubelet device plugin: a gRPC server on a unix socket in the kubelet's folder,
-registered with the kubelet as ``nvidia.com/gpu``, served again when the kubelet restarts.
+registered with the kubelet as HAMi's ``resourceCountName`` (``nvidia.com/gpu``), served
+again when the kubelet restarts.
 
 The kubelet removes every plugin socket and makes its own ``kubelet.sock`` anew when it
 starts; the plugin notices either within one ``watch_interval`` and serves and registers
@@ -163,8 +164,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     """The kubelet's calls; allocations are served one call at a time, in order."""
 
     def __init__(self, node: str, feed: DeviceFeed, source: AllocationSource,
-                 hami: HamiCore | None) -> None:
+                 hami: HamiCore | None, options: api_pb2.DevicePluginOptions) -> None:
         self._node = node
+        self._options = options
         self._feed = feed
         self._source = source
         self._hami = hami
@@ -175,7 +177,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def GetDevicePluginOptions(self, request: api_pb2.Empty,
                                      context: grpc.aio.ServicerContext
                                      ) -> api_pb2.DevicePluginOptions:
-        return api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
+        return self._options
 
     async def ListAndWatch(self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
                            ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
@@ -266,6 +268,11 @@ class PluginSettings:
              "(default: {default})")
     hami_core: HamiCoreSettings = HAMI_DEFAULTS
     """HAMi's device configuration for HAMi-core (no flags: HAMi's device-config.yaml)."""
+    resource_name: str = RESOURCE_NAME
+    """The resource registered with the kubelet: HAMi's ``resourceCountName``."""
+    preferred_allocation: bool = False
+    """Whether the kubelet is told to ask ``GetPreferredAllocation`` first: the node's
+    ``enablegetpreferredallocation``, off by default as in HAMi."""
     lock_dir: Path = DEFAULT_LOCK_DIR
     """The host's lock folder HAMi-core shares across containers (tests move it)."""
     watch_interval: float = WATCH_INTERVAL_S
@@ -290,6 +297,8 @@ class DevicePlugin:
         self._source = source
         self._feed = DeviceFeed()
         self._hami = hami_core(settings.hami_core_dir, settings.hami_core, settings.lock_dir)
+        self._options = api_pb2.DevicePluginOptions(
+            get_preferred_allocation_available=settings.preferred_allocation)
         self.folders = ContainerFolders(settings.hami_core_dir / CONTAINERS_FOLDER,
                                         settings.folder_grace)
         """HAMi-core's container folders, swept by ``sweep_folders``."""
@@ -314,7 +323,8 @@ class DevicePlugin:
 
     async def run(self) -> None:
         """Serve, register, and start again whenever the kubelet does; until cancelled."""
-        servicer = DevicePluginServicer(self._node, self._feed, self._source, self._hami)
+        servicer = DevicePluginServicer(self._node, self._feed, self._source, self._hami,
+                                        self._options)
         while True:
             kubelet = await self._kubelet_up()
             server = await self._serve(servicer)
@@ -364,9 +374,10 @@ class DevicePlugin:
 
     async def _register(self, kubelet: tuple[int, int, int]) -> bool:
         """Register until the kubelet accepts; False when its socket changed meanwhile."""
+        resource = self._settings.resource_name
         request = api_pb2.RegisterRequest(
-            version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=RESOURCE_NAME,
-            options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True))
+            version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=resource,
+            options=self._options)
         while _identity(self.kubelet_socket) == kubelet:
             try:
                 async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
@@ -374,12 +385,12 @@ class DevicePlugin:
                         request, timeout=REGISTER_TIMEOUT_S)
             except grpc.aio.AioRpcError as error:
                 logger.warning("registering %s with the kubelet at %s failed (%s: %s); "
-                               "trying again", RESOURCE_NAME, self.kubelet_socket,
+                               "trying again", resource, self.kubelet_socket,
                                error.code().name, error.details())
                 await asyncio.sleep(self._settings.watch_interval)
                 continue
             self.registrations += 1
-            logger.info("registered %s with the kubelet at %s (socket %s)", RESOURCE_NAME,
+            logger.info("registered %s with the kubelet at %s (socket %s)", resource,
                         self.kubelet_socket, self.socket)
             return True
         return False
