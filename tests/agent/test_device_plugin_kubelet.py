@@ -27,6 +27,13 @@ from agent.deviceplugin.plugin import PLUGIN_SOCKET, PluginSettings
 from agent.service import Agent, AgentSettings
 from agent.simulated import SimulatedSource, profile_cards
 from common.core.annotations import CardGrant, encode_devices
+from common.core.deviceconfig import (
+    DeviceConfig,
+    FilterDevices,
+    NodeDeviceConfig,
+    NodeSettings,
+    ResourceNames,
+)
 from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer
 from common.wire import (
@@ -42,6 +49,7 @@ from common.wire import (
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 
 NODE = "gpu-node-1"
+CHART_DEFAULTS = NodeDeviceConfig()
 CARDS = [card.uuid for card in profile_cards("t4x4", NODE)]
 
 
@@ -76,7 +84,8 @@ def folders() -> Iterator[tuple[Path, Path]]:
 
 
 @asynccontextmanager
-async def node(url: str, kubelet_dir: Path, hami_dir: Path, source: SimulatedSource
+async def node(url: str, kubelet_dir: Path, hami_dir: Path, source: SimulatedSource,
+               device: NodeDeviceConfig = CHART_DEFAULTS,
                ) -> AsyncIterator[tuple[FakeKubelet, Daemon]]:
     daemon = Daemon()
     client = await nats.connect(url)
@@ -85,11 +94,14 @@ async def node(url: str, kubelet_dir: Path, hami_dir: Path, source: SimulatedSou
     await client.flush()
     kubelet = FakeKubelet(kubelet_dir, CARDS)
     await kubelet.start()
-    agent = Agent(AgentSettings(NODE, poll_interval=0.2, heartbeat_interval=30.0), source,
+    agent = Agent(AgentSettings(NODE, poll_interval=0.2, heartbeat_interval=30.0,
+                                device=device), source,
                   NatsSettings(servers=(url,), reconnect_max_wait=0.5),
-                  device_plugin=PluginSettings(kubelet_dir=kubelet_dir, hami_core_dir=hami_dir,
-                                               lock_dir=hami_dir.parent / "vgpulock",
-                                               watch_interval=0.1))
+                  device_plugin=PluginSettings(
+                      kubelet_dir=kubelet_dir, hami_core_dir=hami_dir,
+                      lock_dir=hami_dir.parent / "vgpulock", watch_interval=0.1,
+                      resource_name=device.device.resources.count,
+                      preferred_allocation=device.enable_get_preferred_allocation))
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     try:
@@ -120,11 +132,34 @@ async def test_the_plugin_registers_and_lists_count_devices_per_card(
         devices = await kubelet.next_list()
     assert (request.version, request.endpoint, request.resource_name) == (
         "v1beta1", PLUGIN_SOCKET, "nvidia.com/gpu")
-    assert request.options.get_preferred_allocation_available
+    assert not request.options.get_preferred_allocation_available
     assert len(devices) == 40
     assert {card_of(d.ID) for d in devices} == set(CARDS)
     assert {d.health for d in devices} == {"Healthy"}
     assert {tuple(n.ID for n in d.topology.nodes) for d in devices} == {(0,)}
+
+
+CONFIGURED = NodeDeviceConfig(
+    DeviceConfig(resources=ResourceNames(count="example.com/vgpu"),
+                 node=NodeSettings(device_split_count=3)),
+    filter_devices=FilterDevices(uuids=(CARDS[0],), indexes=(2,)),
+    enable_get_preferred_allocation=True)
+
+
+async def test_the_node_config_names_the_resource_and_shapes_the_list(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    kubelet_dir, hami_dir = folders
+    async with node(nats_server.url, kubelet_dir, hami_dir, t4x4(),
+                    CONFIGURED) as (kubelet, _):
+        request = await asyncio.wait_for(kubelet.registrations.get(), WAIT_S)
+        devices = await kubelet.next_list()
+        options = kubelet.options
+    assert request.resource_name == "example.com/vgpu"
+    assert request.options.get_preferred_allocation_available
+    assert options is not None and options.get_preferred_allocation_available
+    # The filtered cards (by UUID and by index) are not advertised; the others 3 times each.
+    assert sorted(d.ID for d in devices) == sorted(
+        f"{uuid}-{replica}" for uuid in (CARDS[1], CARDS[3]) for replica in range(3))
 
 
 async def test_a_card_turning_unhealthy_shows_in_the_next_list(
