@@ -378,6 +378,11 @@ def _container_request(container: Container, is_init: bool, position: str,
     # The webhook's defaultGPUNum: a container naming memory or cores but no count gets
     # that many cards; 0 leaves it no GPU container.
     cards = values.get(names.count, device.default_gpu_num if values else 0)
+    if cards == 0:
+        # No GPU container: nothing to default (the figures are never used).
+        return ContainerRequest(name=container.name, is_init=is_init, cards=0,
+                                memory_mib=memory, memory_percent=percent or 100,
+                                cores=min(cores or 0, 100))
     if cores is None:
         # The webhook's exclusive default: a container asking for whole cards' memory
         # (100 % of it, or no memory figure at all) gets whole cards' cores.
