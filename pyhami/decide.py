@@ -49,7 +49,7 @@ def decide_files(cluster_path: Path, pod_path: Path, defaults: Defaults,
                  explain: bool) -> dict[str, Any]:
     """Raises ``InputFileError`` for a file that cannot be used."""
     try:
-        fleet = fleet_from_cluster(load_cluster(cluster_path))
+        fleet = fleet_from_cluster(load_cluster(cluster_path), defaults.device)
     except ClusterFileError as error:
         raise InputFileError(f"{cluster_path}: {error}") from None
     manifest = load_pod(pod_path)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from common.core.pod import Container, ObjectMeta, names_gpu_resource
+from common.core.deviceconfig import ResourceNames
+from common.core.pod import DEFAULT_NAMES, Container, ObjectMeta, names_gpu_resource
 
 DEFAULT_SCHEDULER = "default-scheduler"
 
@@ -62,15 +63,17 @@ def names_no_other_scheduler(named: str | None, scheduler_name: str) -> bool:
     return (named or DEFAULT_SCHEDULER) in (DEFAULT_SCHEDULER, scheduler_name)
 
 
-def admit(pod: AdmittedPod, scheduler_name: str) -> Admission:
-    """Whether pyhami's scheduler (``scheduler_name``) takes this new pod over.
+def admit(pod: AdmittedPod, scheduler_name: str,
+          names: ResourceNames = DEFAULT_NAMES) -> Admission:
+    """Whether pyhami's scheduler (``scheduler_name``) takes this new pod over; a pod is
+    a GPU pod when it names one of the resources ``names`` (the device configuration's).
 
     Never refuses a pod: a pod left alone goes to the scheduler it names.
     """
     spec = pod.spec
     named = spec.scheduler_name or DEFAULT_SCHEDULER
     containers = [*(spec.init_containers or ()), *spec.containers]
-    if not names_gpu_resource(containers):
+    if not names_gpu_resource(containers, names):
         return Admission(False, "asks for no GPU resource pyhami manages")
     if named == scheduler_name:
         return Admission(False, f"already names {scheduler_name}", ours=not spec.node_name)

@@ -177,7 +177,7 @@ def _own_pods(path: Path, text: str) -> tuple[list[SimPod], int]:
             raise InputFileError(f"{where}.pod: {manifest.key} is listed twice "
                                  f"(first at {places[manifest.key]})")
         places[manifest.key] = f"{prefix}[{position}]"
-        if not manifest.asks_for_gpu:
+        if not manifest.asks_for_gpu():
             cpu_only += 1
             continue
         pods.append(SimPod(manifest, entry.arrival, entry.duration))

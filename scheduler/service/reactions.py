@@ -67,7 +67,7 @@ class Reactions(ServicePart):
         restored = []
         for pod in pods:
             try:
-                allocation = pod.allocation()
+                allocation = pod.allocation(self.settings.defaults.device.resources)
             except AnnotationError as error:
                 logger.error("pod %s: %s; its cards are not counted", pod.key, error)
                 continue
@@ -267,13 +267,14 @@ class Reactions(ServicePart):
             await self._pod_ended(pod.key)
             return
         self._note_allocate_answered(pod)
-        if pod.node is not None and pod.manifest.asks_for_gpu:
+        names = self.settings.defaults.device.resources
+        if pod.node is not None and pod.manifest.asks_for_gpu(names):
             self.shared.pods.bound(pod)  # its priority and start, for preemption
         if (pod.key in self.state.bookings.bound
                 or self.state.bookings.reservation(pod.key) is not None):
             return
         try:
-            allocation = pod.allocation()
+            allocation = pod.allocation(self.settings.defaults.device.resources)
         except AnnotationError as error:
             logger.error("pod %s: %s; its cards are not counted", pod.key, error)
             return
@@ -325,7 +326,7 @@ class Reactions(ServicePart):
         a Warning Event on it, once for each reason. A quota refused after a valid version
         keeps that version's limits (a typo must not lift a namespace's cap)."""
         try:
-            quota = parse_quota(manifest)
+            quota = parse_quota(manifest, self.settings.defaults.device)
         except QuotaRejected as error:
             why = str(error)
             if self._refused_quotas.get(manifest.key) != why:
