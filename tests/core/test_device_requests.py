@@ -204,7 +204,7 @@ class TestCustomNamesEndToEnd:
             self, names: ResourceNames, resource: str, redirect: bool) -> None:
         pod = AdmittedPod(spec=AdmittedPodSpec(containers=[AdmittedContainer(
             name="c", resources=ResourceRequirements(limits={resource: 1}))]))
-        assert admit(pod, "pyhami-scheduler", names).redirect is redirect
+        assert admit(pod, "pyhami-scheduler", DeviceConfig(resources=names)).redirect is redirect
         manifest_ = custom_pod({resource: 1})
         assert manifest_.asks_for_gpu(names) is redirect
 
