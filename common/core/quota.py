@@ -280,6 +280,21 @@ class QuotaBook:
         other._namespace_used = dict(self._namespace_used)
         return other
 
+    def of_namespace(self, namespace: str) -> QuotaBook:
+        """A copy holding one namespace's quotas and the charges of its pods alone: what a
+        decision for a pod of that namespace reads, at the cost of its pods, not the
+        cluster's."""
+        other = QuotaBook()
+        if namespace in self._quotas:
+            other._quotas = {namespace: dict(self._quotas[namespace])}
+        other._pods = {key: held for key, held in self._pods.items()
+                       if held[0].namespace == namespace}
+        other._used = {where: used for where, used in self._used.items()
+                       if where[0] == namespace}
+        if namespace in self._namespace_used:
+            other._namespace_used = {namespace: self._namespace_used[namespace]}
+        return other
+
     # Quotas --------------------------------------------------------------------------
 
     def quotas(self) -> Iterator[Quota]:
