@@ -27,10 +27,9 @@ from common.core.errors import InvalidInput
 from common.core.ledger import Allocation, Usage
 from common.core.names import InvalidName, check_label, check_subdomain, shown
 from common.core.pod import (
-    DEFAULT_NAMESPACE,
     RESOURCE_CORES,
     RESOURCE_MEMORY,
-    ObjectMeta,
+    NamespacedObject,
     PodRequest,
     Quantity,
     QuotaSubject,
@@ -70,17 +69,8 @@ class QuotaSpec(msgspec.Struct, rename="camel"):
     scope_selector: ScopeSelector | None = None
 
 
-class ResourceQuotaManifest(msgspec.Struct):
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+class ResourceQuotaManifest(NamespacedObject):
     spec: QuotaSpec = msgspec.field(default_factory=QuotaSpec)
-
-    @property
-    def namespace(self) -> str:
-        return self.metadata.namespace or DEFAULT_NAMESPACE
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.metadata.name}"
 
 
 class Scope(Enum):
