@@ -88,6 +88,13 @@ class OwnCharge:
                 memory - base_memory, cores - base_cores)
 
 
+def _past_quota(codes: CodeArray) -> BoolArray:
+    """The cards whose first failing check, if any, comes after the quota's: those the
+    quota's refusal becomes the reason of."""
+    past: BoolArray = (codes == CardCheck.ELIGIBLE) | (codes > CardCheck.QUOTA_NOT_FIT)
+    return past
+
+
 def _refuses_fixed(quota: QuotaLeft, request: ContainerRequest) -> bool:
     """Whether the quota refuses every card to a pod's first container, of fixed MiB (each
     card is charged alike): ``PodView.quota_fails`` for one card, on integers (a resource
@@ -163,8 +170,7 @@ class PodView:
         codes = self._capacity_codes(request, where, extra)
         if self.quota is not None:
             fails = self.quota_fails(request, where, own)
-            codes[fails & ((codes == 0) | (codes > CardCheck.QUOTA_NOT_FIT))] = \
-                CardCheck.QUOTA_NOT_FIT
+            codes[fails & _past_quota(codes)] = CardCheck.QUOTA_NOT_FIT
         return codes
 
     def quota_fails(self, request: ContainerRequest, where: slice | IntArray,
@@ -270,7 +276,7 @@ class PodView:
             # of its quota.
             if not len(codes) or not _refuses_fixed(self.quota, request):
                 return codes, by_node
-            later = (codes == 0) | (codes > quota_code)
+            later = _past_quota(codes)
             if not later.any():
                 return codes, by_node  # every card fails an earlier check
             self.quota_refused_first = True
@@ -284,7 +290,7 @@ class PodView:
         fails = self.quota_fails(request, slice(None))
         if not fails.any():
             return codes, by_node
-        fails &= (codes == 0) | (codes > quota_code)
+        fails &= _past_quota(codes)
         if not fails.any():
             return codes, by_node
         self.quota_refused_first = True

@@ -114,18 +114,24 @@ class ObjectMeta(msgspec.Struct):
     labels: dict[str, str] | None = None
 
 
-class PodManifest(msgspec.Struct):
+class NamespacedObject(msgspec.Struct):
+    """A namespaced Kubernetes object as pyhami reads one: its metadata, and from it its
+    namespace and its ``namespace/name`` key."""
+
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
-    spec: PodSpec = msgspec.field(default_factory=PodSpec)
 
     @property
     def namespace(self) -> str:
-        """The pod's namespace: Kubernetes' default one when the manifest names none."""
+        """The object's namespace: Kubernetes' default one when the manifest names none."""
         return self.metadata.namespace or DEFAULT_NAMESPACE
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.metadata.name}"
+
+
+class PodManifest(NamespacedObject):
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
 
     def asks_for_gpu(self, names: ResourceNames = DEFAULT_NAMES) -> bool:
         """Whether any container names one of the GPU resources ``names`` (the device

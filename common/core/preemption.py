@@ -114,10 +114,11 @@ def preemption_on_node(fleet: Fleet, node: str, request: PodRequest, priority: i
     inventory = fleet.node(node)
     if inventory is None or not request.wants_gpu:
         return None
-    # The node's pods alone, but every pod's quota charges: evicting a pod of the
-    # preemptor's namespace makes room under its quota; a pod of another namespace does
-    # not, so a pod refused only for its quota preempts nobody outside its namespace.
-    local = Fleet(fleet.quotas.copy())
+    # The node's pods alone, but the quota charges of every pod of the preemptor's
+    # namespace: evicting one of them makes room under its quotas; a pod of another
+    # namespace does not, so a pod refused only for its quota preempts nobody outside its
+    # namespace. Only that namespace is kept: each probe below copies the book.
+    local = Fleet(fleet.quotas.of_namespace(request.subject.namespace))
     local.upsert_node(inventory)
     for key, allocation in fleet.allocations().items():
         if allocation.node == node and key != request.key:

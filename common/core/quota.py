@@ -30,10 +30,9 @@ from common.core.names import InvalidName, check_label, check_subdomain, shown
 from common.core.pod import (
     DEFAULT_DEVICE,
     DEFAULT_NAMES,
-    DEFAULT_NAMESPACE,
     RESOURCE_CORES,
     RESOURCE_MEMORY,
-    ObjectMeta,
+    NamespacedObject,
     PodRequest,
     Quantity,
     QuotaSubject,
@@ -81,17 +80,8 @@ class QuotaSpec(msgspec.Struct, rename="camel"):
     scope_selector: ScopeSelector | None = None
 
 
-class ResourceQuotaManifest(msgspec.Struct):
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+class ResourceQuotaManifest(NamespacedObject):
     spec: QuotaSpec = msgspec.field(default_factory=QuotaSpec)
-
-    @property
-    def namespace(self) -> str:
-        return self.metadata.namespace or DEFAULT_NAMESPACE
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.metadata.name}"
 
 
 class Scope(Enum):
@@ -302,6 +292,21 @@ class QuotaBook:
         other._pods = dict(self._pods)
         other._used = dict(self._used)
         other._namespace_used = dict(self._namespace_used)
+        return other
+
+    def of_namespace(self, namespace: str) -> QuotaBook:
+        """A copy holding one namespace's quotas and the charges of its pods alone: what a
+        decision for a pod of that namespace reads, at the cost of its pods, not the
+        cluster's."""
+        other = QuotaBook()
+        if namespace in self._quotas:
+            other._quotas = {namespace: dict(self._quotas[namespace])}
+        other._pods = {key: held for key, held in self._pods.items()
+                       if held[0].namespace == namespace}
+        other._used = {where: used for where, used in self._used.items()
+                       if where[0] == namespace}
+        if namespace in self._namespace_used:
+            other._namespace_used = {namespace: self._namespace_used[namespace]}
         return other
 
     # Quotas --------------------------------------------------------------------------

@@ -384,6 +384,19 @@ class TestQuotaBook:
         assert used(copy) == {("team-a", "small", "nvidia.com/gpumem"): 3000}
         assert copy.namespace_used() == {"team-a": Usage(1, 3000, 0)}
 
+    def test_a_namespaces_copy_holds_it_alone_and_is_independent(self) -> None:
+        book = book_of(GPU_QUOTA, Quota("team-b", "other", memory=9000))
+        book.charge("team-a/one", allocation(grant("A", 4000)))
+        book.charge("team-b/two", allocation(grant("B", 3000)))
+        mine = book.of_namespace("team-a")
+        assert used(mine) == {("team-a", "gpu-quota", "nvidia.com/gpumem"): 4000}
+        assert mine.namespace_used() == {"team-a": Usage(1, 4000, 0)}
+        assert mine.left(PLAIN) == book.left(PLAIN)
+        mine.refund("team-a/one")
+        assert used(book) == {("team-a", "gpu-quota", "nvidia.com/gpumem"): 4000,
+                              ("team-b", "other", "nvidia.com/gpumem"): 3000}
+        assert used(mine) == {("team-a", "gpu-quota", "nvidia.com/gpumem"): 0}
+
     def test_a_quota_set_after_the_pods_counts_them(self) -> None:
         book = QuotaBook()
         book.charge("team-a/one", allocation(grant("A", 4000, 30)))

@@ -305,14 +305,20 @@ class StubApiServer:
         if self.event_status != 201:
             return web.json_response(status_json(403, "Forbidden", "events are forbidden"),
                                      status=self.event_status)
-        event = await request.json()
-        name = event["metadata"]["name"]
+        return self._created(request, "events", self.events, await request.json())
+
+    @staticmethod
+    def _created(request: web.Request, kind: str, table: dict[str, dict[str, Any]],
+                 body: dict[str, Any]) -> web.Response:
+        """Store ``body`` in ``table`` under the path's namespace and its name, or answer the
+        API server's 409 when that name is taken."""
+        name = body["metadata"]["name"]
         key = f"{request.match_info['ns']}/{name}"
-        if key in self.events:
+        if key in table:
             return web.json_response(
-                status_json(409, "AlreadyExists", f'events "{name}" already exists'), status=409)
-        self.events[key] = event
-        return web.json_response(event, status=201)
+                status_json(409, "AlreadyExists", f'{kind} "{name}" already exists'), status=409)
+        table[key] = body
+        return web.json_response(body, status=201)
 
     def _stored(self, request: web.Request, kind: str,
                 table: dict[str, dict[str, Any]]) -> dict[str, Any] | web.Response:
@@ -342,13 +348,7 @@ class StubApiServer:
         return web.json_response(event)
 
     async def _create_secret(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        key = f"{request.match_info['ns']}/{body['metadata']['name']}"
-        if key in self.secrets:
-            return web.json_response(
-                status_json(409, "AlreadyExists", f"secrets {key!r} already exists"), status=409)
-        self.secrets[key] = body
-        return web.json_response(body, status=201)
+        return self._created(request, "secrets", self.secrets, await request.json())
 
     async def _review(self, request: web.Request) -> web.Response:
         body = await request.json()
