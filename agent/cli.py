@@ -141,10 +141,12 @@ def node_device_config(args: argparse.Namespace, node: str) -> NodeDeviceConfig:
 
 def plugin_settings(args: argparse.Namespace, device: NodeDeviceConfig) -> PluginSettings:
     """The device plugin's flags, and what the node's device configuration tells it: the
-    resource name, whether it steers the kubelet's choice, HAMi-core's settings."""
+    resource name, whether it steers the kubelet's choice or names the cards' NUMA nodes,
+    HAMi-core's settings."""
     return settings_from(PluginSettings, args, hami_core=hami_core_settings(device),
                          resource_name=device.device.resources.count,
-                         preferred_allocation=device.enable_get_preferred_allocation)
+                         preferred_allocation=device.enable_get_preferred_allocation,
+                         numa_topology=device.settings.enable_numa_topology)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -94,8 +95,9 @@ class Agent:
         self._published_once = False
         self._publishing = asyncio.Lock()
         self._last_publish = time.monotonic()
+        self._allocations = NatsAllocationSource(self._connection, settings.node)
         self._device_plugin = None if device_plugin is None else DevicePlugin(
-            settings.node, device_plugin, NatsAllocationSource(self._connection, settings.node))
+            settings.node, device_plugin, self._allocations)
         if self._device_plugin is not None:
             self._report.slices_enforced = self._device_plugin.slices_enforced
 
@@ -128,6 +130,8 @@ class Agent:
             supervisor.start("heartbeat", self._heartbeat, restart=False)
             if self._device_plugin is not None:
                 supervisor.start("device-plugin", self._device_plugin.run, restart=False)
+                supervisor.start("folder-sweep", functools.partial(
+                    self._device_plugin.sweep_folders, self._allocations), restart=False)
             await supervisor.until_stopped(stop)
         finally:
             stopping.cancel()

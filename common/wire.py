@@ -205,12 +205,29 @@ class PendingPod(msgspec.Struct, frozen=True, kw_only=True):
 PendingPods = Annotated[list[PendingPod], msgspec.Meta(max_length=PENDING_PODS_MAX)]
 
 
+class HoldingPod(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod bound to the node that holds cards pyhami booked: HAMi-core's folders of its
+    containers are in use."""
+
+    namespace: str
+    name: str
+    uid: PodUid
+
+
+HoldingPods = Annotated[list[HoldingPod], msgspec.Meta(max_length=PENDING_PODS_MAX)]
+
+
 class PendingAllocations(msgspec.Struct, frozen=True, kw_only=True):
     """The daemon's answer to an allocations request: the pods bound to ``node`` whose
-    ``hami.io/bind-phase`` is ``allocating``, oldest ``bind_time`` first."""
+    ``hami.io/bind-phase`` is ``allocating``, oldest ``bind_time`` first, and every pod
+    holding cards on ``node``."""
 
     node: str
     pods: PendingPods
+    holding: HoldingPods | None = None
+    """Every pod bound to ``node`` that holds cards, whatever its bind-phase: the device
+    plugin keeps their HAMi-core folders and sweeps the others'. None from a daemon that
+    predates it (nothing is swept then: an empty list would sweep every folder)."""
 
 
 class AllocationOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -317,7 +334,7 @@ def decode_pending(data: bytes) -> PendingAllocations:
     except msgspec.DecodeError as error:
         raise WireError(f"malformed pending allocations: {error}") from None
     _checked_node(pending.node)
-    for pod in pending.pods:
+    for pod in [*pending.pods, *(pending.holding or ())]:
         _check_pod_names(pod.namespace, pod.name, "pending allocations")
     return pending
 

@@ -60,10 +60,12 @@ class Device:
     numa: int | None
 
 
-def advertised_devices(cards: Sequence[ReportedCard]) -> tuple[Device, ...]:
-    """``count`` devices per card, healthy as the card is, on its NUMA node when known."""
+def advertised_devices(cards: Sequence[ReportedCard], *,
+                       numa_topology: bool) -> tuple[Device, ...]:
+    """``count`` devices per card, healthy as the card is; on its NUMA node when known and
+    ``numa_topology`` (HAMi's ``enableNumaTopology``) says to tell the kubelet."""
     return tuple(Device(device_id(card.uuid, replica), card.health,
-                        card.numa if card.numa >= 0 else None)
+                        card.numa if numa_topology and card.numa >= 0 else None)
                  for card in cards for replica in range(card.count))
 
 

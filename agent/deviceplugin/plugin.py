@@ -96,7 +96,8 @@ def hami_core(directory: Path, settings: HamiCoreSettings = HAMI_DEFAULTS,
 class DeviceFeed:
     """The devices to advertise, following the agent's inventory; ListAndWatch waits on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, numa_topology: bool) -> None:
+        self._numa_topology = numa_topology
         self._devices: tuple[Device, ...] = ()
         self._cards: frozenset[str] = frozenset()
         self._version = 0
@@ -107,7 +108,7 @@ class DeviceFeed:
         return self._cards
 
     async def observe(self, cards: Sequence[ReportedCard]) -> None:
-        devices = advertised_devices(cards)
+        devices = advertised_devices(cards, numa_topology=self._numa_topology)
         self._cards = frozenset(card.uuid for card in cards)
         if devices == self._devices and self._version:
             return
@@ -273,6 +274,9 @@ class PluginSettings:
     preferred_allocation: bool = False
     """Whether the kubelet is told to ask ``GetPreferredAllocation`` first: the node's
     ``enablegetpreferredallocation``, off by default as in HAMi."""
+    numa_topology: bool = False
+    """Whether each device names its card's NUMA node to the kubelet (its topology
+    manager): the node's ``enablenumatopology``, off by default as in HAMi."""
     lock_dir: Path = DEFAULT_LOCK_DIR
     """The host's lock folder HAMi-core shares across containers (tests move it)."""
     watch_interval: float = WATCH_INTERVAL_S
@@ -295,7 +299,7 @@ class DevicePlugin:
         self._node = node
         self._settings = settings
         self._source = source
-        self._feed = DeviceFeed()
+        self._feed = DeviceFeed(numa_topology=settings.numa_topology)
         self._hami = hami_core(settings.hami_core_dir, settings.hami_core, settings.lock_dir)
         self._options = api_pb2.DevicePluginOptions(
             get_preferred_allocation_available=settings.preferred_allocation)

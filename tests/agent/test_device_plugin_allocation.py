@@ -286,7 +286,7 @@ def test_progress_of_pods_no_longer_pending_is_forgotten() -> None:
 def test_devices_are_count_per_card_with_health_and_numa() -> None:
     cards = profile_cards("a100x8-nvswitch", NODE)
     cards[5] = msgspec.structs.replace(cards[5], health=False)
-    devices = advertised_devices(cards)
+    devices = advertised_devices(cards, numa_topology=True)
     assert len(devices) == sum(card.count for card in cards)
     assert {card_of(d.id) for d in devices} == {card.uuid for card in cards}
     assert {d.numa for d in devices if card_of(d.id) == cards[7].uuid} == {1}
@@ -297,7 +297,13 @@ def test_devices_are_count_per_card_with_health_and_numa() -> None:
 def test_unknown_numa_gives_no_topology() -> None:
     card = profile_cards("t4x4", NODE)[0]
     unknown = msgspec.structs.replace(card, numa=-1)
-    assert {d.numa for d in advertised_devices([unknown])} == {None}
+    assert {d.numa for d in advertised_devices([unknown], numa_topology=True)} == {None}
+
+
+def test_numa_nodes_are_told_only_when_the_config_enables_them() -> None:
+    cards = profile_cards("a100x8-nvswitch", NODE)
+    assert {d.numa for d in advertised_devices(cards, numa_topology=False)} == {None}
+    assert {d.numa for d in advertised_devices(cards, numa_topology=True)} == {0, 1}
 
 
 def test_the_preference_is_one_device_of_each_chosen_card() -> None:

@@ -38,6 +38,7 @@ from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
+    HoldingPod,
     PendingAllocations,
     PendingContainer,
     PendingPod,
@@ -58,10 +59,16 @@ class Daemon:
 
     def __init__(self) -> None:
         self.pending: list[PendingPod] = []
+        self.holding: list[HoldingPod] | None = None
+        """None: answers as a daemon that predates the list."""
         self.outcomes: asyncio.Queue[AllocationOutcome] = asyncio.Queue()
+        self.requests = 0
 
     async def on_request(self, message: Msg) -> None:
-        await message.respond(encode(PendingAllocations(node=NODE, pods=list(self.pending))))
+        self.requests += 1
+        await message.respond(encode(PendingAllocations(
+            node=NODE, pods=list(self.pending),
+            holding=None if self.holding is None else list(self.holding))))
 
     async def on_outcome(self, message: Msg) -> None:
         outcome = decode_outcome(message.data)
@@ -85,7 +92,7 @@ def folders() -> Iterator[tuple[Path, Path]]:
 
 @asynccontextmanager
 async def node(url: str, kubelet_dir: Path, hami_dir: Path, source: SimulatedSource,
-               device: NodeDeviceConfig = CHART_DEFAULTS,
+               device: NodeDeviceConfig = CHART_DEFAULTS, *, sweep_interval: float = 60.0,
                ) -> AsyncIterator[tuple[FakeKubelet, Daemon]]:
     daemon = Daemon()
     client = await nats.connect(url)
@@ -101,7 +108,9 @@ async def node(url: str, kubelet_dir: Path, hami_dir: Path, source: SimulatedSou
                       kubelet_dir=kubelet_dir, hami_core_dir=hami_dir,
                       lock_dir=hami_dir.parent / "vgpulock", watch_interval=0.1,
                       resource_name=device.device.resources.count,
-                      preferred_allocation=device.enable_get_preferred_allocation))
+                      preferred_allocation=device.enable_get_preferred_allocation,
+                      numa_topology=device.settings.enable_numa_topology,
+                      folder_grace=0.01, folder_sweep_interval=sweep_interval))
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     try:
@@ -136,12 +145,12 @@ async def test_the_plugin_registers_and_lists_count_devices_per_card(
     assert len(devices) == 40
     assert {card_of(d.ID) for d in devices} == set(CARDS)
     assert {d.health for d in devices} == {"Healthy"}
-    assert {tuple(n.ID for n in d.topology.nodes) for d in devices} == {(0,)}
+    assert {tuple(n.ID for n in d.topology.nodes) for d in devices} == {()}  # HAMi's default
 
 
 CONFIGURED = NodeDeviceConfig(
     DeviceConfig(resources=ResourceNames(count="example.com/vgpu"),
-                 node=NodeSettings(device_split_count=3)),
+                 node=NodeSettings(device_split_count=3, enable_numa_topology=True)),
     filter_devices=FilterDevices(uuids=(CARDS[0],), indexes=(2,)),
     enable_get_preferred_allocation=True)
 
@@ -160,6 +169,7 @@ async def test_the_node_config_names_the_resource_and_shapes_the_list(
     # The filtered cards (by UUID and by index) are not advertised; the others 3 times each.
     assert sorted(d.ID for d in devices) == sorted(
         f"{uuid}-{replica}" for uuid in (CARDS[1], CARDS[3]) for replica in range(3))
+    assert {tuple(n.ID for n in d.topology.nodes) for d in devices} == {(0,)}
 
 
 async def test_a_card_turning_unhealthy_shows_in_the_next_list(
@@ -275,3 +285,23 @@ async def test_a_container_folder_that_cannot_be_made_fails_the_call_and_the_pod
     details = refused.value.details() or ""
     assert details.startswith(f"cannot make HAMi-core's folder {hami_dir}/containers/uid-first_c0")
     assert (outcome.name, outcome.ok, outcome.reason) == ("first", False, details)
+
+
+async def test_the_folders_of_pods_no_longer_holding_cards_are_swept(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    kubelet_dir, hami_dir = folders
+    containers = hami_dir / "containers"
+    for folder in ("uid-gone_c0", "uid-live_c0", "uid-live_c1"):
+        (containers / folder).mkdir(parents=True)
+    async with node(nats_server.url, kubelet_dir, hami_dir, t4x4(),
+                    sweep_interval=0.05) as (_, daemon):
+        # A daemon that does not list the pods holding cards: nothing is removed.
+        while daemon.requests < 3:
+            await asyncio.sleep(0.05)
+        assert len(list(containers.iterdir())) == 3
+        daemon.holding = [HoldingPod(namespace="lab", name="live", uid="uid-live")]
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while (containers / "uid-gone_c0").exists():
+            assert asyncio.get_running_loop().time() < deadline, "the gone pod's folder kept"
+            await asyncio.sleep(0.05)
+    assert sorted(path.name for path in containers.iterdir()) == ["uid-live_c0", "uid-live_c1"]

@@ -12,6 +12,7 @@ from common.wire import (
     ALLOCATED_SUBJECT_PREFIX,
     SCHEMA_VERSION,
     AllocationOutcome,
+    HoldingPod,
     Inventory,
     PendingAllocations,
     PendingPod,
@@ -199,7 +200,7 @@ def test_a_card_listed_twice_in_one_inventory_is_refused(second: dict[str, objec
 def test_allocation_messages_survive_encoding_and_name_their_subjects() -> None:
     pending = PendingAllocations(node="gpu-node-1", pods=[PendingPod(
         namespace="default", name="a", uid="u-1", devices="GPU-a,NVIDIA,1000,0:;",
-        bind_time=1700000000)])
+        bind_time=1700000000)], holding=[HoldingPod(namespace="default", name="b", uid="u-2")])
     assert decode_pending(encode(pending)) == pending
     outcome = AllocationOutcome(namespace="default", name="a", uid="u-1", ok=False,
                                 reason="no such card")
@@ -229,6 +230,10 @@ def test_allocation_messages_with_bad_names_or_fields_are_refused() -> None:
         namespace="default", name="A", uid="u", devices="", bind_time=0)])
     with pytest.raises(WireError, match="pending allocations refused: name: 'A'"):
         decode_pending(encode(bad_pod))
+    bad_holder = PendingAllocations(node="node-a", pods=[], holding=[HoldingPod(
+        namespace="default", name="B", uid="u")])
+    with pytest.raises(WireError, match="pending allocations refused: name: 'B'"):
+        decode_pending(encode(bad_holder))
     refused = "allocation outcome refused: namespace: 'kube.system'"
     with pytest.raises(WireError, match=re.escape(refused)):
         decode_outcome(encode(AllocationOutcome(namespace="kube.system", name="a", uid="u",

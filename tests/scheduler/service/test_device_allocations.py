@@ -14,6 +14,7 @@ from nats.aio.client import Client
 from common.core import decode_devices
 from common.wire import (
     AllocationOutcome,
+    HoldingPod,
     PendingAllocations,
     allocated_subject,
     allocations_subject,
@@ -83,6 +84,30 @@ async def test_success_sets_the_bind_phase_and_the_pod_is_no_longer_listed(
     await eventually(succeeded, "bind-phase success")
     assert (await pending(bus)).pods == []
     assert allocations_counted(lab, "success") == 1
+
+
+async def test_every_pod_holding_cards_on_the_node_is_listed_until_it_is_gone(
+        lab: Lab, bus: Client) -> None:
+    await lab.pods.submit_and_place(lab_pod("served"))
+    await lab.pods.submit_and_place(lab_pod("waiting"))
+    served, waiting = await lab.pods.get("served"), await lab.pods.get("waiting")
+    await report(bus, served, ok=True)
+    await eventually(lambda: _phase_is(lab, "served", "success"), "bind-phase success")
+    answer = await pending(bus)
+    assert [pod.name for pod in answer.pods] == ["waiting"]
+    assert answer.holding == [HoldingPod(namespace="default", name=name, uid=pod["uid"])
+                              for name, pod in (("served", served), ("waiting", waiting))]
+    assert (await pending(bus, "gpu-node-2")).holding == []
+    await lab.pods.delete("served")
+
+    async def released() -> bool:
+        return [pod.name for pod in (await pending(bus)).holding or ()] == ["waiting"]
+
+    await eventually(released, "the deleted pod no longer holding cards")
+
+
+async def _phase_is(lab: Lab, name: str, phase: str) -> bool:
+    return bool((await lab.pods.get(name))["annotations"]["hami.io/bind-phase"] == phase)
 
 
 async def test_failure_sets_failed_with_an_event_saying_why(lab: Lab, bus: Client) -> None:
