@@ -153,16 +153,19 @@ class Reactions(ServicePart):
     async def pending_allocations(self, subject: str) -> PendingAllocations | None:
         """The answer to a device plugin's request on ``subject``: the pods bound to its
         node whose bind-phase is ``allocating``, oldest bind-time first, each read from the
-        cluster now. None (no answer: the requester times out) for a subject that names no
-        valid node, counted and logged at a bounded rate, or while the cluster cannot be
-        read (a partial list could make the plugin refuse a pod it should serve)."""
+        cluster now. A pod whose bind is still under way counts: the kubelet may see the
+        Binding, and ask, before the API server's answer reaches the daemon. None (no
+        answer: the requester times out) for a subject that names no valid node, counted
+        and logged at a bounded rate, or while the cluster cannot be read (a partial list
+        could make the plugin refuse a pod it should serve)."""
         try:
             node = subject_node_checked(subject, ALLOCATIONS_SUBJECT_PREFIX)
         except WireError as error:
             self._refuse_allocation(f"allocations request refused: {error}")
             return None
+        # Reserved ones included (a bind in flight); the pod as read now says if it is bound.
         keys = sorted(key for key, allocation in self.state.fleet.allocations().items()
-                      if allocation.node == node and key in self.state.bookings.bound
+                      if allocation.node == node
                       and not self.shared.pods.is_allocate_answered(key))
         try:
             pods = await asyncio.gather(*(self.cluster.get_pod(*key.split("/", 1))
@@ -198,7 +201,8 @@ class Reactions(ServicePart):
         namespace, name = outcome.namespace, outcome.name
         key = f"{namespace}/{name}"
         held = self.state.fleet.allocation(key)
-        if key not in self.state.bookings.bound or held is None or held.node != node:
+        # Booked there, bound or with its bind under way; the pod read below says if bound.
+        if held is None or held.node != node:
             self._refuse_allocation(f"allocation outcome refused: pod {key} is not bound "
                                     f"to node {node}")
             return

@@ -3,6 +3,7 @@ asks which pods wait for their cards and reports how the kubelet's Allocate went
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -161,3 +162,36 @@ async def test_the_listed_pod_names_its_containers_and_their_control_switch(
     (listed,) = (await pending(bus)).pods
     assert [(c.name, c.control_disabled) for c in listed.containers] == [
         ("warmup", False), ("app", True), ("sidecar", False)]
+
+
+async def test_a_pod_whose_bind_is_under_way_is_listed_and_its_outcome_taken(
+        lab: Lab, bus: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubelet sees the Binding before the daemon has the API server's answer: its
+    device plugin asks then, and reports, while the daemon's bind is still under way."""
+    assert lab.daemon.service is not None
+    cluster = lab.daemon.service.cluster
+    bind = cluster.bind
+    written, answer = asyncio.Event(), asyncio.Event()
+
+    async def bind_answered_late(*args: Any, **kwargs: Any) -> None:
+        await bind(*args, **kwargs)
+        written.set()
+        await answer.wait()
+
+    monkeypatch.setattr(cluster, "bind", bind_answered_late)
+    await lab.pods.submit(lab_pod("in-flight"))
+    await asyncio.wait_for(written.wait(), 10)
+    try:
+        pod = await lab.pods.get("in-flight")
+        assert pod["node"] == NODE
+        assert [p.name for p in (await pending(bus)).pods] == ["in-flight"]
+        await report(bus, pod, ok=True)
+
+        async def succeeded() -> bool:
+            notes = (await lab.pods.get("in-flight"))["annotations"]
+            return notes["hami.io/bind-phase"] == "success"
+
+        await eventually(succeeded, "bind-phase success while the bind is under way")
+    finally:
+        answer.set()
+    assert allocations_counted(lab, "success") == 1
