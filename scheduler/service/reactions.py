@@ -177,15 +177,20 @@ class Reactions(ServicePart):
         pending = [entry for pod in pods if pod is not None
                    if (entry := _pending(pod, node)) is not None]
         pending.sort(key=lambda entry: (entry.bind_time, entry.namespace, entry.name))
-        return PendingAllocations(node=node, pods=pending, holding=self._holding(node))
+        return PendingAllocations(node=node, pods=pending,
+                                  holding=self._holding(node, pending))
 
-    def _holding(self, node: str) -> list[HoldingPod]:
-        """Every pod bound to ``node`` that the ledger holds cards for. Complete: only the
-        leader answers, and it rebuilt the ledger from the cluster before it led."""
+    def _holding(self, node: str, pending: list[PendingPod]) -> list[HoldingPod]:
+        """Every pod bound to ``node`` that the ledger holds cards for, and the ``pending``
+        ones (a bind in flight is not yet among the bound). Complete: only the leader
+        answers, and it rebuilt the ledger from the cluster before it led."""
         bound = self.shared.pods.bound_pods()
-        return [HoldingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid)
-                for key, allocation in sorted(self.state.fleet.allocations().items())
-                if allocation.node == node and (pod := bound.get(key)) is not None]
+        holding = [HoldingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid)
+                   for key, allocation in sorted(self.state.fleet.allocations().items())
+                   if allocation.node == node and (pod := bound.get(key)) is not None]
+        known = {pod.uid for pod in holding}
+        return [*holding, *(HoldingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid)
+                            for pod in pending if pod.uid not in known)]
 
     async def allocation_outcome(self, subject: str, data: bytes) -> None:
         """Set the pod's bind-phase as its node's device plugin reports (``failed`` with a
