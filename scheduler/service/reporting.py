@@ -37,7 +37,8 @@ class Reporting:
             stale=lambda: self.state.nodes.stale_nodes(self._clock()).keys(),
             ready=lambda: not self.not_ready_because(),
             leading=shared.leadership.leading,
-            slices_enforced=lambda: dict(self.state.nodes.slices_enforced)))
+            slices_enforced=lambda: dict(self.state.nodes.slices_enforced)),
+            shared.settings.defaults.device.resources)
         self.readiness_checks: list[Check] = list(readiness_checks)
         """Each says why the daemon is not ready, or None (NATS, background tasks)."""
         self.status_parts: dict[str, Callable[[], object]] = dict(status_parts or {})
