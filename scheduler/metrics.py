@@ -109,6 +109,12 @@ CARD_FAMILIES = (
     ("hami_node_gpu_overview", "GPU overview on a certain node"),
     ("hami_node_gpu_memory_allocated_ratio", "GPU Memory Allocated Percentage on a certain GPU"),
     ("pyhami_gpu_healthy", "1 while the node's agent reports the card healthy"),
+    ("pyhami_gpu_physical_memory_bytes",
+     "The card's own memory, before deviceMemoryScaling (hami_gpu_memory_limit_bytes is "
+     "the registered figure)"),
+    ("pyhami_gpu_physical_core_ratio",
+     "The card's own cores, 100, before deviceCoreScaling (hami_gpu_core_limit_ratio is "
+     "the registered figure)"),
 )
 
 
@@ -155,11 +161,19 @@ _WRITERS: tuple[_Writer, ...] = (
     lambda shared, card, usage: (
         f'pyhami_gpu_healthy{{device_index="{card.index}",{shared}}} '
         f'{_number(int(card.health))}\n'),
+    lambda shared, card, usage: (
+        f'pyhami_gpu_physical_memory_bytes{{device_index="{card.index}",{shared}}} '
+        f'{_number(card.own_memory * MIB)}\n'),
+    lambda shared, card, usage: (
+        f'pyhami_gpu_physical_core_ratio{{device_index="{card.index}",{shared}}} '
+        f'{_number(card.own_cores)}\n'),
 )
 
 
 class CardGauges:
-    """The per-card gauges (HAMi's, and ``pyhami_gpu_healthy``) as exposition text, in
+    """The per-card gauges (HAMi's, under HAMi's meaning: the registered figures, scaled by
+    ``deviceMemoryScaling`` and ``deviceCoreScaling``; and pyhami's: ``pyhami_gpu_healthy``
+    and the card's own figures) as exposition text, in
     pieces of a few thousand cards, so that a scrape need neither hold the event loop nor
     the whole text at once.
 
