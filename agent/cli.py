@@ -86,8 +86,8 @@ def register(commands: Subcommands) -> None:
     plugin = parser.add_argument_group("kubelet device plugin")
     plugin.add_argument("--device-plugin", action="store_true",
                         help="serve the kubelet's device plugin API: advertise the cards as "
-                             "resourceCountName (nvidia.com/gpu) and give containers the "
-                             "cards pyhami chose")
+                             "resourceCountName (nvidia.com/gpu by default) and give "
+                             "containers the cards pyhami chose")
     add_settings(plugin, PluginSettings, "kubelet_dir", "hami_core_dir", "folder_grace",
                  "folder_sweep_interval")
     add_log_arguments(parser)

@@ -110,12 +110,6 @@ class ReportedCard(Card, frozen=True, forbid_unknown_fields=False):
     """MiB held by the compute processes running on the card."""
     health_detail: Detail = ""
     """Why the card is unhealthy; empty while it is healthy."""
-    physical_memory: MemoryMiB | None = None
-    """The card's own MiB where ``memory`` registers another figure (HAMi's
-    ``deviceMemoryScaling``, ``preConfiguredDeviceMemory``); None: ``memory`` is it."""
-    physical_cores: SmallCount | None = None
-    """The card's own cores (100) where ``cores`` registers another figure (HAMi's
-    ``deviceCoreScaling``); None: ``cores`` is it."""
 
     def card(self) -> Card:
         # A subclass's fields start with its base's, in order: the leading values are a Card.

@@ -321,7 +321,8 @@ class Daemon:
             self._pending = PendingLoop(service, self._standalone, config.retry_period,
                                         config.scheduler_name)
             app.add_routes(PodApi(self._standalone, self._pending.retry_now).routes())
-            app.add_routes(QuotaApi(self._standalone).routes())
+            app.add_routes(QuotaApi(self._standalone,
+                                    self._config.service.defaults.device).routes())
         await probes.aclose()
         tls = _context_of(self._extender_files)
         undo.push_async_callback((await serve(app, config.listen, tls)).cleanup)

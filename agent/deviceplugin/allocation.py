@@ -24,7 +24,9 @@ from agent.deviceplugin.hamicore import (
 from common.core.annotations import AnnotationError, CardGrant, decode_devices
 from common.wire import AllocationOutcome, PendingPod, ReportedCard
 
-RESOURCE_NAME = "nvidia.com/gpu"
+DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
+"""HAMi's default ``resourceCountName``: the resource the plugin registers unless the
+device configuration names another."""
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
@@ -219,10 +221,11 @@ def container_allocation(candidate: _Candidate, hami_core: HamiCore | None,
 
 def allocate(pending: Sequence[PendingPod], progress: Progress,
              requests: Sequence[Sequence[str]], *, node: str, node_cards: Collection[str],
-             hami_core: HamiCore | None,
+             hami_core: HamiCore | None, resource: str = DEFAULT_RESOURCE_NAME,
              cache_id: Callable[[], str] = new_cache_id) -> Granted | Refused:
     """Serve one Allocate call: ``requests`` holds, per container, the device IDs the
-    kubelet chose. Either every container is served or none is."""
+    kubelet chose. Either every container is served or none is. ``resource`` is the
+    resource the plugin registered (HAMi's ``resourceCountName``), which a refusal names."""
     pods, malformed = _decoded(pending)
     pending_uids = {pod.uid for pod, _ in pods}
     working = {uid: served for uid, served in progress.items() if uid in pending_uids}
@@ -231,7 +234,7 @@ def allocate(pending: Sequence[PendingPod], progress: Progress,
         candidates = _candidates(pods, working)
         chosen = _choose(candidates, devices)
         if chosen is None:
-            return _refusal(candidates, devices, node, malformed)
+            return _refusal(candidates, devices, node, resource, malformed)
         foreign = [grant.uuid for grant in chosen.grants if grant.uuid not in node_cards]
         if foreign:
             reason = (f"pod {_pod_name(chosen.pod)}: card {foreign[0]} of its annotation "
@@ -250,17 +253,17 @@ def allocate(pending: Sequence[PendingPod], progress: Progress,
 
 
 def _refusal(candidates: Sequence[_Candidate], devices: Sequence[str], node: str,
-             malformed: list[AllocationOutcome]) -> Refused:
+             resource: str, malformed: list[AllocationOutcome]) -> Refused:
     if not candidates:
         reason = (f"no pod bound to node {node} waits for {len(devices)} device(s) of "
-                  f"{RESOURCE_NAME}")
+                  f"{resource}")
         if malformed:
             reason += "; unreadable: " + "; ".join(o.reason for o in malformed)
         return Refused(reason, tuple(malformed))
     oldest = candidates[0]
     reason = (f"pod {_pod_name(oldest.pod)}: its container #{oldest.position} was given "
               f"{len(oldest.grants)} card(s) but the kubelet asks for {len(devices)} "
-              f"device(s) of {RESOURCE_NAME}")
+              f"device(s) of {resource}")
     return Refused(reason, (*malformed, outcome(oldest.pod, reason)))
 
 

@@ -1,6 +1,6 @@
 """The kubelet device plugin: a gRPC server on a unix socket in the kubelet's folder,
-registered with the kubelet as HAMi's ``resourceCountName`` (``nvidia.com/gpu``), served
-again when the kubelet restarts.
+registered with the kubelet as HAMi's ``resourceCountName`` (``nvidia.com/gpu`` by
+default), served again when the kubelet restarts.
 
 The kubelet removes every plugin socket and makes its own ``kubelet.sock`` anew when it
 starts; the plugin notices either within one ``watch_interval`` and serves and registers
@@ -25,8 +25,8 @@ from agent.deviceplugin._v1beta1 import api_pb2, api_pb2_grpc
 from agent.deviceplugin.allocation import (
     CONTAINER_LIBRARY,
     CONTAINER_LOCK_DIR,
+    DEFAULT_RESOURCE_NAME,
     HEALTHY,
-    RESOURCE_NAME,
     UNHEALTHY,
     ContainerAllocation,
     Device,
@@ -165,8 +165,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     """The kubelet's calls; allocations are served one call at a time, in order."""
 
     def __init__(self, node: str, feed: DeviceFeed, source: AllocationSource,
-                 hami: HamiCore | None, options: api_pb2.DevicePluginOptions) -> None:
+                 hami: HamiCore | None, options: api_pb2.DevicePluginOptions, *,
+                 resource: str = DEFAULT_RESOURCE_NAME) -> None:
         self._node = node
+        self._resource = resource
         self._options = options
         self._feed = feed
         self._source = source
@@ -215,7 +217,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             result = allocate(pending, self._progress,
                               [list(c.devices_ids) for c in request.container_requests],
                               node=self._node, node_cards=self._feed.cards,
-                              hami_core=self._hami)
+                              hami_core=self._hami, resource=self._resource)
             if isinstance(result, Granted):
                 result = _with_folders(result)
             self._unreported.extend(result.outcomes)
@@ -269,7 +271,7 @@ class PluginSettings:
              "(default: {default})")
     hami_core: HamiCoreSettings = HAMI_DEFAULTS
     """HAMi's device configuration for HAMi-core (no flags: HAMi's device-config.yaml)."""
-    resource_name: str = RESOURCE_NAME
+    resource_name: str = DEFAULT_RESOURCE_NAME
     """The resource registered with the kubelet: HAMi's ``resourceCountName``."""
     preferred_allocation: bool = False
     """Whether the kubelet is told to ask ``GetPreferredAllocation`` first: the node's
@@ -328,7 +330,8 @@ class DevicePlugin:
     async def run(self) -> None:
         """Serve, register, and start again whenever the kubelet does; until cancelled."""
         servicer = DevicePluginServicer(self._node, self._feed, self._source, self._hami,
-                                        self._options)
+                                        self._options,
+                                        resource=self._settings.resource_name)
         while True:
             kubelet = await self._kubelet_up()
             server = await self._serve(servicer)

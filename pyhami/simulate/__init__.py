@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         if not path.is_file():
             return refuse(f"{path}: not a file")
     try:
-        trace = load_trace(args.cluster, args.workload)
+        trace = load_trace(args.cluster, args.workload, device)
     except InputFileError as error:
         return refuse(str(error))
     except OSError as error:

@@ -264,6 +264,26 @@ def test_no_pending_pod_is_refused_and_reports_nobody() -> None:
     assert result.outcomes == ()
 
 
+@pytest.mark.parametrize(("resource", "pending", "reason"), [
+    pytest.param(None, [], f"no pod bound to node {NODE} waits for 1 device(s) of "
+                 "nvidia.com/gpu", id="nobody-default-name"),
+    pytest.param("example.com/vgpu", [], f"no pod bound to node {NODE} waits for 1 "
+                 "device(s) of example.com/vgpu", id="nobody-configured-name"),
+    pytest.param("example.com/vgpu", [pod("one", [[grant(A), grant(B)]], bind_time=100)],
+                 "pod lab/one: its container #0 was given 2 card(s) but the kubelet asks "
+                 "for 1 device(s) of example.com/vgpu", id="mismatch-configured-name"),
+])
+def test_a_refusal_names_the_registered_resource(resource: str | None,
+                                                 pending: list[PendingPod],
+                                                 reason: str) -> None:
+    """The resource the plugin registered (HAMi's resourceCountName), HAMi's default
+    unless the device configuration names another."""
+    named = {} if resource is None else {"resource": resource}
+    result = refused(allocate(pending, {}, [[device_id(A, 0)]], node=NODE, node_cards=CARDS,
+                              hami_core=HAMI, cache_id=lambda: CACHE_ID, **named))
+    assert result.reason == reason
+
+
 def test_a_refused_call_serves_none_of_its_containers() -> None:
     one = pod("one", [[grant(A)], [grant(B), grant(C)]], bind_time=100)
     result = refused(run([one], {}, [device_id(A, 0)], [device_id(B, 0)]))

@@ -236,11 +236,19 @@ async def test_allocate_gives_the_chosen_cards_limits_and_hami_core(
     assert (second_outcome.name, second_outcome.ok) == ("second", True)
 
 
+@pytest.mark.parametrize("device", [
+    pytest.param(CHART_DEFAULTS, id="hamis-default-name"),
+    pytest.param(NodeDeviceConfig(DeviceConfig(resources=ResourceNames(
+        count="example.com/vgpu"))), id="configured-name"),
+])
 async def test_a_refused_allocate_fails_the_call_and_the_pod(
-        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+        nats_server: LocalNatsServer, folders: tuple[Path, Path],
+        device: NodeDeviceConfig) -> None:
+    """The refusals name the resource the plugin registered, whatever it is called."""
     wide = pending_pod("wide", [[CardGrant(CARDS[0], 1000, 10),
                                  CardGrant(CARDS[1], 1000, 10)]], bind_time=100)
-    async with node(nats_server.url, *folders, t4x4()) as (kubelet, daemon):
+    resource = device.device.resources.count
+    async with node(nats_server.url, *folders, t4x4(), device) as (kubelet, daemon):
         await kubelet.next_list()
         with pytest.raises(grpc.aio.AioRpcError) as nobody:
             await kubelet.admit(1)
@@ -249,9 +257,12 @@ async def test_a_refused_allocate_fails_the_call_and_the_pod(
             await kubelet.admit(1)
         outcome = await daemon.next_outcome()
     assert nobody.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"no pod bound to node {NODE}" in (nobody.value.details() or "")
+    assert nobody.value.details() == (
+        f"no pod bound to node {NODE} waits for 1 device(s) of {resource}")
     assert mismatch.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "2 card(s)" in (mismatch.value.details() or "")
+    assert mismatch.value.details() == (
+        "pod lab/wide: its container #0 was given 2 card(s) but the kubelet asks for 1 "
+        f"device(s) of {resource}")
     assert (outcome.name, outcome.ok) == ("wide", False)
     assert outcome.reason == mismatch.value.details()
 

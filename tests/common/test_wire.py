@@ -69,6 +69,28 @@ def test_to_node_gives_the_core_plain_devices_and_the_cordon_annotation() -> Non
     assert all(type(device) is Card for device in node.devices)
 
 
+@pytest.mark.parametrize(("reported", "own"), [
+    pytest.param({}, (15360, 100), id="unscaled"),
+    pytest.param({"memory": 30720, "physical_memory": 15360}, (15360, 100), id="memory-x2"),
+    pytest.param({"cores": 200, "physical_cores": 100}, (15360, 100), id="cores-x2"),
+    pytest.param({"memory": 27648, "physical_memory": 15360, "cores": 50,
+                  "physical_cores": 100}, (15360, 100), id="both"),
+])
+def test_the_core_card_keeps_the_physical_figures_beside_the_registered(
+        reported: dict[str, int], own: tuple[int, int]) -> None:
+    """The registered figures decide; the card's own travel with them for the reports."""
+    fields: dict[str, object] = {"uuid": "GPU-a", "index": 0, "type": "NVIDIA-Tesla T4",
+                                 "memory": 15360, **reported}
+    card = msgspec.convert(fields, ReportedCard)
+    decoded = decode_inventory(encode(_inventory([card])))
+    (device,) = decoded.to_node().devices
+    assert type(device) is Card
+    assert (device.memory, device.cores) == (card.memory, card.cores)
+    assert (device.own_memory, device.own_cores) == own
+    assert (device.physical_memory, device.physical_cores) == (
+        reported.get("physical_memory"), reported.get("physical_cores"))
+
+
 def test_to_node_without_cordons_has_no_annotation() -> None:
     assert _inventory(CARDS).to_node().annotations == {}
 
