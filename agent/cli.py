@@ -8,19 +8,22 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from agent.deviceplugin.hamicore import hami_core_settings
 from agent.deviceplugin.plugin import PluginSettings
 from agent.inventory import InventoryError, InventorySource
 from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
 from agent.service import Agent, AgentSettings
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
 from common.arguments import Subcommands, positive_int, variable_for
+from common.core.deviceconfig import NodeDeviceConfig, effective_for
 from common.core.errors import SettingsError
 from common.core.model import CARD_COUNT_MAX
 from common.core.names import InvalidName, check_subdomain
+from common.deviceconfig import add_device_config_argument, device_config_from, node_config_from
 from common.logs import add_log_arguments, configure_logging
 from common.messaging import add_nats_arguments, nats_settings
 from common.settings import add_settings, settings_from
@@ -70,17 +73,23 @@ def register(commands: Subcommands) -> None:
                         help="where the cards come from (default: nvml); profiles: "
                              + ", ".join(sorted(PROFILES)))
     add_settings(parser, AgentSettings, "poll_interval", "heartbeat_interval")
-    parser.add_argument("--device-split-count", type=split_count,
-                        default=DEFAULT_SPLIT_COUNT, metavar="N",
+    parser.add_argument("--device-split-count", type=split_count, metavar="N",
                         help="pods one card may hold at once, as HAMi's deviceSplitCount "
-                             f"(default: {DEFAULT_SPLIT_COUNT}); nvml only: a simulated "
-                             "inventory states its own")
+                             f"(default: {DEFAULT_SPLIT_COUNT}); not with --device-config or "
+                             "--node-config, where deviceSplitCount says it")
     add_settings(parser, AgentSettings, "cordoned")
+    add_device_config_argument(parser)
+    parser.add_argument("--node-config", type=Path, metavar="FILE",
+                        help="HAMi's device plugin config.json (the hami-device-plugin "
+                             "ConfigMap): this node's nodeconfig entry applied over "
+                             "--device-config's values")
     plugin = parser.add_argument_group("kubelet device plugin")
     plugin.add_argument("--device-plugin", action="store_true",
                         help="serve the kubelet's device plugin API: advertise the cards as "
-                             "nvidia.com/gpu and give containers the cards pyhami chose")
-    add_settings(plugin, PluginSettings, "kubelet_dir", "hami_core_dir")
+                             "resourceCountName (nvidia.com/gpu by default) and give "
+                             "containers the cards pyhami chose")
+    add_settings(plugin, PluginSettings, "kubelet_dir", "hami_core_dir", "folder_grace",
+                 "folder_sweep_interval")
     add_log_arguments(parser)
     add_nats_arguments(parser)
     parser.set_defaults(handler=run)
@@ -98,30 +107,63 @@ def node_name(flag: str | None, environ: Mapping[str, str]) -> str:
     return name
 
 
-def inventory_source(spec: InventorySpec, node: str,
-                     split: int = DEFAULT_SPLIT_COUNT) -> InventorySource:
+def inventory_source(spec: InventorySpec, node: str) -> InventorySource:
     """Raises ``InventoryError`` for a simulation file that cannot be used."""
     if spec.kind == "nvml":
-        return NvmlSource(split_count=split)
+        return NvmlSource()
     if spec.kind == "profile":
         return SimulatedSource(profile_cards(spec.value, node))
     return SimulatedSource(file_cards(Path(spec.value), node))
 
 
+def node_device_config(args: argparse.Namespace, node: str) -> NodeDeviceConfig:
+    """``--device-config`` with ``node``'s ``--node-config`` entry applied, the split count
+    from ``--device-split-count`` where no file is given; raises ``SettingsError`` for a
+    file that cannot be used, for a split count given in both places, and for MIG mode."""
+    split: int | None = args.device_split_count
+    files = [flag for flag, path in (("--device-config", args.device_config),
+                                     ("--node-config", args.node_config)) if path is not None]
+    if split is not None and files:
+        # Two places for one number: HAMi declares the flag and reads only the file.
+        raise SettingsError(f"--device-split-count is given with {files[0]}: set the split "
+                            "count in one place (deviceSplitCount, or a node's "
+                            "devicesplitcount), not both")
+    config = effective_for(device_config_from(args), node_config_from(args), node)
+    if config.operating_mode == "mig":
+        raise SettingsError(f"--node-config {args.node_config}: node {node}'s operatingmode "
+                            "is 'mig': MIG mode is not served yet (it comes with the MIG "
+                            "issue); use hami-core, or leave the node out of pyhami")
+    if split is None:
+        return config
+    node_settings = replace(config.settings, device_split_count=split)
+    return replace(config, device=replace(config.device, node=node_settings))
+
+
+def plugin_settings(args: argparse.Namespace, device: NodeDeviceConfig) -> PluginSettings:
+    """The device plugin's flags, and what the node's device configuration tells it: the
+    resource name, whether it steers the kubelet's choice or names the cards' NUMA nodes,
+    HAMi-core's settings."""
+    return settings_from(PluginSettings, args, hami_core=hami_core_settings(device),
+                         resource_name=device.device.resources.count,
+                         preferred_allocation=device.enable_get_preferred_allocation,
+                         numa_topology=device.settings.enable_numa_topology)
+
+
 def run(args: argparse.Namespace) -> int:
+    configure_logging(args)  # first: reading the device files logs the keys they ignore
     try:
         node = node_name(args.node, os.environ)
         nats = nats_settings(args)
-        source = inventory_source(args.inventory, node, args.device_split_count)
+        device = node_device_config(args, node)
+        source = inventory_source(args.inventory, node)
     except SettingsError as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
         return 2
     except InventoryError as error:
         print(f"pyhami agent: --inventory: {error}", file=sys.stderr)
         return 2
-    settings = settings_from(AgentSettings, args, node=node)
-    plugin = settings_from(PluginSettings, args) if args.device_plugin else None
-    configure_logging(args)
+    settings = settings_from(AgentSettings, args, node=node, device=device)
+    plugin = plugin_settings(args, device) if args.device_plugin else None
     try:
         asyncio.run(serve(Agent(settings, source, nats, device_plugin=plugin)))
     except InventoryError as error:

@@ -47,7 +47,8 @@ APPLICATION_XIDS = frozenset({31, 43, 45})
 
 DEFAULT_SYSFS_ROOT = Path("/sys")
 DEFAULT_EVENT_WAIT_MS = 1000
-# Pods one card may hold at once, as HAMi's device plugin splits a card (deviceSplitCount).
+# Pods one card may hold at once, as HAMi's device plugin splits a card (deviceSplitCount);
+# the node's split count replaces it (agent.registration).
 DEFAULT_SPLIT_COUNT = 10
 
 
@@ -207,10 +208,8 @@ class NvmlSource:
 
     def __init__(self, library: NvmlLibrary | None = None,
                  sysfs_root: Path = DEFAULT_SYSFS_ROOT,
-                 event_wait_ms: int = DEFAULT_EVENT_WAIT_MS,
-                 split_count: int = DEFAULT_SPLIT_COUNT) -> None:
+                 event_wait_ms: int = DEFAULT_EVENT_WAIT_MS) -> None:
         self._nvml = library if library is not None else _pynvml()
-        self._split_count = split_count
         self._sysfs_root = sysfs_root
         self._event_wait_ms = event_wait_ms
         self._handles: list[object] = []
@@ -285,13 +284,23 @@ class NvmlSource:
         nvml = self._nvml
         uuid = self._call("nvmlDeviceGetUUID", lambda: nvml.nvmlDeviceGetUUID(handle))
         name = self._call("nvmlDeviceGetName", lambda: nvml.nvmlDeviceGetName(handle))
-        memory = self._call("nvmlDeviceGetMemoryInfo",
-                            lambda: nvml.nvmlDeviceGetMemoryInfo(handle)).total // MIB
+        memory = self._memory(handle)
         pci = self._call("nvmlDeviceGetPciInfo", lambda: nvml.nvmlDeviceGetPciInfo(handle))
         bus_id = sysfs_bus_id(pci.busId)
         return _Identity(handle=handle, index=index, uuid=uuid, model=f"NVIDIA-{name}",
                          memory=memory, bus_id=bus_id, numa=self._numa(handle, bus_id),
                          sm_count=self._sm_count(handle))
+
+    def _memory(self, handle: object) -> int:
+        """The card's MiB; 0 where NVML has no figure (NOT_SUPPORTED, as on unified-memory
+        cards like the GB10): HAMi's ``preConfiguredDeviceMemory`` then gives it."""
+        nvml = self._nvml
+        try:
+            return nvml.nvmlDeviceGetMemoryInfo(handle).total // MIB
+        except nvml.NVMLError as error:
+            if _code(error) == NVML_ERROR_NOT_SUPPORTED:
+                return 0
+            raise CardReadError(f"nvmlDeviceGetMemoryInfo: {error}") from None
 
     def _numa(self, handle: object, bus_id: str) -> int:
         """NVML's NUMA id where the driver has it, else the PCI device's in sysfs, else -1."""
@@ -374,7 +383,7 @@ class NvmlSource:
         if xid is not None:
             problems.append(f"critical XID {xid}")
         return ReportedCard(uuid=identity.uuid, index=identity.index, type=identity.model,
-                            memory=identity.memory, count=self._split_count, numa=identity.numa,
+                            memory=identity.memory, count=DEFAULT_SPLIT_COUNT, numa=identity.numa,
                             health=not problems, links=self._links.get(identity.uuid),
                             processes=processes, sm_count=identity.sm_count,
                             process_memory=process_memory, health_detail="; ".join(problems))

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -22,10 +23,12 @@ from nats.aio.msg import Msg
 from agent.deviceplugin.plugin import DevicePlugin, PluginSettings
 from agent.deviceplugin.source import NatsAllocationSource
 from agent.inventory import InventorySource
+from agent.registration import ConfiguredSource
 from agent.report import Report
 from common.arguments import positive_seconds
 from common.busaccess import agent_inbox_prefix
 from common.core.annotations import comma_list
+from common.core.deviceconfig import NodeDeviceConfig
 from common.messaging import Connection, NatsSettings
 from common.settings import setting
 from common.supervision import Supervisor
@@ -67,6 +70,10 @@ class AgentSettings:
     cordoned: tuple[str, ...] = setting(
         (), flag="--cordon", parse=uuid_list, metavar="UUID[,UUID...]",
         help="cards to report as cordoned: the scheduler leaves them alone")
+    device: NodeDeviceConfig = field(default_factory=NodeDeviceConfig)
+    """HAMi's device configuration for this node (``--device-config`` with its
+    ``--node-config`` entry applied): every card is registered under it
+    (``agent.registration``); the device plugin's part comes in its ``PluginSettings``."""
 
 
 class Agent:
@@ -74,7 +81,7 @@ class Agent:
                  clock: Callable[[], float] = time.time,
                  device_plugin: PluginSettings | None = None) -> None:
         self._settings = settings
-        self._source = source
+        self._source = ConfiguredSource(source, settings.device)
         self._nats = nats
         self._clock = clock
         self._report = Report(settings.node, secrets.token_hex(8), settings.heartbeat_interval,
@@ -88,8 +95,9 @@ class Agent:
         self._published_once = False
         self._publishing = asyncio.Lock()
         self._last_publish = time.monotonic()
+        self._allocations = NatsAllocationSource(self._connection, settings.node)
         self._device_plugin = None if device_plugin is None else DevicePlugin(
-            settings.node, device_plugin, NatsAllocationSource(self._connection, settings.node))
+            settings.node, device_plugin, self._allocations)
         if self._device_plugin is not None:
             self._report.slices_enforced = self._device_plugin.slices_enforced
 
@@ -122,6 +130,8 @@ class Agent:
             supervisor.start("heartbeat", self._heartbeat, restart=False)
             if self._device_plugin is not None:
                 supervisor.start("device-plugin", self._device_plugin.run, restart=False)
+                supervisor.start("folder-sweep", functools.partial(
+                    self._device_plugin.sweep_folders, self._allocations), restart=False)
             await supervisor.until_stopped(stop)
         finally:
             stopping.cancel()

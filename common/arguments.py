@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from common.core import Defaults, NodePolicy, parse_default_chain
+from common.core.deviceconfig import DeviceConfig
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -268,6 +269,9 @@ def add_policy_defaults(parser: argparse.ArgumentParser, *, gpu_policy: str = "s
                         help=f"cluster default node policy (default: {node_policy})")
 
 
-def defaults_from(args: argparse.Namespace) -> Defaults:
+def defaults_from(args: argparse.Namespace, device: DeviceConfig | None = None) -> Defaults:
+    """The cluster defaults of the policy flags, holding ``device`` (HAMi's chart values
+    when None)."""
     return Defaults(parse_default_chain(args.gpu_scheduler_policy),
-                    NodePolicy(args.node_scheduler_policy))
+                    NodePolicy(args.node_scheduler_policy),
+                    DeviceConfig() if device is None else device)

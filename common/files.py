@@ -32,6 +32,20 @@ def _read(path: Path) -> bytes:
         raise InputFileError(f"{path}: {error.strerror or error}") from None
 
 
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The file's bytes, refused when it holds more than ``limit`` of them; raises
+    ``InputFileError`` naming the file. Read one byte past the limit, never the whole of a
+    file that is too large (a device, a runaway log)."""
+    try:
+        with path.open("rb") as file:
+            text = file.read(limit + 1)
+    except OSError as error:
+        raise InputFileError(f"{path}: {error.strerror or error}") from None
+    if len(text) > limit:
+        raise InputFileError(f"{path}: larger than {limit} bytes")
+    return text
+
+
 def load_cluster(path: Path) -> ClusterFile:
     try:
         return msgspec.json.decode(_read(path), type=ClusterFile)

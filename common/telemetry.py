@@ -64,6 +64,8 @@ class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CardUsage(msgspec.Struct, frozen=True):
+    """One card's booked usage beside its registered capacity (``memory``, ``cores``)."""
+
     uuid: str
     index: int
     type: str
@@ -75,6 +77,12 @@ class CardUsage(msgspec.Struct, frozen=True):
     cores: int
     count: int
     health: bool
+    physical_memory: int | None = None
+    """The card's own MiB where ``memory`` is scaled (HAMi's ``deviceMemoryScaling``);
+    None: ``memory`` is it. Absent from an older daemon's messages."""
+    physical_cores: int | None = None
+    """The card's own cores where ``cores`` is scaled (``deviceCoreScaling``); None:
+    ``cores`` is it."""
 
 
 class UsageEvent(msgspec.Struct, frozen=True, kw_only=True):

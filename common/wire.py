@@ -122,6 +122,10 @@ PodUid = Annotated[str, msgspec.Meta(max_length=128)]
 # The whole of a pod's annotations may take 256 KiB; one value cannot be longer.
 AnnotationValue = Annotated[str, msgspec.Meta(max_length=262144)]
 UnixSeconds = Annotated[int, msgspec.Meta(ge=0)]
+# A container name is a DNS-1123 label (63); the bound leaves room and the agent checks it.
+ContainerName = Annotated[str, msgspec.Meta(max_length=253)]
+# Kubernetes caps a pod's containers far below this; a bound on what a decoder accepts.
+PENDING_CONTAINERS_MAX = 1024
 # Far more pods than a node admits at once; a bound on what a decoder accepts.
 PENDING_PODS_MAX = 16384
 
@@ -164,6 +168,19 @@ class ResyncRequest(msgspec.Struct, frozen=True, kw_only=True):
         return not self.nodes or node in self.nodes
 
 
+class PendingContainer(msgspec.Struct, frozen=True, kw_only=True):
+    """One container of a pending pod, as the device plugin needs it for HAMi-core."""
+
+    name: ContainerName
+    """The container's name: HAMi-core's folder on the node is ``<pod uid>_<name>``."""
+    control_disabled: bool = False
+    """The container's own env sets ``CUDA_DISABLE_CONTROL`` true: no ld.so.preload."""
+
+
+PendingContainers = Annotated[tuple[PendingContainer, ...],
+                              msgspec.Meta(max_length=PENDING_CONTAINERS_MAX)]
+
+
 class PendingPod(msgspec.Struct, frozen=True, kw_only=True):
     """A pod bound to the node whose cards are still to be handed to its containers."""
 
@@ -174,17 +191,37 @@ class PendingPod(msgspec.Struct, frozen=True, kw_only=True):
     """The pod's ``hami.io/vgpu-devices-to-allocate`` (``common.core.decode_devices``)."""
     bind_time: UnixSeconds
     """The pod's ``hami.io/bind-time``."""
+    containers: PendingContainers = ()
+    """The pod's containers in the annotation's order (init containers first); empty from
+    a daemon that predates them."""
 
 
 PendingPods = Annotated[list[PendingPod], msgspec.Meta(max_length=PENDING_PODS_MAX)]
 
 
+class HoldingPod(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod bound to the node that holds cards pyhami booked: HAMi-core's folders of its
+    containers are in use."""
+
+    namespace: str
+    name: str
+    uid: PodUid
+
+
+HoldingPods = Annotated[list[HoldingPod], msgspec.Meta(max_length=PENDING_PODS_MAX)]
+
+
 class PendingAllocations(msgspec.Struct, frozen=True, kw_only=True):
     """The daemon's answer to an allocations request: the pods bound to ``node`` whose
-    ``hami.io/bind-phase`` is ``allocating``, oldest ``bind_time`` first."""
+    ``hami.io/bind-phase`` is ``allocating``, oldest ``bind_time`` first, and every pod
+    holding cards on ``node``."""
 
     node: str
     pods: PendingPods
+    holding: HoldingPods | None = None
+    """Every pod bound to ``node`` that holds cards, whatever its bind-phase: the device
+    plugin keeps their HAMi-core folders and sweeps the others'. None from a daemon that
+    predates it (nothing is swept then: an empty list would sweep every folder)."""
 
 
 class AllocationOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -291,7 +328,7 @@ def decode_pending(data: bytes) -> PendingAllocations:
     except msgspec.DecodeError as error:
         raise WireError(f"malformed pending allocations: {error}") from None
     _checked_node(pending.node)
-    for pod in pending.pods:
+    for pod in [*pending.pods, *(pending.holding or ())]:
         _check_pod_names(pod.namespace, pod.name, "pending allocations")
     return pending
 

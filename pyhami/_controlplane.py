@@ -113,14 +113,15 @@ def shipped_scheduler_config() -> str:
     return text
 
 
-def chart_scheduler_config(bin_dir: Path) -> str:
+def chart_scheduler_config(bin_dir: Path, values: Sequence[str] = ()) -> str:
     """The KubeSchedulerConfiguration text the chart renders for ``k8s/``'s release and
-    values with ``EXTENDER_TLS_VALUES``."""
+    values with ``EXTENDER_TLS_VALUES``, and ``values`` (``KEY=VALUE``, as ``--set``
+    takes them) over those."""
     command = [str(bin_dir / "helm"), "template", "pyhami", str(CHART),
                "--namespace", SYSTEM_NAMESPACE, "--kube-version", versions(bin_dir)[0],
                "--values", str(CHART / "ci" / "k8s-values.yaml"),
                "--show-only", "templates/scheduler-config.yaml"]
-    for value in EXTENDER_TLS_VALUES:
+    for value in (*EXTENDER_TLS_VALUES, *values):
         command += ["--set", value]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     if done.returncode != 0:

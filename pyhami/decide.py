@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from common.core import (
     parse_pod,
     rejected,
 )
+from common.core.errors import SettingsError
+from common.deviceconfig import add_device_config_argument, device_config_from
 from common.files import InputFileError, load_cluster, load_pod
 from pyhami.output import add_output_argument, print_decision, print_json, stdout_console
 
@@ -27,17 +30,26 @@ def register(commands: Subcommands) -> None:
     parser.add_argument("--pod", type=Path, required=True, help="Pod manifest (YAML or JSON)")
     parser.add_argument("--explain", action="store_true", help="add the per-card selection path")
     add_policy_defaults(parser)
+    add_device_config_argument(parser)
     add_output_argument(parser, "json", "json: the decision document; table: as pyhami "
                                          "explain draws it")
-    parser.set_defaults(handler=lambda args: run(args.cluster, args.pod, defaults_from(args),
-                                                 args.explain, args.output))
+    parser.set_defaults(handler=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    try:
+        defaults = defaults_from(args, device_config_from(args))
+    except SettingsError as error:
+        print(f"pyhami decide: {error}", file=sys.stderr)
+        return 2
+    return run(args.cluster, args.pod, defaults, args.explain, args.output)
 
 
 def decide_files(cluster_path: Path, pod_path: Path, defaults: Defaults,
                  explain: bool) -> dict[str, Any]:
     """Raises ``InputFileError`` for a file that cannot be used."""
     try:
-        fleet = fleet_from_cluster(load_cluster(cluster_path))
+        fleet = fleet_from_cluster(load_cluster(cluster_path), defaults.device)
     except ClusterFileError as error:
         raise InputFileError(f"{cluster_path}: {error}") from None
     manifest = load_pod(pod_path)

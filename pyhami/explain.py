@@ -14,6 +14,7 @@ from rich.console import Console
 
 from common.arguments import Subcommands, add_policy_defaults, defaults_from
 from common.core.errors import SettingsError
+from common.deviceconfig import add_device_config_argument, device_config_from
 from common.files import InputFileError
 from pyhami.decide import decide_files
 from pyhami.output import add_output_argument, print_decision, print_json, stdout_console
@@ -34,6 +35,7 @@ def register(commands: Subcommands) -> None:
                           "(--extender-client-ca-file), with --daemon-key")
     tls.add_argument("--daemon-key", metavar="FILE", help="the private key of --daemon-cert")
     add_policy_defaults(parser)
+    add_device_config_argument(parser)
     add_output_argument(parser, "table", "table: the selection path; json: the decision "
                                           "document, as pyhami decide prints it")
     parser.set_defaults(handler=run)
@@ -75,10 +77,12 @@ async def _from_daemon(url: str, pod: Path, tls: ssl.SSLContext | None) -> dict[
 
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
     try:
+        device = device_config_from(args)  # checked with a daemon too: a bad file is refused
         if args.daemon is not None:
             document = asyncio.run(_from_daemon(args.daemon, args.pod, client_tls(args)))
         else:
-            document = decide_files(args.cluster, args.pod, defaults_from(args), explain=True)
+            document = decide_files(args.cluster, args.pod, defaults_from(args, device),
+                                    explain=True)
     except (InputFileError, SettingsError) as error:
         print(f"pyhami explain: {error}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from common.arguments import (
 from common.busaccess import BusCredentials, CredentialsError
 from common.core.errors import SettingsError
 from common.core.names import InvalidName, check_label, check_subdomain
+from common.deviceconfig import add_device_config_argument, device_config_from
 from common.logs import add_log_arguments, configure_logging
 from common.messaging import add_nats_arguments, nats_settings
 from common.settings import add_settings, settings_from
@@ -57,6 +58,7 @@ def register(commands: Subcommands) -> None:
                            "/api/pods")
     add_settings(parser, DaemonConfig, "listen", "metrics", "url_prefix")
     add_policy_defaults(parser)
+    add_device_config_argument(parser)
     add_settings(parser, ServiceSettings, "node_timeout", "node_retention")
     add_settings(parser, DaemonConfig, "nats_grace")
     add_settings(parser, ServiceSettings, "reservation_ttl")
@@ -276,7 +278,7 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
         check_subdomain("--scheduler-name", args.scheduler_name)
     except InvalidName as error:
         raise SettingsError(str(error)) from None
-    defaults = defaults_from(args)
+    defaults = defaults_from(args, device_config_from(args))
     kubernetes = mode != "standalone"
     return settings_from(
         DaemonConfig, args, nats=nats_settings(args), mode=mode,
@@ -293,12 +295,12 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    configure_logging(args)  # first: reading --device-config logs the keys it ignores
     try:
         config = config_from(args)
     except SettingsError as error:
         print(f"pyhami scheduler: {error}", file=sys.stderr)
         return 2
-    configure_logging(args)
 
     async def main() -> None:
         stop = asyncio.Event()

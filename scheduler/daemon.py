@@ -32,6 +32,7 @@ from nats.aio.msg import Msg
 
 from common import telemetry
 from common.busaccess import DAEMON_USER, CredentialsError
+from common.core.deviceconfig import DeviceConfig
 from common.core.natsjwt import public_key
 from common.core.pod import PodManifest
 from common.messaging import Connection
@@ -221,7 +222,7 @@ class Daemon:
             return
         webhook = await self._unless_stopped(_webhook_server(
             config, self._config.scheduler_name, self._admission_quota,
-            files=self._webhook_files,
+            self._config.service.defaults.device, files=self._webhook_files,
             kubernetes=self._kubernetes, supervisor=self._supervisor, phase=self._phase))
         undo.push_async_callback(webhook.runner.cleanup)
         self._webhook_status = webhook.status
@@ -320,7 +321,8 @@ class Daemon:
             self._pending = PendingLoop(service, self._standalone, config.retry_period,
                                         config.scheduler_name)
             app.add_routes(PodApi(self._standalone, self._pending.retry_now).routes())
-            app.add_routes(QuotaApi(self._standalone).routes())
+            app.add_routes(QuotaApi(self._standalone,
+                                    self._config.service.defaults.device).routes())
         await probes.aclose()
         tls = _context_of(self._extender_files)
         undo.push_async_callback((await serve(app, config.listen, tls)).cleanup)
@@ -538,7 +540,8 @@ class _Webhook:
     status: Callable[[], dict[str, object]]
 
 
-async def _webhook_server(config: WebhookConfig, scheduler_name: str, quota: QuotaGate, *,
+async def _webhook_server(config: WebhookConfig, scheduler_name: str, quota: QuotaGate,
+                          device: DeviceConfig, *,
                           files: CertificateFiles | None,
                           kubernetes: Kubernetes | None, supervisor: Supervisor,
                           phase: StartupPhase) -> _Webhook:
@@ -561,7 +564,8 @@ async def _webhook_server(config: WebhookConfig, scheduler_name: str, quota: Quo
         keeper = CaBundleKeeper(kubernetes.secrets, config.configuration, tls.ca,
                                 config.check_period)
         supervisor.start("webhook-ca-bundle", keeper.run)
-    runner = await serve(webhook_app(scheduler_name, quota), config.listen, context)
+    runner = await serve(webhook_app(scheduler_name, quota, device), config.listen,
+                         context)
     logger.info("webhook on https://%s:%d%s", *config.listen, WEBHOOK_PATH)
 
     def report() -> dict[str, object]:

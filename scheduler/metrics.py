@@ -21,8 +21,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from common.core import Fleet, Usage
+from common.core.deviceconfig import ResourceNames
 from common.core.model import Card
-from common.core.pod import RESOURCE_CORES, RESOURCE_MEMORY
+from common.core.pod import DEFAULT_NAMES
 from common.messaging import Connection, Unsent
 from common.version import package_version
 
@@ -108,6 +109,12 @@ CARD_FAMILIES = (
     ("hami_node_gpu_overview", "GPU overview on a certain node"),
     ("hami_node_gpu_memory_allocated_ratio", "GPU Memory Allocated Percentage on a certain GPU"),
     ("pyhami_gpu_healthy", "1 while the node's agent reports the card healthy"),
+    ("pyhami_gpu_physical_memory_bytes",
+     "The card's own memory, before deviceMemoryScaling (hami_gpu_memory_limit_bytes is "
+     "the registered figure)"),
+    ("pyhami_gpu_physical_core_ratio",
+     "The card's own cores, 100, before deviceCoreScaling (hami_gpu_core_limit_ratio is "
+     "the registered figure)"),
 )
 
 
@@ -154,11 +161,19 @@ _WRITERS: tuple[_Writer, ...] = (
     lambda shared, card, usage: (
         f'pyhami_gpu_healthy{{device_index="{card.index}",{shared}}} '
         f'{_number(int(card.health))}\n'),
+    lambda shared, card, usage: (
+        f'pyhami_gpu_physical_memory_bytes{{device_index="{card.index}",{shared}}} '
+        f'{_number(card.own_memory * MIB)}\n'),
+    lambda shared, card, usage: (
+        f'pyhami_gpu_physical_core_ratio{{device_index="{card.index}",{shared}}} '
+        f'{_number(card.own_cores)}\n'),
 )
 
 
 class CardGauges:
-    """The per-card gauges (HAMi's, and ``pyhami_gpu_healthy``) as exposition text, in
+    """The per-card gauges (HAMi's, under HAMi's meaning: the registered figures, scaled by
+    ``deviceMemoryScaling`` and ``deviceCoreScaling``; and pyhami's: ``pyhami_gpu_healthy``
+    and the card's own figures) as exposition text, in
     pieces of a few thousand cards, so that a scrape need neither hold the event loop nor
     the whole text at once.
 
@@ -197,10 +212,13 @@ class QuotaCollector(Collector):
     HAMi keeps one limit per namespace and resource, so its gauges are per namespace: the
     use of all the namespace's pods holding cards, and the tightest limit of its quotas.
     pyhami applies every quota of a namespace, each to the pods its scopes select:
-    ``pyhami_resource_quota_*`` show each quota's own use and limit."""
+    ``pyhami_resource_quota_*`` show each quota's own use and limit. Both name the
+    resources by the daemon's configured names (HAMi's ``resourceMemoryName`` and
+    ``resourceCoreName``), as HAMi's gauge names them by its quota keys."""
 
-    def __init__(self, fleet: Callable[[], Fleet]) -> None:
+    def __init__(self, fleet: Callable[[], Fleet], names: ResourceNames = DEFAULT_NAMES) -> None:
         self._fleet = fleet
+        self._names = names
 
     def collect(self) -> Iterable[Metric]:
         book = self._fleet().quotas
@@ -208,9 +226,10 @@ class QuotaCollector(Collector):
                       ["namespace", "quota_name", "limit", "zone"])
         limit = _gauge("hami_resource_quota_limit", "resourcequota limit for a certain device",
                        ["namespace", "quota_name", "zone"])
+        names = self._names
         own_used = _gauge("pyhami_resource_quota_used",
                           "What the pods a ResourceQuota charges hold, in its units (MiB of "
-                          "nvidia.com/gpumem, percent of a card of nvidia.com/gpucores)",
+                          f"{names.memory}, percent of a card of {names.cores})",
                           ["namespace", "resource_quota", "resource"])
         own_limit = _gauge("pyhami_resource_quota_limit",
                            "A ResourceQuota's limit, in the same units",
@@ -226,8 +245,8 @@ class QuotaCollector(Collector):
         namespaces = sorted({*spent, *(namespace for namespace, _ in tightest)})
         for namespace in namespaces:
             charge = spent.get(namespace, Usage())
-            for resource, value in ((RESOURCE_MEMORY, charge.memory),
-                                    (RESOURCE_CORES, charge.cores)):
+            for resource, value in ((names.memory, charge.memory),
+                                    (names.cores, charge.cores)):
                 cap = tightest.get((namespace, resource))
                 if cap is None and value == 0:
                     continue
@@ -314,12 +333,15 @@ class UnreadableCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, sources: Sources) -> None:
+    """Every metric of ``/metrics``; ``names`` are the daemon's configured resource names
+    (its device configuration), which the quota gauges name."""
+
+    def __init__(self, sources: Sources, names: ResourceNames = DEFAULT_NAMES) -> None:
         self.registry = CollectorRegistry()
         self.cards = CardGauges(sources.fleet)
         self.registry.register(HamiCollector(sources.fleet))
         self.registry.register(DaemonCollector(sources))
-        self.registry.register(QuotaCollector(sources.fleet))
+        self.registry.register(QuotaCollector(sources.fleet, names))
         self.filter_duration = Histogram("pyhami_filter_duration_seconds",
                                          "Time to answer /filter", buckets=LATENCY_BUCKETS,
                                          registry=self.registry)

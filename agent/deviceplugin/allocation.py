@@ -11,21 +11,34 @@ many of its annotation's containers were served.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.deviceplugin.hamicore import (
+    HAMI_DEFAULTS,
+    HamiCoreSettings,
+    UnsafeFolderName,
+    container_folder,
+)
 from common.core.annotations import AnnotationError, CardGrant, decode_devices
 from common.wire import AllocationOutcome, PendingPod, ReportedCard
 
-RESOURCE_NAME = "nvidia.com/gpu"
+DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
+"""HAMi's default ``resourceCountName``: the resource the plugin registers unless the
+device configuration names another."""
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
 # Where HAMi-core's library appears in a container: the path HAMi uses, so images and
 # tools made for HAMi find it.
-CONTAINER_LIBRARY = "/usr/local/vgpu/libvgpu.so"
+CONTAINER_VGPU_DIR = "/usr/local/vgpu"
+CONTAINER_LIBRARY = f"{CONTAINER_VGPU_DIR}/libvgpu.so"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
+CONTAINER_LOCK_DIR = "/tmp/vgpulock"
+"""HAMi-core flocks ``lock`` in it to serialise its processes across containers."""
 SHARED_CACHE_DIR = "/tmp/vgpu"
+"""Where the cache file goes without HAMi-core: nothing reads it then."""
 
 Progress = Mapping[str, int]
 """Per pod UID: the position, in its annotation, after the last container served."""
@@ -49,19 +62,27 @@ class Device:
     numa: int | None
 
 
-def advertised_devices(cards: Sequence[ReportedCard]) -> tuple[Device, ...]:
-    """``count`` devices per card, healthy as the card is, on its NUMA node when known."""
+def advertised_devices(cards: Sequence[ReportedCard], *,
+                       numa_topology: bool) -> tuple[Device, ...]:
+    """``count`` devices per card, healthy as the card is; on its NUMA node when known and
+    ``numa_topology`` (HAMi's ``enableNumaTopology``) says to tell the kubelet."""
     return tuple(Device(device_id(card.uuid, replica), card.health,
-                        card.numa if card.numa >= 0 else None)
+                        card.numa if numa_topology and card.numa >= 0 else None)
                  for card in cards for replica in range(card.count))
 
 
 @dataclass(frozen=True, slots=True)
 class HamiCore:
-    """HAMi-core installed on the node: the host paths the containers mount."""
+    """HAMi-core installed on the node: the host paths the containers mount, and what
+    HAMi's device configuration tells the containers."""
 
     library: str
+    """``libvgpu.so.<version>`` where the node has it, else ``libvgpu.so``."""
     preload: str
+    containers: str
+    """The folder holding one folder per container, ``<pod uid>_<container name>``."""
+    lock: str
+    settings: HamiCoreSettings = HAMI_DEFAULTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +102,9 @@ class ContainerAllocation:
     grants: tuple[CardGrant, ...]
     envs: dict[str, str]
     mounts: tuple[Mount, ...]
+    folder: str | None = None
+    """The host folder to make (empty, 0777) before the container starts; None without
+    HAMi-core."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,24 +177,55 @@ def _choose(candidates: Sequence[_Candidate], devices: Sequence[str]) -> _Candid
     return next((c for c in candidates if len(c.grants) == len(devices)), None)
 
 
-def container_allocation(candidate: _Candidate, hami_core: HamiCore | None
-                         ) -> ContainerAllocation:
+def new_cache_id() -> str:
+    """A fresh name for a container's cache file, as HAMi names it (a random UUID)."""
+    return str(uuid.uuid4())
+
+
+def container_allocation(candidate: _Candidate, hami_core: HamiCore | None,
+                         cache_id: Callable[[], str] = new_cache_id) -> ContainerAllocation:
+    """Raises ``UnsafeFolderName`` when, with HAMi-core, the pod's uid or the container's
+    name cannot name its host folder (or the daemon sent no name for it)."""
     grants = candidate.grants
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(grant.uuid for grant in grants)}
     envs.update({f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{grant.memory}m"
                  for i, grant in enumerate(grants)})
     envs["CUDA_DEVICE_SM_LIMIT"] = str(grants[0].cores)
-    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{SHARED_CACHE_DIR}/{candidate.pod.uid}.cache"
-    mounts = () if hami_core is None else (Mount(CONTAINER_LIBRARY, hami_core.library),
-                                           Mount(CONTAINER_PRELOAD, hami_core.preload))
-    return ContainerAllocation(candidate.pod, candidate.position, grants, envs, mounts)
+    pod = candidate.pod
+    if hami_core is None:
+        envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{SHARED_CACHE_DIR}/{pod.uid}.cache"
+        return ContainerAllocation(pod, candidate.position, grants, envs, ())
+    if candidate.position >= len(pod.containers):
+        raise UnsafeFolderName(f"the daemon sent no name for container #{candidate.position}"
+                               " (a daemon older than the agent): its HAMi-core folder "
+                               "cannot be named")
+    container = pod.containers[candidate.position]
+    folder = f"{hami_core.containers}/{container_folder(pod.uid, container.name)}"
+    settings = hami_core.settings
+    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CONTAINER_VGPU_DIR}/{cache_id()}.cache"
+    if settings.oversubscribed:
+        envs["CUDA_OVERSUBSCRIBE"] = "true"
+    if settings.lib_cuda_log_level:
+        envs["LIBCUDA_LOG_LEVEL"] = settings.lib_cuda_log_level
+    if settings.disable_core_limit:
+        envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
+    # HAMi's order. The library's mount lies inside the folder's: runtimes mount a parent
+    # before its children (containerd sorts by depth), so the library shows over the folder.
+    mounts = [Mount(CONTAINER_LIBRARY, hami_core.library),
+              Mount(CONTAINER_VGPU_DIR, folder, read_only=False),
+              Mount(CONTAINER_LOCK_DIR, hami_core.lock, read_only=False)]
+    if not container.control_disabled:
+        mounts.append(Mount(CONTAINER_PRELOAD, hami_core.preload))
+    return ContainerAllocation(pod, candidate.position, grants, envs, tuple(mounts), folder)
 
 
 def allocate(pending: Sequence[PendingPod], progress: Progress,
              requests: Sequence[Sequence[str]], *, node: str, node_cards: Collection[str],
-             hami_core: HamiCore | None) -> Granted | Refused:
+             hami_core: HamiCore | None, resource: str = DEFAULT_RESOURCE_NAME,
+             cache_id: Callable[[], str] = new_cache_id) -> Granted | Refused:
     """Serve one Allocate call: ``requests`` holds, per container, the device IDs the
-    kubelet chose. Either every container is served or none is."""
+    kubelet chose. Either every container is served or none is. ``resource`` is the
+    resource the plugin registered (HAMi's ``resourceCountName``), which a refusal names."""
     pods, malformed = _decoded(pending)
     pending_uids = {pod.uid for pod, _ in pods}
     working = {uid: served for uid, served in progress.items() if uid in pending_uids}
@@ -179,13 +234,17 @@ def allocate(pending: Sequence[PendingPod], progress: Progress,
         candidates = _candidates(pods, working)
         chosen = _choose(candidates, devices)
         if chosen is None:
-            return _refusal(candidates, devices, node, malformed)
+            return _refusal(candidates, devices, node, resource, malformed)
         foreign = [grant.uuid for grant in chosen.grants if grant.uuid not in node_cards]
         if foreign:
             reason = (f"pod {_pod_name(chosen.pod)}: card {foreign[0]} of its annotation "
                       f"is not one of node {node}'s cards")
             return Refused(reason, (*malformed, outcome(chosen.pod, reason)))
-        allocations.append(container_allocation(chosen, hami_core))
+        try:
+            allocations.append(container_allocation(chosen, hami_core, cache_id))
+        except UnsafeFolderName as error:
+            reason = f"pod {_pod_name(chosen.pod)}: {error}"
+            return Refused(reason, (*malformed, outcome(chosen.pod, reason)))
         working[chosen.pod.uid] = chosen.position + 1
     done = [outcome(pod) for pod, containers in pods
             if any(a.pod.uid == pod.uid for a in allocations)
@@ -194,17 +253,17 @@ def allocate(pending: Sequence[PendingPod], progress: Progress,
 
 
 def _refusal(candidates: Sequence[_Candidate], devices: Sequence[str], node: str,
-             malformed: list[AllocationOutcome]) -> Refused:
+             resource: str, malformed: list[AllocationOutcome]) -> Refused:
     if not candidates:
         reason = (f"no pod bound to node {node} waits for {len(devices)} device(s) of "
-                  f"{RESOURCE_NAME}")
+                  f"{resource}")
         if malformed:
             reason += "; unreadable: " + "; ".join(o.reason for o in malformed)
         return Refused(reason, tuple(malformed))
     oldest = candidates[0]
     reason = (f"pod {_pod_name(oldest.pod)}: its container #{oldest.position} was given "
               f"{len(oldest.grants)} card(s) but the kubelet asks for {len(devices)} "
-              f"device(s) of {RESOURCE_NAME}")
+              f"device(s) of {resource}")
     return Refused(reason, (*malformed, outcome(oldest.pod, reason)))
 
 

@@ -1,5 +1,6 @@
 """The kubelet device plugin: a gRPC server on a unix socket in the kubelet's folder,
-registered with the kubelet as ``nvidia.com/gpu``, served again when the kubelet restarts.
+registered with the kubelet as HAMi's ``resourceCountName`` (``nvidia.com/gpu`` by
+default), served again when the kubelet restarts.
 
 The kubelet removes every plugin socket and makes its own ``kubelet.sock`` anew when it
 starts; the plugin notices either within one ``watch_interval`` and serves and registers
@@ -23,18 +24,24 @@ import grpc
 from agent.deviceplugin._v1beta1 import api_pb2, api_pb2_grpc
 from agent.deviceplugin.allocation import (
     CONTAINER_LIBRARY,
+    CONTAINER_LOCK_DIR,
+    DEFAULT_RESOURCE_NAME,
     HEALTHY,
-    RESOURCE_NAME,
     UNHEALTHY,
     ContainerAllocation,
     Device,
     Granted,
     HamiCore,
+    Refused,
     advertised_devices,
     allocate,
+    outcome,
     preferred_devices,
 )
-from agent.deviceplugin.source import AllocationSource, AllocationSourceError
+from agent.deviceplugin.folders import ContainerFolders, make_open_folder
+from agent.deviceplugin.hamicore import HAMI_DEFAULTS, HamiCoreSettings
+from agent.deviceplugin.source import AllocationSource, AllocationSourceError, LivePods
+from common.arguments import positive_seconds
 from common.settings import setting
 from common.wire import AllocationOutcome, ReportedCard
 
@@ -44,16 +51,27 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_HAMI_CORE_DIR = Path("/usr/local/vgpu")
+DEFAULT_LOCK_DIR = Path(CONTAINER_LOCK_DIR)
+CONTAINERS_FOLDER = "containers"
 PLUGIN_SOCKET = "pyhami-nvidia-gpu.sock"
 WATCH_INTERVAL_S = 1.0
 REGISTER_TIMEOUT_S = 10.0
 STOP_GRACE_S = 0.5
 
 
-def hami_core(directory: Path) -> HamiCore | None:
+def library_path(directory: Path, version: str) -> Path:
+    """``libvgpu.so.<version>`` where the node has it (HAMi's image installs it so), else
+    the plain ``libvgpu.so``."""
+    versioned = directory / f"libvgpu.so.{version}"
+    return versioned if version and versioned.is_file() else directory / "libvgpu.so"
+
+
+def hami_core(directory: Path, settings: HamiCoreSettings = HAMI_DEFAULTS,
+              lock_dir: Path = DEFAULT_LOCK_DIR) -> HamiCore | None:
     """HAMi-core's host paths when ``directory`` holds libvgpu.so, writing the
-    ld.so.preload that loads it; None (logged) when memory slices cannot be enforced."""
-    library = directory / "libvgpu.so"
+    ld.so.preload that loads it and making the lock folder; None (logged) when memory
+    slices cannot be enforced."""
+    library = library_path(directory, settings.libvgpu_version)
     preload = directory / "ld.so.preload"
     if not library.is_file():
         logger.warning("no HAMi-core on this node (%s is missing): containers get their "
@@ -64,18 +82,22 @@ def hami_core(directory: Path) -> HamiCore | None:
     try:
         if not preload.is_file() or preload.read_text() != content:
             preload.write_text(content)
+        make_open_folder(lock_dir, fresh=False)
     except OSError as error:
-        logger.warning("cannot write %s (%s): memory slices are not enforced on this node",
-                       preload, error.strerror or error)
+        logger.warning("cannot prepare HAMi-core's files (%s: %s): memory slices are not "
+                       "enforced on this node", error.filename, error.strerror or error)
         return None
     logger.info("HAMi-core found at %s: containers preload it", library)
-    return HamiCore(library=str(library), preload=str(preload))
+    return HamiCore(library=str(library), preload=str(preload),
+                    containers=str(directory / CONTAINERS_FOLDER), lock=str(lock_dir),
+                    settings=settings)
 
 
 class DeviceFeed:
     """The devices to advertise, following the agent's inventory; ListAndWatch waits on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, numa_topology: bool) -> None:
+        self._numa_topology = numa_topology
         self._devices: tuple[Device, ...] = ()
         self._cards: frozenset[str] = frozenset()
         self._version = 0
@@ -86,7 +108,7 @@ class DeviceFeed:
         return self._cards
 
     async def observe(self, cards: Sequence[ReportedCard]) -> None:
-        devices = advertised_devices(cards)
+        devices = advertised_devices(cards, numa_topology=self._numa_topology)
         self._cards = frozenset(card.uuid for card in cards)
         if devices == self._devices and self._version:
             return
@@ -122,12 +144,32 @@ async def _abort(context: grpc.aio.ServicerContext, code: Any, message: str) -> 
     raise AssertionError("grpc.aio's abort raises")  # for the type checker: abort never returns
 
 
+def _with_folders(granted: Granted) -> Granted | Refused:
+    """``granted`` once each container's HAMi-core folder is made; refused (the pods
+    served failed, nothing committed) when one cannot be."""
+    for allocation in granted.allocations:
+        if allocation.folder is None:
+            continue
+        try:
+            make_open_folder(Path(allocation.folder), fresh=True)
+        except OSError as error:
+            reason = (f"cannot make HAMi-core's folder {allocation.folder} "
+                      f"({error.strerror or error})")
+            failed = {a.pod.uid: outcome(a.pod, reason) for a in granted.allocations}
+            return Refused(reason, (*(o for o in granted.outcomes if not o.ok),
+                                    *failed.values()))
+    return granted
+
+
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     """The kubelet's calls; allocations are served one call at a time, in order."""
 
     def __init__(self, node: str, feed: DeviceFeed, source: AllocationSource,
-                 hami: HamiCore | None) -> None:
+                 hami: HamiCore | None, options: api_pb2.DevicePluginOptions, *,
+                 resource: str = DEFAULT_RESOURCE_NAME) -> None:
         self._node = node
+        self._resource = resource
+        self._options = options
         self._feed = feed
         self._source = source
         self._hami = hami
@@ -138,7 +180,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def GetDevicePluginOptions(self, request: api_pb2.Empty,
                                      context: grpc.aio.ServicerContext
                                      ) -> api_pb2.DevicePluginOptions:
-        return api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
+        return self._options
 
     async def ListAndWatch(self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
                            ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
@@ -175,7 +217,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             result = allocate(pending, self._progress,
                               [list(c.devices_ids) for c in request.container_requests],
                               node=self._node, node_cards=self._feed.cards,
-                              hami_core=self._hami)
+                              hami_core=self._hami, resource=self._resource)
+            if isinstance(result, Granted):
+                result = _with_folders(result)
             self._unreported.extend(result.outcomes)
             if isinstance(result, Granted):
                 self._progress = result.progress
@@ -217,6 +261,26 @@ class PluginSettings:
         DEFAULT_HAMI_CORE_DIR, parse=Path, metavar="DIR",
         help="where HAMi-core's libvgpu.so is installed on the node; without it memory "
              "slices are not enforced (default: {default})")
+    folder_grace: float = setting(
+        300.0, parse=positive_seconds, metavar="SECONDS",
+        help="remove a container's HAMi-core folder once its pod is gone and the folder is "
+             "this old, as HAMi's monitor does after its resync interval (default: {default})")
+    folder_sweep_interval: float = setting(
+        60.0, parse=positive_seconds, metavar="SECONDS",
+        help="look for the HAMi-core folders of pods that are gone this often "
+             "(default: {default})")
+    hami_core: HamiCoreSettings = HAMI_DEFAULTS
+    """HAMi's device configuration for HAMi-core (no flags: HAMi's device-config.yaml)."""
+    resource_name: str = DEFAULT_RESOURCE_NAME
+    """The resource registered with the kubelet: HAMi's ``resourceCountName``."""
+    preferred_allocation: bool = False
+    """Whether the kubelet is told to ask ``GetPreferredAllocation`` first: the node's
+    ``enablegetpreferredallocation``, off by default as in HAMi."""
+    numa_topology: bool = False
+    """Whether each device names its card's NUMA node to the kubelet (its topology
+    manager): the node's ``enablenumatopology``, off by default as in HAMi."""
+    lock_dir: Path = DEFAULT_LOCK_DIR
+    """The host's lock folder HAMi-core shares across containers (tests move it)."""
     watch_interval: float = WATCH_INTERVAL_S
     """How often the kubelet's socket and the plugin's own are looked at (tests shorten it)."""
 
@@ -237,8 +301,13 @@ class DevicePlugin:
         self._node = node
         self._settings = settings
         self._source = source
-        self._feed = DeviceFeed()
-        self._hami = hami_core(settings.hami_core_dir)
+        self._feed = DeviceFeed(numa_topology=settings.numa_topology)
+        self._hami = hami_core(settings.hami_core_dir, settings.hami_core, settings.lock_dir)
+        self._options = api_pb2.DevicePluginOptions(
+            get_preferred_allocation_available=settings.preferred_allocation)
+        self.folders = ContainerFolders(settings.hami_core_dir / CONTAINERS_FOLDER,
+                                        settings.folder_grace)
+        """HAMi-core's container folders, swept by ``sweep_folders``."""
         self.registrations = 0
         """Times the kubelet accepted the registration (once per kubelet start)."""
 
@@ -260,7 +329,9 @@ class DevicePlugin:
 
     async def run(self) -> None:
         """Serve, register, and start again whenever the kubelet does; until cancelled."""
-        servicer = DevicePluginServicer(self._node, self._feed, self._source, self._hami)
+        servicer = DevicePluginServicer(self._node, self._feed, self._source, self._hami,
+                                        self._options,
+                                        resource=self._settings.resource_name)
         while True:
             kubelet = await self._kubelet_up()
             server = await self._serve(servicer)
@@ -277,6 +348,18 @@ class DevicePlugin:
                 if _identity(self.socket) == served:  # ours, not one a new start made
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(self.socket)
+
+    async def sweep_folders(self, live: LivePods) -> None:
+        """Every ``folder_sweep_interval``, remove HAMi-core's folders of pods that are
+        gone; a round whose live pods cannot be learned removes nothing. Until cancelled."""
+        while True:
+            await asyncio.sleep(self._settings.folder_sweep_interval)
+            try:
+                uids = await live.live_pods(self._node)
+            except AllocationSourceError as error:
+                logger.warning("HAMi-core's container folders not swept: %s", error)
+                continue
+            await asyncio.to_thread(self.folders.sweep, uids)
 
     async def _kubelet_up(self) -> tuple[int, int, int]:
         waited = False
@@ -298,9 +381,10 @@ class DevicePlugin:
 
     async def _register(self, kubelet: tuple[int, int, int]) -> bool:
         """Register until the kubelet accepts; False when its socket changed meanwhile."""
+        resource = self._settings.resource_name
         request = api_pb2.RegisterRequest(
-            version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=RESOURCE_NAME,
-            options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True))
+            version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=resource,
+            options=self._options)
         while _identity(self.kubelet_socket) == kubelet:
             try:
                 async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
@@ -308,12 +392,12 @@ class DevicePlugin:
                         request, timeout=REGISTER_TIMEOUT_S)
             except grpc.aio.AioRpcError as error:
                 logger.warning("registering %s with the kubelet at %s failed (%s: %s); "
-                               "trying again", RESOURCE_NAME, self.kubelet_socket,
+                               "trying again", resource, self.kubelet_socket,
                                error.code().name, error.details())
                 await asyncio.sleep(self._settings.watch_interval)
                 continue
             self.registrations += 1
-            logger.info("registered %s with the kubelet at %s (socket %s)", RESOURCE_NAME,
+            logger.info("registered %s with the kubelet at %s (socket %s)", resource,
                         self.kubelet_socket, self.socket)
             return True
         return False

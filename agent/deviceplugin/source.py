@@ -12,6 +12,7 @@ from agent.errors import AgentError
 from common.messaging import Connection, describe_error
 from common.wire import (
     AllocationOutcome,
+    PendingAllocations,
     PendingPod,
     WireError,
     allocated_subject,
@@ -36,8 +37,16 @@ class AllocationSource(Protocol):
         """Tell whether a pod's allocation succeeded; raises ``AllocationSourceError``."""
 
 
+class LivePods(Protocol):
+    async def live_pods(self, node: str) -> frozenset[str]:
+        """The uids of every pod ``node`` runs now, complete (a partial answer would have
+        live containers' folders removed); raises ``AllocationSourceError``."""
+
+
 class NatsAllocationSource:
-    """Asks the daemon on ``allocations_subject(node)``; reports on ``allocated_subject``."""
+    """Asks the daemon on ``allocations_subject(node)``, for the pods waiting for their
+    cards and for those holding cards (one answer carries both); reports on
+    ``allocated_subject``."""
 
     def __init__(self, connection: Connection, node: str,
                  timeout: float = REQUEST_TIMEOUT_S) -> None:
@@ -46,10 +55,20 @@ class NatsAllocationSource:
         self._timeout = timeout
 
     async def pending(self, node: str) -> list[PendingPod]:
+        return (await self._ask(node, "which pods wait for their cards")).pods
+
+    async def live_pods(self, node: str) -> frozenset[str]:
+        answer = await self._ask(node, "which pods hold cards")
+        if answer.holding is None:
+            raise AllocationSourceError(f"the daemon's answer on {answer.node} lists no pods "
+                                        "holding cards (a daemon older than this agent)")
+        return frozenset(pod.uid for pod in answer.holding)
+
+    async def _ask(self, node: str, what: str) -> PendingAllocations:
+        """The daemon's answer for ``node``, checked; raises ``AllocationSourceError``."""
         client = self._connection.client
         if client is None or not client.is_connected:
-            raise AllocationSourceError("not connected to NATS: cannot ask the daemon which "
-                                        "pods wait for their cards")
+            raise AllocationSourceError(f"not connected to NATS: cannot ask the daemon {what}")
         subject = allocations_subject(node)
         try:
             reply = await client.request(subject, b"", timeout=self._timeout)
@@ -63,7 +82,7 @@ class NatsAllocationSource:
         if answer.node != node:
             raise AllocationSourceError(f"the daemon answered for node {answer.node!r} on "
                                         f"{subject}")
-        return answer.pods
+        return answer
 
     async def report(self, outcome: AllocationOutcome) -> None:
         subject = allocated_subject(self._node)

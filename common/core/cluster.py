@@ -6,12 +6,13 @@ from __future__ import annotations
 import msgspec
 
 from common.core.annotations import ALLOCATED_ANNOTATION, AnnotationError, decode_devices
+from common.core.deviceconfig import DeviceConfig
 from common.core.errors import InvalidInput
 from common.core.fleet import Fleet
 from common.core.ledger import Allocation
 from common.core.model import Node, PodRecord, repeated_card
 from common.core.names import shown
-from common.core.pod import QuotaSubject
+from common.core.pod import DEFAULT_DEVICE, QuotaSubject
 from common.core.quota import QuotaRejected, ResourceQuotaManifest, parse_quota
 
 QUOTA_KIND = "ResourceQuota"
@@ -42,7 +43,9 @@ class ClusterFileError(InvalidInput):
     """The cluster description is inconsistent; the message names the entry."""
 
 
-def fleet_from_cluster(cluster: ClusterFile) -> Fleet:
+def fleet_from_cluster(cluster: ClusterFile, device: DeviceConfig = DEFAULT_DEVICE) -> Fleet:
+    """The fleet a cluster description holds; its quotas read under ``device``'s resource
+    names and ``memoryFactor``."""
     fleet = Fleet()
     for position, node in enumerate(cluster.nodes):
         where = f"nodes[{position}] ({node.name!r})"
@@ -56,7 +59,7 @@ def fleet_from_cluster(cluster: ClusterFile) -> Fleet:
         _book(fleet, pod, f"pods[{position}] ({pod.namespace}/{pod.name})")
     # After the pods: a quota set counts the pods it charges, so the order of the
     # file's lists does not matter.
-    _set_quotas(fleet, cluster.quotas)
+    _set_quotas(fleet, cluster.quotas, device)
     return fleet
 
 
@@ -90,7 +93,8 @@ def _book(fleet: Fleet, pod: PodRecord, where: str) -> None:
     fleet.allocate(key, Allocation(pod.node, containers, pod.init_containers, subject))
 
 
-def _set_quotas(fleet: Fleet, quotas: list[QuotaEntry] | QuotaList) -> None:
+def _set_quotas(fleet: Fleet, quotas: list[QuotaEntry] | QuotaList,
+                device: DeviceConfig) -> None:
     entries, prefix = (quotas, "quotas") if isinstance(quotas, list) else (
         quotas.items, "quotas.items")
     first_at: dict[str, str] = {}
@@ -100,7 +104,7 @@ def _set_quotas(fleet: Fleet, quotas: list[QuotaEntry] | QuotaList) -> None:
             raise ClusterFileError(f"{where}: kind is {shown(entry.kind)}, expected "
                                    f"{QUOTA_KIND!r}")
         try:
-            quota = parse_quota(entry)
+            quota = parse_quota(entry, device)
         except QuotaRejected as error:
             raise ClusterFileError(f"{where}: {error}") from None
         if quota.key in first_at:

@@ -48,6 +48,8 @@ Links = Annotated[dict[PeerUuid, SmallCount], msgspec.Meta(max_length=LINKS_PER_
 class Card(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """One physical GPU card as the scheduler sees it.
 
+    ``memory`` and ``cores`` are the registered figures, the ones decisions use: the
+    card's own times HAMi's ``deviceMemoryScaling`` and ``deviceCoreScaling``.
     ``links`` is ``None`` when the card's NVLink topology is unknown and ``{}``
     when the card has no NVLink peers.
     """
@@ -62,6 +64,22 @@ class Card(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     health: bool = True
     links: Links | None = None
     processes: SmallCount = 0
+    physical_memory: MemoryMiB | None = None
+    """The card's own MiB where ``memory`` registers another figure (HAMi's
+    ``deviceMemoryScaling``, ``preConfiguredDeviceMemory``); None: ``memory`` is it."""
+    physical_cores: SmallCount | None = None
+    """The card's own cores (100) where ``cores`` registers another figure (HAMi's
+    ``deviceCoreScaling``); None: ``cores`` is it."""
+
+    @property
+    def own_memory(self) -> int:
+        """The card's own MiB, before any scaling: for reports, never for decisions."""
+        return self.memory if self.physical_memory is None else self.physical_memory
+
+    @property
+    def own_cores(self) -> int:
+        """The card's own cores, before any scaling: for reports, never for decisions."""
+        return self.cores if self.physical_cores is None else self.physical_cores
 
 
 NodeCards = Annotated[list[Card], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Annotated
 
 import msgspec
 
 from common.core.annotations import comma_list
+from common.core.deviceconfig import INT32_MAX, DeviceConfig, ResourceNames
 from common.core.names import shown
 from common.core.policy import (
     WEIGHTS_ANNOTATION,
@@ -29,11 +30,22 @@ from common.core.policy import (
 StorableInt = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 Quantity = str | StorableInt | float
 
-RESOURCE_GPU = "nvidia.com/gpu"
-RESOURCE_MEMORY = "nvidia.com/gpumem"
-RESOURCE_MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
-RESOURCE_CORES = "nvidia.com/gpucores"
-GPU_RESOURCES = (RESOURCE_GPU, RESOURCE_MEMORY, RESOURCE_MEMORY_PERCENT, RESOURCE_CORES)
+DEFAULT_DEVICE = DeviceConfig()
+"""The device configuration HAMi's chart renders, in force without ``--device-config``."""
+DEFAULT_NAMES = DEFAULT_DEVICE.resources
+RESOURCE_GPU = DEFAULT_NAMES.count
+RESOURCE_MEMORY = DEFAULT_NAMES.memory
+RESOURCE_MEMORY_PERCENT = DEFAULT_NAMES.memory_percentage
+RESOURCE_CORES = DEFAULT_NAMES.cores
+
+
+def gpu_resources(names: ResourceNames) -> tuple[str, str, str, str]:
+    """The resources that make a container a GPU container: count, memory, memory
+    share, cores (the priority alone does not, as in HAMi's webhook)."""
+    return (names.count, names.memory, names.memory_percentage, names.cores)
+
+
+GPU_RESOURCES = gpu_resources(DEFAULT_NAMES)
 
 GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
@@ -50,9 +62,29 @@ class ResourceRequirements(msgspec.Struct):
     requests: dict[str, Quantity] | None = None
 
 
+class EnvVar(msgspec.Struct):
+    name: str = ""
+    value: str = ""
+    """Empty for a variable taken from elsewhere (``valueFrom``), which pyhami cannot read."""
+
+
 class Container(msgspec.Struct):
     name: str = ""
     resources: ResourceRequirements | None = None
+    env: list[EnvVar] | None = None
+
+
+DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
+# Go's strconv.ParseBool true spellings, which HAMi's device plugin uses for this variable.
+_TRUE_SPELLINGS = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+
+
+def control_disabled(container: Container) -> bool:
+    """Whether the container's own env turns HAMi-core off (``CUDA_DISABLE_CONTROL`` true,
+    in any of Go's spellings): its device plugin then mounts no ld.so.preload. As HAMi,
+    any true occurrence counts; a false or unreadable one is ignored."""
+    return any(var.name == DISABLE_CONTROL_ENV and var.value in _TRUE_SPELLINGS
+               for var in container.env or ())
 
 
 DEFAULT_NAMESPACE = "default"
@@ -101,21 +133,25 @@ class NamespacedObject(msgspec.Struct):
 class PodManifest(NamespacedObject):
     spec: PodSpec = msgspec.field(default_factory=PodSpec)
 
-    @property
-    def asks_for_gpu(self) -> bool:
-        """Whether any container names an ``nvidia.com/*`` GPU resource."""
-        return names_gpu_resource([*(self.spec.init_containers or ()), *self.spec.containers])
+    def asks_for_gpu(self, names: ResourceNames = DEFAULT_NAMES) -> bool:
+        """Whether any container names one of the GPU resources ``names`` (the device
+        configuration's; HAMi's defaults unless given)."""
+        return names_gpu_resource([*(self.spec.init_containers or ()), *self.spec.containers],
+                                  names)
 
 
-def names_gpu_resource(containers: Iterable[Container]) -> bool:
-    """Whether one of ``containers`` names a GPU resource pyhami manages, in its limits or
-    its requests, whatever the quantity."""
+def names_gpu_resource(containers: Iterable[Container],
+                       names: ResourceNames = DEFAULT_NAMES) -> bool:
+    """Whether one of ``containers`` names a GPU resource pyhami manages (count, memory,
+    share or cores under ``names``), in its limits or its requests, whatever the
+    quantity."""
+    wanted = gpu_resources(names)
     return any(
         resource in table
         for container in containers
         if container.resources is not None
         for table in (container.resources.limits or {}, container.resources.requests or {})
-        for resource in GPU_RESOURCES
+        for resource in wanted
     )
 
 
@@ -218,6 +254,9 @@ class Defaults:
 
     gpu_policy: Chain
     node_policy: NodePolicy
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    """HAMi's device configuration (``--device-config``): the pod parser reads its
+    resource names, request defaults and ``memoryFactor``."""
 
 
 _QUANTITY = re.compile(
@@ -290,34 +329,80 @@ def _shown(value: Quantity) -> str:
     return shown(value) if isinstance(value, str) else repr(value)
 
 
-def _container_request(container: Container, is_init: bool, position: str) -> ContainerRequest:
+def _memory_mib(raw: Quantity, where: str, container: str, factor: int) -> int:
+    """A ``gpumem`` quantity in MiB, times ``memoryFactor``. HAMi v2.10 drops the whole
+    container request, with only a log line, when the value is not a whole number from 0
+    to ``2^31-1 / memoryFactor``; pyhami refuses the pod and says so."""
+    dropped = (f"; HAMi would drop container {container or '(unnamed)'}'s GPU request "
+               "without a word")
+    try:
+        value = whole_quantity(raw, where)
+    except PodRejected as error:
+        raise PodRejected(f"{error}{dropped}") from None
+    ceiling = INT32_MAX // factor
+    if value > ceiling:
+        scale = f"2^31-1 / memoryFactor {factor}" if factor > 1 else "2^31-1"
+        raise PodRejected(
+            f"{where}: {_shown(raw)} is {value} MiB, above {ceiling} ({scale}): gpumem is "
+            f"MiB as a plain integer, such as 4096{dropped}")
+    return value * factor
+
+
+def _container_request(container: Container, is_init: bool, position: str,
+                       device: DeviceConfig) -> ContainerRequest:
+    """One container's request as HAMi v2.10 reads it under ``device``: each resource
+    from the limits first, then the requests; the defaults of the configuration, and the
+    webhook's defaults (the card count, the exclusive cores), applied here."""
+    names = device.resources
     resources = container.resources or ResourceRequirements()
     limits = resources.limits or {}
     requests = resources.requests or {}
     values: dict[str, int] = {}
-    for resource in GPU_RESOURCES:
+    places: dict[str, str] = {}
+    for resource in gpu_resources(names):
         source, raw = (
             ("limits", limits[resource]) if resource in limits
             else ("requests", requests.get(resource))
         )
-        if raw is not None:
-            where = f"{position}.resources.{source}[{resource}]"
+        if raw is None:
+            continue
+        where = places[resource] = f"{position}.resources.{source}[{resource}]"
+        if resource == names.memory:
+            values[resource] = _memory_mib(raw, where, container.name, device.memory_factor)
+        else:
             values[resource] = whole_quantity(raw, where)
-    name = container.name
-    cards = values.get(RESOURCE_GPU, 1 if values else 0)
-    memory = values.get(RESOURCE_MEMORY)
-    percent = values.get(RESOURCE_MEMORY_PERCENT)
-    if percent is not None and percent == 0 and memory is None:
-        raise PodRejected(
-            f"{position}.resources[{RESOURCE_MEMORY_PERCENT}]: 0 is outside 1..100"
-        )
+    memory = values.get(names.memory)
+    percent = values.get(names.memory_percentage)
+    cores = values.get(names.cores)
+    if percent is not None and percent > 100:
+        # HAMi's webhook refuses it (HTTP 500); its scheduler would clamp it to 100.
+        raise PodRejected(f"{places[names.memory_percentage]}: {percent} is outside 0..100 "
+                          f"(a share of the card's memory, in percent)")
+    if percent == 0 and memory is None:
+        raise PodRejected(f"{position}.resources[{names.memory_percentage}]: 0 is outside "
+                          "1..100")
+    # The webhook's defaultGPUNum: a container naming memory or cores but no count gets
+    # that many cards; 0 leaves it no GPU container.
+    cards = values.get(names.count, device.default_gpu_num if values else 0)
+    if cards == 0:
+        # No GPU container: nothing to default (the figures are never used).
+        return ContainerRequest(name=container.name, is_init=is_init, cards=0,
+                                memory_mib=memory, memory_percent=percent or 100,
+                                cores=min(cores or 0, 100))
+    if cores is None:
+        # The webhook's exclusive default: a container asking for whole cards' memory
+        # (100 % of it, or no memory figure at all) gets whole cards' cores.
+        whole_memory = percent == 100 if percent is not None else memory is None
+        cores = 100 if whole_memory else device.default_cores
+    if memory is None and percent is None and device.default_memory > 0:
+        memory = device.default_memory
     return ContainerRequest(
-        name=name,
+        name=container.name,
         is_init=is_init,
         cards=cards,
         memory_mib=memory,
-        memory_percent=100 if percent is None else min(percent, 100),
-        cores=min(values.get(RESOURCE_CORES, 0), 100),
+        memory_percent=100 if percent is None else percent,
+        cores=min(cores, 100),
     )
 
 
@@ -332,10 +417,10 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
     """
     annotations: Mapping[str, str] = manifest.metadata.annotations or {}
     containers = [
-        _container_request(c, True, f"spec.initContainers[{i}]")
+        _container_request(c, True, f"spec.initContainers[{i}]", defaults.device)
         for i, c in enumerate(manifest.spec.init_containers or ())
     ] + [
-        _container_request(c, False, f"spec.containers[{i}]")
+        _container_request(c, False, f"spec.containers[{i}]", defaults.device)
         for i, c in enumerate(manifest.spec.containers)
     ]
 

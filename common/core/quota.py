@@ -23,10 +23,13 @@ from enum import Enum
 
 import msgspec
 
+from common.core.deviceconfig import DeviceConfig, ResourceNames
 from common.core.errors import InvalidInput
 from common.core.ledger import Allocation, Usage
 from common.core.names import InvalidName, check_label, check_subdomain, shown
 from common.core.pod import (
+    DEFAULT_DEVICE,
+    DEFAULT_NAMES,
     RESOURCE_CORES,
     RESOURCE_MEMORY,
     NamespacedObject,
@@ -39,8 +42,16 @@ from common.core.policy import PodRejected
 
 QUOTA_PREFIX = "limits."
 """HAMi reads only ``limits.<resource>`` keys of a quota's ``spec.hard``."""
-MEMORY_KEY = QUOTA_PREFIX + RESOURCE_MEMORY
-CORES_KEY = QUOTA_PREFIX + RESOURCE_CORES
+
+
+def quota_keys(names: ResourceNames) -> tuple[str, str]:
+    """The ``spec.hard`` keys of GPU memory and cores under the configured names
+    (``limits.<resourceMemoryName>``, ``limits.<resourceCoreName>``)."""
+    return QUOTA_PREFIX + names.memory, QUOTA_PREFIX + names.cores
+
+
+MEMORY_KEY, CORES_KEY = quota_keys(DEFAULT_NAMES)
+"""The keys under HAMi's default names."""
 
 SCOPES_MAX = 16
 """Scopes and scope expressions a quota may name, together."""
@@ -127,6 +138,10 @@ class Quota:
     cores: int | None = None
     """``limits.nvidia.com/gpucores``, percent of a card; None when not set."""
     rules: tuple[ScopeRule, ...] = ()
+    memory_resource: str = RESOURCE_MEMORY
+    """The configured memory resource's name, for reports and refusals."""
+    cores_resource: str = RESOURCE_CORES
+    """The configured cores resource's name, for reports and refusals."""
 
     @property
     def key(self) -> str:
@@ -180,10 +195,13 @@ def _selector_rule(requirement: ScopedRequirement, where: str) -> ScopeRule:
     return ScopeRule(scope, operator, frozenset(values))
 
 
-def parse_quota(manifest: ResourceQuotaManifest) -> Quota:
-    """The quota's GPU limits and scopes. Raises ``QuotaRejected`` naming the quota and
-    the field: a limit that is not a whole quantity from 0 to 2^53 (the bounds of a pod's
-    requests), a scope pyhami does not know, a scope expression Kubernetes would refuse."""
+def parse_quota(manifest: ResourceQuotaManifest,
+                device: DeviceConfig = DEFAULT_DEVICE) -> Quota:
+    """The quota's GPU limits and scopes, under ``device``'s resource names; the memory
+    limit is multiplied by ``memoryFactor``, as HAMi does, since requests are charged
+    scaled. Raises ``QuotaRejected`` naming the quota and the field: a limit that is not
+    a whole quantity from 0 to 2^53 (the bounds of a pod's requests), a scope pyhami does
+    not know, a scope expression Kubernetes would refuse."""
     where = f"ResourceQuota {shown(manifest.key)}"
     try:
         check_subdomain(f"{where}: metadata.name", manifest.metadata.name)
@@ -205,9 +223,13 @@ def parse_quota(manifest: ResourceQuotaManifest) -> Quota:
         if one in named and other in named:
             raise QuotaRejected(f"{where}: scopes {one.value} and {other.value} exclude each "
                                 "other")
+    names = device.resources
+    memory_key, cores_key = quota_keys(names)
+    memory = _limit(hard, memory_key, where)
     return Quota(namespace=manifest.namespace, name=manifest.metadata.name,
-                 memory=_limit(hard, MEMORY_KEY, where), cores=_limit(hard, CORES_KEY, where),
-                 rules=tuple(rules))
+                 memory=None if memory is None else memory * device.memory_factor,
+                 cores=_limit(hard, cores_key, where), rules=tuple(rules),
+                 memory_resource=names.memory, cores_resource=names.cores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,11 +251,13 @@ class QuotaRefusal:
     used: int
     asked: int
     limit: int
+    unit: str = ""
+    """`` MiB`` for memory; empty for cores."""
 
     def text(self) -> str:
         """``team-a would use 18000 of 16384 MiB nvidia.com/gpumem under ResourceQuota
         gpu-quota (asked 4000)``."""
-        unit = " MiB" if self.resource == RESOURCE_MEMORY else ""
+        unit = self.unit
         return (f"{self.namespace} would use {self.used + self.asked} of {self.limit}{unit} "
                 f"{self.resource} under ResourceQuota {self.quota} (asked {self.asked})")
 
@@ -381,12 +405,12 @@ class QuotaBook:
             if not quota.applies_to(pod):
                 continue
             used = self._used[(quota.namespace, quota.name)]
-            for resource, limit, spent, wanted in (
-                    (RESOURCE_MEMORY, quota.memory, used.memory, asked.memory),
-                    (RESOURCE_CORES, quota.cores, used.cores, asked.cores)):
+            for resource, limit, spent, wanted, unit in (
+                    (quota.memory_resource, quota.memory, used.memory, asked.memory, " MiB"),
+                    (quota.cores_resource, quota.cores, used.cores, asked.cores, "")):
                 if limit is not None and wanted > 0 and spent + wanted > limit:
                     refusal = QuotaRefusal(pod.namespace, quota.name, resource, spent, wanted,
-                                           limit)
+                                           limit, unit)
                     found.append((limit - spent - wanted, quota.name, refusal))
         return min(found, key=lambda item: item[:2])[2] if found else None
 
@@ -398,10 +422,10 @@ class QuotaBook:
         for quota in self.quotas():
             used = self._used[(quota.namespace, quota.name)]
             if quota.memory is not None:
-                rows.append(QuotaStanding(quota.namespace, quota.name, RESOURCE_MEMORY,
+                rows.append(QuotaStanding(quota.namespace, quota.name, quota.memory_resource,
                                           used.memory, quota.memory))
             if quota.cores is not None:
-                rows.append(QuotaStanding(quota.namespace, quota.name, RESOURCE_CORES,
+                rows.append(QuotaStanding(quota.namespace, quota.name, quota.cores_resource,
                                           used.cores, quota.cores))
         return sorted(rows, key=lambda r: (r.namespace, r.quota, r.resource))
 

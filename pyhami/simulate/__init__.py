@@ -12,6 +12,8 @@ from rich.text import Text
 
 from common.arguments import Subcommands, policy_chain
 from common.core import NodePolicy
+from common.core.errors import SettingsError
+from common.deviceconfig import add_device_config_argument, device_config_from
 from common.files import InputFileError
 from pyhami.output import add_output_argument, print_json, stderr_console, stdout_console
 from pyhami.simulate._engine import simulate
@@ -52,6 +54,7 @@ def register(commands: Subcommands) -> None:
     parser.add_argument("--inflate", type=inflation, metavar="X",
                         help="repeat the workload until its arrivals reach X times the "
                              "cluster's GPU capacity (default: the workload once)")
+    add_device_config_argument(parser)
     add_output_argument(parser, "table", "table: one row per policy; json: one document")
     parser.add_argument("--plot", type=plot_file, metavar="FILE",
                         help="also draw allocation and fragmentation against the arrived "
@@ -83,6 +86,10 @@ def plot_file(text: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        device = device_config_from(args)
+    except SettingsError as error:
+        return refuse(str(error))
     for path in (args.cluster, args.workload):
         # Both named before either is read: the first may take a while to load.
         if not path.exists():
@@ -90,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         if not path.is_file():
             return refuse(f"{path}: not a file")
     try:
-        trace = load_trace(args.cluster, args.workload)
+        trace = load_trace(args.cluster, args.workload, device)
     except InputFileError as error:
         return refuse(str(error))
     except OSError as error:
@@ -98,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     node_policy = NodePolicy(args.node_policy)
     with progress_bars(args.policy, stderr_console()) as callbacks:
         runs = [simulate(trace, policy=policy, node_policy=node_policy, inflate=args.inflate,
-                         progress=callback)
+                         progress=callback, device=device)
                 for policy, callback in zip(args.policy, callbacks, strict=True)]
     nodes, cards = len(trace.nodes), sum(len(node.devices) for node in trace.nodes)
     quotas = len(trace.quotas)

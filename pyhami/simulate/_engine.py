@@ -55,6 +55,7 @@ from common.core import (
     parse_default_chain,
     parse_pod,
 )
+from common.core.deviceconfig import DeviceConfig
 from common.core.fleet import BoolArray, FloatArray, IntArray, Layout, ratio
 from common.core.placement import PodView
 from common.core.pod import ContainerRequest
@@ -83,7 +84,8 @@ class _Submission:
 
 def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
              inflate: float | None = None,
-             progress: Callable[[int, int], None] | None = None) -> PolicyRun:
+             progress: Callable[[int, int], None] | None = None,
+             device: DeviceConfig | None = None) -> PolicyRun:
     """Replay ``trace`` with ``policy`` (a chain, the cluster default; a pod's own
     annotation overrides it) and ``node_policy``.
 
@@ -91,7 +93,8 @@ def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
     ``ClusterFileError`` for inconsistent nodes, and ``InputFileError`` when ``inflate``
     cannot be reached (no GPU card, or no pod asking for a GPU).
     """
-    defaults = Defaults(parse_default_chain(policy), node_policy)
+    defaults = Defaults(parse_default_chain(policy), node_policy,
+                        DeviceConfig() if device is None else device)
     fleet = fleet_from_cluster(ClusterFile(nodes=list(trace.nodes)))
     for quota in trace.quotas:
         fleet.quotas.set_quota(quota)

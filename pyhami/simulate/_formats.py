@@ -15,11 +15,10 @@ from typing import Any
 import msgspec
 
 from common.core import ClusterFile, ClusterFileError, PodManifest, fleet_from_cluster
+from common.core.deviceconfig import DeviceConfig, ResourceNames
 from common.core.model import CARDS_PER_NODE_MAX, Card, Node
 from common.core.pod import (
-    RESOURCE_CORES,
-    RESOURCE_GPU,
-    RESOURCE_MEMORY_PERCENT,
+    DEFAULT_DEVICE,
     USE_TYPE_ANNOTATION,
     Container,
     ObjectMeta,
@@ -59,12 +58,14 @@ _HEADER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SERIAL = re.compile(r"[A-Za-z0-9._/-]+")  # what a card UUID, "<sn>-<index>", may hold
 
 
-def load_trace(cluster: Path, workload: Path) -> Trace:
+def load_trace(cluster: Path, workload: Path, device: DeviceConfig = DEFAULT_DEVICE) -> Trace:
     """The nodes of ``cluster`` and the pods of ``workload``, each file in pyhami's own
-    shape or openb's. Pods that ask for no GPU are left out and counted in
+    shape or openb's, under ``device`` (``--device-config``): the quotas' keys and
+    ``memoryFactor``, the resource names a GPU pod asks with, and those openb's pods are
+    written with. Pods that ask for no GPU are left out and counted in
     ``Trace.cpu_only``. Raises ``InputFileError`` naming the file, line or field."""
-    nodes, quotas = _load_nodes(cluster, _read_text(cluster))
-    pods, cpu_only = _load_pods(workload, _read_text(workload))
+    nodes, quotas = _load_nodes(cluster, _read_text(cluster), device)
+    pods, cpu_only = _load_pods(workload, _read_text(workload), device.resources)
     pods.sort(key=lambda pod: pod.arrival)  # stable: equal arrivals keep the file's order
     return Trace(nodes=nodes, pods=pods, cpu_only=cpu_only, quotas=quotas)
 
@@ -94,23 +95,24 @@ def _is_openb_pods(header: Sequence[str]) -> bool:
     return "num_gpu" in header or "gpu_milli" in header
 
 
-def _load_nodes(path: Path, text: str) -> tuple[list[Node], tuple[Quota, ...]]:
+def _load_nodes(path: Path, text: str,
+                device: DeviceConfig) -> tuple[list[Node], tuple[Quota, ...]]:
     """The cluster's nodes and its ResourceQuotas (an openb node list has none)."""
     header = _csv_header(text)
     if header is None:
-        return _own_nodes(path, text)
+        return _own_nodes(path, text, device)
     if _is_openb_pods(header):
         raise InputFileError(f"{path}: an openb pod list where a cluster was expected")
     return _openb_nodes(path, text), ()
 
 
-def _load_pods(path: Path, text: str) -> tuple[list[SimPod], int]:
+def _load_pods(path: Path, text: str, names: ResourceNames) -> tuple[list[SimPod], int]:
     header = _csv_header(text)
     if header is None:
-        return _own_pods(path, text)
+        return _own_pods(path, text, names)
     if "sn" in header:
         raise InputFileError(f"{path}: an openb node list where a workload was expected")
-    return _openb_pods(path, text)
+    return _openb_pods(path, text, names)
 
 
 # pyhami's own shapes ------------------------------------------------------------------
@@ -123,7 +125,8 @@ def _document(text: str, source: str) -> object:
         return parse_document(text, source)
 
 
-def _own_nodes(path: Path, text: str) -> tuple[list[Node], tuple[Quota, ...]]:
+def _own_nodes(path: Path, text: str,
+               device: DeviceConfig) -> tuple[list[Node], tuple[Quota, ...]]:
     try:
         cluster = msgspec.convert(_document(text, str(path)), ClusterFile)
     except msgspec.ValidationError as error:
@@ -136,7 +139,7 @@ def _own_nodes(path: Path, text: str) -> tuple[list[Node], tuple[Quota, ...]]:
             "workload with arrival 0 instead")
     try:
         # Names and cards listed twice, quotas that cannot be applied.
-        fleet = fleet_from_cluster(cluster)
+        fleet = fleet_from_cluster(cluster, device)
     except ClusterFileError as error:
         raise InputFileError(f"{path}: {error}") from None
     return cluster.nodes, tuple(fleet.quotas.quotas())
@@ -152,7 +155,7 @@ class _Workload(msgspec.Struct, forbid_unknown_fields=True):
     pods: list[_WorkloadPod]
 
 
-def _own_pods(path: Path, text: str) -> tuple[list[SimPod], int]:
+def _own_pods(path: Path, text: str, names: ResourceNames) -> tuple[list[SimPod], int]:
     document = _document(text, str(path))
     try:
         entries = (msgspec.convert(document, list[_WorkloadPod]) if isinstance(document, list)
@@ -177,7 +180,7 @@ def _own_pods(path: Path, text: str) -> tuple[list[SimPod], int]:
             raise InputFileError(f"{where}.pod: {manifest.key} is listed twice "
                                  f"(first at {places[manifest.key]})")
         places[manifest.key] = f"{prefix}[{position}]"
-        if not manifest.asks_for_gpu:
+        if not manifest.asks_for_gpu(names):
             cpu_only += 1
             continue
         pods.append(SimPod(manifest, entry.arrival, entry.duration))
@@ -280,7 +283,7 @@ def _openb_nodes(path: Path, text: str) -> list[Node]:
     return nodes
 
 
-def _openb_pods(path: Path, text: str) -> tuple[list[SimPod], int]:
+def _openb_pods(path: Path, text: str, names: ResourceNames) -> tuple[list[SimPod], int]:
     pods: list[SimPod] = []
     cpu_only = 0
     lines: dict[str, int] = {}
@@ -299,7 +302,7 @@ def _openb_pods(path: Path, text: str) -> tuple[list[SimPod], int]:
         created = row.seconds("creation_time")
         if created is None:
             raise row.error("creation_time", "empty, expected seconds")
-        pods.append(SimPod(_openb_manifest(name, cards, milli, row.text("gpu_spec")),
+        pods.append(SimPod(_openb_manifest(name, cards, milli, row.text("gpu_spec"), names),
                            created, _openb_duration(row, created)))
     if pods:
         start = min(pod.arrival for pod in pods)
@@ -322,12 +325,13 @@ def _openb_duration(row: _Row, created: float) -> float | None:
     return max(deleted - started, SHORTEST_RUN_SECONDS)
 
 
-def _openb_manifest(name: str, cards: int, milli: int, gpu_spec: str) -> PodManifest:
+def _openb_manifest(name: str, cards: int, milli: int, gpu_spec: str,
+                    names: ResourceNames) -> PodManifest:
     # A share of one card (0 < milli < 1000) is its cores and memory alike, in whole
     # percent rounded up, so that a pod never gets less than it asked; 0 or 1000: whole.
     share = 100 if milli in (0, MILLI_PER_CARD) else -(-milli // 10)
     limits: dict[str, str | int | float] = {
-        RESOURCE_GPU: cards, RESOURCE_CORES: share, RESOURCE_MEMORY_PERCENT: share}
+        names.count: cards, names.cores: share, names.memory_percentage: share}
     types = [model.strip() for model in gpu_spec.split("|")
              if model.strip() and model.strip().lower() != "nan"]
     annotations = {USE_TYPE_ANNOTATION: ",".join(dict.fromkeys(types))} if types else None

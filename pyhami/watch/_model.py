@@ -34,6 +34,10 @@ class ListedCard(Protocol):
     def count(self) -> int: ...
     @property
     def health(self) -> bool: ...
+    @property
+    def physical_memory(self) -> int | None: ...
+    @property
+    def physical_cores(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,11 @@ class CardView:
     health: bool
     health_detail: str = ""
     cordoned: bool = False
+    physical_memory: int | None = None
+    """The card's own MiB where ``memory`` is the registered, scaled figure; None: the
+    same."""
+    physical_cores: int | None = None
+    """The card's own cores where ``cores`` is scaled; None: the same."""
     usage: CardUsage | None = None
     """The daemon's accounting; None until it publishes this node's usage."""
 
@@ -55,7 +64,9 @@ class CardView:
                usage: CardUsage | None) -> CardView:
         return cls(uuid=card.uuid, index=card.index, type=card.type, memory=card.memory,
                    cores=card.cores, count=card.count, health=card.health,
-                   health_detail=health_detail, cordoned=cordoned, usage=usage)
+                   health_detail=health_detail, cordoned=cordoned,
+                   physical_memory=card.physical_memory, physical_cores=card.physical_cores,
+                   usage=usage)
 
 
 @dataclass

@@ -112,13 +112,26 @@ def nodes_table(nodes: list[NodeAt], bars: bool = True, fit: bool = True) -> Ren
             cells: list[RenderableType] = [
                 label, str(card.index), card_type(card.type),
                 "-" if usage is None else f"{usage.tenants}/{card.count}",
-                "-" if usage is None else f"{usage.usedmem}/{card.memory}"]
+                ("-" if usage is None else f"{usage.usedmem}/{card.memory}")
+                + scaled_from(card.memory, card.physical_memory)]
             if bars:
                 cells.append(memory_bar(usage.usedmem if usage else 0, card.memory))
-            cells += ["-" if usage is None else f"{usage.usedcores}/{card.cores}", health(card)]
+            cells += [("-" if usage is None else f"{usage.usedcores}/{card.cores}")
+                      + scaled_from(card.cores, card.physical_cores), health(card)]
             table.add_row(*cells)
         table.add_section()
     return table
+
+
+def scaled_from(registered: int, physical: int | None) -> str:
+    """After a registered figure, the card's own and the factor HAMi's scaling applied
+    (`` (15360 x2)``); nothing where the two are the same."""
+    if physical is None or physical == registered:
+        return ""
+    if physical == 0:
+        return " (0 own)"
+    factor = f"{registered / physical:.2f}".rstrip("0").rstrip(".")
+    return f" ({physical} x{factor})"
 
 
 def card_type(name: str) -> str:
@@ -239,6 +252,8 @@ def card_document(card: CardView) -> dict[str, Any]:
     return {
         "uuid": card.uuid, "index": card.index, "type": card.type, "memory": card.memory,
         "cores": card.cores, "count": card.count, "health": card.health,
+        "physical_memory": card.memory if card.physical_memory is None else card.physical_memory,
+        "physical_cores": card.cores if card.physical_cores is None else card.physical_cores,
         "health_detail": card.health_detail, "cordoned": card.cordoned,
         "usage": None if usage is None else {
             "tenants": usage.tenants, "used": usage.used, "usedmem": usage.usedmem,

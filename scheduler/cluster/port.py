@@ -13,8 +13,9 @@ from typing import Literal, Protocol
 
 from common.core import Allocation, AnnotationError, PodManifest, decode_devices
 from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
+from common.core.deviceconfig import ResourceNames
 from common.core.errors import ExternalFailure
-from common.core.pod import QuotaSubject
+from common.core.pod import DEFAULT_NAMES, QuotaSubject
 from common.core.quota import ResourceQuotaManifest
 from scheduler.errors import SchedulerError
 
@@ -72,7 +73,7 @@ class ClusterPod:
     def finished(self) -> bool:
         return self.phase in FINISHED_PHASES
 
-    def allocation(self) -> Allocation | None:
+    def allocation(self, names: ResourceNames = DEFAULT_NAMES) -> Allocation | None:
         """The cards the pod holds, from its annotations; None when it holds none.
 
         Only a bound, unfinished pod that asks for a GPU holds cards: an allocation
@@ -82,7 +83,7 @@ class ClusterPod:
         text = self.annotations.get(ALLOCATED_ANNOTATION)
         node = self.node or self.annotations.get(NODE_ANNOTATION)
         if (not text or self.node is None or node is None or self.finished
-                or not self.manifest.asks_for_gpu):
+                or not self.manifest.asks_for_gpu(names)):
             return None
         containers = decode_devices(text)
         init_count = len(self.manifest.spec.init_containers or ())

@@ -15,13 +15,16 @@ from common.core.annotations import (
     BIND_TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.pod import control_disabled
 from common.core.quota import Quota, QuotaRejected, ResourceQuotaManifest, parse_quota
 from common.messaging import RateLimitedLog
 from common.wire import (
     ALLOCATED_SUBJECT_PREFIX,
     ALLOCATIONS_SUBJECT_PREFIX,
+    HoldingPod,
     Inventory,
     PendingAllocations,
+    PendingContainer,
     PendingPod,
     WireError,
     decode_inventory,
@@ -65,7 +68,7 @@ class Reactions(ServicePart):
         restored = []
         for pod in pods:
             try:
-                allocation = pod.allocation()
+                allocation = pod.allocation(self.settings.defaults.device.resources)
             except AnnotationError as error:
                 logger.error("pod %s: %s; its cards are not counted", pod.key, error)
                 continue
@@ -150,16 +153,19 @@ class Reactions(ServicePart):
     async def pending_allocations(self, subject: str) -> PendingAllocations | None:
         """The answer to a device plugin's request on ``subject``: the pods bound to its
         node whose bind-phase is ``allocating``, oldest bind-time first, each read from the
-        cluster now. None (no answer: the requester times out) for a subject that names no
-        valid node, counted and logged at a bounded rate, or while the cluster cannot be
-        read (a partial list could make the plugin refuse a pod it should serve)."""
+        cluster now. A pod whose bind is still under way counts: the kubelet may see the
+        Binding, and ask, before the API server's answer reaches the daemon. None (no
+        answer: the requester times out) for a subject that names no valid node, counted
+        and logged at a bounded rate, or while the cluster cannot be read (a partial list
+        could make the plugin refuse a pod it should serve)."""
         try:
             node = subject_node_checked(subject, ALLOCATIONS_SUBJECT_PREFIX)
         except WireError as error:
             self._refuse_allocation(f"allocations request refused: {error}")
             return None
+        # Reserved ones included (a bind in flight); the pod as read now says if it is bound.
         keys = sorted(key for key, allocation in self.state.fleet.allocations().items()
-                      if allocation.node == node and key in self.state.bookings.bound
+                      if allocation.node == node
                       and not self.shared.pods.is_allocate_answered(key))
         try:
             pods = await asyncio.gather(*(self.cluster.get_pod(*key.split("/", 1))
@@ -171,7 +177,20 @@ class Reactions(ServicePart):
         pending = [entry for pod in pods if pod is not None
                    if (entry := _pending(pod, node)) is not None]
         pending.sort(key=lambda entry: (entry.bind_time, entry.namespace, entry.name))
-        return PendingAllocations(node=node, pods=pending)
+        return PendingAllocations(node=node, pods=pending,
+                                  holding=self._holding(node, pending))
+
+    def _holding(self, node: str, pending: list[PendingPod]) -> list[HoldingPod]:
+        """Every pod bound to ``node`` that the ledger holds cards for, and the ``pending``
+        ones (a bind in flight is not yet among the bound). Complete: only the leader
+        answers, and it rebuilt the ledger from the cluster before it led."""
+        bound = self.shared.pods.bound_pods()
+        holding = [HoldingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid)
+                   for key, allocation in sorted(self.state.fleet.allocations().items())
+                   if allocation.node == node and (pod := bound.get(key)) is not None]
+        known = {pod.uid for pod in holding}
+        return [*holding, *(HoldingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid)
+                            for pod in pending if pod.uid not in known)]
 
     async def allocation_outcome(self, subject: str, data: bytes) -> None:
         """Set the pod's bind-phase as its node's device plugin reports (``failed`` with a
@@ -187,7 +206,8 @@ class Reactions(ServicePart):
         namespace, name = outcome.namespace, outcome.name
         key = f"{namespace}/{name}"
         held = self.state.fleet.allocation(key)
-        if key not in self.state.bookings.bound or held is None or held.node != node:
+        # Booked there, bound or with its bind under way; the pod read below says if bound.
+        if held is None or held.node != node:
             self._refuse_allocation(f"allocation outcome refused: pod {key} is not bound "
                                     f"to node {node}")
             return
@@ -265,13 +285,14 @@ class Reactions(ServicePart):
             await self._pod_ended(pod.key)
             return
         self._note_allocate_answered(pod)
-        if pod.node is not None and pod.manifest.asks_for_gpu:
+        names = self.settings.defaults.device.resources
+        if pod.node is not None and pod.manifest.asks_for_gpu(names):
             self.shared.pods.bound(pod)  # its priority and start, for preemption
         if (pod.key in self.state.bookings.bound
                 or self.state.bookings.reservation(pod.key) is not None):
             return
         try:
-            allocation = pod.allocation()
+            allocation = pod.allocation(self.settings.defaults.device.resources)
         except AnnotationError as error:
             logger.error("pod %s: %s; its cards are not counted", pod.key, error)
             return
@@ -323,7 +344,7 @@ class Reactions(ServicePart):
         a Warning Event on it, once for each reason. A quota refused after a valid version
         keeps that version's limits (a typo must not lift a namespace's cap)."""
         try:
-            quota = parse_quota(manifest)
+            quota = parse_quota(manifest, self.settings.defaults.device)
         except QuotaRejected as error:
             why = str(error)
             if self._refused_quotas.get(manifest.key) != why:
@@ -414,5 +435,9 @@ def _pending(pod: ClusterPod, node: str) -> PendingPod | None:
         return None
     bind_time = annotations.get(BIND_TIME_ANNOTATION, "")
     readable = bind_time.isascii() and bind_time.isdigit() and len(bind_time) <= 12
+    spec = pod.manifest.spec
+    containers = tuple(PendingContainer(name=container.name,
+                                        control_disabled=control_disabled(container))
+                       for container in [*(spec.init_containers or ()), *spec.containers])
     return PendingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid, devices=devices,
-                      bind_time=int(bind_time) if readable else 0)
+                      bind_time=int(bind_time) if readable else 0, containers=containers)

@@ -37,7 +37,8 @@ class Reporting:
             stale=lambda: self.state.nodes.stale_nodes(self._clock()).keys(),
             ready=lambda: not self.not_ready_because(),
             leading=shared.leadership.leading,
-            slices_enforced=lambda: dict(self.state.nodes.slices_enforced)))
+            slices_enforced=lambda: dict(self.state.nodes.slices_enforced)),
+            shared.settings.defaults.device.resources)
         self.readiness_checks: list[Check] = list(readiness_checks)
         """Each says why the daemon is not ready, or None (NATS, background tasks)."""
         self.status_parts: dict[str, Callable[[], object]] = dict(status_parts or {})
@@ -99,7 +100,8 @@ class Reporting:
                     uuid=card.uuid, index=card.index, type=card.type,
                     tenants=usage.tenants, used=occupied_slots(usage.tenants, card.processes),
                     usedmem=usage.memory, memory=card.memory, usedcores=usage.cores,
-                    cores=card.cores, count=card.count, health=card.health))
+                    cores=card.cores, count=card.count, health=card.health,
+                    physical_memory=card.physical_memory, physical_cores=card.physical_cores))
             await self._publish(UsageEvent(node=name, timestamp=self._wall_clock(), cards=cards))
 
     # Views for operators --------------------------------------------------------------
@@ -140,8 +142,8 @@ class Reporting:
 
         ``pods``: every allocation (bound or reserved) with its cards per container;
         ``reservations``: unconfirmed ones with their age; ``cards``: each reported
-        card's booked usage beside its capacity; ``orphans``: usage on cards no node
-        reports any more.
+        card's booked usage beside its registered capacity and its own (``physical_*``,
+        before HAMi's scaling); ``orphans``: usage on cards no node reports any more.
         """
         now = self._clock()
         fleet, bookings = self.state.fleet, self.state.bookings
@@ -164,6 +166,8 @@ class Reporting:
                               "tenants": usage.tenants, "usedmem": usage.memory,
                               "usedcores": usage.cores, "memory": device.memory,
                               "cores": device.cores, "count": device.count,
+                              "physical_memory": device.own_memory,
+                              "physical_cores": device.own_cores,
                               "processes": device.processes})
         orphans = [{"node": node, "uuid": uuid, "tenants": usage.tenants,
                     "usedmem": usage.memory, "usedcores": usage.cores}

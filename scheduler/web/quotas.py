@@ -9,16 +9,16 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from common.core.deviceconfig import DeviceConfig
 from common.core.errors import InvalidInput
 from common.core.names import InvalidName, check_label, check_subdomain, shown
-from common.core.pod import DEFAULT_NAMESPACE, whole_quantity
+from common.core.pod import DEFAULT_DEVICE, DEFAULT_NAMESPACE, whole_quantity
 from common.core.policy import PodRejected
 from common.core.quota import (
-    CORES_KEY,
-    MEMORY_KEY,
     QuotaRejected,
     ResourceQuotaManifest,
     parse_quota,
+    quota_keys,
 )
 from common.files import InputFileError, parse_document
 from scheduler.cluster import ClusterError, StoreUnavailable
@@ -39,11 +39,13 @@ class QuotaBodyError(InvalidInput):
     """A body that is no ResourceQuota pyhami can store; the message says why."""
 
 
-def read_quota(body: bytes, namespace: str | None = None,
-               name: str | None = None) -> StoredQuota:
+def read_quota(body: bytes, namespace: str | None = None, name: str | None = None,
+               device: DeviceConfig = DEFAULT_DEVICE) -> StoredQuota:
     """The ResourceQuota in a request body (JSON or YAML, as ``kubectl get resourcequota
     -o json`` prints one), ready to store; ``namespace`` and ``name`` (from the URL) fill in
-    the manifest's when it names none, and must match them when it does.
+    the manifest's when it names none, and must match them when it does. Its GPU limits
+    are the keys of ``device``'s resource names (the daemon's ``--device-config``), checked
+    as the daemon will apply them.
 
     Raises ``QuotaBodyError`` naming the field: a body that is not a mapping, of another
     kind, of the wrong shape, a name Kubernetes would refuse, a limit that is not a whole
@@ -64,11 +66,11 @@ def read_quota(body: bytes, namespace: str | None = None,
     try:
         manifest = msgspec.convert(document, ResourceQuotaManifest)
     except msgspec.ValidationError as error:
-        raise QuotaBodyError(_early_refusal(document) or f"{SOURCE}: {error}") from None
+        raise QuotaBodyError(_early_refusal(document, device) or f"{SOURCE}: {error}") from None
     except RecursionError:
         raise QuotaBodyError(f"{SOURCE}: nested too deeply") from None
     try:
-        parse_quota(manifest)
+        parse_quota(manifest, device)
     except QuotaRejected as error:
         raise QuotaBodyError(str(error)) from None
     try:
@@ -110,7 +112,7 @@ def _shown(value: object) -> str:
     return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
 
 
-def _early_refusal(document: dict[str, Any]) -> str | None:
+def _early_refusal(document: dict[str, Any], device: DeviceConfig) -> str | None:
     """The limit of ``spec.hard`` that makes a manifest unreadable (no quantity at all, or
     an integer beyond any), named as ``parse_quota`` names a limit; None when the problem
     is in another field."""
@@ -125,9 +127,10 @@ def _early_refusal(document: dict[str, Any]) -> str | None:
     except InvalidName:
         return None  # msgspec's message names the field, and parse_quota would the name
     where = f"ResourceQuota {namespace}/{name}"
+    gpu_keys = quota_keys(device.resources)
     for key, value in hard.items():
         # The GPU keys are named as parse_quota names them; any other is quoted.
-        field = f"{where}: spec.hard[{key if key in (MEMORY_KEY, CORES_KEY) else _shown(key)}]"
+        field = f"{where}: spec.hard[{key if key in gpu_keys else _shown(key)}]"
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             return f"{field}: {_shown(value)} is not a quantity"
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
@@ -151,8 +154,11 @@ class QuotaApi:
     limits nothing.
     """
 
-    def __init__(self, cluster: StandaloneCluster) -> None:
+    def __init__(self, cluster: StandaloneCluster, device: DeviceConfig = DEFAULT_DEVICE) -> None:
+        """``device``: the daemon's device configuration, whose resource names and
+        ``memoryFactor`` a quota's limits are checked under."""
         self._cluster = cluster
+        self._device = device
 
     def routes(self) -> list[web.RouteDef]:
         """The routes, each refused with 503 on a standby, as the pod API's."""
@@ -169,7 +175,7 @@ class QuotaApi:
 
     async def create(self, request: web.Request) -> web.Response:
         try:
-            quota = read_quota(await read_body(request, POD_BODY_LIMIT))
+            quota = read_quota(await read_body(request, POD_BODY_LIMIT), device=self._device)
         except QuotaBodyError as error:
             return _text(400, str(error))
         return await self._store(quota, replace=False)
@@ -177,7 +183,8 @@ class QuotaApi:
     async def put(self, request: web.Request) -> web.Response:
         namespace, name = path_names(request)
         try:
-            quota = read_quota(await read_body(request, POD_BODY_LIMIT), namespace, name)
+            quota = read_quota(await read_body(request, POD_BODY_LIMIT), namespace, name,
+                               self._device)
         except QuotaBodyError as error:
             return _text(400, str(error))
         return await self._store(quota, replace=True)

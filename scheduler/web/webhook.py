@@ -1,10 +1,12 @@
-"""The mutating admission webhook: an AdmissionReview in, the pod's ``schedulerName`` out.
+"""The mutating admission webhook: an AdmissionReview in, the pod's ``schedulerName``, the
+device configuration's container environment and runtime class out.
 
 ``POST /webhook`` on its own HTTPS listener (``--webhook-listen``). The rule is the core's
 (``common.core.admission``); here is the wire. A pod is allowed, with a JSONPatch only when
-the rule changes the pod, unless pyhami will place it and its fixed GPU requests alone
+the rule changes the pod, unless the rule refuses it (a privileged container, a node
+already named) or, last as in HAMi, pyhami will place it and its fixed GPU requests alone
 exceed what its namespace's ResourceQuotas leave (``QuotaGate``): then it is denied (403)
-with the quota's sentence. A body that is no AdmissionReview, or a Pod that
+with the sentence. A body that is no AdmissionReview, or a Pod that
 does not decode, is answered 400 naming what is wrong: the API server then admits the pod
 unchanged under ``failurePolicy: Ignore``.
 """
@@ -17,9 +19,10 @@ from collections.abc import Callable
 import msgspec
 from aiohttp import web
 
-from common.core.admission import AdmittedPod, admit
+from common.core.admission import Admission, AdmittedPod, admit
+from common.core.deviceconfig import DeviceConfig
 from common.core.errors import InvalidInput
-from common.core.pod import DEFAULT_NAMESPACE, PodManifest
+from common.core.pod import DEFAULT_DEVICE, DEFAULT_NAMESPACE, EnvVar, PodManifest
 from scheduler.errors import SchedulerError
 from scheduler.web.limits import ADMISSION_BODY_LIMIT, read_body
 
@@ -82,7 +85,7 @@ class PatchOperation(msgspec.Struct):
 
     op: str
     path: str
-    value: str
+    value: str | EnvVar | list[EnvVar]
 
 
 _review = msgspec.json.Decoder(AdmissionReview)
@@ -116,9 +119,11 @@ def read_review(body: bytes) -> tuple[str, AdmissionRequest]:
 
 
 def respond(request: AdmissionRequest, scheduler_name: str,
-            quota: QuotaGate | None = None) -> AdmissionResponse:
-    """Allowed; with a patch setting ``spec.schedulerName`` when a new Pod is pyhami's;
-    denied when it is pyhami's and ``quota`` refuses it.
+            quota: QuotaGate | None = None,
+            device: DeviceConfig = DEFAULT_DEVICE) -> AdmissionResponse:
+    """The answer to a review under the device configuration ``device``: allowed, with a
+    patch when the rule changes a new Pod; denied when the rule refuses it, or when it is
+    pyhami's and ``quota`` refuses it.
 
     Anything but the creation of a Pod is let through untouched. Raises ``BadReview`` when
     the Pod does not decode."""
@@ -134,10 +139,11 @@ def respond(request: AdmissionRequest, scheduler_name: str,
         raise BadReview(f"request.object is not a Pod: {error}") from None
     except RecursionError:
         raise BadReview("request.object is not a Pod: JSON nested too deeply") from None
-    admission = admit(pod, scheduler_name)
+    admission = admit(pod, scheduler_name, device)
     name = pod.metadata.name or request.name or "(name to be generated)"
     where = f"pod {request.namespace or pod.metadata.namespace or DEFAULT_NAMESPACE}/{name}"
-    if admission.ours and quota is not None:
+    refusal = admission.denial
+    if refusal is None and admission.ours and quota is not None:
         try:
             manifest = _manifest.decode(request.object)
         except msgspec.DecodeError as error:
@@ -145,30 +151,48 @@ def respond(request: AdmissionRequest, scheduler_name: str,
         if request.namespace:
             manifest.metadata.namespace = request.namespace  # the API server's word
         refusal = quota(manifest)
-        if refusal is not None:
-            logger.info("%s: denied: %s", where, refusal)
-            return AdmissionResponse(uid=request.uid, allowed=False, status=ResponseStatus(
-                code=403, reason="Forbidden", message=refusal))
-    log = logger.info if admission.redirect or admission.warning else logger.debug
+    if refusal is not None:
+        logger.info("%s: denied: %s", where, refusal)
+        return AdmissionResponse(uid=request.uid, allowed=False, status=ResponseStatus(
+            code=403, reason="Forbidden", message=refusal))
+    log = logger.info if admission.mutates else logger.debug
     log("%s: %s", where, admission.reason)
-    if not admission.redirect:
-        return AdmissionResponse(uid=request.uid, allowed=True, warnings=(
-            [admission.warning] if admission.warning else None))
-    # "add" sets the member whether the API server filled it in or not.
-    patch = [PatchOperation("add", "/spec/schedulerName", scheduler_name)]
+    if not admission.mutates:
+        return allowed
     return AdmissionResponse(uid=request.uid, allowed=True, patch_type=JSON_PATCH,
-                             patch=_encoder.encode(patch))
+                             patch=_encoder.encode(patch_of(admission, scheduler_name)))
 
 
-def webhook_app(scheduler_name: str, quota: QuotaGate | None = None) -> web.Application:
+def patch_of(admission: Admission, scheduler_name: str) -> list[PatchOperation]:
+    """The JSONPatch carrying out ``admission``'s changes, in the rule's order."""
+    operations: list[PatchOperation] = []
+    for added in admission.env:
+        where = f"/spec/{added.field}/{added.index}/env"
+        variables = [EnvVar(name, value) for name, value in added.variables]
+        if added.has_env:
+            operations.extend(PatchOperation("add", f"{where}/-", var) for var in variables)
+        else:
+            operations.append(PatchOperation("add", where, variables))
+    # "add" sets a member whether the API server filled it in or not.
+    if admission.runtime_class_name is not None:
+        operations.append(PatchOperation("add", "/spec/runtimeClassName",
+                                         admission.runtime_class_name))
+    if admission.redirect:
+        operations.append(PatchOperation("add", "/spec/schedulerName", scheduler_name))
+    return operations
+
+
+def webhook_app(scheduler_name: str, quota: QuotaGate | None = None,
+                device: DeviceConfig = DEFAULT_DEVICE) -> web.Application:
     """``POST /webhook``, for the webhook's HTTPS listener; ``quota`` judges the pods
-    pyhami will place against their namespace's quotas."""
+    pyhami will place against their namespace's quotas; ``device`` is the daemon's device
+    configuration (resource names, env and runtime class written)."""
 
     async def review(http: web.Request) -> web.Response:
         body = await read_body(http, ADMISSION_BODY_LIMIT)
         try:
             version, request = read_review(body)
-            response = respond(request, scheduler_name, quota)
+            response = respond(request, scheduler_name, quota, device)
         except BadReview as error:
             return web.Response(status=400, text=f"malformed AdmissionReview: {error}\n")
         answer = AdmissionReview(api_version=version, kind=REVIEW_KIND, response=response)

@@ -47,9 +47,15 @@ def test_cards_are_read_in_hamis_form_with_their_processes() -> None:
         "NVIDIA-NVIDIA A100-SXM4-80GB", 81920, 1, None, 0)
 
 
-def test_every_card_takes_the_split_count_it_is_given() -> None:
-    library = NvmlStandIn([StandInCard("GPU-aaa", _bus(0x3B)), StandInCard("GPU-bbb", _bus(0x86))])
-    assert [card.count for card in _read(library, split_count=4)] == [4, 4]
+def test_a_card_without_a_memory_figure_reads_0_mib_and_stays_in() -> None:
+    # NVML answers NOT_SUPPORTED on unified-memory cards (GB10): preConfiguredDeviceMemory
+    # gives them a figure (agent.registration); a failing read still leaves a card out.
+    library = NvmlStandIn([StandInCard("GPU-aaa", _bus(0x3B),
+                                       unsupported={"nvmlDeviceGetMemoryInfo"}),
+                           StandInCard("GPU-bbb", _bus(0x86), failing={"nvmlDeviceGetMemoryInfo"}),
+                           StandInCard("GPU-ccc", _bus(0x87))])
+    assert [(card.uuid, card.memory, card.count) for card in _read(library)] == [
+        ("GPU-aaa", 0, 10), ("GPU-ccc", 15360, 10)]
 
 
 def test_direct_nvlink_peers_resolve_to_uuids_with_lanes_summed() -> None:

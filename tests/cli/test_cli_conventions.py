@@ -272,7 +272,7 @@ class TestOutput:
         # The reason's brackets are text, not markup.
         assert table("rejected") == (
             "not schedulable: spec.containers[0].resources.limits[nvidia.com/gpumem]: 'lots' is "
-            "not a quantity\n")
+            "not a quantity; HAMi would drop container app's GPU request without a word\n")
         assert table("no-gpu") == ("the pod asks for no GPU: pyhami passes every node and "
                                    "leaves the choice to kube-scheduler\n")
 

@@ -180,7 +180,8 @@ class TestBadInput:
         assert document["scheduled"] is False
         assert document["node"] is None
         assert document["reason"] == (
-            "spec.containers[0].resources.limits[nvidia.com/gpumem]: 'lots' is not a quantity")
+            "spec.containers[0].resources.limits[nvidia.com/gpumem]: 'lots' is not a quantity; "
+            "HAMi would drop container app's GPU request without a word")
 
     def test_a_bad_default_policy_flag_exits_2(self) -> None:
         done = pyhami("decide", "--cluster", EXAMPLES / "lab-cluster.json", "--pod",

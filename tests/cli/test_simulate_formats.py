@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from common.core.deviceconfig import DeviceConfig, ResourceNames
 from common.core.model import Card, Node
 from common.core.quota import Quota, Scope, ScopeRule
 from common.files import InputFileError
@@ -422,3 +423,67 @@ pods:
         cluster = write(tmp_path / "cluster.txt", "just: [unclosed\n")
         with pytest.raises(InputFileError, match=r"cluster\.txt: not YAML or JSON"):
             load_trace(cluster, cluster)
+
+
+CUSTOM = DeviceConfig(resources=ResourceNames(
+    count="example.com/vgpu", memory="example.com/vmem",
+    memory_percentage="example.com/vmem-share", cores="example.com/vcores",
+    priority="example.com/vprio"), memory_factor=4)
+
+
+class TestDeviceConfig:
+    """``--device-config``: the quotas, the pods and openb's pods read and written under
+    the configured names and memoryFactor, as the daemon reads them."""
+
+    @pytest.mark.parametrize(("device", "hard", "memory", "cores"), [
+        pytest.param(DeviceConfig(), {"limits.nvidia.com/gpumem": 1000,
+                                      "limits.nvidia.com/gpucores": 200}, 1000, 200,
+                     id="defaults"),
+        pytest.param(CUSTOM, {"limits.example.com/vmem": 1000,
+                              "limits.example.com/vcores": 200}, 4000, 200,
+                     id="configured-names-and-factor"),
+        pytest.param(CUSTOM, {"limits.nvidia.com/gpumem": 1000,
+                              "limits.nvidia.com/gpucores": 200}, None, None,
+                     id="hamis-default-keys-not-read-under-other-names"),
+    ])
+    def test_quotas_are_read_under_the_configured_names(
+            self, tmp_path: Path, device: DeviceConfig, hard: dict[str, int],
+            memory: int | None, cores: int | None) -> None:
+        cluster = write(tmp_path / "cluster.json", json.dumps({**OWN_CLUSTER, "quotas": [
+            {"metadata": {"name": "gpu-quota", "namespace": "team-a"},
+             "spec": {"hard": hard}}]}))
+        trace = load_trace(cluster, own_workload(tmp_path, {"pods": []}), device)
+        found = [(q.memory, q.cores, q.memory_resource) for q in trace.quotas]
+        expected = [] if memory is None else [(memory, cores, device.resources.memory)]
+        assert found == expected
+
+    def test_a_refused_quota_names_the_configured_key(self, tmp_path: Path) -> None:
+        cluster = write(tmp_path / "cluster.json", json.dumps({**OWN_CLUSTER, "quotas": [
+            {"metadata": {"name": "gpu-quota", "namespace": "team-a"},
+             "spec": {"hard": {"limits.example.com/vmem": "-1"}}}]}))
+        with pytest.raises(InputFileError) as refused:
+            load_trace(cluster, own_workload(tmp_path, {"pods": []}), CUSTOM)
+        assert str(refused.value) == (
+            f"{cluster}: quotas[0]: ResourceQuota team-a/gpu-quota: "
+            "spec.hard[limits.example.com/vmem]: '-1' is a negative number")
+
+    @pytest.mark.parametrize(("device", "kept"), [
+        pytest.param(DeviceConfig(), ["default/hami-names"], id="defaults"),
+        pytest.param(CUSTOM, ["default/configured-names"], id="configured-names"),
+    ])
+    def test_a_gpu_pod_is_one_asking_for_the_configured_names(
+            self, tmp_path: Path, device: DeviceConfig, kept: list[str]) -> None:
+        configured = {"metadata": {"name": "configured-names"}, "spec": {"containers": [
+            {"name": "main", "resources": {"limits": {"example.com/vgpu": 1}}}]}}
+        cluster = write(tmp_path / "cluster.json", json.dumps(OWN_CLUSTER))
+        trace = load_trace(cluster, own_workload(tmp_path, [
+            {"arrival": 0, "pod": pod("hami-names")}, {"arrival": 0, "pod": configured}]),
+            device)
+        assert [p.manifest.key for p in trace.pods] == kept
+        assert trace.cpu_only == 1
+
+    def test_openb_pods_ask_under_the_configured_names(self, tmp_path: Path) -> None:
+        nodes, pods = openb(tmp_path, pods=f"{POD_HEADER}\np,1,1,1,250,,BE,Running,0,10,0\n")
+        [shared] = load_trace(nodes, pods, CUSTOM).pods
+        assert limits(shared) == {"example.com/vgpu": 1, "example.com/vcores": 25,
+                                  "example.com/vmem-share": 25}

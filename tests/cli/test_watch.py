@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 import nats
+import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from rich.console import Console
@@ -274,6 +275,7 @@ class TestJsonSnapshot:
         assert node["cards"][0] == {
             "uuid": "GPU-0", "index": 0, "type": T4, "memory": 15360, "cores": 100,
             "count": 10, "health": True, "health_detail": "", "cordoned": False,
+            "physical_memory": 15360, "physical_cores": 100,
             "usage": {"tenants": 2, "used": 2, "usedmem": 2000, "usedcores": 0}}
         assert node["cards"][2]["cordoned"] is True
         assert (node["cards"][3]["health"], node["cards"][3]["health_detail"]) == (
@@ -284,6 +286,42 @@ class TestJsonSnapshot:
         assert [card["index"] for card in scheduled["cards"][0]] == [2]
         assert any(row["chosen"] for row in scheduled["explain"])
         assert refused["failed_nodes"] == {NODE: "4/4 CardInsufficientMemory"}
+
+    @pytest.mark.parametrize(("scaled", "row", "physical"), [
+        pytest.param({}, "1000/15360 ", (15360, 100), id="unscaled"),
+        pytest.param({"memory": 30720, "physical_memory": 15360},
+                     "1000/30720 (15360 x2)", (15360, 100), id="memory-x2"),
+        pytest.param({"memory": 27648, "physical_memory": 15360, "cores": 150,
+                      "physical_cores": 100},
+                     "1000/27648 (15360 x1.8)", (15360, 100), id="memory-x1.8-cores-x1.5"),
+    ])
+    def test_the_registered_figures_show_with_the_cards_own(
+            self, scaled: dict[str, int], row: str, physical: tuple[int, int]) -> None:
+        """Over-commit (HAMi's deviceMemoryScaling, deviceCoreScaling): the table shows
+        the registered capacity and, beside it, the card's own and the factor; the
+        snapshot both figures. From the usage stream and from the inventory alike."""
+        figures: dict[str, Any] = {"memory": 15360, "cores": 100, **scaled}
+        usage = UsageEvent(node=NODE, timestamp=NOW, cards=[CardUsage(
+            uuid="GPU-0", index=0, type=T4, tenants=1, used=1, usedmem=1000, usedcores=10,
+            count=10, health=True, **figures)])
+        inventory = msgspec.structs.replace(lab_inventory(cards=1), cards=[ReportedCard(
+            uuid="GPU-0", index=0, type=T4, **figures)])
+        for first, then in ((usage, inventory), (inventory, usage)):
+            model = WatchModel()
+            for message in (first, then):
+                if isinstance(message, UsageEvent):
+                    model.apply_usage(message)
+                else:
+                    model.apply_inventory(message)
+            line = line_with(text_of(model, width=160), row)
+            cores = f"10/{figures['cores']}"
+            if "physical_cores" in scaled:
+                cores += f" ({physical[1]} x1.5)"
+            assert cores in line
+            [node] = snapshot_of(model)["nodes"]
+            card = node["cards"][0]
+            assert (card["memory"], card["cores"]) == (figures["memory"], figures["cores"])
+            assert (card["physical_memory"], card["physical_cores"]) == physical
 
     def test_a_node_not_heard_from_has_no_time_and_cards_without_usage(self) -> None:
         model = WatchModel()

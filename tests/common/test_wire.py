@@ -12,6 +12,7 @@ from common.wire import (
     ALLOCATED_SUBJECT_PREFIX,
     SCHEMA_VERSION,
     AllocationOutcome,
+    HoldingPod,
     Inventory,
     PendingAllocations,
     PendingPod,
@@ -66,6 +67,28 @@ def test_to_node_gives_the_core_plain_devices_and_the_cordon_annotation() -> Non
         annotations={"hami.io/device-cordon": "GPU-a,GPU-b"},
     )
     assert all(type(device) is Card for device in node.devices)
+
+
+@pytest.mark.parametrize(("reported", "own"), [
+    pytest.param({}, (15360, 100), id="unscaled"),
+    pytest.param({"memory": 30720, "physical_memory": 15360}, (15360, 100), id="memory-x2"),
+    pytest.param({"cores": 200, "physical_cores": 100}, (15360, 100), id="cores-x2"),
+    pytest.param({"memory": 27648, "physical_memory": 15360, "cores": 50,
+                  "physical_cores": 100}, (15360, 100), id="both"),
+])
+def test_the_core_card_keeps_the_physical_figures_beside_the_registered(
+        reported: dict[str, int], own: tuple[int, int]) -> None:
+    """The registered figures decide; the card's own travel with them for the reports."""
+    fields: dict[str, object] = {"uuid": "GPU-a", "index": 0, "type": "NVIDIA-Tesla T4",
+                                 "memory": 15360, **reported}
+    card = msgspec.convert(fields, ReportedCard)
+    decoded = decode_inventory(encode(_inventory([card])))
+    (device,) = decoded.to_node().devices
+    assert type(device) is Card
+    assert (device.memory, device.cores) == (card.memory, card.cores)
+    assert (device.own_memory, device.own_cores) == own
+    assert (device.physical_memory, device.physical_cores) == (
+        reported.get("physical_memory"), reported.get("physical_cores"))
 
 
 def test_to_node_without_cordons_has_no_annotation() -> None:
@@ -199,7 +222,7 @@ def test_a_card_listed_twice_in_one_inventory_is_refused(second: dict[str, objec
 def test_allocation_messages_survive_encoding_and_name_their_subjects() -> None:
     pending = PendingAllocations(node="gpu-node-1", pods=[PendingPod(
         namespace="default", name="a", uid="u-1", devices="GPU-a,NVIDIA,1000,0:;",
-        bind_time=1700000000)])
+        bind_time=1700000000)], holding=[HoldingPod(namespace="default", name="b", uid="u-2")])
     assert decode_pending(encode(pending)) == pending
     outcome = AllocationOutcome(namespace="default", name="a", uid="u-1", ok=False,
                                 reason="no such card")
@@ -229,6 +252,10 @@ def test_allocation_messages_with_bad_names_or_fields_are_refused() -> None:
         namespace="default", name="A", uid="u", devices="", bind_time=0)])
     with pytest.raises(WireError, match="pending allocations refused: name: 'A'"):
         decode_pending(encode(bad_pod))
+    bad_holder = PendingAllocations(node="node-a", pods=[], holding=[HoldingPod(
+        namespace="default", name="B", uid="u")])
+    with pytest.raises(WireError, match="pending allocations refused: name: 'B'"):
+        decode_pending(encode(bad_holder))
     refused = "allocation outcome refused: namespace: 'kube.system'"
     with pytest.raises(WireError, match=re.escape(refused)):
         decode_outcome(encode(AllocationOutcome(namespace="kube.system", name="a", uid="u",

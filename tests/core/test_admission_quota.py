@@ -11,6 +11,7 @@ from pyhami.sandbox import DEFAULTS
 from tests.builders import manifest
 
 MEM = "nvidia.com/gpumem"
+PERCENT = "nvidia.com/gpumem-percentage"
 
 
 def book_with(*quotas: Quota) -> QuotaBook:
@@ -49,5 +50,7 @@ def test_fixed_requests_are_judged_at_admission(
 
 
 def test_a_pod_asking_for_nothing_chargeable_is_never_refused() -> None:
-    pod = parse_pod(manifest(gpumem=None), DEFAULTS)
+    # A share of memory counts 0 at admission, and no cores are asked.
+    pod = parse_pod(manifest(containers=[{"nvidia.com/gpu": 1, PERCENT: 50}]),
+                    DEFAULTS)
     assert admission_refusal(book_with(Quota("default", "q", memory=0, cores=0)), pod) is None

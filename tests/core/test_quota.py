@@ -455,10 +455,10 @@ class TestQuotaBook:
             (Usage(0, 4000, 0), None),
             # 2000 + 4001: small (6000) is exceeded, big (10000) is not.
             (Usage(0, 4001, 0), QuotaRefusal("team-a", "small", "nvidia.com/gpumem",
-                                             2000, 4001, 6000)),
+                                             2000, 4001, 6000, " MiB")),
             # 2000 + 9000: both exceeded; small the most (by 5000 against 1000).
             (Usage(0, 9000, 0), QuotaRefusal("team-a", "small", "nvidia.com/gpumem",
-                                             2000, 9000, 6000)),
+                                             2000, 9000, 6000, " MiB")),
             # 40 + 70 cores > 100.
             (Usage(0, 1000, 70), QuotaRefusal("team-a", "cores", "nvidia.com/gpucores",
                                               40, 70, 100)),
@@ -482,7 +482,8 @@ class TestQuotaBook:
     @pytest.mark.parametrize(
         ("refusal", "text"),
         [
-            (QuotaRefusal("team-a", "gpu-quota", "nvidia.com/gpumem", 14000, 4000, 16384),
+            (QuotaRefusal("team-a", "gpu-quota", "nvidia.com/gpumem", 14000, 4000, 16384,
+                          " MiB"),
              "team-a would use 18000 of 16384 MiB nvidia.com/gpumem under ResourceQuota "
              "gpu-quota (asked 4000)"),
             (QuotaRefusal("team-a", "cores", "nvidia.com/gpucores", 60, 60, 100),

@@ -103,8 +103,9 @@ def test_a_pod_asking_no_memory_asks_for_all_of_it() -> None:
     fleet = lab_fleet()
     hold(fleet, "default/t", NODE, gpu(0), memory=1)
     pod = manifest(gpus=4, gpumem=None)
+    # And all of its cores: HAMi's exclusive default for a container asking only for cards.
     assert message(fleet, pod) == (
-        "asked for 4 cards with 100% memory each; "
+        "asked for 4 cards with 100% memory, 100% cores each; "
         f"{NODE}: 1/4 CardInsufficientMemory (largest free {T4_MEMORY - 1} MiB), "
         "3/4 AllocatedCardsInsufficientRequest (3 cards fit, 4 needed)")
 

@@ -413,23 +413,29 @@ class ControlPlane(ApiServerPlane):
         document: dict[str, Any] = json.loads(body)
         return document
 
-    def start_kube_scheduler(self) -> None:
-        """The session's kube-scheduler, for the session's daemon; waits until it holds the
-        lease (its identity is this machine's host name)."""
+    def start_kube_scheduler(self, config: dict[str, Any] | None = None) -> None:
+        """The session's kube-scheduler, for the session's daemon, with the session's
+        configuration or ``config``; waits until it holds the lease (its identity is this
+        machine's host name)."""
         if not self.chart_config:
             self.chart_config = chart_scheduler_config(self.bin_dir)
-            self.scheduler_config = render_scheduler_config(
-                self.chart_config, extender_url=self.daemon_url,
-                kubeconfig=str(self.scheduler_kubeconfig), ca_file=self.extender_pki.server.ca,
-                cert_file=self.extender_pki.kube_scheduler.cert,
-                key_file=self.extender_pki.kube_scheduler.key)
+            self.scheduler_config = self.rendered_scheduler_config(self.chart_config)
         self.scheduler_port = free_port()
-        scheduler = self.launch_kube_scheduler(KUBE_SCHEDULER, self.scheduler_config,
+        scheduler = self.launch_kube_scheduler(KUBE_SCHEDULER, config or self.scheduler_config,
                                                self.scheduler_port)
         mine = f"{socket.gethostname()}_"
         wait_for(lambda: self.lease_holder().startswith(mine),
                  f"kube-scheduler to take the lease {SYSTEM_NAMESPACE}/{LEASE_NAME} "
                  f"as {mine}...", START_TIMEOUT_S, interval=0.5, watch=[scheduler])
+
+    def rendered_scheduler_config(self, chart_config: str) -> dict[str, Any]:
+        """The chart's kube-scheduler configuration text ``chart_config`` as the session's
+        kube-scheduler runs it: calling the session's daemon with its certificate."""
+        return render_scheduler_config(
+            chart_config, extender_url=self.daemon_url,
+            kubeconfig=str(self.scheduler_kubeconfig), ca_file=self.extender_pki.server.ca,
+            cert_file=self.extender_pki.kube_scheduler.cert,
+            key_file=self.extender_pki.kube_scheduler.key)
 
     def kube_scheduler_config(self, daemon_url: str) -> dict[str, Any]:
         """The session's kube-scheduler configuration with another daemon as its extender."""

@@ -19,7 +19,7 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
+from common.core.deviceconfig import DeviceConfig, NodeConfigFile, NodeSettings, ResourceNames
+from common.deviceconfig import load_device_config, load_node_config
 from pyhami._controlplane import K8S_DIR, REPO, ApiError, KubeApi, wait_for
 from tests.e2e.controlplane import ControlPlane, allowed
 
@@ -124,9 +126,10 @@ def _object_path(api: KubeApi, doc: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def helm(control_plane: ControlPlane) -> Path:
-    """The helm scripts/build-control-plane.sh built beside the control plane."""
-    return control_plane.bin_dir / "helm"
+def helm(control_plane_binaries: Path) -> Path:
+    """The helm scripts/build-control-plane.sh built beside the control plane; rendering
+    needs no running cluster."""
+    return control_plane_binaries / "helm"
 
 
 @pytest.fixture(scope="module")
@@ -570,13 +573,16 @@ def test_the_agent_runs_on_gpu_nodes_with_the_split_count(
     assert spec["nodeSelector"] == {"gpu": "on"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"]
-    assert "--device-split-count=10" in spec["containers"][0]["command"]
+    assert not [a for a in spec["containers"][0]["command"] if "--device-split-count" in a]
+    assert "deviceSplitCount: 10\n" in installed[DEFAULTS].get(
+        "ConfigMap", f"{DEFAULTS.fullname}-device-config")["data"]["device-config.yaml"]
     custom = installed[CUSTOM].get("DaemonSet", f"{CUSTOM.fullname}-agent")
     spec = custom["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert spec["runtimeClassName"] == "nvidia"
     (container,) = spec["containers"]
-    assert "--device-split-count=4" in container["command"]
+    assert "deviceSplitCount: 4\n" in installed[CUSTOM].get(
+        "ConfigMap", f"{CUSTOM.fullname}-device-config")["data"]["device-config.yaml"]
     assert container["image"] == "registry.example.com/gpu/pyhami:0.1.0-custom"
     for ours in installed.values():
         for kind, name in (("DaemonSet", f"{ours.release.fullname}-agent"),
@@ -732,6 +738,19 @@ def test_network_policies_can_be_turned_off(helm: Path) -> None:
      "at '/scheduler/podDisruptionBudget/maxUnavailable': 'oneOf' failed"),
     (["scheduler.antiAffinity=strict"],
      "at '/scheduler/antiAffinity': value must be one of 'soft', 'hard', 'none'"),
+    (["resourceName=vgpu"], "at '/resourceName': 'vgpu' does not match pattern"),
+    (["resourceCores=example.com/"], "at '/resourceCores': 'example.com/' does not match"),
+    (["devicePlugin.deviceMemoryScaling=0"],
+     "at '/devicePlugin/deviceMemoryScaling': exclusiveMinimum"),
+    (["devicePlugin.deviceCoreScaling=-1"],
+     "at '/devicePlugin/deviceCoreScaling': exclusiveMinimum"),
+    (["scheduler.defaultCores=101"], "at '/scheduler/defaultCores': maximum"),
+    (["scheduler.defaultMem=-1"], "at '/scheduler/defaultMem': minimum"),
+    (["scheduler.defaultGPUNum=one"], "at '/scheduler/defaultGPUNum': got string"),
+    (["devicePlugin.nodeConfiguration.config=nodeconfig"],
+     "devicePlugin.nodeConfiguration.config is not JSON"),
+    (["device-config.path=/device-config.yaml"],
+     "at '/device-config': additional properties 'path' not allowed"),
 ])
 def test_values_that_cannot_work_are_refused_by_name(helm: Path, settings: list[str],
                                                      message: str) -> None:
@@ -796,6 +815,177 @@ def test_the_agent_serves_the_kubelet_its_device_plugin(helm: Path, enabled: boo
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     # It still needs no Kubernetes API: no ServiceAccount token but the NATS one.
     assert spec["automountServiceAccountToken"] is False
+
+
+def render(helm: Path, *settings: str, typed: dict[str, object] | None = None,
+           ) -> dict[tuple[str, str], dict[str, Any]]:
+    """``helm template`` of release pyhami with ``--set`` settings and ``typed`` values
+    (``--set-json``: a number stays a number, where ``--set 2.5`` gives a string), by
+    (kind, name)."""
+    command = [str(helm), "template", "pyhami", str(CHART), "--kube-version", KUBE_VERSION]
+    for setting in settings:
+        command += ["--set", setting]
+    for path, value in (typed or {}).items():
+        command += ["--set-json", f"{path}={json.dumps(value)}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return {(doc["kind"], doc["metadata"]["name"]): doc
+            for doc in yaml.safe_load_all(done.stdout) if doc}
+
+
+def device_config_file(rendered: dict[tuple[str, str], dict[str, Any]]) -> str:
+    text: str = rendered[("ConfigMap", "pyhami-device-config")]["data"]["device-config.yaml"]
+    return text
+
+
+# HAMi's chart rendering (tests/common/hami), whose nvidia: section the chart's defaults
+# render; migProfileAllowlist is left out, and reads as the chart's allowlist.
+HAMI_FILES = REPO / "tests" / "common" / "hami"
+
+
+def test_the_default_device_config_is_hamis_chart_rendering(helm: Path, tmp_path: Path) -> None:
+    rendered = render(helm)
+    ours = yaml.safe_load(device_config_file(rendered))
+    hamis = yaml.safe_load((HAMI_FILES / "device-config.yaml").read_text())["nvidia"]
+    del hamis["migProfileAllowlist"]
+    assert ours == {"nvidia": hamis}
+    path = tmp_path / "device-config.yaml"
+    path.write_text(device_config_file(rendered))
+    assert load_device_config(path) == DeviceConfig()
+    node = rendered[("ConfigMap", "pyhami-node-config")]["data"]["config.json"]
+    path = tmp_path / "config.json"
+    path.write_text(node)
+    assert load_node_config(path) == NodeConfigFile(())
+
+
+@pytest.mark.parametrize(("path", "key", "value"), [
+    ("resourceName", "resourceCountName", "example.com/vgpu"),
+    ("resourceMem", "resourceMemoryName", "example.com/vgpu-memory"),
+    ("resourceMemPercentage", "resourceMemoryPercentageName",
+     "example.com/vgpu-share"),
+    ("resourceCores", "resourceCoreName", "example.com/vgpu-cores"),
+    ("resourcePriority", "resourcePriorityName",
+     "example.com/vgpu-priority"),
+    ("scheduler.defaultMem", "defaultMemory", 4096),
+    ("scheduler.defaultCores", "defaultCores", 30),
+    ("scheduler.defaultGPUNum", "defaultGPUNum", 2),
+    ("devicePlugin.deviceSplitCount", "deviceSplitCount", 4),
+    ("devicePlugin.deviceMemoryScaling", "deviceMemoryScaling", 2.5),
+    ("devicePlugin.deviceCoreScaling", "deviceCoreScaling", 1.5),
+    ("devicePlugin.runtimeClassName", "runtimeClassName", "nvidia"),
+], ids=["resourceName", "resourceMem", "resourceMemPercentage", "resourceCores",
+        "resourcePriority", "defaultMem", "defaultCores", "defaultGPUNum", "deviceSplitCount",
+        "deviceMemoryScaling", "deviceCoreScaling", "runtimeClassName"])
+def test_each_device_value_reaches_its_key_and_no_other(helm: Path, path: str, key: str,
+                                                         value: object) -> None:
+    defaults = yaml.safe_load(device_config_file(render(helm)))["nvidia"]
+    changed = yaml.safe_load(device_config_file(render(helm, typed={path: value})))["nvidia"]
+    assert defaults[key] != value
+    assert changed == {**defaults, key: value}
+
+
+EVERY_DEVICE_VALUE_CHANGED: dict[str, object] = {
+    "resourceName": "example.com/vgpu", "resourceMem": "example.com/vgpu-memory",
+    "resourceMemPercentage": "example.com/vgpu-share", "resourceCores": "example.com/vgpu-cores",
+    "resourcePriority": "example.com/vgpu-priority", "scheduler.defaultMem": 4096,
+    "scheduler.defaultCores": 30, "scheduler.defaultGPUNum": 2,
+    "devicePlugin.deviceSplitCount": 4, "devicePlugin.deviceMemoryScaling": 2.5,
+    "devicePlugin.deviceCoreScaling": 1.5, "devicePlugin.runtimeClassName": "nvidia"}
+
+
+def test_every_device_value_changed_is_read_by_pyhami(helm: Path, tmp_path: Path) -> None:
+    rendered = render(helm, typed=EVERY_DEVICE_VALUE_CHANGED)
+    path = tmp_path / "device-config.yaml"
+    path.write_text(device_config_file(rendered))
+    config = load_device_config(path)
+    assert config.resources == ResourceNames(
+        "example.com/vgpu", "example.com/vgpu-memory", "example.com/vgpu-share",
+        "example.com/vgpu-cores", "example.com/vgpu-priority")
+    assert (config.default_memory, config.default_cores, config.default_gpu_num) == (4096, 30, 2)
+    assert config.node == replace(NodeSettings(), device_split_count=4,
+                                  device_memory_scaling=2.5, device_core_scaling=1.5)
+    assert config.runtime_class_name == "nvidia"
+
+
+@pytest.mark.parametrize("settings", [
+    [], ["resourceName=example.com/vgpu", "resourceMem=example.com/vgpu-memory",
+         "resourceMemPercentage=example.com/vgpu-share", "resourceCores=example.com/vgpu-cores",
+         "resourcePriority=example.com/vgpu-priority"],
+], ids=["hamis-names", "custom-names"])
+def test_kube_scheduler_leaves_the_configured_resources_to_pyhami(helm: Path,
+                                                                  settings: list[str]) -> None:
+    rendered = render(helm, *settings)
+    names = yaml.safe_load(device_config_file(rendered))["nvidia"]
+    config = yaml.safe_load(rendered[("ConfigMap", "pyhami-scheduler-config")]["data"][
+        "config.yaml"])
+    (extender,) = config["extenders"]
+    assert extender["managedResources"] == [
+        {"name": names[key], "ignoredByScheduler": True}
+        for key in ("resourceCountName", "resourceMemoryName", "resourceMemoryPercentageName",
+                    "resourceCoreName", "resourcePriorityName")]
+    assert {r["name"] for r in extender["managedResources"]} == (
+        {s.partition("=")[2] for s in settings} or {
+            "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage",
+            "nvidia.com/gpucores", "nvidia.com/priority"})
+
+
+def config_map_folders(spec: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """Each ConfigMap the container mounts, by name, with the folder it is mounted at."""
+    volumes = {v["name"]: v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v}
+    return {volumes[m["name"]]: m["mountPath"] for m in container["volumeMounts"]
+            if m["name"] in volumes and m.get("readOnly")}
+
+
+@pytest.mark.parametrize("plugin", [True, False], ids=["device-plugin", "no-device-plugin"])
+def test_the_daemon_and_the_agents_read_the_device_config_files(helm: Path,
+                                                                plugin: bool) -> None:
+    rendered = render(helm, f"devicePlugin.enabled={str(plugin).lower()}")
+    scheduler = rendered[("Deployment", "pyhami-scheduler")]["spec"]["template"]
+    extender = next(c for c in scheduler["spec"]["containers"] if c["name"] == "extender")
+    folders = config_map_folders(scheduler["spec"], extender)
+    assert f"--device-config={folders['pyhami-device-config']}/device-config.yaml" in extender[
+        "command"]
+    agent = rendered[("DaemonSet", "pyhami-agent")]["spec"]["template"]
+    (container,) = agent["spec"]["containers"]
+    folders = config_map_folders(agent["spec"], container)
+    assert f"--device-config={folders['pyhami-device-config']}/device-config.yaml" in container[
+        "command"]
+    assert f"--node-config={folders['pyhami-node-config']}/config.json" in container["command"]
+    assert not [arg for arg in container["command"] if arg.startswith("--device-split-count")]
+    # A change of either file restarts the pods that read it at start.
+    for template in (scheduler, agent):
+        assert template["metadata"]["annotations"]["checksum/device-config"]
+
+
+def test_a_whole_device_config_and_node_configuration_are_taken_as_given(helm: Path) -> None:
+    content = "nvidia:\n  deviceSplitCount: 3\n  memoryFactor: 2\ncambricon: {}\n"
+    nodes = '{"nodeconfig": [{"name": "gpu-1", "devicememoryscaling": 2}]}'
+    rendered = render(helm, "devicePlugin.deviceSplitCount=7", typed={
+        "device-config.content": content, "devicePlugin.nodeConfiguration.config": nodes})
+    assert device_config_file(rendered) == content
+    node = rendered[("ConfigMap", "pyhami-node-config")]["data"]["config.json"]
+    assert json.loads(node) == json.loads(nodes)
+    changed = render(helm, typed={"device-config.content": content})
+    assert (changed[("DaemonSet", "pyhami-agent")]["spec"]["template"]["metadata"]["annotations"]
+            != render(helm)[("DaemonSet", "pyhami-agent")]["spec"]["template"]["metadata"][
+                "annotations"])
+
+
+def test_an_existing_node_config_map_is_mounted_and_none_made(helm: Path) -> None:
+    rendered = render(helm, "devicePlugin.nodeConfiguration.externalConfigName=hami-device-plugin")
+    assert not [name for kind, name in rendered if kind == "ConfigMap" and "node-config" in name]
+    agent = rendered[("DaemonSet", "pyhami-agent")]["spec"]["template"]["spec"]
+    assert "hami-device-plugin" in config_map_folders(agent, agent["containers"][0])
+
+
+@pytest.mark.parametrize(("settings", "expected"), [
+    ([], None), (["devicePlugin.runtimeClassName=nvidia"], "nvidia"),
+    (["devicePlugin.runtimeClassName=nvidia", "agent.runtimeClassName=kata"], "kata"),
+], ids=["none", "devicePlugin", "agent-first"])
+def test_the_agent_runs_under_the_device_plugins_runtime_class(
+        helm: Path, settings: list[str], expected: str | None) -> None:
+    agent = render(helm, *settings)[("DaemonSet", "pyhami-agent")]["spec"]["template"]["spec"]
+    assert agent.get("runtimeClassName") == expected
 
 
 def test_helm_install_and_uninstall_against_the_api_server(

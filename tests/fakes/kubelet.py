@@ -32,6 +32,8 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
         self._watch: asyncio.Task[None] | None = None
+        self.options: api_pb2.DevicePluginOptions | None = None
+        """What the plugin answered GetDevicePluginOptions, once it registered."""
 
     async def start(self) -> None:
         server = grpc.aio.server()
@@ -71,8 +73,7 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
         return api_pb2_grpc.DevicePluginStub(self._channel)
 
     async def _list_and_watch(self, plugin: api_pb2_grpc.DevicePluginStub) -> None:
-        options = await plugin.GetDevicePluginOptions(api_pb2.Empty())
-        assert options.get_preferred_allocation_available
+        self.options = await plugin.GetDevicePluginOptions(api_pb2.Empty())
         async for response in plugin.ListAndWatch(api_pb2.Empty()):
             await self.lists.put(list(response.devices))
 
@@ -80,13 +81,17 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
         return await asyncio.wait_for(self.lists.get(), WAIT_S)
 
     async def admit(self, size: int) -> api_pb2.ContainerAllocateResponse:
-        """Admit a container asking for ``size`` devices: preference, then Allocate."""
+        """Admit a container asking for ``size`` devices: the plugin's preference where it
+        advertises one, else the first devices of distinct cards, then Allocate."""
         plugin = self.plugin()
         devices = [device_id(uuid, i) for uuid in self._cards for i in range(10)]
-        preferred = await plugin.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(
-            container_requests=[api_pb2.ContainerPreferredAllocationRequest(
-                available_deviceIDs=devices, allocation_size=size)]))
-        chosen = list(preferred.container_responses[0].deviceIDs)
+        if self.options is not None and self.options.get_preferred_allocation_available:
+            preferred = await plugin.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(
+                container_requests=[api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=devices, allocation_size=size)]))
+            chosen = list(preferred.container_responses[0].deviceIDs)
+        else:
+            chosen = [device_id(uuid, 0) for uuid in self._cards[:size]]
         assert len(chosen) == size
         response = await plugin.Allocate(api_pb2.AllocateRequest(
             container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]))

@@ -4,6 +4,7 @@ write them; a node's labels follow its inventory."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,7 +23,8 @@ def _fleet() -> Fleet:
     fleet = Fleet()
     fleet.upsert_node(Node(name="a", devices=[
         Card(uuid="GPU-a0", index=0, type="NVIDIA-A100", memory=81920),
-        Card(uuid="GPU-a1", index=1, type=ODD_TYPE, memory=15360, cores=50, health=False)]))
+        Card(uuid="GPU-a1", index=1, type=ODD_TYPE, memory=15360, cores=50, health=False,
+             physical_memory=7680, physical_cores=100)]))
     fleet.upsert_node(Node(name="b", devices=[
         Card(uuid="GPU-b0", index=0, type="NVIDIA-A100", memory=0)]))
     fleet.allocate("default/p", Allocation(node="a", containers=(
@@ -60,6 +62,10 @@ class Reference(Collector):
                         labels, usage.memory / card.memory)
                 families["pyhami_gpu_healthy"].add_metric([*labels[:4], "", "", ""],
                                                           1 if card.health else 0)
+                families["pyhami_gpu_physical_memory_bytes"].add_metric(
+                    [*labels[:4], "", "", ""], card.own_memory * MIB)
+                families["pyhami_gpu_physical_core_ratio"].add_metric(
+                    [*labels[:4], "", "", ""], card.own_cores)
         return list(families.values())
 
 
@@ -84,6 +90,27 @@ def test_the_cards_text_reads_as_prometheus_client_would_write_it() -> None:
     # A card of no memory has no allocated ratio.
     assert not any(name == "hami_node_gpu_memory_allocated_ratio" and labels["node"] == "b"
                    for name, labels, _ in expected)
+
+
+@pytest.mark.parametrize(("card", "registered", "physical"), [
+    pytest.param(Card(uuid="GPU-c0", index=0, type="NVIDIA-T4", memory=15360),
+                 (15360, 100), (15360, 100), id="unscaled"),
+    pytest.param(Card(uuid="GPU-c0", index=0, type="NVIDIA-T4", memory=30720,
+                      physical_memory=15360), (30720, 100), (15360, 100), id="memory-x2"),
+    pytest.param(Card(uuid="GPU-c0", index=0, type="NVIDIA-T4", memory=15360, cores=150,
+                      physical_cores=100), (15360, 150), (15360, 100), id="cores-x1.5"),
+])
+def test_hamis_gauges_show_the_registered_figures_and_pyhamis_the_physical(
+        card: Card, registered: tuple[int, int], physical: tuple[int, int]) -> None:
+    """HAMi's limit gauges report the registered (scaled) figures, as HAMi's scheduler
+    reports its registered devmem and devcore; pyhami's the card's own beside them."""
+    fleet = Fleet()
+    fleet.upsert_node(Node(name="c", devices=[card]))
+    found = {name: value for name, _, value in _samples(CardGauges(lambda: fleet).text())}
+    assert (found["hami_gpu_memory_limit_bytes"], found["hami_gpu_core_limit_ratio"]) == (
+        registered[0] * MIB, registered[1])
+    assert (found["pyhami_gpu_physical_memory_bytes"],
+            found["pyhami_gpu_physical_core_ratio"]) == (physical[0] * MIB, physical[1])
 
 
 def test_a_replaced_inventory_is_labelled_afresh_and_a_forgotten_node_leaves() -> None:

@@ -304,7 +304,8 @@ async def test_an_agent_asks_for_its_own_nodes_allocations_only(
     agent = await connect(settings, "pyhami-agent")
     try:
         reply = await agent.request(allocations_subject("node-a"), b"", timeout=5)
-        assert decode_pending(reply.data) == PendingAllocations(node="node-a", pods=[])
+        assert decode_pending(reply.data) == PendingAllocations(node="node-a", pods=[],
+                                                                holding=[])
         # The daemon answers every valid node's request: no answer means the server refused.
         with pytest.raises(nats.errors.TimeoutError):
             await agent.request(allocations_subject("node-b"), b"", timeout=1)

@@ -21,6 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.core import Fleet, PodManifest, decide, parse_pod
+from common.core.deviceconfig import DeviceConfig, ResourceNames
+from common.core.pod import Defaults
 from common.core.quota import ResourceQuotaManifest, parse_quota
 from pyhami.sandbox import DEFAULTS
 from scheduler.metrics import Metrics, Sources
@@ -52,11 +54,12 @@ def quota_manifest(namespace: str, name: str, hard: dict[str, int | str],
 
 
 def gpu_pod(namespace: str, name: str, containers: list[dict[str, int]],
-            priority_class: str | None = None) -> PodManifest:
-    """A binpacking pod whose containers each take the limits given (one card each)."""
+            priority_class: str | None = None, count: str = "nvidia.com/gpu") -> PodManifest:
+    """A binpacking pod whose containers each take the limits given (one card each of the
+    ``count`` resource)."""
     spec: dict[str, Any] = {"containers": [
         {"name": f"c{i}", "image": "busybox",
-         "resources": {"limits": {"nvidia.com/gpu": 1, **limits}}}
+         "resources": {"limits": {count: 1, **limits}}}
         for i, limits in enumerate(containers)]}
     if priority_class is not None:
         spec["priorityClassName"] = priority_class
@@ -67,18 +70,23 @@ def gpu_pod(namespace: str, name: str, containers: list[dict[str, int]],
 class Scraped:
     """A fleet with quotas, its daemon's metrics, and what a scrape reads."""
 
-    def __init__(self, nodes: int = 2) -> None:
+    def __init__(self, nodes: int = 2, device: DeviceConfig | None = None) -> None:
+        """``device``: the daemon's device configuration (HAMi's chart defaults when None),
+        which the quotas and pods are read under and the metrics name."""
+        self.device = device or DeviceConfig()
         self.fleet: Fleet = fleet_of(*(node(f"gpu-{i}", 4) for i in range(nodes)))
         self.metrics = Metrics(Sources(fleet=lambda: self.fleet, last_heard=dict,
                                        stale=frozenset, ready=lambda: True,
-                                       leading=lambda: True, slices_enforced=dict))
+                                       leading=lambda: True, slices_enforced=dict),
+                               self.device.resources)
 
     def quota(self, manifest: ResourceQuotaManifest) -> None:
-        self.fleet.quotas.set_quota(parse_quota(manifest))
+        self.fleet.quotas.set_quota(parse_quota(manifest, self.device))
 
     def place(self, pod: PodManifest) -> None:
         """Decide and book the allocation, as the daemon does at /filter."""
-        decision = decide(self.fleet, parse_pod(pod, DEFAULTS))
+        defaults = Defaults(DEFAULTS.gpu_policy, DEFAULTS.node_policy, self.device)
+        decision = decide(self.fleet, parse_pod(pod, defaults))
         assert decision.allocation is not None, decision.failed_nodes
         self.fleet.allocate(decision.pod, decision.allocation)
 
@@ -209,3 +217,37 @@ def test_use_is_released_when_a_pod_ends(quota: bool, after: Series) -> None:
         # keeps a namespace's entry once it has seen use, may go on showing a 0).
         assert families[HAMI_USED] == {}
         assert families[OWN_USED] == {}
+
+
+CUSTOM = ResourceNames(count="example.com/vgpu", memory="example.com/vmem",
+                       memory_percentage="example.com/vmem-share", cores="example.com/vcores",
+                       priority="example.com/vprio")
+
+
+@pytest.mark.parametrize("names", [
+    pytest.param(ResourceNames(), id="hamis-default-names"),
+    pytest.param(CUSTOM, id="configured-names"),
+])
+def test_the_gauges_name_the_configured_resources(names: ResourceNames) -> None:
+    """A daemon configured with other resource names reads quotas under them and names
+    them in every quota gauge and its help; HAMi's default names appear nowhere then."""
+    scraped = Scraped(device=DeviceConfig(resources=names))
+    scraped.quota(quota_manifest("team-a", "gpu-quota", {f"limits.{names.memory}": 8000,
+                                                         f"limits.{names.cores}": 100}))
+    scraped.place(gpu_pod("team-a", "p", [{names.memory: 3000, names.cores: 30}],
+                          count=names.count))
+    scraped.place(gpu_pod("free", "q", [{names.memory: 1000, names.cores: 10}],
+                          count=names.count))
+    families = scraped.families()
+    assert families[HAMI_USED] == {("team-a", names.memory, "8000", "vGPU"): 3000,
+                                   ("team-a", names.cores, "100", "vGPU"): 30,
+                                   ("free", names.memory, "0", "vGPU"): 1000,
+                                   ("free", names.cores, "0", "vGPU"): 10}
+    assert families[HAMI_LIMIT] == {("team-a", names.memory, "vGPU"): 8000,
+                                    ("team-a", names.cores, "vGPU"): 100}
+    assert families[OWN_USED] == {("team-a", "gpu-quota", names.memory): 3000,
+                                  ("team-a", "gpu-quota", names.cores): 30}
+    text = scraped.metrics.exposition().decode()
+    assert f"in its units (MiB of {names.memory}, percent of a card of {names.cores})" in text
+    if names == CUSTOM:
+        assert "nvidia.com" not in text

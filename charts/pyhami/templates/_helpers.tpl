@@ -64,6 +64,53 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- define "pyhami.natsAuthSecret" -}}{{ include "pyhami.fullname" . }}-nats-auth{{- end -}}
 {{- define "pyhami.natsTokenDir" -}}/var/run/secrets/pyhami/nats{{- end -}}
 
+{{/* HAMi's device configuration: device-config.yaml (the scheduler and the agents read
+it) and the device plugin's config.json (the agents), each a ConfigMap mounted as a folder. */}}
+{{- define "pyhami.deviceConfig" -}}{{ include "pyhami.fullname" . }}-device-config{{- end -}}
+{{- define "pyhami.deviceConfigDir" -}}/etc/pyhami/device-config{{- end -}}
+{{- define "pyhami.nodeConfig" -}}
+{{- .Values.devicePlugin.nodeConfiguration.externalConfigName | default (printf "%s-node-config" (include "pyhami.fullname" .)) -}}
+{{- end -}}
+{{- define "pyhami.nodeConfigDir" -}}/etc/pyhami/node-config{{- end -}}
+
+{{/* The device-config.yaml pyhami reads: device-config.content whole when set (as HAMi's
+chart takes it), else the nvidia: section HAMi's chart renders from the values under HAMi's
+names. Keys left out (migProfileAllowlist) read as HAMi's chart defaults. */}}
+{{- define "pyhami.deviceConfigYaml" -}}
+{{- $content := (index .Values "device-config").content -}}
+{{- if $content -}}
+{{ $content }}
+{{- else -}}
+{{- $plugin := .Values.devicePlugin -}}
+{{- $scheduler := .Values.scheduler -}}
+nvidia:
+  resourceCountName: {{ .Values.resourceName | toJson }}
+  resourceMemoryName: {{ .Values.resourceMem | toJson }}
+  resourceMemoryPercentageName: {{ .Values.resourceMemPercentage | toJson }}
+  resourceCoreName: {{ .Values.resourceCores | toJson }}
+  resourcePriorityName: {{ .Values.resourcePriority | toJson }}
+  overwriteEnv: false
+  defaultMemory: {{ $scheduler.defaultMem | toJson }}
+  defaultCores: {{ $scheduler.defaultCores | toJson }}
+  defaultGPUNum: {{ $scheduler.defaultGPUNum | toJson }}
+  preConfiguredDeviceMemory: 0
+  memoryFactor: 1
+  deviceSplitCount: {{ $plugin.deviceSplitCount | toJson }}
+  deviceMemoryScaling: {{ $plugin.deviceMemoryScaling | toJson }}
+  deviceCoreScaling: {{ $plugin.deviceCoreScaling | toJson }}
+  enableNumaTopology: false
+  gpuCorePolicy: default
+  libCudaLogLevel: 1
+  runtimeClassName: {{ $plugin.runtimeClassName | toJson }}
+{{- end -}}
+{{- end -}}
+
+{{/* The config.json pyhami's agents read: devicePlugin.nodeConfiguration.config, or no
+node entries (every node on device-config.yaml's values). */}}
+{{- define "pyhami.nodeConfigJson" -}}
+{{- .Values.devicePlugin.nodeConfiguration.config | default "{\"nodeconfig\": []}" -}}
+{{- end -}}
+
 {{/* The extender over HTTPS: the daemon's files, and kube-scheduler's (one Secret volume
 each, holding only the keys that container needs). */}}
 {{- define "pyhami.extenderTlsDir" -}}/etc/pyhami/extender-tls{{- end -}}
@@ -199,6 +246,11 @@ milliseconds. */}}
 {{- end -}}
 {{- if ne (empty $tls.certKey) (empty $tls.keyKey) -}}
 {{- fail "nats.tls.certKey and nats.tls.keyKey go together (the client certificate and its key)" -}}
+{{- end -}}
+{{- with .Values.devicePlugin.nodeConfiguration.config -}}
+{{- if hasKey (fromJson .) "Error" -}}
+{{- fail "devicePlugin.nodeConfiguration.config is not JSON: HAMi's config.json, {\"nodeconfig\": [...]}" -}}
+{{- end -}}
 {{- end -}}
 {{- $extenderTls := .Values.scheduler.extender.tls -}}
 {{- if and $extenderTls.enabled (not $extenderTls.secretName) -}}

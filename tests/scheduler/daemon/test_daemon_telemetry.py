@@ -11,6 +11,7 @@ import aiohttp
 import msgspec
 import nats
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from common import telemetry
 from common.natsserver import LocalNatsServer, free_port
@@ -135,3 +136,68 @@ async def test_bad_inventory_is_counted_and_dropped_and_a_vanished_card_reported
     finally:
         await client.close()
 
+
+
+async def test_a_scaled_card_shows_its_registered_and_its_own_figures(
+    metered: Metered, http: aiohttp.ClientSession,
+) -> None:
+    """An agent under deviceMemoryScaling 2 and deviceCoreScaling 1.5 registers its T4s at
+    30720 MiB and 150 cores: HAMi's gauges report those, as HAMi's scheduler reports its
+    registered figures; pyhami's gauges, /ledgerz and the usage on NATS the card's own."""
+    mib = 1024 * 1024
+    node = "gpu-node-1"
+    client = await nats.connect(metered.nats.url)
+    usage: list[telemetry.UsageEvent] = []
+
+    async def on_usage(message: nats.aio.msg.Msg) -> None:
+        usage.append(telemetry.decode_usage(message.data))
+
+    try:
+        await client.subscribe(telemetry.USAGE_SUBJECTS, cb=on_usage)
+        await metered.node.halt()
+        cards = [ReportedCard(uuid=f"GPU-{node}-{i}", index=i, type="NVIDIA-Tesla T4",
+                              memory=30720, cores=150, numa=0, links={},
+                              physical_memory=15360, physical_cores=100) for i in range(2)]
+        await client.publish(inventory_subject(node), encode(Inventory(
+            schema=SCHEMA_VERSION, node=node, agent_version="test", instance="scaled",
+            sequence=1, timestamp=time.time(), reason="start", heartbeat_interval=10.0,
+            cards=cards)))
+        await client.flush()
+        # Two pods of 15000 MiB share one 15360 MiB card registered at twice its size.
+        binpack = {"hami.io/gpu-scheduler-policy": "binpack"}
+        for name in ("a", "b"):
+            await metered.pods.submit_and_place(lab_pod(name, binpack, {
+                "nvidia.com/gpu": 1, "nvidia.com/gpumem": 15000}))
+
+        async with http.get(metered.metrics_url) as response:
+            text = await response.text()
+        at = {"node": node, "device_uuid": f"GPU-{node}-0", "device_index": "0",
+              "device_type": "NVIDIA-Tesla T4"}
+        hami = {**at, "zone": "vGPU"}
+        found = {(sample.name, frozenset(sample.labels.items())): sample.value
+                 for family in text_string_to_metric_families(text)
+                 for sample in family.samples}
+        for name, labels, expected in (
+                ("hami_gpu_memory_limit_bytes", hami, 30720 * mib),
+                ("hami_gpu_core_limit_ratio", hami, 150),
+                ("hami_gpu_memory_allocated_bytes", {**hami, "device_cores": "150"},
+                 30000 * mib),
+                ("pyhami_gpu_physical_memory_bytes", at, 15360 * mib),
+                ("pyhami_gpu_physical_core_ratio", at, 100)):
+            assert found[name, frozenset(labels.items())] == expected, name
+
+        async with http.get(f"{metered.pods.url}/ledgerz") as response:
+            ledger = await response.json()
+        first = next(c for c in ledger["cards"] if c["index"] == 0)
+        assert (first["memory"], first["cores"], first["physical_memory"],
+                first["physical_cores"], first["usedmem"]) == (30720, 150, 15360, 100, 30000)
+
+        async def usage_seen() -> bool:
+            return any(c.usedmem == 30000 for e in usage for c in e.cards)
+
+        await eventually(usage_seen, "the usage of the shared card")
+        card = next(c for e in usage for c in e.cards if c.usedmem == 30000)
+        assert (card.memory, card.cores, card.physical_memory, card.physical_cores) == (
+            30720, 150, 15360, 100)
+    finally:
+        await client.close()

@@ -3,6 +3,7 @@ asks which pods wait for their cards and reports how the kubelet's Allocate went
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from nats.aio.client import Client
 from common.core import decode_devices
 from common.wire import (
     AllocationOutcome,
+    HoldingPod,
     PendingAllocations,
     allocated_subject,
     allocations_subject,
@@ -85,6 +87,30 @@ async def test_success_sets_the_bind_phase_and_the_pod_is_no_longer_listed(
     assert allocations_counted(lab, "success") == 1
 
 
+async def test_every_pod_holding_cards_on_the_node_is_listed_until_it_is_gone(
+        lab: Lab, bus: Client) -> None:
+    await lab.pods.submit_and_place(lab_pod("served"))
+    await lab.pods.submit_and_place(lab_pod("waiting"))
+    served, waiting = await lab.pods.get("served"), await lab.pods.get("waiting")
+    await report(bus, served, ok=True)
+    await eventually(lambda: _phase_is(lab, "served", "success"), "bind-phase success")
+    answer = await pending(bus)
+    assert [pod.name for pod in answer.pods] == ["waiting"]
+    assert answer.holding == [HoldingPod(namespace="default", name=name, uid=pod["uid"])
+                              for name, pod in (("served", served), ("waiting", waiting))]
+    assert (await pending(bus, "gpu-node-2")).holding == []
+    await lab.pods.delete("served")
+
+    async def released() -> bool:
+        return [pod.name for pod in (await pending(bus)).holding or ()] == ["waiting"]
+
+    await eventually(released, "the deleted pod no longer holding cards")
+
+
+async def _phase_is(lab: Lab, name: str, phase: str) -> bool:
+    return bool((await lab.pods.get(name))["annotations"]["hami.io/bind-phase"] == phase)
+
+
 async def test_failure_sets_failed_with_an_event_saying_why(lab: Lab, bus: Client) -> None:
     await lab.pods.submit_and_place(lab_pod("refused"))
     await report(bus, await lab.pods.get("refused"), ok=False,
@@ -122,3 +148,50 @@ async def test_a_request_naming_no_valid_node_gets_no_answer(lab: Lab, bus: Clie
     with pytest.raises(nats.errors.TimeoutError):
         await bus.request(allocations_subject("Not_A_Node"), b"", timeout=1)
     assert allocations_counted(lab, "refused") == 1
+
+
+async def test_the_listed_pod_names_its_containers_and_their_control_switch(
+        lab: Lab, bus: Client) -> None:
+    manifest = lab_pod("named")
+    manifest["spec"]["initContainers"] = [{"name": "warmup", "image": "busybox"}]
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "CUDA_DISABLE_CONTROL", "value": "True"}]
+    manifest["spec"]["containers"].append({"name": "sidecar", "image": "busybox", "env": [
+        {"name": "CUDA_DISABLE_CONTROL", "value": "no"}]})
+    await lab.pods.submit_and_place(manifest)
+    (listed,) = (await pending(bus)).pods
+    assert [(c.name, c.control_disabled) for c in listed.containers] == [
+        ("warmup", False), ("app", True), ("sidecar", False)]
+
+
+async def test_a_pod_whose_bind_is_under_way_is_listed_and_its_outcome_taken(
+        lab: Lab, bus: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubelet sees the Binding before the daemon has the API server's answer: its
+    device plugin asks then, and reports, while the daemon's bind is still under way."""
+    assert lab.daemon.service is not None
+    cluster = lab.daemon.service.cluster
+    bind = cluster.bind
+    written, answer = asyncio.Event(), asyncio.Event()
+
+    async def bind_answered_late(*args: Any, **kwargs: Any) -> None:
+        await bind(*args, **kwargs)
+        written.set()
+        await answer.wait()
+
+    monkeypatch.setattr(cluster, "bind", bind_answered_late)
+    await lab.pods.submit(lab_pod("in-flight"))
+    await asyncio.wait_for(written.wait(), 10)
+    try:
+        pod = await lab.pods.get("in-flight")
+        assert pod["node"] == NODE
+        assert [p.name for p in (await pending(bus)).pods] == ["in-flight"]
+        await report(bus, pod, ok=True)
+
+        async def succeeded() -> bool:
+            notes = (await lab.pods.get("in-flight"))["annotations"]
+            return notes["hami.io/bind-phase"] == "success"
+
+        await eventually(succeeded, "bind-phase success while the bind is under way")
+    finally:
+        answer.set()
+    assert allocations_counted(lab, "success") == 1

@@ -23,6 +23,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from common.core.deviceconfig import DeviceConfig, ResourceNames
 from common.core.pod import PodManifest
 from common.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, standalone_config
@@ -121,15 +122,21 @@ def patch_of(answer: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def apply(patch: list[dict[str, Any]], document: dict[str, Any]) -> dict[str, Any]:
-    """RFC 6902 add/replace of object members: the operations the webhook sends."""
+    """RFC 6902 add of object members and appends to arrays (``/-``): the operations the
+    webhook sends. A path through a missing member fails, as it would in the API server."""
     result = copy.deepcopy(document)
     for operation in patch:
         assert operation["op"] in ("add", "replace"), operation
         *parents, last = operation["path"].lstrip("/").split("/")
-        target = result
+        target: Any = result
         for part in parents:
-            target = target[part]
-        target[last] = operation["value"]
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if last == "-":
+            assert isinstance(target, list), operation
+            target.append(operation["value"])
+        else:
+            assert isinstance(target, dict), operation
+            target[last] = operation["value"]
     return result
 
 
@@ -167,13 +174,20 @@ async def test_a_pod_left_alone_is_allowed_without_a_patch(webhook: Webhook,
     assert answer["response"] == {"uid": "uid-2", "allowed": True}
 
 
-async def test_a_privileged_gpu_pod_is_allowed_with_a_warning(webhook: Webhook) -> None:
-    _, answer = await webhook.post(review(pod_json(GPU_LIMITS, privileged=True)))
-    response = answer["response"]
-    assert response["allowed"] is True
-    assert "patch" not in response
-    (warning,) = response["warnings"]
-    assert "container 'app' is privileged" in warning
+@pytest.mark.parametrize(("privileged", "node", "message"), [
+    (True, None, "container app is privileged"),
+    (False, "gpu-node-1", "pod has node assigned"),
+    (True, "gpu-node-1", "container app is privileged"),
+], ids=["privileged", "on-a-node", "both"])
+async def test_hamis_denials(webhook: Webhook, privileged: bool, node: str | None,
+                             message: str) -> None:
+    pod = pod_json(GPU_LIMITS, privileged=privileged)
+    if node is not None:
+        pod["spec"]["nodeName"] = node
+    status, answer = await webhook.post(review(pod, uid="uid-3"))
+    assert status == 200
+    assert answer["response"] == {"uid": "uid-3", "allowed": False, "status": {
+        "code": 403, "reason": "Forbidden", "message": message}}
 
 
 async def test_a_v1beta1_review_is_answered_in_v1beta1(webhook: Webhook) -> None:
@@ -375,3 +389,84 @@ async def test_a_pod_pyhami_will_not_place_is_not_judged_by_quota(
     assert status == 200
     assert answer["response"]["allowed"] is True
     assert gate.asked == []
+
+
+async def test_a_privileged_pod_over_quota_gets_the_privileged_denial(
+        gated: tuple[Webhook, RecordingGate]) -> None:
+    # HAMi's order: the quota is judged last, once the pod is otherwise admitted.
+    hook, gate = gated
+    _, answer = await hook.post(review(pod_json(GPU_LIMITS, privileged=True)))
+    assert answer["response"]["status"]["message"] == "container app is privileged"
+    assert gate.asked == []
+
+
+EVERY_KEY = DeviceConfig(
+    resources=ResourceNames(count="example.com/vgpu", priority="example.com/vprio"),
+    overwrite_env=True, gpu_core_policy="force", runtime_class_name="nvidia")
+
+
+def two_container_pod(limits: dict[str, str], app_env: list[dict[str, str]] | None,
+                      runtime_class: str | None = None) -> dict[str, Any]:
+    """A pod with an ``app`` (``limits``, ``app_env``) and a ``sidecar`` that has an env
+    list, an init container without one."""
+    pod = pod_json(limits)
+    app = pod["spec"]["containers"][0]
+    if app_env is not None:
+        app["env"] = app_env
+    pod["spec"]["containers"].append({"name": "sidecar", "image": "envoy",
+                                      "env": [{"name": "MODE", "value": "proxy"}]})
+    pod["spec"]["initContainers"] = [{"name": "warm-up", "image": "busybox"}]
+    if runtime_class is not None:
+        pod["spec"]["runtimeClassName"] = runtime_class
+    return pod
+
+
+@pytest.mark.parametrize(("device", "limits", "app_env", "expected"), [
+    (DeviceConfig(), {"nvidia.com/gpu": "1", "nvidia.com/priority": "1"}, None, {
+        "app": [{"name": "CUDA_TASK_PRIORITY", "value": "1"}],
+        "sidecar": [{"name": "MODE", "value": "proxy"}],
+        "warm-up": None, "runtimeClassName": None}),
+    (DeviceConfig(), GPU_LIMITS, None, {
+        "app": None, "sidecar": [{"name": "MODE", "value": "proxy"}],
+        "warm-up": None, "runtimeClassName": None}),
+    (EVERY_KEY, {"example.com/vgpu": "1", "example.com/vprio": "2"},
+     [{"name": "CUDA_TASK_PRIORITY", "value": "0"}], {
+         "app": [{"name": "CUDA_TASK_PRIORITY", "value": "0"},
+                 {"name": "CUDA_TASK_PRIORITY", "value": "2"},
+                 {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}],
+         "sidecar": [{"name": "MODE", "value": "proxy"},
+                     {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
+                     {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}],
+         "warm-up": [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
+                     {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}],
+         "runtimeClassName": "nvidia"}),
+], ids=["priority-under-defaults", "chart-defaults", "every-key"])
+async def test_the_patch_applied_gives_hamis_pod(
+        tls: ServerFiles, device: DeviceConfig, limits: dict[str, str],
+        app_env: list[dict[str, str]] | None, expected: dict[str, Any]) -> None:
+    runner = web.AppRunner(webhook_app(OURS, None, device))
+    await runner.setup()
+    port = free_port()
+    files = CertificateFiles("webhook", WEBHOOK_FLAGS, str(tls.cert), str(tls.key))
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=files.context).start()
+    pod = two_container_pod(limits, app_env)
+    try:
+        connector = aiohttp.TCPConnector(ssl=client_context(tls.ca))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            hook = Webhook(f"https://127.0.0.1:{port}/webhook", session)
+            status, answer = await hook.post(review(pod))
+    finally:
+        await runner.cleanup()
+    assert status == 200 and answer["response"]["allowed"] is True
+    patched = apply(patch_of(answer), pod)
+    spec = patched["spec"]
+    every = {c["name"]: c.get("env") for c in [*spec["initContainers"], *spec["containers"]]}
+    assert {**every, "runtimeClassName": spec.get("runtimeClassName")} == expected
+    assert spec["schedulerName"] == OURS
+    # Nothing else of the pod changed.
+    for container in [*spec["initContainers"], *spec["containers"]]:
+        container.pop("env", None)
+    for container in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        container.pop("env", None)
+    spec.pop("runtimeClassName", None)
+    assert patched == {**pod, "spec": {**pod["spec"], "schedulerName": OURS}}

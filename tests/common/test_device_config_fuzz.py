@@ -1,0 +1,109 @@
+"""Fuzz targets for the device configuration's two doors: whatever a ``device-config.yaml``
+or a ``config.json`` holds, it is either read whole or refused with one line naming the
+file, never a traceback (hypothesis).
+
+Documents are HAMi's chart files with keys replaced by arbitrary values, keys added, and
+whole arbitrary documents; the bytes target feeds the file reader itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.core.deviceconfig import (
+    DeviceConfigError,
+    effective_for,
+    parse_device_config,
+    parse_node_config,
+)
+from common.deviceconfig import load_device_config, load_node_config
+from common.files import InputFileError
+
+HAMI = Path(__file__).parent / "hami"
+CHANGED_NVIDIA: dict[str, Any] = yaml.safe_load(
+    (HAMI / "device-config-changed.yaml").read_text())["nvidia"]
+CHANGED_ENTRY: dict[str, Any] = json.loads(
+    (HAMI / "config-changed.json").read_text())["nodeconfig"][0]
+FUZZ = settings(max_examples=300, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40),
+    st.sampled_from(["nvidia.com/gpu", "example.com/x", "-1", "1e309", "hami-core", "mig",
+                     "force", "default", "", "GPU-aaaa", "101"]))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=12)
+
+
+def _one_line(error: Exception, source: str) -> None:
+    message = str(error)
+    assert message.startswith(source), message
+    assert "\n" not in message, message
+    assert "Traceback" not in message
+
+
+@FUZZ
+@given(changes=st.dictionaries(st.sampled_from([*CHANGED_NVIDIA, "unknownKey"]), values,
+                               max_size=4))
+def test_a_changed_nvidia_section_is_read_or_refused_in_one_line(
+        changes: dict[str, Any]) -> None:
+    document = {"nvidia": {**CHANGED_NVIDIA, **changes}}
+    try:
+        parse_device_config(document, "device-config.yaml")
+    except DeviceConfigError as error:
+        _one_line(error, "device-config.yaml")
+
+
+@FUZZ
+@given(document=values)
+def test_any_device_config_document_is_read_or_refused_in_one_line(document: object) -> None:
+    try:
+        parse_device_config(document, "device-config.yaml")
+    except DeviceConfigError as error:
+        _one_line(error, "device-config.yaml")
+
+
+@FUZZ
+@given(changes=st.dictionaries(st.sampled_from([*CHANGED_ENTRY, "unknownkey"]), values,
+                               max_size=4),
+       node=st.sampled_from(["gpu-1", "gpu-2"]))
+def test_a_changed_node_entry_is_read_or_refused_in_one_line(changes: dict[str, Any],
+                                                             node: str) -> None:
+    document = {"nodeconfig": [{**CHANGED_ENTRY, **changes}]}
+    try:
+        nodes = parse_node_config(document, "config.json").value
+    except DeviceConfigError as error:
+        _one_line(error, "config.json")
+        return
+    effective_for(parse_device_config(None, "device-config.yaml").value, nodes, node)
+
+
+@FUZZ
+@given(document=values)
+def test_any_node_config_document_is_read_or_refused_in_one_line(document: object) -> None:
+    try:
+        parse_node_config(document, "config.json")
+    except DeviceConfigError as error:
+        _one_line(error, "config.json")
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(content=st.one_of(st.binary(max_size=200),
+                         st.text(max_size=200).map(lambda text: text.encode())))
+def test_any_file_is_read_or_refused_in_one_line(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "file"
+    path.write_bytes(content)
+    for load in (load_device_config, load_node_config):
+        try:
+            load(path)
+        except (InputFileError, DeviceConfigError) as error:
+            _one_line(error, str(path))
