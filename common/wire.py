@@ -199,13 +199,30 @@ class PendingPod(msgspec.Struct, frozen=True, kw_only=True):
 PendingPods = Annotated[list[PendingPod], msgspec.Meta(max_length=PENDING_PODS_MAX)]
 
 
+class HoldingContainer(msgspec.Struct, frozen=True, kw_only=True):
+    """One container of a pod holding cards, and the cards it holds (none for a container
+    without GPU)."""
+
+    name: ContainerName
+    init: bool = False
+    """An init container (HAMi's node monitor reports app containers only)."""
+    cards: Annotated[tuple[UnpatternedUuid, ...], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)] = ()
+
+
+HoldingContainers = Annotated[tuple[HoldingContainer, ...],
+                              msgspec.Meta(max_length=PENDING_CONTAINERS_MAX)]
+
+
 class HoldingPod(msgspec.Struct, frozen=True, kw_only=True):
     """A pod bound to the node that holds cards pyhami booked: HAMi-core's folders of its
-    containers are in use."""
+    containers are in use, and the node's monitor names its usage by these names."""
 
     namespace: str
     name: str
     uid: PodUid
+    containers: HoldingContainers = ()
+    """Init containers first, then app containers, as the allocation annotation lists
+    them; empty from a daemon that predates them."""
 
 
 HoldingPods = Annotated[list[HoldingPod], msgspec.Meta(max_length=PENDING_PODS_MAX)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from common.core import AnnotationError
+from common.core import Allocation, AnnotationError
 from common.core.annotations import (
     BIND_PHASE_ANNOTATION,
     BIND_TIME_ANNOTATION,
@@ -21,6 +21,7 @@ from common.messaging import RateLimitedLog
 from common.wire import (
     ALLOCATED_SUBJECT_PREFIX,
     ALLOCATIONS_SUBJECT_PREFIX,
+    HoldingContainer,
     HoldingPod,
     Inventory,
     PendingAllocations,
@@ -177,20 +178,22 @@ class Reactions(ServicePart):
         pending = [entry for pod in pods if pod is not None
                    if (entry := _pending(pod, node)) is not None]
         pending.sort(key=lambda entry: (entry.bind_time, entry.namespace, entry.name))
+        in_flight = [pod for pod in pods if pod is not None and pod.node == node]
         return PendingAllocations(node=node, pods=pending,
-                                  holding=self._holding(node, pending))
+                                  holding=self._holding(node, in_flight))
 
-    def _holding(self, node: str, pending: list[PendingPod]) -> list[HoldingPod]:
-        """Every pod bound to ``node`` that the ledger holds cards for, and the ``pending``
-        ones (a bind in flight is not yet among the bound). Complete: only the leader
-        answers, and it rebuilt the ledger from the cluster before it led."""
-        bound = self.shared.pods.bound_pods()
-        holding = [HoldingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid)
-                   for key, allocation in sorted(self.state.fleet.allocations().items())
-                   if allocation.node == node and (pod := bound.get(key)) is not None]
-        known = {pod.uid for pod in holding}
-        return [*holding, *(HoldingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid)
-                            for pod in pending if pod.uid not in known)]
+    def _holding(self, node: str, read_now: list[ClusterPod]) -> list[HoldingPod]:
+        """Every pod bound to ``node`` that the ledger holds cards for, and those of
+        ``read_now`` bound there (a bind in flight is not yet among the bound), each with
+        its containers and their cards. Complete: only the leader answers, and it rebuilt
+        the ledger from the cluster before it led."""
+        held = {key: allocation for key, allocation in self.state.fleet.allocations().items()
+                if allocation.node == node}
+        pods = {pod.uid: pod for key, pod in self.shared.pods.bound_pods().items()
+                if key in held}
+        pods.update((pod.uid, pod) for pod in read_now if pod.key in held)
+        return [_holding_pod(pod, held[pod.key])
+                for pod in sorted(pods.values(), key=lambda pod: pod.key)]
 
     async def allocation_outcome(self, subject: str, data: bytes) -> None:
         """Set the pod's bind-phase as its node's device plugin reports (``failed`` with a
@@ -424,6 +427,20 @@ def _limits(quota: Quota) -> str:
         parts.append(f"{quota.cores}% of a card's cores")
     scoped = f", to pods matching {len(quota.rules)} scopes" if quota.rules else ""
     return " and ".join(parts) + scoped
+
+
+def _holding_pod(pod: ClusterPod, allocation: Allocation) -> HoldingPod:
+    """The pod and its containers' cards, as the node's agent names its usage."""
+    spec = pod.manifest.spec
+    init = spec.init_containers or ()
+    containers = []
+    for position, container in enumerate([*init, *spec.containers]):
+        grants = (allocation.containers[position] if position < len(allocation.containers)
+                  else ())
+        containers.append(HoldingContainer(name=container.name, init=position < len(init),
+                                           cards=tuple(grant.uuid for grant in grants)))
+    return HoldingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid,
+                      containers=tuple(containers))
 
 
 def _pending(pod: ClusterPod, node: str) -> PendingPod | None:

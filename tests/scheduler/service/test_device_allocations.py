@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from common.core import decode_devices
 from common.wire import (
     AllocationOutcome,
+    HoldingContainer,
     HoldingPod,
     PendingAllocations,
     allocated_subject,
@@ -23,7 +24,7 @@ from common.wire import (
     encode,
 )
 from pyhami.demo import lab_pod
-from tests.harness import Lab, eventually
+from tests.harness import Lab, card_of, eventually
 
 NODE = "gpu-node-1"
 
@@ -96,8 +97,11 @@ async def test_every_pod_holding_cards_on_the_node_is_listed_until_it_is_gone(
     await eventually(lambda: _phase_is(lab, "served", "success"), "bind-phase success")
     answer = await pending(bus)
     assert [pod.name for pod in answer.pods] == ["waiting"]
-    assert answer.holding == [HoldingPod(namespace="default", name=name, uid=pod["uid"])
-                              for name, pod in (("served", served), ("waiting", waiting))]
+    assert answer.holding == [
+        HoldingPod(namespace="default", name=name, uid=pod["uid"], containers=(
+            HoldingContainer(name="app", cards=(card_of(pod["annotations"][
+                "hami.io/vgpu-devices-allocated"]),)),))
+        for name, pod in (("served", served), ("waiting", waiting))]
     assert (await pending(bus, "gpu-node-2")).holding == []
     await lab.pods.delete("served")
 
@@ -159,9 +163,13 @@ async def test_the_listed_pod_names_its_containers_and_their_control_switch(
     manifest["spec"]["containers"].append({"name": "sidecar", "image": "busybox", "env": [
         {"name": "CUDA_DISABLE_CONTROL", "value": "no"}]})
     await lab.pods.submit_and_place(manifest)
-    (listed,) = (await pending(bus)).pods
+    answer = await pending(bus)
+    (listed,) = answer.pods
     assert [(c.name, c.control_disabled) for c in listed.containers] == [
         ("warmup", False), ("app", True), ("sidecar", False)]
+    (holding,) = answer.holding or ()
+    assert [(c.name, c.init, len(c.cards)) for c in holding.containers] == [
+        ("warmup", True, 0), ("app", False, 1), ("sidecar", False, 0)]
 
 
 async def test_a_pod_whose_bind_is_under_way_is_listed_and_its_outcome_taken(
