@@ -10,6 +10,11 @@ PCI bus, NUMA node, SM count, NVLink peers) and what on every ``read``
 not change while the driver is loaded, usage does. Critical XID events arrive
 on a watcher thread and make a card unhealthy until the agent restarts, as
 the driver's own recovery (a GPU reset) restarts the agent's view too.
+
+The source is also the node monitor's ``HostProbe`` (``agent.monitor.model``): each
+card's memory used and utilization, and its processes with their memory and SM
+utilization, read fresh at each call from a thread of the monitor's own, beside the
+inventory's reads.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +31,9 @@ from typing import Protocol, TypeVar, cast
 
 from agent.errors import AgentError
 from agent.inventory import InventoryError
+from agent.monitor.model import GpuProcess, HostCard
 from common.core.errors import ExternalFailure
+from common.messaging import RateLimitedLog
 from common.wire import ReportedCard
 
 logger = logging.getLogger(__name__)
@@ -33,8 +41,10 @@ logger = logging.getLogger(__name__)
 MIB = 1024 * 1024
 
 # Values from nvml.h; they are part of the driver's ABI and do not change between versions.
+NVML_SUCCESS = 0
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_TIMEOUT = 10
 NVML_FEATURE_ENABLED = 1
 NVML_NVLINK_DEVICE_TYPE_GPU = 0
@@ -47,6 +57,9 @@ APPLICATION_XIDS = frozenset({31, 43, 45})
 
 DEFAULT_SYSFS_ROOT = Path("/sys")
 DEFAULT_EVENT_WAIT_MS = 1000
+# How far back a process's SM utilization is read (nvmlDeviceGetProcessUtilization's
+# timestamp): a few of NVML's sampling periods, as long as the monitor's own 5 s tick.
+DEFAULT_UTILIZATION_WINDOW_S = 5.0
 # Pods one card may hold at once, as HAMi's device plugin splits a card (deviceSplitCount);
 # the node's split count replaces it (agent.registration).
 DEFAULT_SPLIT_COUNT = 10
@@ -61,10 +74,39 @@ class MemoryInfo(Protocol):
     @property
     def total(self) -> int: ...
 
+    @property
+    def used(self) -> int: ...
+
+
+class Utilization(Protocol):
+    """``nvmlDeviceGetUtilizationRates``: percent of the last sample period."""
+
+    @property
+    def gpu(self) -> int: ...
+
+    @property
+    def memory(self) -> int: ...
+
 
 class ProcessInfo(Protocol):
     @property
+    def pid(self) -> int: ...
+
+    @property
     def usedGpuMemory(self) -> int | None: ...
+
+
+class ProcessUtilizationSample(Protocol):
+    """One sample of ``nvmlDeviceGetProcessUtilization``; ``timeStamp`` in microseconds."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def timeStamp(self) -> int: ...
+
+    @property
+    def smUtil(self) -> int: ...
 
 
 class DeviceAttributes(Protocol):
@@ -100,6 +142,9 @@ class NvmlLibrary(Protocol):
     def nvmlDeviceGetNumaNodeId(self, handle: object) -> int: ...
     def nvmlDeviceGetAttributes(self, handle: object) -> DeviceAttributes: ...
     def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> Sequence[ProcessInfo]: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> Utilization: ...
+    def nvmlDeviceGetProcessUtilization(self, handle: object, time_stamp: int,
+                                        ) -> Sequence[ProcessUtilizationSample]: ...
     def nvmlDeviceGetNvLinkState(self, handle: object, link: int) -> int: ...
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: object, link: int) -> PciInfo: ...
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: object, link: int) -> int: ...
@@ -189,6 +234,8 @@ class _Identity:
     handle: object
     index: int
     uuid: str
+    name: str
+    """NVML's name; ``model`` is HAMi's ``NVIDIA-`` and this."""
     model: str
     memory: int
     bus_id: str
@@ -200,21 +247,44 @@ class CardReadError(AgentError, ExternalFailure):
     """One NVML call about one card failed; the text names the call and NVML's error."""
 
 
+class ProbeFailed(CardReadError):
+    """A monitor's NVML call about one card failed: the card is left out of that answer."""
+
+    def __init__(self, call: str, error: Exception) -> None:
+        super().__init__(f"{call}: {error}")
+        self.call = call
+
+
 T = TypeVar("T")
 
 
 class NvmlSource:
-    """An ``InventorySource`` reading the node's cards through NVML."""
+    """An ``InventorySource`` reading the node's cards through NVML, and the node monitor's
+    ``HostProbe``.
+
+    The inventory's ``read`` and the probe's calls may run at once on two threads (NVML
+    itself is thread-safe): the cards identified so far are shared under a lock held only
+    to identify new cards and to copy the list, never around the probe's NVML calls.
+    """
 
     def __init__(self, library: NvmlLibrary | None = None,
                  sysfs_root: Path = DEFAULT_SYSFS_ROOT,
-                 event_wait_ms: int = DEFAULT_EVENT_WAIT_MS) -> None:
+                 event_wait_ms: int = DEFAULT_EVENT_WAIT_MS, *,
+                 utilization_window_s: float = DEFAULT_UTILIZATION_WINDOW_S,
+                 wall_clock: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._nvml = library if library is not None else _pynvml()
         self._sysfs_root = sysfs_root
         self._event_wait_ms = event_wait_ms
+        self._utilization_window_s = utilization_window_s
+        self._wall_clock = wall_clock
         self._handles: list[object] = []
         self._identities: dict[int, _Identity] = {}
         self._links: dict[str, dict[str, int] | None] = {}
+        self._identities_lock = threading.Lock()
+        self._probe_failures: Counter[str] = Counter()
+        self._probe_lock = threading.Lock()
+        self._probe_log = RateLimitedLog(clock, logger)
         self._unidentified_logged: set[int] = set()
         self._xid_faults: dict[str, int] = {}
         self._unattributed_xid: int | None = None
@@ -253,9 +323,107 @@ class NvmlSource:
             logger.warning("NVML did not shut down cleanly: %s", error)
 
     def read(self) -> list[ReportedCard]:
-        self._identify_new()
-        return [self._card(identity)
-                for _, identity in sorted(self._identities.items())]
+        with self._identities_lock:
+            self._identify_new()
+            identities = [identity for _, identity in sorted(self._identities.items())]
+            links = dict(self._links)
+        return [self._card(identity, links.get(identity.uuid)) for identity in identities]
+
+    def host_cards(self) -> list[HostCard]:
+        """Each identified card's memory used and utilization now (``HostProbe``).
+
+        NVML's NOT_SUPPORTED leaves a figure None (HAMi then writes no sample); any other
+        failure leaves the card out of this answer, counted and logged at a bounded rate.
+        """
+        cards = []
+        for identity in self._identified():
+            try:
+                cards.append(self._host_card(identity))
+            except ProbeFailed as error:
+                self._probe_failed(identity, error)
+        return cards
+
+    def gpu_processes(self) -> list[GpuProcess]:
+        """Every compute process on every identified card, with its memory and its SM
+        utilization over the last ``utilization_window_s`` (``HostProbe``).
+
+        A card whose driver cannot list processes (NOT_SUPPORTED) has none; one with no
+        utilization samples (NOT_SUPPORTED, NOT_FOUND) gives its processes 0 %; any other
+        failure leaves the card's processes out, counted and logged at a bounded rate.
+        """
+        # NVML's timestamps are microseconds of the wall clock: samples newer than this.
+        since = max(0, int((self._wall_clock() - self._utilization_window_s) * 1_000_000))
+        processes = []
+        for identity in self._identified():
+            try:
+                processes.extend(self._gpu_processes(identity, since))
+            except ProbeFailed as error:
+                self._probe_failed(identity, error)
+        return processes
+
+    def probe_failures(self) -> dict[str, int]:
+        """How many times each NVML call left a card out of the probe's answers, by call."""
+        with self._probe_lock:
+            return dict(self._probe_failures)
+
+    def _identified(self) -> list[_Identity]:
+        with self._identities_lock:
+            return [identity for _, identity in sorted(self._identities.items())]
+
+    def _probe(self, call: str, function: Callable[[], T],
+               absent: frozenset[int] = frozenset({NVML_ERROR_NOT_SUPPORTED})) -> T | None:
+        """``function``'s answer; None where NVML answers one of the ``absent`` codes (it has
+        no figure); ``ProbeFailed`` for any other NVML error."""
+        try:
+            return function()
+        except self._nvml.NVMLError as error:
+            if _code(error) in absent:
+                return None
+            raise ProbeFailed(call, error) from None
+
+    def _host_card(self, identity: _Identity) -> HostCard:
+        nvml = self._nvml
+        handle = identity.handle
+        memory = self._probe("nvmlDeviceGetMemoryInfo",
+                             lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+        rates = self._probe("nvmlDeviceGetUtilizationRates",
+                            lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+        return HostCard(index=identity.index, uuid=identity.uuid, name=identity.name,
+                        memory_used=None if memory is None else memory.used,
+                        utilization=None if rates is None else rates.gpu,
+                        memory_utilization=None if rates is None else rates.memory)
+
+    def _gpu_processes(self, identity: _Identity, since: int) -> list[GpuProcess]:
+        nvml = self._nvml
+        handle = identity.handle
+        running = self._probe("nvmlDeviceGetComputeRunningProcesses",
+                              lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        if not running:
+            return []
+        # NOT_FOUND: no sample since ``since``. pynvml raises its error with code 0 (success)
+        # when the driver answers with no samples at all: no sample either.
+        samples = self._probe(
+            "nvmlDeviceGetProcessUtilization",
+            lambda: nvml.nvmlDeviceGetProcessUtilization(handle, since),
+            absent=frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_NOT_FOUND, NVML_SUCCESS}))
+        # A process may have several samples in the window: its latest one counts.
+        latest: dict[int, ProcessUtilizationSample] = {}
+        for sample in samples or ():
+            known = latest.get(sample.pid)
+            if known is None or sample.timeStamp > known.timeStamp:
+                latest[sample.pid] = sample
+        return [GpuProcess(pid=process.pid, device_uuid=identity.uuid,
+                           memory_used=process.usedGpuMemory or 0,
+                           utilization=latest[process.pid].smUtil
+                           if process.pid in latest else 0)
+                for process in running]
+
+    def _probe_failed(self, identity: _Identity, error: ProbeFailed) -> None:
+        with self._probe_lock:
+            self._probe_failures[error.call] += 1
+        self._probe_log.warning(f"{error.call} {identity.uuid}",
+                                "card %d (%s) left out of the monitor's reading: %s",
+                                identity.index, identity.uuid, error)
 
     def _identify_new(self) -> None:
         """Identify the cards not identified yet; their arrival changes everyone's links."""
@@ -287,9 +455,9 @@ class NvmlSource:
         memory = self._memory(handle)
         pci = self._call("nvmlDeviceGetPciInfo", lambda: nvml.nvmlDeviceGetPciInfo(handle))
         bus_id = sysfs_bus_id(pci.busId)
-        return _Identity(handle=handle, index=index, uuid=uuid, model=f"NVIDIA-{name}",
-                         memory=memory, bus_id=bus_id, numa=self._numa(handle, bus_id),
-                         sm_count=self._sm_count(handle))
+        return _Identity(handle=handle, index=index, uuid=uuid, name=name,
+                         model=f"NVIDIA-{name}", memory=memory, bus_id=bus_id,
+                         numa=self._numa(handle, bus_id), sm_count=self._sm_count(handle))
 
     def _memory(self, handle: object) -> int:
         """The card's MiB; 0 where NVML has no figure (NOT_SUPPORTED, as on unified-memory
@@ -366,7 +534,7 @@ class NvmlSource:
             return RemoteKind.OTHER
         return RemoteKind.UNKNOWN
 
-    def _card(self, identity: _Identity) -> ReportedCard:
+    def _card(self, identity: _Identity, links: dict[str, int] | None) -> ReportedCard:
         problems = []
         processes = process_memory = 0
         nvml = self._nvml
@@ -384,7 +552,7 @@ class NvmlSource:
             problems.append(f"critical XID {xid}")
         return ReportedCard(uuid=identity.uuid, index=identity.index, type=identity.model,
                             memory=identity.memory, count=DEFAULT_SPLIT_COUNT, numa=identity.numa,
-                            health=not problems, links=self._links.get(identity.uuid),
+                            health=not problems, links=links,
                             processes=processes, sm_count=identity.sm_count,
                             process_memory=process_memory, health_detail="; ".join(problems))
 

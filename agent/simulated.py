@@ -1,18 +1,23 @@
-"""A simulated node: built-in profiles or a YAML file of cards, changeable while it runs."""
+"""A simulated node: built-in profiles or a YAML file of cards, changeable while it runs,
+and the node monitor's ``HostProbe`` over figures a test or the demo sets."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 import yaml
 
 from agent.inventory import InventoryError
+from agent.monitor.model import GpuProcess, HostCard
 from common.core.model import NonNegative, NumaId
 from common.wire import ReportedCard
+
+MIB = 1024 * 1024
 
 
 def uuid_for(node: str, index: int) -> str:
@@ -145,11 +150,33 @@ def _require_unique(field: str, values: Iterable[object]) -> None:
         raise ValueError(f"{field} {repeated[0]} is given to more than one card")
 
 
+@dataclass(frozen=True, slots=True)
+class SimulatedProcess:
+    """A process a simulated card runs, as NVML would list it."""
+
+    pid: int
+    memory_used: int
+    """Bytes."""
+    utilization: int = 0
+    """Percent of the card's SMs."""
+
+
+@dataclass(frozen=True, slots=True)
+class _HostFigures:
+    memory_used: int | None
+    utilization: int | None
+    memory_utilization: int | None
+
+
 class SimulatedSource:
-    """An ``InventorySource`` over fixed cards whose processes and health can be changed."""
+    """An ``InventorySource`` over fixed cards whose processes and health can be changed,
+    and a ``HostProbe`` answering the figures set with ``set_usage`` and
+    ``set_gpu_processes`` (deterministic: nothing moves by itself)."""
 
     def __init__(self, cards: list[ReportedCard]) -> None:
         self._cards = {card.index: card for card in cards}
+        self._figures: dict[int, _HostFigures] = {}
+        self._processes: dict[int, tuple[SimulatedProcess, ...]] = {}
         self._lock = threading.Lock()
 
     def open(self) -> None:
@@ -168,8 +195,48 @@ class SimulatedSource:
     def set_health(self, index: int, healthy: bool, detail: str = "") -> None:
         self._update(index, health=healthy, health_detail="" if healthy else detail)
 
+    def set_usage(self, index: int, *, memory_used: int | None, utilization: int | None,
+                  memory_utilization: int | None = 0) -> None:
+        """What ``host_cards`` says of the card: bytes used, percent of the GPU and of its
+        memory controller (None: NVML has no figure). Until set, the card's memory used is
+        its processes' and its utilization 0."""
+        with self._lock:
+            self._require(index)
+            self._figures[index] = _HostFigures(memory_used, utilization, memory_utilization)
+
+    def set_gpu_processes(self, index: int, *processes: SimulatedProcess) -> None:
+        """The processes ``gpu_processes`` lists on the card; the inventory's process count
+        and memory follow them."""
+        memory_mib = sum(process.memory_used for process in processes) // MIB
+        with self._lock:
+            self._require(index)
+            self._processes[index] = processes
+        self._update(index, processes=len(processes), process_memory=memory_mib)
+
+    def host_cards(self) -> list[HostCard]:
+        with self._lock:
+            return [self._host_card(self._cards[index]) for index in sorted(self._cards)]
+
+    def gpu_processes(self) -> list[GpuProcess]:
+        with self._lock:
+            return [GpuProcess(pid=process.pid, device_uuid=self._cards[index].uuid,
+                               memory_used=process.memory_used,
+                               utilization=process.utilization)
+                    for index in sorted(self._processes)
+                    for process in self._processes[index]]
+
+    def _host_card(self, card: ReportedCard) -> HostCard:
+        figures = self._figures.get(card.index) or _HostFigures(
+            card.process_memory * MIB, 0, 0)
+        return HostCard(index=card.index, uuid=card.uuid, name=card.type.removeprefix("NVIDIA-"),
+                        memory_used=figures.memory_used, utilization=figures.utilization,
+                        memory_utilization=figures.memory_utilization)
+
+    def _require(self, index: int) -> None:
+        if index not in self._cards:
+            raise KeyError(f"the simulated node has no card with index {index}")
+
     def _update(self, index: int, **fields: object) -> None:
         with self._lock:
-            if index not in self._cards:
-                raise KeyError(f"the simulated node has no card with index {index}")
+            self._require(index)
             self._cards[index] = msgspec.structs.replace(self._cards[index], **fields)

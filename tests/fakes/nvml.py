@@ -28,6 +28,24 @@ class Link:
     active: bool = True
 
 
+@dataclass(frozen=True)
+class StandInProcess:
+    """One compute process on a card: its host pid and the bytes it holds (None: NVML has
+    no figure)."""
+
+    pid: int
+    used: int | None
+
+
+@dataclass(frozen=True)
+class StandInSample:
+    """One process utilization sample (``timestamp`` in microseconds, NVML's)."""
+
+    pid: int
+    sm: int
+    timestamp: int
+
+
 @dataclass
 class StandInCard:
     """One card of the stand-in: what NVML reports of it, and the calls it fails."""
@@ -40,6 +58,12 @@ class StandInCard:
     sm_count: int | None = 40
     links: list[Link] | None = None  # None: the card has no NVLink at all
     process_memory: list[int | None] = field(default_factory=list)  # bytes per process
+    # Processes with their pids (replacing ``process_memory``'s pids 1000, 1001... when given).
+    processes: list[StandInProcess] | None = None
+    memory_used_bytes: int = 0
+    utilization: tuple[int, int] = (0, 0)  # utilization.gpu, utilization.memory
+    # nvmlDeviceGetProcessUtilization's samples; None: NVML answers NOT_FOUND (none).
+    samples: list[StandInSample] | None = None
     failing: set[str] = field(default_factory=set)  # calls that fail with "GPU is lost"
     unsupported: set[str] = field(default_factory=set)  # calls the driver does not support
 
@@ -61,6 +85,7 @@ class NvmlStandIn:
         self.init_error = init_error
         self.events: queue.Queue[SimpleNamespace] = queue.Queue()
         self.registered: list[str] = []
+        self.utilization_since: list[int] = []  # nvmlDeviceGetProcessUtilization's timestamps
         self.freed = False
         self.shut_down = False
 
@@ -94,7 +119,29 @@ class NvmlStandIn:
 
     def nvmlDeviceGetMemoryInfo(self, handle: object) -> SimpleNamespace:
         card = self._card(handle, "nvmlDeviceGetMemoryInfo")
-        return SimpleNamespace(total=card.memory_bytes, free=card.memory_bytes, used=0)
+        return SimpleNamespace(total=card.memory_bytes,
+                               free=card.memory_bytes - card.memory_used_bytes,
+                               used=card.memory_used_bytes)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> SimpleNamespace:
+        gpu, memory = self._card(handle, "nvmlDeviceGetUtilizationRates").utilization
+        return SimpleNamespace(gpu=gpu, memory=memory)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: object, time_stamp: int,
+                                        ) -> list[SimpleNamespace]:
+        card = self._card(handle, "nvmlDeviceGetProcessUtilization")
+        self.utilization_since.append(time_stamp)
+        if card.samples is None:
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        if not card.samples:
+            # pynvml raises its error with NVML_SUCCESS when the driver counts no sample.
+            raise _error(pynvml.NVML_SUCCESS)
+        fresh = [SimpleNamespace(pid=sample.pid, timeStamp=sample.timestamp, smUtil=sample.sm,
+                                 memUtil=0, encUtil=0, decUtil=0)
+                 for sample in card.samples if sample.timestamp > time_stamp]
+        if not fresh:
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return fresh
 
     def nvmlDeviceGetPciInfo(self, handle: object) -> SimpleNamespace:
         return SimpleNamespace(busId=self._card(handle, "nvmlDeviceGetPciInfo").bus_id.encode())
@@ -113,6 +160,9 @@ class NvmlStandIn:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[SimpleNamespace]:
         card = self._card(handle, "nvmlDeviceGetComputeRunningProcesses")
+        if card.processes is not None:
+            return [SimpleNamespace(pid=process.pid, usedGpuMemory=process.used)
+                    for process in card.processes]
         return [SimpleNamespace(pid=1000 + n, usedGpuMemory=used)
                 for n, used in enumerate(card.process_memory)]
 
