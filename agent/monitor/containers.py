@@ -1,0 +1,283 @@
+"""The containers' HAMi-core folders on the node, read at each scan, and the feedback loop
+run over what was read: HAMi's ``ContainerLister`` and ``Observe``, bounded.
+
+Each folder ``<pod uid>_<container>`` under the containers folder holds one container's
+cache file. A scan lists the folders, picks each one's cache file by HAMi's rule and reads
+it (``agent.monitor.cache``); ``feedback`` then writes the priority loop's decisions back
+(``agent.monitor.feedback``). Both block on the file system: the agent calls them in a
+worker thread, every 5 s as HAMi does.
+
+Unlike HAMi, which maps a folder's file once and keeps that mapping for as long as the
+folder's name is listed (so a folder the device plugin recreated is read from the old,
+unlinked file), every scan reads each file again by its path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.deviceplugin.hamicore import folder_pod
+from agent.monitor.cache import Reason, Refused, Region, read_cache_file
+from agent.monitor.feedback import PAUSED, Control, decide, read_control, write_control
+from agent.monitor.model import ContainerUsage
+from common.arguments import positive_seconds
+from common.messaging import RateLimitedLog
+from common.settings import setting
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONTAINERS_DIR = Path("/usr/local/vgpu/containers")
+"""The device plugin's ``--hami-core-dir`` default and its ``containers`` folder: where
+HAMi's device plugin makes the folders and its monitor (``$HOOK_PATH/containers``) reads
+them."""
+MAX_LISTED = 65_536
+"""Entries of the containers folder looked at per scan; beyond, ``listing_truncated``."""
+MAX_FOLDER_ENTRIES = 64
+"""Entries of one container's folder looked at; HAMi-core makes one file there."""
+MAX_FOLDERS_LIMIT = 65_536
+LIBRARY_MARK = "libvgpu.so"
+CACHE_SUFFIX = ".cache"
+
+# Reasons that are the normal course of things: counted, never logged.
+QUIET: frozenset[Reason] = frozenset({"not_a_folder", "no_cache_file", "pod_not_live"})
+
+
+def folder_limit(text: str) -> int:
+    """``--cache-folders``: 1 to 65536."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= MAX_FOLDERS_LIMIT:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 1 to {MAX_FOLDERS_LIMIT}")
+    return value
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """Where HAMi-core's cache files are and how much one scan reads."""
+
+    containers_dir: Path = setting(
+        DEFAULT_CONTAINERS_DIR, parse=Path, metavar="DIR",
+        help="the containers' HAMi-core folders, <pod uid>_<container>, each holding its "
+             "cache file (default: {default})")
+    cache_folders: int = setting(
+        4096, parse=folder_limit, metavar="N",
+        help="read at most N containers' cache files per scan; the others are read at the "
+             "next scans, in turn (default: {default})")
+    cache_scan_time: float = setting(
+        2.0, parse=positive_seconds, metavar="SECONDS",
+        help="stop reading cache files once a scan has taken this long; the folders left "
+             "are read first at the next scan (default: {default})")
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerCache:
+    """One container's cache file as a scan read it."""
+
+    folder: str
+    pod_uid: str
+    container: str
+    region: Region
+    """The file's figures and what the feedback loop needs to write into it."""
+
+    @property
+    def usage(self) -> ContainerUsage:
+        return self.region.usage(self.pod_uid, self.container)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheScan:
+    """What one scan read, and what it skipped and why."""
+
+    containers: tuple[ContainerCache, ...]
+    skipped: Mapping[Reason, int]
+    """This scan's skips by reason (a folder, a file, or one card of a file)."""
+    listed: int
+    """Folders listed in the containers folder."""
+    seconds: float
+
+    @property
+    def usage(self) -> list[ContainerUsage]:
+        return [cache.usage for cache in self.containers]
+
+
+@dataclass(frozen=True, slots=True)
+class FeedbackResult:
+    """What one round of the feedback loop wrote."""
+
+    written: tuple[str, ...]
+    """The folders whose file was written."""
+    paused: tuple[str, ...]
+    """The folders whose containers are paused after this round (``recent_kernel`` -1)."""
+    skipped: Mapping[Reason, int] = field(default_factory=dict)
+
+
+class ContainerCaches:
+    """HAMi-core's cache files under one containers folder: ``scan`` reads them,
+    ``feedback`` runs the priority loop over a scan. Not thread-safe: one worker thread
+    calls both, one after the other."""
+
+    def __init__(self, settings: CacheSettings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._root = settings.containers_dir
+        self._max_folders = settings.cache_folders
+        self._budget = settings.cache_scan_time
+        self._clock = clock
+        self._log = RateLimitedLog(clock, logger)
+        self._skipped: Counter[Reason] = Counter()
+        # The last folder read by a scan that could not read them all: the next starts
+        # after it, so every folder is read in turn however many there are.
+        self._cursor: str | None = None
+
+    @property
+    def skipped(self) -> Mapping[Reason, int]:
+        """Skips by reason over the agent's life (scans and feedback rounds)."""
+        return dict(self._skipped)
+
+    def scan(self, live_pods: Collection[str] | None = None) -> CacheScan:
+        """Read the cache file of every container folder, within the bounds; ``live_pods``
+        (the uids of the pods the node runs), when given, leaves the others unread, as
+        HAMi's monitor does not load the folders of pods it does not know."""
+        started = self._clock()
+        skipped: Counter[Reason] = Counter()
+        names = self._list(skipped)
+        wanted = []
+        for name in names:
+            uid, separator, container = name.partition("_")
+            if not (separator and uid and container):
+                self._skip(skipped, Refused("no_separator", f"{self._root / name}: "
+                                                            "not <pod uid>_<container>"))
+            elif folder_pod(name) is None:
+                self._skip(skipped, Refused("bad_name", f"{self._root / name}: not a pod "
+                                                        "uid and a container name"))
+            elif live_pods is not None and uid not in live_pods:
+                self._skip(skipped, Refused("pod_not_live", f"{self._root / name}"))
+            else:
+                wanted.append((name, uid, container))
+        turn = self._in_turn(wanted)
+        chosen = turn[:self._max_folders]
+        self._count_left(skipped, "over_limit", len(turn) - len(chosen))
+        containers, last = [], None
+        for place, (name, uid, container) in enumerate(chosen):
+            # At least one folder a scan, however long the listing took: none starves.
+            if place > 0 and self._clock() - started > self._budget:
+                self._count_left(skipped, "over_time", len(chosen) - place)
+                break
+            last = name
+            read = self._read_folder(self._root / name)
+            if isinstance(read, Refused):
+                self._skip(skipped, read)
+                continue
+            if read.bad_uuids:
+                self._skip(skipped, Refused("bad_uuid", f"{read.path}: a card's uuid is "
+                                                        "not UTF-8"), read.bad_uuids)
+            containers.append(ContainerCache(name, uid, container, read))
+        complete = skipped["over_limit"] == 0 and skipped["over_time"] == 0
+        self._cursor = None if complete else last
+        return CacheScan(tuple(containers), dict(skipped), len(names),
+                         self._clock() - started)
+
+    def feedback(self, scan: CacheScan) -> FeedbackResult:
+        """One round of HAMi's priority loop over the containers ``scan`` read: each
+        file's fields read again just before deciding, each write made only if the file
+        is still the one read."""
+        skipped: Counter[Reason] = Counter()
+        read: list[tuple[ContainerCache, Control]] = []
+        for cache in scan.containers:
+            control = read_control(cache.region)
+            if isinstance(control, Refused):
+                self._skip(skipped, control)
+                continue
+            read.append((cache, control))
+        written, paused = [], []
+        decisions = decide([control for _, control in read])
+        for (cache, control), writes in zip(read, decisions, strict=True):
+            if writes.needed:
+                refused = write_control(cache.region, writes)
+                if refused is not None:
+                    self._skip(skipped, refused)
+                    continue
+                written.append(cache.folder)
+            recent = control.recent_kernel if writes.recent_kernel is None \
+                else writes.recent_kernel
+            if recent == PAUSED:
+                paused.append(cache.folder)
+        return FeedbackResult(tuple(written), tuple(paused), dict(skipped))
+
+    def _list(self, skipped: Counter[Reason]) -> list[str]:
+        """The folders' names, sorted; at most ``MAX_LISTED`` entries looked at."""
+        names = []
+        try:
+            with os.scandir(self._root) as entries:
+                for seen, entry in enumerate(entries):
+                    if seen >= MAX_LISTED:
+                        self._skip(skipped, Refused("listing_truncated", f"{self._root}: "
+                                                    f"more than {MAX_LISTED} entries"))
+                        break
+                    if entry.is_dir(follow_symlinks=False):
+                        names.append(entry.name)
+                    else:
+                        self._skip(skipped, Refused("not_a_folder", entry.path))
+        except FileNotFoundError:
+            return []  # no container has been allocated HAMi-core on this node yet
+        except OSError as error:
+            self._skip(skipped, Refused("unreadable", f"{self._root}: "
+                                                      f"{error.strerror or error}"))
+        return sorted(names)
+
+    def _in_turn(self, wanted: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+        """``wanted`` starting after the last folder the previous scan read."""
+        if self._cursor is None:
+            return wanted
+        after = [item for item in wanted if item[0] > self._cursor]
+        return after + wanted[:len(wanted) - len(after)]
+
+    def _read_folder(self, folder: Path) -> Region | Refused:
+        cache_file = _cache_file(folder)
+        if isinstance(cache_file, Refused):
+            return cache_file
+        return read_cache_file(cache_file)
+
+    def _count_left(self, skipped: Counter[Reason], reason: Reason, left: int) -> None:
+        if left > 0:
+            self._skip(skipped, Refused(reason, f"{left} folders under {self._root} left "
+                                                "for the next scan"), left)
+
+    def _skip(self, skipped: Counter[Reason], refused: Refused, count: int = 1) -> None:
+        skipped[refused.reason] += count
+        self._skipped[refused.reason] += count
+        if refused.reason not in QUIET:
+            self._log.warning(refused.reason, "HAMi-core cache skipped (%s): %s",
+                              refused.reason, refused.detail)
+
+
+def _cache_file(folder: Path) -> Path | Refused:
+    """The folder's cache file by HAMi's rule: more than 2 names holding ``libvgpu.so`` or
+    ending in ``.cache`` is refused ("cache num not matched"); the first ``.cache`` in name
+    order that is not the library is the one."""
+    matched = []
+    try:
+        with os.scandir(folder) as entries:
+            for seen, entry in enumerate(entries):
+                if seen >= MAX_FOLDER_ENTRIES:
+                    return Refused("too_many_entries", f"{folder}: more than "
+                                                       f"{MAX_FOLDER_ENTRIES} entries")
+                if LIBRARY_MARK in entry.name or entry.name.endswith(CACHE_SUFFIX):
+                    matched.append(entry.name)
+                    if len(matched) > 2:
+                        return Refused("too_many_files", f"{folder}: cache num not matched")
+    except OSError as error:
+        return Refused("unreadable", f"{folder}: {error.strerror or error}")
+    caches = sorted(name for name in matched
+                    if LIBRARY_MARK not in name and name.endswith(CACHE_SUFFIX))
+    if not caches:
+        return Refused("no_cache_file", f"{folder}: no cache file yet")
+    return folder / caches[0]
