@@ -14,7 +14,7 @@ from typing import Literal
 
 from agent.deviceplugin.hamicore import hami_core_settings
 from agent.deviceplugin.plugin import PluginSettings
-from agent.inventory import InventoryError, InventorySource
+from agent.inventory import InventoryError
 from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
 from agent.service import Agent, AgentSettings
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
@@ -107,7 +107,7 @@ def node_name(flag: str | None, environ: Mapping[str, str]) -> str:
     return name
 
 
-def inventory_source(spec: InventorySpec, node: str) -> InventorySource:
+def inventory_source(spec: InventorySpec, node: str) -> NvmlSource | SimulatedSource:
     """Raises ``InventoryError`` for a simulation file that cannot be used."""
     if spec.kind == "nvml":
         return NvmlSource()

@@ -12,6 +12,7 @@ from agent.errors import AgentError
 from common.messaging import Connection, describe_error
 from common.wire import (
     AllocationOutcome,
+    HoldingPod,
     PendingAllocations,
     PendingPod,
     WireError,
@@ -58,11 +59,15 @@ class NatsAllocationSource:
         return (await self._ask(node, "which pods wait for their cards")).pods
 
     async def live_pods(self, node: str) -> frozenset[str]:
+        return frozenset(pod.uid for pod in await self.holding_pods(node))
+
+    async def holding_pods(self, node: str) -> list[HoldingPod]:
+        """Every pod holding cards on ``node``, with its containers and their cards."""
         answer = await self._ask(node, "which pods hold cards")
         if answer.holding is None:
             raise AllocationSourceError(f"the daemon's answer on {answer.node} lists no pods "
                                         "holding cards (a daemon older than this agent)")
-        return frozenset(pod.uid for pod in answer.holding)
+        return answer.holding
 
     async def _ask(self, node: str, what: str) -> PendingAllocations:
         """The daemon's answer for ``node``, checked; raises ``AllocationSourceError``."""
