@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.deviceplugin.source import AllocationSourceError
 from agent.monitor.containers import CacheSettings, ContainerCaches
-from agent.monitor.model import HostCard
+from agent.monitor.model import GpuProcess, HostCard
 from agent.monitor.monitor import MonitorSettings, NodeMonitor
 from agent.simulated import SimulatedProcess, SimulatedSource, profile_cards
 from common.wire import HoldingContainer, HoldingPod
@@ -161,7 +161,7 @@ async def test_a_scrape_waits_a_bounded_time_for_nvml_and_serves_the_last_figure
 
 
 class FailingProbe(SimulatedSource):
-    def gpu_processes(self) -> list[object]:  # type: ignore[override]
+    def gpu_processes(self) -> list[GpuProcess]:
         raise RuntimeError("driver gone")
 
 
