@@ -72,7 +72,7 @@ def register(commands: Subcommands) -> None:
                         metavar="nvml|sim:PROFILE|sim:FILE.yaml",
                         help="where the cards come from (default: nvml); profiles: "
                              + ", ".join(sorted(PROFILES)))
-    add_settings(parser, AgentSettings, "poll_interval", "heartbeat_interval")
+    add_settings(parser, AgentSettings, "poll_interval", "heartbeat_interval", "usage_interval")
     parser.add_argument("--device-split-count", type=split_count, metavar="N",
                         help="pods one card may hold at once, as HAMi's deviceSplitCount "
                              f"(default: {DEFAULT_SPLIT_COUNT}); not with --device-config or "

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from common.version import package_version
-from common.wire import SCHEMA_VERSION, Inventory, Reason, ReportedCard
+from common.wire import SCHEMA_VERSION, Inventory, Measured, Reason, ReportedCard
 
 
 def describe_changes(before: Sequence[ReportedCard], after: Sequence[ReportedCard]) -> list[str]:
@@ -44,6 +46,7 @@ class Report:
         self.slices_enforced: bool | None = None
         """Told by the device plugin, when the agent serves one."""
         self._published: list[ReportedCard] | None = None
+        self._published_measured: Measured | None = None
 
     @property
     def cards(self) -> list[ReportedCard]:
@@ -64,14 +67,24 @@ class Report:
     def unpublished(self) -> bool:
         return self._published != self._observed
 
-    def message(self, reason: Reason, timestamp: float) -> Inventory:
+    def usage_changed(self, measured: Measured | None) -> bool:
+        """Whether ``measured`` says anything the last published message did not (its
+        moment aside): a message of usage alone is worth sending."""
+        published = self._published_measured
+        if measured is None or published is None:
+            return measured is not published
+        return msgspec.structs.replace(measured, at=published.at) != published
+
+    def message(self, reason: Reason, timestamp: float,
+                measured: Measured | None = None) -> Inventory:
         return Inventory(schema=SCHEMA_VERSION, node=self.node, agent_version=self.version,
                          instance=self.instance, sequence=self.sequence + 1,
                          timestamp=timestamp, reason=reason,
                          heartbeat_interval=self.heartbeat_interval,
                          cards=list(self._observed), cordoned=list(self.cordoned),
-                         slices_enforced=self.slices_enforced)
+                         slices_enforced=self.slices_enforced, measured=measured)
 
     def confirm(self, message: Inventory) -> None:
         self.sequence = message.sequence
         self._published = list(message.cards)
+        self._published_measured = message.measured

@@ -25,7 +25,8 @@ from agent.deviceplugin.source import NatsAllocationSource
 from agent.inventory import InventorySource
 from agent.registration import ConfiguredSource
 from agent.report import Report
-from common.arguments import positive_seconds
+from agent.usage import UsageSnapshot
+from common.arguments import positive_seconds, seconds_or_off
 from common.busaccess import agent_inbox_prefix
 from common.core.annotations import comma_list
 from common.core.deviceconfig import NodeDeviceConfig
@@ -34,6 +35,7 @@ from common.settings import setting
 from common.supervision import Supervisor
 from common.wire import (
     RESYNC_SUBJECT,
+    Measured,
     Reason,
     ReportedCard,
     ResyncRequest,
@@ -67,6 +69,10 @@ class AgentSettings:
     heartbeat_interval: float = setting(
         10.0, parse=positive_seconds, metavar="SECONDS",
         help="republish after this long without a message (default: {default})")
+    usage_interval: float = setting(
+        10.0, parse=seconds_or_off, metavar="SECONDS",
+        help="send the measured usage when it changed, at most this often; 0: send none "
+             "(default: {default})")
     cordoned: tuple[str, ...] = setting(
         (), flag="--cordon", parse=uuid_list, metavar="UUID[,UUID...]",
         help="cards to report as cordoned: the scheduler leaves them alone")
@@ -77,10 +83,16 @@ class AgentSettings:
 
 
 class Agent:
+    """The node agent: its cards read and published, its usage sent with them (given a
+    ``usage`` snapshot), its device plugin served (given its settings)."""
+
     def __init__(self, settings: AgentSettings, source: InventorySource, nats: NatsSettings,
-                 clock: Callable[[], float] = time.time,
-                 device_plugin: PluginSettings | None = None) -> None:
+                 *, clock: Callable[[], float] = time.time,
+                 device_plugin: PluginSettings | None = None,
+                 usage: UsageSnapshot | None = None) -> None:
         self._settings = settings
+        # Usage is sent only with an interval: 0 turns it off.
+        self._usage = usage if settings.usage_interval > 0 else None
         self._source = ConfiguredSource(source, settings.device)
         self._nats = nats
         self._clock = clock
@@ -128,6 +140,8 @@ class Agent:
             supervisor.start("nats-connection", self._connection.run, restart=False)
             supervisor.start("poll", self._poll, restart=False)
             supervisor.start("heartbeat", self._heartbeat, restart=False)
+            if self._usage is not None:
+                supervisor.start("usage", self._send_usage, restart=False)
             if self._device_plugin is not None:
                 supervisor.start("device-plugin", self._device_plugin.run, restart=False)
                 supervisor.start("folder-sweep", functools.partial(
@@ -191,13 +205,29 @@ class Agent:
             elif not await self._publish("heartbeat"):
                 await asyncio.sleep(interval)  # not connected: the reconnect publishes
 
+    async def _send_usage(self) -> None:
+        """Usage that changed goes out at most every ``--usage-interval``. Every message
+        carries the latest measurement, so only a spell that long without any message
+        calls for one of its own (reason ``change``: a reason an older daemon knows)."""
+        interval = self._settings.usage_interval
+        while True:
+            quiet_for = time.monotonic() - self._last_publish
+            if quiet_for < interval:
+                await asyncio.sleep(interval - quiet_for)
+            elif (not self._report.usage_changed(self._measured())
+                  or not await self._publish("change")):
+                await asyncio.sleep(interval)
+
+    def _measured(self) -> Measured | None:
+        return None if self._usage is None else self._usage.measured()
+
     async def _publish(self, reason: Reason) -> bool:
-        """Send the latest observation; False when it could not go (the connection
-        counts and logs why)."""
+        """Send the latest observation, with the latest measured usage; False when it could
+        not go (the connection counts and logs why)."""
         async with self._publishing:
             if not self._connection.connected:
                 return False
-            message = self._report.message(reason, self._clock())
+            message = self._report.message(reason, self._clock(), self._measured())
             if await self._connection.publish(self._subject, encode(message)) is not None:
                 return False
             self._published_once = True

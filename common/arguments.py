@@ -242,6 +242,17 @@ def positive_seconds(text: str) -> float:
     return seconds
 
 
+def seconds_or_off(text: str) -> float:
+    """Seconds, 0 meaning off: a finite number, 0 or above."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 (off) or above")
+    return seconds
+
+
 def policy_chain(text: str) -> str:
     """A cluster default chain: every name in it must be known."""
     try:

@@ -129,6 +129,71 @@ PENDING_CONTAINERS_MAX = 1024
 # Far more pods than a node admits at once; a bound on what a decoder accepts.
 PENDING_PODS_MAX = 16384
 
+# Measured usage (``Inventory.measured``). A node runs far fewer containers on its cards
+# than this; an agent that measures more sends the ones using the most memory and counts
+# the rest in ``Measured.dropped``.
+MEASURED_CONTAINERS_MAX = 1024
+# A card's utilization as NVML gives it, percent.
+CardPercent = Annotated[int, msgspec.Meta(ge=0, le=100)]
+# HAMi sums its processes' SM utilization without clamping it: a container of many processes
+# may read above 100. A hundred processes each at 100 % is the most this accepts.
+UTILIZATION_SUM_MAX = 10000
+UtilizationSum = Annotated[int, msgspec.Meta(ge=0, le=UTILIZATION_SUM_MAX)]
+# Unix seconds from 1970 to beyond 2286: a clock far off still fits, NaN and infinity do not.
+MeasuredAt = Annotated[float, msgspec.Meta(ge=0, le=1e10)]
+# How many entries an agent left out; any real count is far below.
+DROPPED_MAX = 2**31 - 1
+UsageSource = Literal["hami-core", "nvml"]
+
+
+class MeasuredCard(msgspec.Struct, frozen=True, kw_only=True):
+    """One card as NVML measures it on the host, whoever uses it."""
+
+    uuid: UnpatternedUuid
+    memory_used: MemoryMiB | None = None
+    """MiB in use on the card (NVML's ``memory.used``); None where NVML has no figure."""
+    utilization: CardPercent | None = None
+    """NVML's ``utilization.gpu``, percent; None where NVML has none."""
+
+
+class MeasuredContainer(msgspec.Struct, frozen=True, kw_only=True):
+    """One container's measured use of one card; (``pod_uid``, ``container``,
+    ``device_uuid``) names it, once per message."""
+
+    pod_uid: PodUid
+    container: ContainerName
+    """Empty where NVML's processes of one pod on one card cannot be told apart (several
+    of its containers hold the card): the figures are the pod's on that card."""
+    device_uuid: UnpatternedUuid
+    memory_used: MemoryMiB
+    """MiB: HAMi-core's sum over the container's processes, or NVML's ``usedGpuMemory``
+    summed over them."""
+    utilization: UtilizationSum
+    """Percent of the card's SMs, summed over the container's processes (HAMi's figure,
+    not clamped at 100)."""
+    memory_limit: MemoryMiB | None = None
+    """MiB: HAMi-core's limit for the container on the card; None from NVML."""
+    source: UsageSource
+
+
+MeasuredCards = Annotated[list[MeasuredCard], msgspec.Meta(max_length=CARDS_PER_NODE_MAX)]
+MeasuredContainers = Annotated[list[MeasuredContainer],
+                               msgspec.Meta(max_length=MEASURED_CONTAINERS_MAX)]
+
+
+class Measured(msgspec.Struct, frozen=True, kw_only=True):
+    """What the node's monitor measured at ``at``: each card's use, whoever uses it, and
+    each container's use of its cards."""
+
+    at: MeasuredAt
+    """Unix seconds of the measurement (the agent's clock)."""
+    cards: MeasuredCards = []
+    containers: MeasuredContainers = []
+    dropped: Annotated[int, msgspec.Meta(ge=0, le=DROPPED_MAX)] = 0
+    """Container entries the agent measured and left out: those beyond
+    ``MEASURED_CONTAINERS_MAX`` (the least memory first) and any whose names no message may
+    carry."""
+
 
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     """One node's complete state, as one agent instance saw it at ``timestamp``."""
@@ -151,6 +216,9 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     slices_enforced: bool | None = None
     """With the agent's device plugin: whether HAMi-core is there to enforce the memory
     and core slices in the containers; None when the agent serves no device plugin."""
+    measured: Measured | None = None
+    """The latest usage the node's monitor measured; None from an agent that measures
+    none (or predates it: an older daemon ignores the field)."""
 
     def to_node(self) -> Node:
         annotations = {CORDON_ANNOTATION: ",".join(self.cordoned)} if self.cordoned else {}
@@ -288,6 +356,8 @@ def decode_inventory(data: bytes, subject: str | None = None) -> Inventory:
     if inventory.schema != SCHEMA_VERSION:
         raise _schema_error(inventory.schema)
     refusal = _uuid_refusal(inventory.cards)
+    if refusal is None and inventory.measured is not None:
+        refusal = _measured_refusal(inventory.measured)
     if refusal is not None:
         raise WireError(f"malformed inventory message: {refusal}")
     try:
@@ -310,6 +380,26 @@ def _uuid_refusal(cards: list[ReportedCard]) -> str | None:
     position = next(position for position, card in enumerate(cards)
                     if not _UUID_STRING.fullmatch(card.uuid))
     return f"Expected `str` matching regex '{UUID_PATTERN}' - at `$.cards[{position}].uuid`"
+
+
+def _measured_refusal(measured: Measured) -> str | None:
+    """Why ``measured`` cannot be used: a card UUID ``Uuid``'s pattern refuses, or a
+    container entry or card listed twice; None when it can."""
+    uuids = [card.uuid for card in measured.cards]
+    uuids += [entry.device_uuid for entry in measured.containers]
+    if not _UUID_STRING.fullmatch("".join(uuids)):
+        position = next(position for position, uuid in enumerate(uuids)
+                        if not _UUID_STRING.fullmatch(uuid))
+        where = (f"cards[{position}].uuid" if position < len(measured.cards)
+                 else f"containers[{position - len(measured.cards)}].device_uuid")
+        return f"Expected `str` matching regex '{UUID_PATTERN}' - at `$.measured.{where}`"
+    if len(set(uuids[:len(measured.cards)])) != len(measured.cards):
+        return "`$.measured.cards` lists a card twice"
+    keys = {(entry.pod_uid, entry.container, entry.device_uuid)
+            for entry in measured.containers}
+    if len(keys) != len(measured.containers):
+        return "`$.measured.containers` lists a container's card twice"
+    return None
 
 
 def decode_resync(data: bytes) -> ResyncRequest:

@@ -26,6 +26,7 @@ from common.core.model import Card
 from common.core.pod import DEFAULT_NAMES
 from common.messaging import Connection, Unsent
 from common.version import package_version
+from common.wire import Measured, MeasuredCard
 
 MIB = 1024 * 1024
 # From 100 us (a /filter on a small cluster) to a minute: under a burst a /bind waits on the
@@ -65,6 +66,10 @@ class Sources:
     """This daemon decides (not a standby)."""
     slices_enforced: Callable[[], dict[str, bool]]
     """Nodes whose agent serves a device plugin -> whether HAMi-core enforces the slices."""
+    measured: Callable[[], Mapping[str, Measured]] = dict
+    """Node -> the usage its agent measured last."""
+    over_slice: Callable[[], Mapping[str, int]] = dict
+    """Node whose measured usage is checked against the slices -> containers over theirs."""
 
 
 def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
@@ -170,6 +175,21 @@ _WRITERS: tuple[_Writer, ...] = (
 )
 
 
+_MeasuredWriter = Callable[[str, Card, MeasuredCard], str]
+MEASURED_CARD_FAMILIES: tuple[tuple[str, str, _MeasuredWriter], ...] = (
+    ("pyhami_card_memory_used_bytes",
+     "Memory in use on the card as its node's agent measured it (NVML), whoever uses it",
+     lambda shared, card, figure: (
+         f'pyhami_card_memory_used_bytes{{device_index="{card.index}",{shared}}} '
+         f'{_number(figure.memory_used * MIB)}\n' if figure.memory_used is not None else "")),
+    ("pyhami_card_utilization_ratio",
+     "The card's utilization as its node's agent measured it (NVML), 0 to 1",
+     lambda shared, card, figure: (
+         f'pyhami_card_utilization_ratio{{device_index="{card.index}",{shared}}} '
+         f'{_number(figure.utilization / 100)}\n' if figure.utilization is not None else "")),
+)
+
+
 class CardGauges:
     """The per-card gauges (HAMi's, under HAMi's meaning: the registered figures, scaled by
     ``deviceMemoryScaling`` and ``deviceCoreScaling``; and pyhami's: ``pyhami_gpu_healthy``
@@ -181,26 +201,43 @@ class CardGauges:
     event loop and 170 MB for the 320,000 samples of 5,000 nodes of 8 cards. The lines are
     the same in the classic text format and OpenMetrics."""
 
-    def __init__(self, fleet: Callable[[], Fleet], cards_per_piece: int = 2000) -> None:
+    def __init__(self, fleet: Callable[[], Fleet], cards_per_piece: int = 2000,
+                 measured: Callable[[], Mapping[str, Measured]] = dict) -> None:
         self._fleet = fleet
         self._cards_per_piece = cards_per_piece
+        self._measured = measured
 
     def pieces(self) -> Iterator[str]:
         """The text, a family's header or its lines for a few thousand cards at a time; the
         fleet as it was at the first piece."""
         fleet = self._fleet()
+        measured = self._measured()
         cards: list[tuple[str, Card, Usage]] = []
+        used: list[tuple[str, Card, MeasuredCard]] = []
         for node in fleet.nodes():
             name = _escaped(node.name)
-            cards.extend((f'device_type="{_escaped(card.type)}",'
-                          f'device_uuid="{_escaped(card.uuid)}",node="{name}"',
-                          card, fleet.usage(node.name, card.uuid)) for card in node.devices)
+            shares = [(f'device_type="{_escaped(card.type)}",'
+                       f'device_uuid="{_escaped(card.uuid)}",node="{name}"', card)
+                      for card in node.devices]
+            cards.extend((shared, card, fleet.usage(node.name, card.uuid))
+                         for shared, card in shares)
+            figures = measured.get(node.name)
+            if figures is not None:
+                by_uuid = {figure.uuid: figure for figure in figures.cards}
+                used.extend((shared, card, by_uuid[card.uuid]) for shared, card in shares
+                            if card.uuid in by_uuid)
         step = self._cards_per_piece
         for (family, documentation), write in zip(CARD_FAMILIES, _WRITERS, strict=True):
             yield f"# HELP {family} {documentation}\n# TYPE {family} gauge\n"
             for start in range(0, len(cards), step):
                 yield "".join([write(shared, card, usage)
                                for shared, card, usage in cards[start:start + step]])
+        # Measured figures: only the cards whose agent sent one.
+        for family, documentation, write_used in MEASURED_CARD_FAMILIES:
+            yield f"# HELP {family} {documentation}\n# TYPE {family} gauge\n"
+            for start in range(0, len(used), step):
+                yield "".join([write_used(shared, card, figure)
+                               for shared, card, figure in used[start:start + step]])
 
     def text(self) -> str:
         return "".join(self.pieces())
@@ -288,11 +325,16 @@ class DaemonCollector(Collector):
                           ["node"])
         for name, yes in sorted(self._sources.slices_enforced().items()):
             enforced.add_metric([name], 1.0 if yes else 0.0)
+        over = _gauge("pyhami_containers_over_slice",
+                      "Containers measured using more memory than their slice, on a node "
+                      "where nothing enforces the slices (no HAMi-core)", ["node"])
+        for name, count in sorted(self._sources.over_slice().items()):
+            over.add_metric([name], count)
         orphans = GaugeMetricFamily(
             "pyhami_allocations_on_vanished_cards",
             "Cards still holding allocations that their node no longer reports")
         orphans.add_metric([], len(self._sources.fleet().orphans()))
-        yield from (build, ready, leader, heard, stale, enforced, orphans)
+        yield from (build, ready, leader, heard, stale, enforced, over, orphans)
 
 
 class ConnectionCollector(Collector):
@@ -338,7 +380,7 @@ class Metrics:
 
     def __init__(self, sources: Sources, names: ResourceNames = DEFAULT_NAMES) -> None:
         self.registry = CollectorRegistry()
-        self.cards = CardGauges(sources.fleet)
+        self.cards = CardGauges(sources.fleet, measured=sources.measured)
         self.registry.register(HamiCollector(sources.fleet))
         self.registry.register(DaemonCollector(sources))
         self.registry.register(QuotaCollector(sources.fleet, names))
@@ -374,6 +416,16 @@ class Metrics:
         self.preempted = Counter("pyhami_preemption_victims_total",
                                  "Pods pyhami itself evicted to make room for a GPU pod of "
                                  "higher priority", registry=self.registry)
+        self.slice_exceeded = Counter(
+            "pyhami_slice_exceeded_total",
+            "Containers found using more memory than their slice where nothing enforces it, "
+            "each container and card counted once per SliceExceeded Event",
+            registry=self.registry)
+        self.measured_unmatched = Counter(
+            "pyhami_measured_usage_unmatched_total",
+            "Measured container usage the daemon could not compare with a slice: a pod it "
+            "does not know bound to the node, or a container or card booked nothing",
+            registry=self.registry)
         # Every known label value from the start, so rate() and alerts see a zero first.
         for result in INVENTORY_RESULTS:
             self.inventory.labels(result)

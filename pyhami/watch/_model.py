@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
-from common.wire import Inventory
+from common.wire import Inventory, MeasuredCard
 
 # An agent silent for this many heartbeat intervals is shown as silent.
 SILENT_HEARTBEATS = 3
@@ -58,15 +58,17 @@ class CardView:
     """The card's own cores where ``cores`` is scaled; None: the same."""
     usage: CardUsage | None = None
     """The daemon's accounting; None until it publishes this node's usage."""
+    measured: MeasuredCard | None = None
+    """What the node's agent measured on the card; None until it sends a measurement."""
 
     @classmethod
     def listed(cls, card: ListedCard, health_detail: str, cordoned: bool,
-               usage: CardUsage | None) -> CardView:
+               usage: CardUsage | None, measured: MeasuredCard | None) -> CardView:
         return cls(uuid=card.uuid, index=card.index, type=card.type, memory=card.memory,
                    cores=card.cores, count=card.count, health=card.health,
                    health_detail=health_detail, cordoned=cordoned,
                    physical_memory=card.physical_memory, physical_cores=card.physical_cores,
-                   usage=usage)
+                   usage=usage, measured=measured)
 
 
 @dataclass
@@ -115,7 +117,8 @@ class WatchModel:
             known = before.get(card.uuid)
             node.cards[card.uuid] = CardView.listed(
                 card, health_detail=known.health_detail if known else "",
-                cordoned=known is not None and known.cordoned, usage=card)
+                cordoned=known is not None and known.cordoned, usage=card,
+                measured=known.measured if known else None)
 
     def apply_inventory(self, inventory: Inventory) -> None:
         node = self._node(inventory.node)
@@ -123,11 +126,14 @@ class WatchModel:
         node.heartbeat_interval = inventory.heartbeat_interval
         before = node.cards
         node.cards = {}
+        # Each inventory carries the agent's latest measurement, or none (usage not sent).
+        measured = ({} if inventory.measured is None
+                    else {figure.uuid: figure for figure in inventory.measured.cards})
         for card in inventory.cards:
             known = before.get(card.uuid)
             node.cards[card.uuid] = CardView.listed(
                 card, health_detail=card.health_detail, cordoned=card.uuid in inventory.cordoned,
-                usage=known.usage if known else None)
+                usage=known.usage if known else None, measured=measured.get(card.uuid))
 
     def apply_decision(self, event: DecisionEvent) -> None:
         self.decisions.append(event)

@@ -95,9 +95,11 @@ def nodes_table(nodes: list[NodeAt], bars: bool = True, fit: bool = True) -> Ren
     table.add_column("GPU", justify="right", no_wrap=True)
     table.add_column("type", overflow="ellipsis", no_wrap=True, max_width=22 if fit else None)
     table.add_column("tenants", justify="right", no_wrap=True)
-    table.add_column("memory MiB", justify="right", no_wrap=True)
+    table.add_column("booked MiB", justify="right", no_wrap=True)
     if bars:
         table.add_column("", no_wrap=True)
+    table.add_column("used MiB", justify="right", no_wrap=True)
+    table.add_column("util", justify="right", no_wrap=True)
     table.add_column("cores", justify="right", no_wrap=True)
     table.add_column("health", overflow="ellipsis", no_wrap=True, max_width=12 if fit else None)
     for node in nodes:
@@ -116,11 +118,28 @@ def nodes_table(nodes: list[NodeAt], bars: bool = True, fit: bool = True) -> Ren
                 + scaled_from(card.memory, card.physical_memory)]
             if bars:
                 cells.append(memory_bar(usage.usedmem if usage else 0, card.memory))
-            cells += [("-" if usage is None else f"{usage.usedcores}/{card.cores}")
+            cells += [measured_memory(card), measured_utilization(card),
+                      ("-" if usage is None else f"{usage.usedcores}/{card.cores}")
                       + scaled_from(card.cores, card.physical_cores), health(card)]
             table.add_row(*cells)
         table.add_section()
     return table
+
+
+def measured_memory(card: CardView) -> Text:
+    """The memory the agent measured in use on the card, yellow where it is more than the
+    daemon booked there (a container beyond its slice, or a process pyhami did not place)."""
+    figure = card.measured
+    if figure is None or figure.memory_used is None:
+        return Text("-", style="dim")
+    booked = card.usage.usedmem if card.usage is not None else None
+    style = "yellow" if booked is not None and figure.memory_used > booked else ""
+    return Text(str(figure.memory_used), style=style)
+
+
+def measured_utilization(card: CardView) -> str:
+    figure = card.measured
+    return "-" if figure is None or figure.utilization is None else f"{figure.utilization}%"
 
 
 def scaled_from(registered: int, physical: int | None) -> str:
@@ -258,6 +277,9 @@ def card_document(card: CardView) -> dict[str, Any]:
         "usage": None if usage is None else {
             "tenants": usage.tenants, "used": usage.used, "usedmem": usage.usedmem,
             "usedcores": usage.usedcores},
+        "measured": None if card.measured is None else {
+            "memory_used": card.measured.memory_used,
+            "utilization": card.measured.utilization},
     }
 
 

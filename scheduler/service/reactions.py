@@ -99,6 +99,7 @@ class Reactions(ServicePart):
         if result is None:
             return
         inventory, vanished = result
+        await self._watch_slices(inventory)
         if not vanished:
             return
         holders = [(key, allocation) for key, allocation in self.state.fleet.allocations().items()
@@ -111,6 +112,25 @@ class Reactions(ServicePart):
                     namespace, name, "Warning", "CardVanished",
                     f"node {inventory.node} no longer reports {', '.join(lost)}, which this pod "
                     "holds; the cards stay booked until the pod ends")
+
+    async def _watch_slices(self, inventory: Inventory) -> None:
+        """On a node where nothing enforces the slices (the agent's device plugin runs
+        without HAMi-core), a container measured using more memory than its slice gets a
+        Warning Event ``SliceExceeded``, once per container and card per window."""
+        slices = self.state.slices
+        if inventory.measured is None or inventory.slices_enforced is not False:
+            slices.clear(inventory.node)
+            return
+        check = slices.check(inventory.node, inventory.measured, self.shared.pods.bound_by_uid,
+                             self.state.fleet.allocation, self._clock())
+        if check.unmatched:
+            self.metrics.measured_unmatched.inc(check.unmatched)
+        for over in check.announce:
+            self.metrics.slice_exceeded.inc()
+            logger.warning("pod %s/%s on node %s: %s", over.namespace, over.pod,
+                           inventory.node, over.sentence())
+            await self.cluster.record_event(over.namespace, over.pod, "Warning",
+                                            "SliceExceeded", over.sentence())
 
     def ingest(self, subject: str, data: bytes) -> tuple[Inventory, set[str]] | None:
         """Apply one agent message: the inventory and the cards that left holding allocations.

@@ -37,7 +37,9 @@ class Reporting:
             stale=lambda: self.state.nodes.stale_nodes(self._clock()).keys(),
             ready=lambda: not self.not_ready_because(),
             leading=shared.leadership.leading,
-            slices_enforced=lambda: dict(self.state.nodes.slices_enforced)),
+            slices_enforced=lambda: dict(self.state.nodes.slices_enforced),
+            measured=lambda: self.state.nodes.measured,
+            over_slice=lambda: self.state.slices.counts(self.state.nodes.known)),
             shared.settings.defaults.device.resources)
         self.readiness_checks: list[Check] = list(readiness_checks)
         """Each says why the daemon is not ready, or None (NATS, background tasks)."""
@@ -130,7 +132,33 @@ class Reporting:
             "inventory_accepted": self.shared.inventory_accepted,
             "pods_bound": len(self.state.bookings.bound),
             "reservations": self.state.bookings.reservation_count,
+            "usage": self._booked_and_used(),
+            "over_slice": [{"pod": f"{over.namespace}/{over.pod}", "container": over.container,
+                            "uuid": over.uuid, "used_mib": over.used, "slice_mib": over.slice}
+                           for over in self.state.slices.over(self.state.nodes.known)],
         }
+
+    def _booked_and_used(self) -> list[dict[str, object]]:
+        """Per node whose agent sends measured usage, each card's booked memory beside the
+        memory and utilization measured on it (``/statusz``'s ``usage``)."""
+        fleet = self.state.fleet
+        nodes = []
+        for name, measured in sorted(self.state.nodes.measured.items()):
+            node = fleet.node(name)
+            if node is None:
+                continue
+            figures = {figure.uuid: figure for figure in measured.cards}
+            cards = []
+            for card in sorted(node.devices, key=lambda card: card.index):
+                figure = figures.get(card.uuid)
+                cards.append({"uuid": card.uuid, "index": card.index, "memory_mib": card.memory,
+                              "booked_mib": fleet.usage(name, card.uuid).memory,
+                              "used_mib": None if figure is None else figure.memory_used,
+                              "utilization": None if figure is None else figure.utilization})
+            nodes.append({"node": name, "measured_at": measured.at,
+                          "containers": len(measured.containers),
+                          "dropped": measured.dropped, "cards": cards})
+        return nodes
 
     def _last_heard(self) -> dict[str, float]:
         """When each node was last heard from, in seconds since the epoch (for metrics)."""

@@ -28,9 +28,10 @@ from scheduler.state.nodes import (
     NodeRegistry,
 )
 from scheduler.state.pods import PodsInFlight
+from scheduler.state.usage import OverSlice, SliceWatch
 
 __all__ = ["NODE_STALE", "NODE_UNKNOWN", "POD_BOUND", "SEQUENCE_GAP_MAX", "Bookings",
-           "IngestResult", "LiveState", "NodeRegistry", "PodsInFlight"]
+           "IngestResult", "LiveState", "NodeRegistry", "OverSlice", "PodsInFlight", "SliceWatch"]
 
 
 class LiveState:
@@ -46,3 +47,4 @@ class LiveState:
                                          node_retention=node_retention)
         self.bookings: Final = Bookings(self.fleet, self.nodes,
                                         reservation_ttl=reservation_ttl)
+        self.slices: Final = SliceWatch()

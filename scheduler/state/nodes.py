@@ -18,7 +18,7 @@ import msgspec
 
 from common.core import Fleet, Node, NodeRefusal, Usage
 from common.core.annotations import CORDON_ANNOTATION, cordoned_uuids
-from common.wire import Inventory
+from common.wire import Inventory, Measured
 
 NODE_UNKNOWN = "NodeUnknown"
 NODE_STALE = "NodeInventoryStale"
@@ -91,6 +91,8 @@ class NodeRegistry:
         self._clocks: OrderedDict[str, NodeClock] = OrderedDict()
         # Nodes whose agent serves a device plugin -> whether HAMi-core enforces the slices.
         self._slices_enforced: dict[str, bool] = {}
+        # Node -> the usage its agent measured last (the latest message that carried any).
+        self._measured: dict[str, Measured] = {}
         # Card uuid -> the node that last reported it; checked against that node's report.
         self._card_node: dict[str, str] = {}
         # A node last heard at or before this moment may skip any number of sequences.
@@ -106,6 +108,11 @@ class NodeRegistry:
         """For each node whose agent serves a device plugin, whether HAMi-core enforces
         the memory slices."""
         return self._slices_enforced
+
+    @property
+    def measured(self) -> Mapping[str, Measured]:
+        """For each node whose agent sends measured usage, the latest it sent."""
+        return self._measured
 
     # Inventory ---------------------------------------------------------------
 
@@ -139,6 +146,10 @@ class NodeRegistry:
             self._slices_enforced.pop(inventory.node, None)
         else:
             self._slices_enforced[inventory.node] = inventory.slices_enforced
+        if inventory.measured is None:
+            self._measured.pop(inventory.node, None)
+        else:
+            self._measured[inventory.node] = inventory.measured
         if inventory.node not in self._known:
             self._known.add(inventory.node)
             self._known_version += 1
@@ -273,6 +284,7 @@ class NodeRegistry:
         self._drop_card_nodes(self._reported.pop(name, None))
         self._clocks.pop(name, None)
         self._slices_enforced.pop(name, None)
+        self._measured.pop(name, None)
         self._first_heard.pop(name, None)
         self._stale.discard(name)
         if name in self._known:

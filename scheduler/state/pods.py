@@ -23,6 +23,8 @@ class PodsInFlight:
         # have retried them a moment before pyhami saw the release, and then waits minutes.
         self._unschedulable: dict[str, tuple[str, str]] = {}
         self._bound: dict[str, ClusterPod] = {}
+        # The bound pods by uid: the node's agent names measured usage by it.
+        self._bound_by_uid: dict[str, ClusterPod] = {}
         self._allocate_answered: set[str] = set()
 
     # /filter, then /bind ------------------------------------------------------------------
@@ -62,15 +64,24 @@ class PodsInFlight:
     def bound(self, pod: ClusterPod) -> None:
         """A pod bound to a node that asks for GPUs, as last seen: who may be preempted,
         with the priority and start time preemption weighs."""
+        before = self._bound.get(pod.key)
+        if before is not None:
+            self._bound_by_uid.pop(before.uid, None)
         self._bound[pod.key] = pod
+        self._bound_by_uid[pod.uid] = pod
 
     def bound_pods(self) -> Mapping[str, ClusterPod]:
         """The bound GPU pods by key, read-only."""
         return MappingProxyType(self._bound)
 
+    def bound_by_uid(self, uid: str) -> ClusterPod | None:
+        """The bound GPU pod of this uid, if the daemon knows one."""
+        return self._bound_by_uid.get(uid)
+
     def keep_bound(self, keys: Iterable[str]) -> None:
         """Keep only these of the bound pods (a rebuilt ledger holds no others)."""
         self._bound = {key: self._bound[key] for key in keys if key in self._bound}
+        self._bound_by_uid = {pod.uid: pod for pod in self._bound.values()}
 
     def allocate_answered(self, key: str) -> None:
         """The node's device plugin answered the kubelet's Allocate for the pod (its
@@ -87,4 +98,6 @@ class PodsInFlight:
         self._filtered.pop(key, None)
         self._unschedulable.pop(key, None)
         self._allocate_answered.discard(key)
-        self._bound.pop(key, None)
+        pod = self._bound.pop(key, None)
+        if pod is not None:
+            self._bound_by_uid.pop(pod.uid, None)

@@ -26,7 +26,15 @@ from common.core.pod import Container, ObjectMeta, PodManifest, PodSpec, Resourc
 from common.files import load_cluster, load_pod
 from common.natsserver import LocalNatsServer, free_port
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
-from common.wire import RESYNC_SUBJECT, Inventory, ReportedCard, decode_resync, inventory_subject
+from common.wire import (
+    RESYNC_SUBJECT,
+    Inventory,
+    Measured,
+    MeasuredCard,
+    ReportedCard,
+    decode_resync,
+    inventory_subject,
+)
 from common.wire import encode as encode_wire
 from pyhami.output import print_json, stdout_console
 from pyhami.sandbox import DEFAULTS
@@ -91,6 +99,42 @@ def line_with(text: str, *needles: str) -> str:
     lines = [line for line in text.splitlines() if all(n in line for n in needles)]
     assert len(lines) == 1, f"{needles} on {len(lines)} lines of:\n{text}"
     return lines[0]
+
+
+def measured_inventory() -> Inventory:
+    """The lab's inventory with the agent's measurement: card 0 busy beyond what is booked
+    on it, card 1 without NVML figures, cards 2 and 3 not measured."""
+    return msgspec.structs.replace(lab_inventory(), measured=Measured(at=NOW - 3, cards=[
+        MeasuredCard(uuid="GPU-0", memory_used=5000, utilization=87),
+        MeasuredCard(uuid="GPU-1")]))
+
+
+class TestMeasuredUsage:
+    def test_the_table_shows_the_measured_memory_and_utilization_beside_the_booked(
+            self) -> None:
+        model = WatchModel()
+        model.apply_usage(lab_usage())
+        model.apply_inventory(measured_inventory())
+        text = text_of(model, width=160)
+        assert "booked MiB" in text and "used MiB" in text
+        busy = line_with(text, "2000/15360")
+        assert busy.split("2000/15360", 1)[1].split()[1:3] == ["5000", "87%"]
+        assert line_with(text, "1000/15360").split("1000/15360", 1)[1].split()[1:3] == [
+            "-", "-"]
+
+    def test_a_usage_event_keeps_the_measurement_and_an_inventory_without_one_drops_it(
+            self) -> None:
+        model = WatchModel()
+        model.apply_inventory(measured_inventory())
+        model.apply_usage(lab_usage((3, 1, 0, 0)))
+        [node] = snapshot_of(model)["nodes"]
+        assert [card["measured"] for card in node["cards"]] == [
+            {"memory_used": 5000, "utilization": 87},
+            {"memory_used": None, "utilization": None}, None, None]
+        assert node["cards"][0]["usage"]["usedmem"] == 3000
+        model.apply_inventory(lab_inventory())
+        [node] = snapshot_of(model)["nodes"]
+        assert [card["measured"] for card in node["cards"]] == [None] * 4
 
 
 class TestModel:
@@ -276,7 +320,8 @@ class TestJsonSnapshot:
             "uuid": "GPU-0", "index": 0, "type": T4, "memory": 15360, "cores": 100,
             "count": 10, "health": True, "health_detail": "", "cordoned": False,
             "physical_memory": 15360, "physical_cores": 100,
-            "usage": {"tenants": 2, "used": 2, "usedmem": 2000, "usedcores": 0}}
+            "usage": {"tenants": 2, "used": 2, "usedmem": 2000, "usedcores": 0},
+            "measured": None}
         assert node["cards"][2]["cordoned"] is True
         assert (node["cards"][3]["health"], node["cards"][3]["health_detail"]) == (
             False, "XID 79")

@@ -12,7 +12,8 @@ from prometheus_client.registry import Collector
 
 from common.core import Allocation, CardGrant, Fleet
 from common.core.model import Card, Node
-from scheduler.metrics import CARD_FAMILIES, CardGauges
+from common.wire import Measured, MeasuredCard
+from scheduler.metrics import CARD_FAMILIES, MEASURED_CARD_FAMILIES, CardGauges
 
 MIB = 1024 * 1024
 # A card model name may hold what the exposition formats escape.
@@ -130,8 +131,27 @@ def test_a_replaced_inventory_is_labelled_afresh_and_a_forgotten_node_leaves() -
 def test_the_text_comes_in_pieces_of_at_most_the_cards_asked() -> None:
     fleet = _fleet()
     pieces = list(CardGauges(lambda: fleet, cards_per_piece=2).pieces())
-    # Per family: its header, then its 3 cards' lines in pieces of 2 and 1.
-    assert len(pieces) == len(CARD_FAMILIES) * 3
+    # Per family: its header, then its 3 cards' lines in pieces of 2 and 1; the measured
+    # families' headers alone (no card measured).
+    assert len(pieces) == len(CARD_FAMILIES) * 3 + len(MEASURED_CARD_FAMILIES)
     assert pieces[0].startswith("# HELP hami_gpu_memory_limit_bytes ")
     assert [piece.count("\n") for piece in pieces[1:3]] == [2, 1]
     assert "".join(pieces) == CardGauges(lambda: fleet).text()
+
+
+def test_the_measured_figures_show_for_the_cards_measured_only() -> None:
+    """``pyhami_card_memory_used_bytes`` and ``pyhami_card_utilization_ratio``: a card's
+    labels as the other card gauges write them; a card without a figure, a card its node
+    does not report and a node that sends none have no series."""
+    fleet = _fleet()
+    measured = {"a": Measured(at=1.0, cards=[
+        MeasuredCard(uuid="GPU-a1", memory_used=4500, utilization=37),
+        MeasuredCard(uuid="GPU-a0"),
+        MeasuredCard(uuid="GPU-gone", memory_used=1, utilization=1)])}
+    text = CardGauges(lambda: fleet, measured=lambda: measured).text()
+    found = [(name, labels, value) for name, labels, value in _samples(text)
+             if name.startswith("pyhami_card_")]
+    labels = {"node": "a", "device_uuid": "GPU-a1", "device_index": "1",
+              "device_type": ODD_TYPE}
+    assert found == [("pyhami_card_memory_used_bytes", labels, 4500.0 * MIB),
+                     ("pyhami_card_utilization_ratio", labels, 0.37)]
