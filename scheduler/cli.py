@@ -66,6 +66,10 @@ def register(commands: Subcommands) -> None:
     parser.add_argument("--no-pending-loop", action="store_true",
                         help="standalone: only answer the extender verbs, as when another "
                              "program plays kube-scheduler")
+    parser.add_argument("--no-node-registration", action="store_true",
+                        help="Kubernetes: do not write the Nodes' hami.io/node-nvidia-register "
+                             "annotation that HAMi-WebUI reads (written by the leader unless "
+                             "this is given; needs the nodes patch right)")
     parser.add_argument("--noop-endpoint", action="store_true",
                         help="serve POST /noop, which only decodes ExtenderArgs: the HTTP "
                              "floor for benchmarks")
@@ -285,7 +289,10 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
         # Kubernetes lists its Nodes: a node is forgotten when its Node is deleted.
         service=settings_from(ServiceSettings, args, defaults=defaults,
                               node_retention=None if kubernetes else node_retention,
-                              nodes_listed=kubernetes),
+                              nodes_listed=kubernetes,
+                              # Standalone has no Node objects to annotate.
+                              node_registration=kubernetes and not args.no_node_registration,
+                              registration_retention=node_retention),
         listen=args.listen, metrics=args.metrics, kubeconfig=args.kubeconfig,
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
         webhook=_webhook_config(args, mode), extender_tls=_extender_tls(args),

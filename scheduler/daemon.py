@@ -356,6 +356,8 @@ class Daemon:
         start("expire-reservations", service.reactions.expire_reservations)
         start("follow-cordons", service.reactions.follow_cordons)
         start("watch-nodes", service.reactions.watch_nodes)
+        if self._config.service.node_registration:
+            start("register-nodes", service.registration.run)
         if self._standalone is not None:
             start("settle-pod-store", self._standalone.keep_settled)
         if self._pending is not None and self._config.drive_pending:

@@ -47,6 +47,7 @@ PREEMPTION_RESULTS = (("daemon", "evicted"), ("daemon", "failed"),
                       ("kube-scheduler", "answered"), ("kube-scheduler", "none"))
 """evicted: victims deleted; failed: a deletion refused; answered: victims named to
 kube-scheduler; none: no node where lower-priority pods could make room."""
+REGISTRATION_RESULTS = ("written", "removed", "failed")
 UNSENT_REASONS: tuple[Unsent, ...] = get_args(Unsent)
 OPENMETRICS_END = b"# EOF\n"
 
@@ -413,6 +414,10 @@ class Metrics:
             "pyhami_resource_quotas_refused_total",
             "ResourceQuota objects (or versions of one) pyhami could not apply, each "
             "counted once", registry=self.registry)
+        self.registrations = Counter(
+            "pyhami_node_registrations_total",
+            "Writes of the Nodes' hami.io/node-nvidia-register annotation, by result "
+            "(written, removed, failed)", ["result"], registry=self.registry)
         self.preempted = Counter("pyhami_preemption_victims_total",
                                  "Pods pyhami itself evicted to make room for a GPU pod of "
                                  "higher priority", registry=self.registry)
@@ -437,6 +442,8 @@ class Metrics:
             self.allocations.labels(outcome)
         for by, result in PREEMPTION_RESULTS:
             self.preemptions.labels(by, result)
+        for result in REGISTRATION_RESULTS:
+            self.registrations.labels(result)
 
     def exposition(self) -> bytes:
         """The classic text format (tests and tools that read it directly)."""

@@ -12,6 +12,8 @@ from common.core.names import shown
 ALLOCATED_ANNOTATION = "hami.io/vgpu-devices-allocated"
 TO_ALLOCATE_ANNOTATION = "hami.io/vgpu-devices-to-allocate"
 NODE_ANNOTATION = "hami.io/vgpu-node"
+VGPU_NODE_LABEL = NODE_ANNOTATION
+"""HAMi writes the node's name under the same key as a pod label too, for its monitor."""
 TIME_ANNOTATION = "hami.io/vgpu-time"
 BIND_PHASE_ANNOTATION = "hami.io/bind-phase"
 BIND_TIME_ANNOTATION = "hami.io/bind-time"

@@ -155,8 +155,11 @@ class Cluster(Protocol):
         ...
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: Mapping[str, str | None]) -> None:
-        """Write ``annotations`` on the pod (None removes one), then bind it to ``node``.
+                   annotations: Mapping[str, str | None], *,
+                   labels: Mapping[str, str] | None = None) -> None:
+        """Write ``annotations`` on the pod (None removes one), then bind it to ``node``;
+        on Kubernetes the pod gets ``labels`` too (from 1.35, in the same write: docs/
+        scheduler.md, "HAMi-WebUI and the node annotation"); standalone pods have none.
 
         Raises ``ClusterError`` when either step fails.
         """
@@ -173,6 +176,19 @@ class Cluster(Protocol):
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:
         """Best effort: an event that cannot be written is logged, not raised."""
+        ...
+
+    async def node_registrations(self) -> dict[str, str]:
+        """Per Node, its ``hami.io/node-nvidia-register`` annotation as the cluster holds it
+        now (a Node without it is left out); empty where there are no Node objects
+        (standalone). Raises ``ClusterError``."""
+        ...
+
+    async def register_node(self, node: str, value: str | None) -> None:
+        """Set the Node's ``hami.io/node-nvidia-register`` annotation to ``value`` (None
+        removes it), leaving the rest of the Node alone; a removal from a Node that no
+        longer exists is done. Nothing where there are no Node objects (standalone).
+        Raises ``ClusterError``."""
         ...
 
     async def evict(self, namespace: str, name: str, uid: str) -> None:

@@ -1,10 +1,11 @@
-"""The decision daemon's service: four parts around one shared state.
+"""The decision daemon's service: five parts around one shared state.
 
 ``verbs`` answers kube-scheduler (Filter, Prioritize, Bind and the explain preview),
 ``reactions`` handles the cluster's and the bus's events, ``preemption`` makes room for
 GPU pods of higher priority, ``reporting`` tells others (telemetry, retries, metrics,
-status). They share one ``Shared`` state and meet nowhere else (docs/architecture.md,
-"The service"); everything that changes the ledger happens on one event loop.
+status), ``registration`` writes the Nodes' HAMi register annotation for HAMi-WebUI.
+They share one ``Shared`` state and meet nowhere else (docs/architecture.md, "The
+service"); everything that changes the ledger happens on one event loop.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from scheduler.cluster import Cluster
 from scheduler.leadership import Leadership
 from scheduler.service.preemption import Preemptions
 from scheduler.service.reactions import Reactions
+from scheduler.service.registration import NodeRegistration
 from scheduler.service.reporting import Check, Publish, Reporting
 from scheduler.service.shared import (
     ServiceSettings,
@@ -27,9 +29,9 @@ __all__ = ["SchedulerService", "ServiceSettings"]
 
 
 class SchedulerService:
-    """The service's four parts built around one shared state. Callers use the parts by
+    """The service's five parts built around one shared state. Callers use the parts by
     name: ``verbs`` (kube-scheduler's extender verbs), ``reactions`` (the event handlers),
-    ``preemptions``, ``reporting``."""
+    ``preemptions``, ``reporting``, ``registration`` (the Nodes' register annotation)."""
 
     def __init__(self, settings: ServiceSettings, cluster: Cluster, publish: Publish,
                  clock: Callable[[], float] = time.monotonic,
@@ -49,6 +51,7 @@ class SchedulerService:
         self.verbs = Verbs(shared, reporting.metrics, reporting,
                            on_unschedulable=preemptions.unschedulable)
         self.reactions = Reactions(shared, reporting.metrics, reporting)
+        self.registration = NodeRegistration(shared, reporting.metrics, reporting)
         self.state = shared.state
         self.metrics = reporting.metrics
         self.cluster = cluster

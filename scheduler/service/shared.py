@@ -34,11 +34,17 @@ class ServiceSettings:
         help="release cards no bind confirmed after this long (default {default})")
     node_retention: float | None = setting(
         600.0, parse=positive_seconds,
-        help="standalone: forget a node silent this long; longer than --node-timeout "
-             "(default {default})")
+        help="standalone: forget a node silent this long; longer than --node-timeout; "
+             "Kubernetes: remove its hami.io/node-nvidia-register then (default {default})")
     """Forget a node silent this long (standalone); None: never for silence."""
     nodes_listed: bool = False
     """The cluster lists its Nodes (Kubernetes): forget a node it no longer lists."""
+    node_registration: bool = False
+    """Write each Node's ``hami.io/node-nvidia-register`` for HAMi-WebUI (Kubernetes; the
+    command turns it on unless ``--no-node-registration``)."""
+    registration_retention: float = 600.0
+    """Remove a node's register annotation once its agent is silent this long (the
+    command passes ``--node-retention``)."""
 
 
 Unschedulable = Callable[[PodManifest, PodRequest, Sequence[str]], None]

@@ -27,6 +27,7 @@ from common.core.annotations import (
     BIND_TIME_ANNOTATION,
     TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
+    VGPU_NODE_LABEL,
 )
 from common.core.fleet import NODE_WEIGHTS, score_max
 from common.core.pod import DEFAULT_NAMESPACE
@@ -224,7 +225,10 @@ class Verbs(ServicePart):
         try:
             allocation = await self._allocation_on(key, args)
             await self.cluster.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node,
-                                    self._bind_annotations(key, args.node, allocation))
+                                    self._bind_annotations(key, args.node, allocation),
+                                    # HAMi's label: its node monitor selects pods by it.
+                                    labels=(None if allocation is None
+                                            else {VGPU_NODE_LABEL: args.node}))
         except ClusterError as error:
             if allocation is not None and self.state.bookings.reservation(key) is allocation:
                 self.state.bookings.release_reservation(key)

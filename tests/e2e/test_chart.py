@@ -287,6 +287,28 @@ def test_no_disruption_budget_for_one_replica_or_when_off(helm: Path,
     assert "PodDisruptionBudget" not in kinds and "Deployment" in kinds
 
 
+def _daemon_rules_and_command(documents: list[dict[str, Any]],
+                              ) -> tuple[list[dict[str, Any]], list[str]]:
+    role = next(doc for doc in documents
+                if doc["kind"] == "ClusterRole" and doc["metadata"]["name"].endswith("-scheduler"))
+    deployment = next(doc for doc in documents if doc["kind"] == "Deployment"
+                      and doc["metadata"]["name"].endswith("-scheduler"))
+    extender = next(c for c in deployment["spec"]["template"]["spec"]["containers"]
+                    if c["name"] == "extender")
+    return role["rules"], extender["command"]
+
+
+@pytest.mark.parametrize("registration", [True, False], ids=["on", "off"])
+def test_node_registration_brings_the_nodes_patch_right_and_off_leaves_it_out(
+        helm: Path, registration: bool) -> None:
+    documents = helm_template_set(helm, f"scheduler.nodeRegistration={str(registration).lower()}")
+    rules, command = _daemon_rules_and_command(documents)
+    patches_nodes = any("nodes" in rule["resources"] and "patch" in rule["verbs"]
+                        for rule in rules)
+    assert patches_nodes is registration
+    assert ("--no-node-registration" in command) is not registration
+
+
 def test_an_affinity_of_the_users_keeps_the_anti_affinity_unless_it_has_its_own(
         helm: Path) -> None:
     def affinity(*settings: str) -> dict[str, Any]:
@@ -513,7 +535,9 @@ def daemon_role_only(installed: dict[Release, Installed],
     ("create", "pods", "eviction", "", "team-a", False),
     ("get", "nodes", None, "", None, False),
     ("update", "nodes", None, "", None, False),
-    ("patch", "nodes", None, "", None, False),
+    # hami.io/node-nvidia-register for HAMi-WebUI (scheduler.nodeRegistration, on by default)
+    ("patch", "nodes", None, "", None, True),
+    ("patch", "nodes", "status", "", None, False),
     ("list", "secrets", None, "", None, False),
     ("get", "secrets", None, "", "kube-system", False),
     ("delete", "events", None, "", "team-a", False),
@@ -529,7 +553,7 @@ def test_the_daemons_cluster_role_allows_what_it_calls_and_no_more(  # noqa: PLR
 
 @pytest.mark.parametrize(("verb", "resource", "namespace", "name"), [
     ("update", "nodes", None, "gpu-node-1"),
-    ("patch", "nodes", None, "gpu-node-1"),
+    ("delete", "nodes", None, "gpu-node-1"),
     ("list", "secrets", None, None),
     ("get", "secrets", "kube-system", "anything"),
     ("create", "pods", "team-a", None),

@@ -132,6 +132,8 @@ class StubApiServer:
     events: dict[str, dict[str, Any]] = field(default_factory=dict)
     """"ns/name" -> Event, as created and patched."""
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    """The Nodes listed; a merge patch of a Node's annotations changes its entry here."""
+    node_patch_statuses: list[int] = field(default_factory=list)  # the n-th's; else 200
     after_read: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     """Changes made to a pod by someone else right after the n-th GET of it is answered."""
     after_patch: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
@@ -152,6 +154,7 @@ class StubApiServer:
         app.router.add_get("/api/v1/resourcequotas",
                            self._listing(self.all_quotas, "ResourceQuotaList"))
         app.router.add_get("/api/v1/nodes", self._nodes)
+        app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get)
         app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", self._binding)
@@ -229,6 +232,26 @@ class StubApiServer:
         return web.json_response({"kind": "NodeList", "apiVersion": "v1", "metadata": {},
                                   "items": self.nodes})
 
+    async def _patch_node(self, request: web.Request) -> web.Response:
+        """A merge patch of a Node's annotations (null removes one); 404 for a Node not
+        listed."""
+        status = self.node_patch_statuses.pop(0) if self.node_patch_statuses else 200
+        if status != 200:
+            return web.json_response(status_json(status, "InternalError", "etcd is down"),
+                                     status=status)
+        name = request.match_info["name"]
+        node = next((node for node in self.nodes if node["metadata"]["name"] == name), None)
+        if node is None:
+            return web.json_response(
+                status_json(404, "NotFound", f'nodes "{name}" not found'), status=404)
+        notes = node["metadata"].setdefault("annotations", {})
+        for note, value in (await request.json())["metadata"]["annotations"].items():
+            if value is None:
+                notes.pop(note, None)
+            else:
+                notes[note] = value
+        return web.json_response(node)
+
     async def _get(self, request: web.Request) -> web.Response:
         key = f"{request.match_info['ns']}/{request.match_info['name']}"
         if self.get_status != 200:
@@ -274,8 +297,9 @@ class StubApiServer:
         return answer
 
     async def _binding(self, request: web.Request) -> web.Response:
-        """As kube-apiserver binds: the resourceVersion given is a precondition, the
-        Binding's annotations are copied onto the pod with its node, in one update."""
+        """As kube-apiserver 1.36 binds: the resourceVersion given is a precondition, the
+        Binding's annotations and labels are copied onto the pod with its node, in one
+        update."""
         name = request.match_info["name"]
         pod = self.pods.get(f"{request.match_info['ns']}/{name}")
         assigned = pod["spec"].get("nodeName") if pod is not None else None
@@ -296,6 +320,7 @@ class StubApiServer:
             def bind(placed: dict[str, Any]) -> None:
                 placed["spec"]["nodeName"] = binding["target"]["name"]
                 placed["metadata"]["annotations"].update(meta.get("annotations", {}))
+                placed["metadata"].setdefault("labels", {}).update(meta.get("labels", {}))
 
             change(pod, bind)
         return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},

@@ -3,6 +3,8 @@ pyhami's to bind, in as few requests as that allows."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from scheduler.cluster.kube import _client
@@ -34,7 +36,8 @@ class PodBinder:
         self._scheduler_name = scheduler_name
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: dict[str, str | None], *, watched: ClusterPod | None) -> None:
+                   annotations: dict[str, str | None], *, watched: ClusterPod | None,
+                   labels: Mapping[str, str] | None = None) -> None:
         """Bind the pod with its annotations in one write, checked first that it is
         pyhami's to bind: kube-apiserver copies a Binding's annotations onto the pod and
         sets its node in the same update. A failed Binding leaves nothing written.
@@ -56,7 +59,7 @@ class PodBinder:
             try:
                 await _client.create_binding(self._api, namespace, name, binding_body(
                     namespace, name, watched.uid, node,
-                    annotations=annotations_set(annotations)))
+                    annotations=annotations_set(annotations), labels=labels))
                 return
             except API_FAILURES as error:
                 if answered_with(error, NOT_FOUND):
@@ -64,10 +67,11 @@ class PodBinder:
                 if not answered_with(error, CONFLICT):
                     raise ClusterError(f"{what}: creating the Binding failed: "
                                        f"{describe_failure(error)}") from error
-        await self._bind_as_read(namespace, name, uid, node, annotations)
+        await self._bind_as_read(namespace, name, uid, node, annotations, labels=labels)
 
     async def _bind_as_read(self, namespace: str, name: str, uid: str, node: str,
-                            annotations: dict[str, str | None]) -> None:
+                            annotations: dict[str, str | None], *,
+                            labels: Mapping[str, str] | None) -> None:
         """Read the pod, check it is pyhami's to bind, then bind it as read: the API
         refuses (409) the Binding when the pod is no longer the uid and resourceVersion
         read."""
@@ -102,7 +106,7 @@ class PodBinder:
         try:
             await _client.create_binding(self._api, namespace, name, binding_body(
                 namespace, name, uid, node, resource_version=version,
-                annotations=annotations_set(annotations)))
+                annotations=annotations_set(annotations), labels=labels))
         except API_FAILURES as error:
             raise ClusterError(f"{what}: creating the Binding failed: "
                                f"{describe_failure(error)}") from error

@@ -197,6 +197,11 @@ async def list_nodes(api: ApiTransport) -> bytes:
     return await api.call("GET", "/api/v1/nodes")
 
 
+async def patch_node(api: ApiTransport, name: str, patch: JsonObject) -> None:
+    await api.call("PATCH", f"/api/v1/nodes/{_part(name)}", body=_encode(patch),
+                   content_type=_MERGE_PATCH)
+
+
 # Events ---------------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ import msgspec
 
 from common.core.annotations import cordoned_uuids
 from common.core.quota import ResourceQuotaManifest
+from common.core.registration import REGISTER_ANNOTATION
 from common.locks import KeyedLocks
 from scheduler.cluster.kube import _client
 from scheduler.cluster.kube._binding import PodBinder
@@ -23,6 +24,7 @@ from scheduler.cluster.kube._requests import (
     bind_phase_patch,
     bind_refusal,
     capacity_freed_patch,
+    node_annotation_patch,
     timestamp,
 )
 from scheduler.cluster.kube._transport import (
@@ -131,6 +133,28 @@ class KubernetesCluster:
         return {node.metadata.name: cordoned_uuids(node.metadata.annotations or {})
                 for node in nodes}
 
+    async def node_registrations(self) -> dict[str, str]:
+        try:
+            data = await _client.list_nodes(self._api)
+            nodes = msgspec.json.decode(data, type=NodeList).items
+        except API_FAILURES as error:
+            raise ClusterError(f"listing nodes failed: {describe_failure(error)}") from error
+        return {node.metadata.name: registered
+                for node in nodes
+                if (registered := (node.metadata.annotations or {}).get(REGISTER_ANNOTATION))
+                is not None}
+
+    async def register_node(self, node: str, value: str | None) -> None:
+        action = "removing" if value is None else "writing"
+        what = f"{action} {REGISTER_ANNOTATION} on node {node}"
+        try:
+            await _client.patch_node(self._api, node,
+                                     node_annotation_patch(REGISTER_ANNOTATION, value))
+        except API_FAILURES as error:
+            if value is None and answered_with(error, NOT_FOUND):
+                return  # the Node is gone, and its annotation with it
+            raise ClusterError(f"{what} failed: {describe_failure(error)}") from error
+
     async def lease_holder(self, namespace: str, name: str) -> str | None:
         try:
             data = await _client.read_lease(self._api, namespace, name)
@@ -144,10 +168,11 @@ class KubernetesCluster:
     # Writes --------------------------------------------------------------------------
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: Mapping[str, str | None]) -> None:
+                   annotations: Mapping[str, str | None], *,
+                   labels: Mapping[str, str] | None = None) -> None:
         key = f"{namespace}/{name}"
         await self._binder.bind(namespace, name, uid, node, dict(annotations),
-                                watched=self._watched.get(key))
+                                watched=self._watched.get(key), labels=labels)
         self._remember_uid(key, uid)
 
     async def retry_pod(self, namespace: str, name: str, stamp: str) -> None:

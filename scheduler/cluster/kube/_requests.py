@@ -76,19 +76,32 @@ def annotations_set(annotations: Mapping[str, str | None]) -> dict[str, str]:
 
 def binding_body(namespace: str, name: str, uid: str, node: str, *,
                  resource_version: str | None = None,
-                 annotations: Mapping[str, str] | None = None) -> JsonObject:
-    """A v1.Binding of the pod to ``node``, carrying ``annotations`` for the API server to
-    write on the pod in the same update; with ``uid`` and ``resource_version``, the API
-    refuses (409) a pod that is no longer the one read."""
+                 annotations: Mapping[str, str] | None = None,
+                 labels: Mapping[str, str] | None = None) -> JsonObject:
+    """A v1.Binding of the pod to ``node``, carrying ``annotations`` (and ``labels``) for
+    the API server to write on the pod in the same update; with ``uid`` and
+    ``resource_version``, the API refuses (409) a pod that is no longer the one read.
+
+    kube-apiserver copies a Binding's labels onto the pod from Kubernetes 1.35 on (the
+    ``PodTopologyLabelsAdmission`` feature gate, on by default); an older one drops them.
+    """
     metadata: JsonObject = {"name": name, "namespace": namespace}
     if annotations:
         metadata["annotations"] = dict(annotations)
+    if labels:
+        metadata["labels"] = dict(labels)
     return {
         "apiVersion": "v1",
         "kind": "Binding",
         "metadata": _guarded(metadata, uid, resource_version),
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
+
+
+def node_annotation_patch(key: str, value: str | None) -> JsonObject:
+    """The merge patch that sets one annotation of a Node (None removes it), whatever the
+    Node holds besides: a Node's annotations are its kubelet's and other controllers'."""
+    return {"metadata": {"annotations": {key: value}}}
 
 
 def capacity_freed_patch(stamp: str, uid: str, resource_version: str | None) -> JsonObject:

@@ -97,8 +97,16 @@ class StandaloneCluster:
         """Standalone has no Node objects: cards are cordoned by their agent (--cordon)."""
         return {}
 
+    async def node_registrations(self) -> dict[str, str]:
+        """Standalone has no Node objects, hence no register annotation to read."""
+        return {}
+
+    async def register_node(self, node: str, value: str | None) -> None:
+        """Standalone has no Node objects: HAMi-WebUI reads Kubernetes only."""
+
     async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: Mapping[str, str | None]) -> None:
+                   annotations: Mapping[str, str | None], *,
+                   labels: Mapping[str, str] | None = None) -> None:
         key = pod_key(namespace, name)
         what = f"bind {namespace}/{name}"
         async with self._bucket.writing(key) as pod:

@@ -33,8 +33,10 @@ from common.core.annotations import (
     BIND_PHASE_ANNOTATION,
     NODE_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
+    VGPU_NODE_LABEL,
 )
 from common.core.names import check_subdomain
+from common.core.registration import REGISTER_ANNOTATION
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, PodChange
 from scheduler.cluster.kube import (
     ApiStatusError,
@@ -319,6 +321,43 @@ async def test_device_cordons_come_from_the_node_annotation(harness: Harness) ->
         "n1": frozenset({"GPU-a", "GPU-b"}), "n2": frozenset()}
 
 
+async def test_node_registrations_come_from_the_nodes_that_carry_one(
+        harness: Harness) -> None:
+    harness.api.nodes = [
+        {"metadata": {"name": "n1", "annotations": {REGISTER_ANNOTATION: '[{"id":"GPU-a"}]'}}},
+        {"metadata": {"name": "n2", "annotations": {"other": "x"}}},
+        {"metadata": {"name": "n3"}},
+    ]
+    assert await harness.cluster.node_registrations() == {"n1": '[{"id":"GPU-a"}]'}
+
+
+async def test_register_node_merge_patches_the_one_annotation(harness: Harness) -> None:
+    api = harness.api
+    api.nodes = [{"metadata": {"name": "n1", "annotations": {"kept": "yes"}}}]
+    await harness.cluster.register_node("n1", "[{}]")
+    [patch] = api.sent("PATCH", "/api/v1/nodes/n1")
+    assert patch.content_type == "application/merge-patch+json"
+    assert patch.body == {"metadata": {"annotations": {REGISTER_ANNOTATION: "[{}]"}}}
+    assert api.nodes[0]["metadata"]["annotations"] == {"kept": "yes",
+                                                       REGISTER_ANNOTATION: "[{}]"}
+    await harness.cluster.register_node("n1", None)
+    assert api.sent("PATCH", "/api/v1/nodes/n1")[-1].body == {
+        "metadata": {"annotations": {REGISTER_ANNOTATION: None}}}
+    assert api.nodes[0]["metadata"]["annotations"] == {"kept": "yes"}
+
+
+async def test_a_removal_from_a_node_gone_is_done_a_write_to_it_fails(
+        harness: Harness) -> None:
+    await harness.cluster.register_node("gone", None)  # no error: the annotation went with it
+    with pytest.raises(ClusterError, match=f"writing {REGISTER_ANNOTATION} on node gone "
+                                           "failed: HTTP 404 NotFound"):
+        await harness.cluster.register_node("gone", "[{}]")
+    harness.api.nodes = [{"metadata": {"name": "n1"}}]
+    harness.api.node_patch_statuses = [500]
+    with pytest.raises(ClusterError, match=r"removing .* on node n1 failed: HTTP 500"):
+        await harness.cluster.register_node("n1", None)
+
+
 async def test_get_pod_reports_other_failures(harness: Harness) -> None:
     harness.api.get_status = 500
     with pytest.raises(ClusterError, match=r"reading pod ml/p failed: HTTP 500 InternalError"):
@@ -364,6 +403,23 @@ async def test_bind_reads_the_pod_then_binds_it_with_its_annotations_in_one_writ
     assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
     assert api.pods["ml/p"]["spec"]["nodeName"] == "n1"
     assert api.pods["ml/p"]["metadata"]["annotations"] == ANNOTATIONS
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["read-first", "watched"])
+async def test_the_binding_carries_the_labels_onto_the_pod(harness: Harness,
+                                                           watched: bool) -> None:
+    api = harness.api
+    api.pods["ml/p"] = pending_pod(version="5")
+    labels = {VGPU_NODE_LABEL: "n1"}
+    if watched:
+        async with watching(api, harness.cluster, pending_pod(version="5")):
+            await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS, labels=labels)
+    else:
+        await harness.cluster.bind("ml", "p", "u-p", "n1", ANNOTATIONS, labels=labels)
+    [binding] = api.sent("POST", "/binding")
+    assert binding.body["metadata"]["labels"] == {"hami.io/vgpu-node": "n1"}
+    assert api.pods["ml/p"]["metadata"]["labels"] == {"app": "trainer",
+                                                      "hami.io/vgpu-node": "n1"}
 
 
 async def test_a_pod_without_gpus_is_bound_without_annotations(harness: Harness) -> None:

@@ -1,0 +1,196 @@
+"""The Node annotation HAMi's device plugin writes to register a node's cards,
+``hami.io/node-nvidia-register``, as pyhami's leader daemon writes it for HAMi-WebUI, and
+reading it back by the rules HAMi and HAMi-WebUI read it with.
+
+HAMi v2.8 and later write JSON: Go's ``json.Marshal`` of a list of ``DeviceInfo``, only
+some fields copied, keys in the struct's order, zero values left out (``omitempty``),
+no spaces, and Go's escaping of strings (``<``, ``>``, ``&``, U+2028 and U+2029 as
+``\\u`` escapes). HAMi's scheduler reads only that JSON; HAMi-WebUI first tries the colon
+and comma format of HAMi v2.7 and before, then the JSON (docs/scheduler.md, "HAMi-WebUI
+and the node annotation").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import msgspec
+
+from common.core.annotations import AnnotationError
+from common.core.model import Card, Node
+from common.core.names import shown
+
+REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+OPERATING_MODE = "hami-core"
+"""The node's ``operatingmode`` as HAMi names it: the only one pyhami's agent runs (it
+refuses ``mig``)."""
+TYPE_PREFIX = "NVIDIA"
+# pyhami's agent names every card "NVIDIA-" + its NVML name (HAMi's older rule); HAMi
+# v2.10 registers the NVML name, prefixed only when it does not start with "NVIDIA".
+_AGENT_PREFIX = "NVIDIA-"
+# Go's encoding/json escapes these even in a valid string (its HTML-safe default).
+_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                             "\u2028": "\\u2028", "\u2029": "\\u2029"})
+# HAMi v2.5 to v2.7 wrote 9 fields a card, v2.4 and before 7.
+_OLD_FIELDS = (7, 9)
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredCard:
+    """One card as the register annotation states it (HAMi's ``DeviceInfo``, the fields
+    HAMi-WebUI shows)."""
+
+    id: str
+    index: int
+    count: int
+    devmem: int
+    """Registered MiB: the card's own times HAMi's ``deviceMemoryScaling``."""
+    devcore: int
+    type: str
+    numa: int
+    mode: str
+    health: bool
+
+
+def registered_type(card_type: str) -> str:
+    """The ``type`` HAMi v2.10 registers for a card pyhami's agent typed ``card_type``."""
+    name = card_type.removeprefix(_AGENT_PREFIX)
+    return name if name.startswith(TYPE_PREFIX) else f"{_AGENT_PREFIX}{name}"
+
+
+def registered_card(card: Card, mode: str = OPERATING_MODE) -> RegisteredCard:
+    """What HAMi's device plugin would register for ``card``: the registered (scaled)
+    figures, a NUMA node of -1 (unknown) as 0."""
+    return RegisteredCard(id=card.uuid, index=card.index, count=card.count,
+                          devmem=card.memory, devcore=card.cores,
+                          type=registered_type(card.type), numa=max(card.numa, 0),
+                          mode=mode, health=card.health)
+
+
+def node_register(node: Node, mode: str = OPERATING_MODE) -> str | None:
+    """The annotation's value for ``node``, its cards in index order; None for a node
+    without cards (HAMi's scheduler reads an empty list as an error)."""
+    cards = sorted(node.devices, key=lambda card: card.index)
+    if not cards:
+        return None
+    return encode_register(registered_card(card, mode) for card in cards)
+
+
+def _go_string(text: str) -> str:
+    """``text`` as Go's ``json.Marshal`` writes a string: Python's escapes of quotes,
+    backslashes and control characters are Go's (``\\b``, ``\\f``, ``\\n``, ``\\r``,
+    ``\\t``, else ``\\u00xx`` in lower case); Go also escapes the HTML characters and the
+    two line separators."""
+    return json.dumps(text, ensure_ascii=False).translate(_GO_ESCAPES)
+
+
+def encode_register(cards: Iterable[RegisteredCard]) -> str:
+    """The JSON list byte for byte as HAMi's ``MarshalNodeDevices``: keys in the order
+    id, index, count, devmem, devcore, type, numa, mode, migProfiles, health; each left
+    out at its zero value (``migProfiles`` always: pyhami registers no MIG profile)."""
+    entries = []
+    for card in cards:
+        fields = [f'"id":{_go_string(card.id)}'] if card.id else []
+        fields.extend(f'"{key}":{value}' for key, value in (
+            ("index", card.index), ("count", card.count), ("devmem", card.devmem),
+            ("devcore", card.devcore)) if value)
+        if card.type:
+            fields.append(f'"type":{_go_string(card.type)}')
+        if card.numa:
+            fields.append(f'"numa":{card.numa}')
+        if card.mode:
+            fields.append(f'"mode":{_go_string(card.mode)}')
+        if card.health:
+            fields.append('"health":true')
+        entries.append("{" + ",".join(fields) + "}")
+    return "[" + ",".join(entries) + "]"
+
+
+# Reading it back ------------------------------------------------------------------------
+
+
+class _JsonCard(msgspec.Struct):
+    """A card of the JSON format; absent keys are Go's zero values, unknown ones ignored."""
+
+    id: str = ""
+    index: int = 0
+    count: int = 0
+    devmem: int = 0
+    devcore: int = 0
+    type: str = ""
+    numa: int = 0
+    mode: str = ""
+    health: bool = False
+
+
+def decode_register(text: str) -> list[RegisteredCard]:
+    """The cards of a register annotation, read as HAMi-WebUI reads it: the colon and comma
+    format first (HAMi's ``DecodeNodeDevices``), the JSON when that fails (HAMi's
+    ``UnMarshalNodeDevices``, which HAMi's scheduler alone uses). Raises ``AnnotationError``
+    when neither reads it, or it lists no card (HAMi: "no gpu found on node")."""
+    try:
+        cards = _decode_colons(text)
+    except AnnotationError:
+        cards = decode_register_json(text)
+    if not cards:
+        raise AnnotationError(f"{REGISTER_ANNOTATION}: no gpu found on node")
+    return cards
+
+
+def decode_register_json(text: str) -> list[RegisteredCard]:
+    """The JSON format alone, as HAMi's scheduler reads it. Raises ``AnnotationError``."""
+    try:
+        decoded = msgspec.json.decode(text, type=list[_JsonCard] | None) or []
+    except msgspec.ValidationError as error:
+        raise AnnotationError(f"{REGISTER_ANNOTATION}: {shown(text)}: {error}") from None
+    except msgspec.DecodeError as error:
+        raise AnnotationError(f"{REGISTER_ANNOTATION}: {shown(text)} is not JSON: "
+                              f"{error}") from None
+    return [RegisteredCard(id=card.id, index=card.index, count=card.count,
+                           devmem=card.devmem, devcore=card.devcore, type=card.type,
+                           numa=card.numa, mode=card.mode, health=card.health)
+            for card in decoded]
+
+
+def _decode_colons(text: str) -> list[RegisteredCard]:
+    """HAMi v2.7's format: ``ID,count,devmem,devcore,type,numa,health[,index,mode]:`` a
+    card; a piece between colons without a comma is skipped, one with another number of
+    fields fails the whole annotation."""
+    if ":" not in text:
+        raise AnnotationError(f"{REGISTER_ANNOTATION}: no ':' in {shown(text)}")
+    cards = []
+    for piece in text.split(":"):
+        if "," not in piece:
+            continue
+        fields = piece.split(",")
+        if len(fields) not in _OLD_FIELDS:
+            raise AnnotationError(f"{REGISTER_ANNOTATION}: {shown(piece)} has {len(fields)} "
+                                  "fields, not 7 or 9")
+        index, mode = ((_go_int(fields[7]), fields[8]) if len(fields) == 9
+                       else (0, OPERATING_MODE))
+        cards.append(RegisteredCard(
+            id=fields[0], index=index, count=_go_int(fields[1]), devmem=_go_int(fields[2]),
+            devcore=_go_int(fields[3]), type=fields[4], numa=_go_int(fields[5]), mode=mode,
+            health=_go_bool(fields[6])))
+    return cards
+
+
+def _go_int(text: str) -> int:
+    """Go's ``strconv.Atoi``: an optional sign, then decimal digits only."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise AnnotationError(f"{REGISTER_ANNOTATION}: {shown(text)} is not an integer")
+    return int(text)
+
+
+def _go_bool(text: str) -> bool:
+    """Go's ``strconv.ParseBool``."""
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise AnnotationError(f"{REGISTER_ANNOTATION}: {shown(text)} is not a boolean")
