@@ -15,6 +15,8 @@ from typing import Literal
 from agent.deviceplugin.hamicore import hami_core_settings
 from agent.deviceplugin.plugin import PluginSettings
 from agent.inventory import InventoryError
+from agent.monitor.containers import CacheSettings
+from agent.monitor.monitor import MonitorSettings
 from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
 from agent.service import Agent, AgentSettings
 from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
@@ -90,6 +92,9 @@ def register(commands: Subcommands) -> None:
                              "containers the cards pyhami chose")
     add_settings(plugin, PluginSettings, "kubelet_dir", "hami_core_dir", "folder_grace",
                  "folder_sweep_interval")
+    monitor = parser.add_argument_group("node monitor (HAMi's vGPUmonitor)")
+    add_settings(monitor, MonitorSettings, "metrics", "monitor_interval", "scrape_timeout")
+    add_settings(monitor, CacheSettings)
     add_log_arguments(parser)
     add_nats_arguments(parser)
     parser.set_defaults(handler=run)
@@ -164,8 +169,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from(AgentSettings, args, node=node, device=device)
     plugin = plugin_settings(args, device) if args.device_plugin else None
+    monitor = settings_from(MonitorSettings, args, caches=settings_from(CacheSettings, args))
     try:
-        asyncio.run(serve(Agent(settings, source, nats, device_plugin=plugin)))
+        asyncio.run(serve(Agent(settings, source, nats, device_plugin=plugin,
+                                monitor=monitor, probe=source)))
     except InventoryError as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
         return 1

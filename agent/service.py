@@ -17,12 +17,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from aiohttp import web
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from agent.deviceplugin.plugin import DevicePlugin, PluginSettings
 from agent.deviceplugin.source import NatsAllocationSource
 from agent.inventory import InventorySource
+from agent.monitor.model import HostProbe
+from agent.monitor.monitor import MonitorSettings, NodeMonitor
+from agent.monitor.server import serve_monitor
 from agent.registration import ConfiguredSource
 from agent.report import Report
 from agent.usage import UsageSnapshot
@@ -89,10 +93,10 @@ class Agent:
     def __init__(self, settings: AgentSettings, source: InventorySource, nats: NatsSettings,
                  *, clock: Callable[[], float] = time.time,
                  device_plugin: PluginSettings | None = None,
-                 usage: UsageSnapshot | None = None) -> None:
+                 usage: UsageSnapshot | None = None,
+                 monitor: MonitorSettings | None = None,
+                 probe: HostProbe | None = None) -> None:
         self._settings = settings
-        # Usage is sent only with an interval: 0 turns it off.
-        self._usage = usage if settings.usage_interval > 0 else None
         self._source = ConfiguredSource(source, settings.device)
         self._nats = nats
         self._clock = clock
@@ -108,6 +112,13 @@ class Agent:
         self._publishing = asyncio.Lock()
         self._last_publish = time.monotonic()
         self._allocations = NatsAllocationSource(self._connection, settings.node)
+        self._monitor = None if monitor is None or probe is None else NodeMonitor(
+            settings.node, monitor, probe, self._allocations)
+        self._metrics = None if self._monitor is None or monitor is None else monitor.metrics
+        # Usage is sent only with an interval: 0 turns it off. The monitor measures it,
+        # unless a snapshot is given (tests).
+        measured = usage if usage is not None else self._monitor
+        self._usage = measured if settings.usage_interval > 0 else None
         self._device_plugin = None if device_plugin is None else DevicePlugin(
             settings.node, device_plugin, self._allocations)
         if self._device_plugin is not None:
@@ -121,6 +132,10 @@ class Agent:
     def device_plugin(self) -> DevicePlugin | None:
         return self._device_plugin
 
+    @property
+    def monitor(self) -> NodeMonitor | None:
+        return self._monitor
+
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then drain the connection and close the source.
 
@@ -132,6 +147,7 @@ class Agent:
         # These loops end only by crashing, and the agent with them (its DaemonSet starts
         # it again): none is restarted, and the crash is raised from run().
         supervisor = Supervisor()
+        listener: web.AppRunner | None = None
         try:
             await asyncio.wait({opened, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if stop.is_set():
@@ -140,6 +156,10 @@ class Agent:
             supervisor.start("nats-connection", self._connection.run, restart=False)
             supervisor.start("poll", self._poll, restart=False)
             supervisor.start("heartbeat", self._heartbeat, restart=False)
+            if self._monitor is not None:
+                supervisor.start("monitor", self._monitor.run, restart=False)
+                if self._metrics is not None:
+                    listener = await serve_monitor(self._monitor, self._metrics)
             if self._usage is not None:
                 supervisor.start("usage", self._send_usage, restart=False)
             if self._device_plugin is not None:
@@ -151,6 +171,8 @@ class Agent:
             stopping.cancel()
             opened.cancel()  # a read under way in its thread ends on its own
             supervisor.cancel()
+            if listener is not None:
+                await listener.cleanup()
             # Closed before the wait: the connection's loop ends on it even where nats-py
             # swallowed the cancellation; the wait is bounded for any other such loop.
             await self._connection.close()

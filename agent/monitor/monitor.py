@@ -15,21 +15,22 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.deviceplugin.source import AllocationSourceError
-from agent.monitor.containers import ContainerCaches
+from agent.monitor.containers import CacheSettings, ContainerCaches
 from agent.monitor.exporter import MonitorCollector, MonitorSnapshot
 from agent.monitor.model import ContainerUsage, HostCard, HostProbe
 from agent.monitor.processes import container_usage
+from agent.usage import LatestUsage
 from common.arguments import address, positive_seconds
 from common.messaging import RateLimitedLog
 from common.settings import setting
-from common.wire import HoldingPod
+from common.wire import HoldingPod, Measured
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class MonitorSettings:
         2.0, parse=positive_seconds, metavar="SECONDS",
         help="a scrape waits at most this long for NVML's figures, else serves the last "
              "ones (default: {default})")
+    caches: CacheSettings = field(default_factory=CacheSettings)
+    """Where HAMi-core's cache files are and how much a round reads (their own flags)."""
     proc_root: Path = Path("/proc")
     """Where processes' cgroups are read (the host's /proc: the chart's agent pod shares
     the host's pid namespace)."""
@@ -69,12 +72,14 @@ class NodeMonitor:
     usage (``snapshot``)."""
 
     def __init__(self, node: str, settings: MonitorSettings, probe: HostProbe,
-                 caches: ContainerCaches, pods: HoldingSource, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 pods: HoldingSource, *, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self._node = node
+        self._wall_clock = wall_clock
+        self._usage = LatestUsage()
         self._settings = settings
         self._probe = probe
-        self._caches = caches
+        self._caches = ContainerCaches(settings.caches)
         self._pods = pods
         self._log = RateLimitedLog(clock, logger)
         self._holding: dict[str, HoldingPod] = {}
@@ -84,6 +89,11 @@ class NodeMonitor:
         self._failures: Counter[str] = Counter()
         self.rounds = 0
         """Rounds completed since the start."""
+
+    def measured(self) -> Measured | None:
+        """The last round's measurement as the inventory carries it to the daemon (the
+        agent's ``UsageSnapshot``)."""
+        return self._usage.measured()
 
     def snapshot(self) -> MonitorSnapshot:
         """The last round's measurements, named by the pods then holding cards; what was
@@ -116,6 +126,7 @@ class NodeMonitor:
         try:
             self._snapshot = await asyncio.to_thread(self._measure, holding)
             self._host = await asyncio.to_thread(self._probe.host_cards)
+            self._usage.record(self._host, self._snapshot.containers, self._wall_clock())
         except Exception as error:
             self._fail("round_failed", "the node's monitor round failed, the last figures "
                        "kept: %s", error)

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.deviceplugin.source import AllocationSourceError
-from agent.monitor.containers import CacheSettings, ContainerCaches
+from agent.monitor.containers import CacheSettings
 from agent.monitor.model import GpuProcess, HostCard
 from agent.monitor.monitor import MonitorSettings, NodeMonitor
 from agent.simulated import SimulatedProcess, SimulatedSource, profile_cards
@@ -70,10 +70,10 @@ def node(tmp_path: Path) -> tuple[Path, SimulatedSource, Pods]:
 
 def monitor(root: Path, source: SimulatedSource, pods: Pods, *,
             scrape_timeout: float = 2.0) -> NodeMonitor:
-    return NodeMonitor(NODE, MonitorSettings(scrape_timeout=scrape_timeout,
-                                             proc_root=root / "proc"),
-                       source, ContainerCaches(CacheSettings(containers_dir=root / "containers")),
-                       pods)
+    return NodeMonitor(NODE, MonitorSettings(
+        scrape_timeout=scrape_timeout, proc_root=root / "proc",
+        caches=CacheSettings(containers_dir=root / "containers")), source, pods,
+        wall_clock=lambda: 1_700_000_000.0)
 
 
 def samples(text: bytes) -> dict[tuple[str, str, str], float]:
@@ -106,6 +106,15 @@ async def test_a_round_measures_both_paths_and_feeds_back(
     assert read_int32(low_file, OFFSETS["v1"]["recent_kernel"]) == -1
     high_file = root / "containers" / f"{HIGH}_main" / "a.cache"
     assert read_int32(high_file, OFFSETS["v1"]["recent_kernel"]) == 1
+    # What goes to the daemon with the next inventory.
+    measured = watcher.measured()
+    assert measured is not None and measured.at == 1_700_000_000.0
+    assert sorted((c.pod_uid, c.memory_used, c.memory_limit, c.source)
+                  for c in measured.containers) == sorted([
+        (HIGH, 3000, 4000, "hami-core"), (LOW, 1000, 4000, "hami-core"),
+        (BARE, 700, None, "nvml")])
+    assert {(c.uuid, c.memory_used) for c in measured.cards if c.uuid == card0} == {
+        (card0, 4000)}
 
 
 async def test_a_pod_the_daemon_does_not_list_is_not_reported(
