@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
+# The suite runs gRPC (the device plugin's tests) and then starts processes (the control
+# plane, nats-server) from the same process: gRPC's fork handlers, run in each child between
+# fork and exec, can abort it (kube-scheduler exiting with SIGABRT before it starts). No
+# child here runs gRPC, so the handlers are not wanted. Set before gRPC is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 

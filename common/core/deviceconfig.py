@@ -48,6 +48,10 @@ OPERATING_MODES = ("hami-core", "mig")
 MIG_STRATEGIES = ("none", "single", "mixed")
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A key named as written in a message; any other is quoted."""
+
+
 class DeviceConfigError(InvalidInput):
     """A device configuration that cannot be used; one line naming the file, the key and
     the value."""
@@ -283,6 +287,10 @@ class _Section:
             self._items = {str(key): (str(key), value) for key, value in mapping.items()}
 
     def _key(self, key: str) -> str:
+        if not _PLAIN_KEY.fullmatch(key):
+            # A key of a file is anything YAML or JSON allows: quoted, so that a newline or
+            # a megabyte in it cannot break the one line that names it.
+            return f"{self._path}[{shown(key)}]"
         return f"{self._path}.{key}" if self._path else key
 
     def error(self, key: str, value: object, problem: str) -> DeviceConfigError:

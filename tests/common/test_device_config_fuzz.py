@@ -9,9 +9,11 @@ whole arbitrary documents; the bytes target feeds the file reader itself.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -107,3 +109,12 @@ def test_any_file_is_read_or_refused_in_one_line(tmp_path: Path, content: bytes)
             load(path)
         except (InputFileError, DeviceConfigError) as error:
             _one_line(error, str(path))
+
+
+def test_a_key_with_a_newline_is_quoted_in_the_one_line() -> None:
+    # Found by the fuzz target above: the key was written as is, breaking the line.
+    document = {"nodeconfig": [{**CHANGED_ENTRY, "filterdevices": {"\n": None}}]}
+    message = ("config.json: nodeconfig[0].filterdevices['\\n'] is not a filterdevices key "
+               "(uuid, index)")
+    with pytest.raises(DeviceConfigError, match=f"^{re.escape(message)}$"):
+        parse_node_config(document, "config.json")
