@@ -10,6 +10,7 @@ import time
 from collections import deque
 
 from agent import bench as agent_bench
+from agent.monitor import bench as monitor_bench
 from common.arguments import Subcommands, policy_chain, positive_int
 from common.core import (
     Defaults,
@@ -37,6 +38,7 @@ def register(commands: Subcommands) -> None:
     decide_parser.add_argument("--seed", type=int, default=1)
     decide_parser.set_defaults(handler=_run_decide)
     agent_bench.register(benches)
+    monitor_bench.register(benches)
     bench_extender.register(benches)
     bench_cluster.register(benches)
 
