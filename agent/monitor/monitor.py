@@ -144,8 +144,10 @@ class NodeMonitor:
             self._fail("scrape_failed", "NVML failed during a scrape, the last figures "
                        "served: %s", error)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(MonitorCollector(self._node, lambda: self._host, self.snapshot))
-        return generate_latest(registry)
+        host, snapshot = self._host, self.snapshot()
+        registry.register(MonitorCollector(self._node, lambda: host, lambda: snapshot))
+        # In a thread too: the text of a thousand containers takes the loop's time.
+        return await asyncio.to_thread(generate_latest, registry)
 
     def _measure(self, holding: Mapping[str, HoldingPod]) -> MonitorSnapshot:
         """One round's work (a worker thread): the cache files first; NVML's processes for
