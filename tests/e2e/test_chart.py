@@ -694,7 +694,7 @@ def test_network_policies_let_in_only_what_each_pod_serves_to_whom_it_serves(
     if release is CUSTOM:
         values = custom_values()["networkPolicy"]
     prometheus = [values["prometheus"]]
-    assert ingress_by_port(policies[agent]) == {}
+    assert ingress_by_port(policies[agent]) == {9394: prometheus}  # the node monitor
     assert ingress_by_port(policies[scheduler]) == {8443: None, 9395: prometheus}
     if bundled_nats:
         opened = ingress_by_port(policies[nats])
@@ -839,6 +839,33 @@ def test_the_agent_serves_the_kubelet_its_device_plugin(helm: Path, enabled: boo
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     # It still needs no Kubernetes API: no ServiceAccount token but the NATS one.
     assert spec["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize(("settings", "port", "host_pid"), [
+    ((), 9394, True),
+    (("agent.monitor.port=9500", "agent.monitor.hostPID=false", "devicePlugin.enabled=false",
+      "serviceMonitor.enabled=true"), 9500, False),
+], ids=["defaults", "changed"])
+def test_the_agents_serve_hamis_node_monitor(helm: Path, settings: tuple[str, ...], port: int,
+                                             host_pid: bool) -> None:
+    rendered = render(helm, *settings)
+    agent = rendered[("DaemonSet", "pyhami-agent")]["spec"]["template"]["spec"]
+    (container,) = agent["containers"]
+    assert f"--metrics=0.0.0.0:{port}" in container["command"]
+    assert "--containers-dir=/usr/local/vgpu/containers" in container["command"]
+    assert container["ports"] == [{"name": "monitor", "containerPort": port}]
+    assert agent.get("hostPID", False) is host_pid
+    # The monitor reads (and its feedback loop writes) the cache files, plugin or not.
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["hami-core"] == "/usr/local/vgpu"
+    service = rendered[("Service", "pyhami-agent")]["spec"]
+    assert service["ports"] == [{"name": "monitor", "port": port, "targetPort": "monitor"}]
+    assert service["selector"].items() <= rendered[("DaemonSet", "pyhami-agent")]["spec"][
+        "template"]["metadata"]["labels"].items()
+    monitor = rendered.get(("ServiceMonitor", "pyhami-agent"))
+    assert (monitor is not None) is ("serviceMonitor.enabled=true" in settings)
+    if monitor is not None:
+        assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["monitor"]
 
 
 def render(helm: Path, *settings: str, typed: dict[str, object] | None = None,
