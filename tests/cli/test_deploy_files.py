@@ -293,8 +293,18 @@ def _nats_service_url() -> tuple[str, int]:
     return f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc", port
 
 
-def test_k8s_pyhami_commands_parse_and_reach_the_nats_service() -> None:
-    host, port = _nats_service_url()
+def _nats_server_hosts() -> list[str]:
+    """Each NATS server pod's stable DNS name, through the StatefulSet's headless Service."""
+    statefulset = _objects()[("StatefulSet", "pyhami-nats")]
+    name, namespace = statefulset["metadata"]["name"], statefulset["metadata"]["namespace"]
+    headless = statefulset["spec"]["serviceName"]
+    return [f"{name}-{index}.{headless}.{namespace}.svc"
+            for index in range(statefulset["spec"]["replicas"])]
+
+
+def test_k8s_pyhami_commands_parse_and_reach_every_nats_server() -> None:
+    _, port = _nats_service_url()
+    hosts = _nats_server_hosts()
     objects = _objects()
     pod_specs = {
         "Deployment pyhami-scheduler": objects[("Deployment", "pyhami-scheduler")],
@@ -305,8 +315,31 @@ def test_k8s_pyhami_commands_parse_and_reach_the_nats_service() -> None:
             if container["command"][0] != "pyhami":
                 continue
             args = parse_pyhami(container["command"], where)
-            url = urlsplit(args.nats)
-            assert (url.hostname, url.port) == (host, port), f"{where} connects to {args.nats}"
+            urls = [urlsplit(url) for url in args.nats.split(",")]
+            assert [(url.hostname, url.port) for url in urls] == [(host, port) for host in hosts], (
+                f"{where} connects to {args.nats}")
+
+
+def test_k8s_nats_is_a_cluster_of_three_routed_by_pod_name() -> None:
+    objects = _objects()
+    statefulset = objects[("StatefulSet", "pyhami-nats")]
+    conf = objects[("ConfigMap", "pyhami-nats-config")]["data"]["nats.conf"]
+    assert statefulset["spec"]["replicas"] == 3
+    routes = re.search(r"routes: \[(.*?)\]", conf, re.DOTALL)
+    assert routes, conf
+    assert routes[1].split() == [f"nats://{host}:6222" for host in _nats_server_hosts()]
+    assert "listen: 0.0.0.0:6222" in conf and "server_name: $POD_NAME" in conf
+    # Every server admits clients by the daemon's auth callout.
+    assert 'include "auth/auth.conf"' in conf
+    headless = objects[("Service", statefulset["spec"]["serviceName"])]["spec"]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+    budget = objects[("PodDisruptionBudget", "pyhami-nats")]["spec"]
+    assert budget == {"maxUnavailable": 1, "selector": statefulset["spec"]["selector"]}
+    pod = statefulset["spec"]["template"]
+    (preferred,) = pod["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod[
+        "metadata"]["labels"].items()
 
 
 def test_agent_daemonset_reads_its_node_name_and_the_cards() -> None:

@@ -51,12 +51,37 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- if and .Values.webhook.enabled (not .Values.webhook.tls.existingSecret) -}}true{{- end -}}
 {{- end -}}
 
-{{/* The NATS URLs pyhami's pods connect to. */}}
+{{/* The bundled NATS servers' stable DNS names, one per StatefulSet pod (NAME-0, NAME-1,
+...), through the headless Service; printed as a JSON list. */}}
+{{- define "pyhami.natsHosts" -}}
+{{- $nats := include "pyhami.nats" . -}}
+{{- $hosts := list -}}
+{{- range $index := until (int .Values.nats.replicas) -}}
+{{- $hosts = append $hosts (printf "%s-%d.%s-headless.%s.svc" $nats $index $nats $.Release.Namespace) -}}
+{{- end -}}
+{{- toJson $hosts -}}
+{{- end -}}
+
+{{/* The NATS URLs pyhami's pods connect to, comma-separated: every bundled server's own
+address (a client that loses its server goes to the next at once, not to a Service that
+may still route to the lost one), or the Service's when there is one server; else
+nats.url, a string or a list. */}}
 {{- define "pyhami.natsUrl" -}}
 {{- if .Values.nats.enabled -}}
-{{ ternary "tls" "nats" (not (empty .Values.nats.serverTls.secretName)) }}://{{ include "pyhami.nats" . }}.{{ .Release.Namespace }}.svc:4222
+{{- $scheme := ternary "tls" "nats" (not (empty .Values.nats.serverTls.secretName)) -}}
+{{- if gt (int .Values.nats.replicas) 1 -}}
+{{- $urls := list -}}
+{{- range include "pyhami.natsHosts" . | fromJsonArray -}}
+{{- $urls = append $urls (printf "%s://%s:4222" $scheme .) -}}
+{{- end -}}
+{{- join "," $urls -}}
 {{- else -}}
-{{- required "nats.url is required when nats.enabled is false (the NATS pyhami should use)" .Values.nats.url -}}
+{{ $scheme }}://{{ include "pyhami.nats" . }}.{{ .Release.Namespace }}.svc:4222
+{{- end -}}
+{{- else -}}
+{{- $url := .Values.nats.url -}}
+{{- if kindIs "slice" $url -}}{{- $url = join "," $url -}}{{- end -}}
+{{- required "nats.url is required when nats.enabled is false (the NATS pyhami should use)" $url -}}
 {{- end -}}
 {{- end -}}
 
@@ -192,21 +217,31 @@ flags show in ps. */}}
 {{- end }}
 {{- end -}}
 
-{{/* The scheduler pods' affinity: scheduler.affinity, with a podAntiAffinity that keeps
-them on different nodes (scheduler.antiAffinity) unless scheduler.affinity has its own. */}}
-{{- define "pyhami.schedulerAffinity" -}}
-{{- $affinity := deepCopy (.Values.scheduler.affinity | default dict) -}}
-{{- $mode := .Values.scheduler.antiAffinity -}}
-{{- if and (ne $mode "none") (not (hasKey $affinity "podAntiAffinity")) -}}
-{{- $ours := include "pyhami.selectorLabels" (dict "root" . "component" "scheduler") | fromYaml -}}
+{{/* A workload's pod affinity: the dict (root, component, affinity, mode): affinity, with
+a podAntiAffinity that keeps the component's pods on different nodes (mode soft: when the
+nodes allow; hard: never two on one node; none) unless affinity has its own. */}}
+{{- define "pyhami.spreadAffinity" -}}
+{{- $affinity := deepCopy (.affinity | default dict) -}}
+{{- if and (ne .mode "none") (not (hasKey $affinity "podAntiAffinity")) -}}
+{{- $ours := include "pyhami.selectorLabels" (dict "root" .root "component" .component) | fromYaml -}}
 {{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" $ours) -}}
-{{- if eq $mode "hard" -}}
+{{- if eq .mode "hard" -}}
 {{- $_ := set $affinity "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) -}}
 {{- else -}}
 {{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) -}}
 {{- end -}}
 {{- end -}}
 {{- if $affinity }}{{ toYaml $affinity }}{{ end -}}
+{{- end -}}
+
+{{/* The scheduler pods' affinity (scheduler.affinity, scheduler.antiAffinity). */}}
+{{- define "pyhami.schedulerAffinity" -}}
+{{- include "pyhami.spreadAffinity" (dict "root" . "component" "scheduler" "affinity" .Values.scheduler.affinity "mode" .Values.scheduler.antiAffinity) -}}
+{{- end -}}
+
+{{/* The bundled NATS servers' affinity (nats.affinity, nats.antiAffinity). */}}
+{{- define "pyhami.natsAffinity" -}}
+{{- include "pyhami.spreadAffinity" (dict "root" . "component" "nats" "affinity" .Values.nats.affinity "mode" .Values.nats.antiAffinity) -}}
 {{- end -}}
 
 {{/* A duration as values.schema.json admits it (15s, 1m30s, 1.5s, 500ms), in
@@ -223,6 +258,10 @@ milliseconds. */}}
 
 {{/* Refuse settings that cannot work, naming the value. */}}
 {{- define "pyhami.validate" -}}
+{{- $servers := int .Values.nats.replicas -}}
+{{- if and .Values.nats.enabled (eq (mod $servers 2) 0) -}}
+{{- fail (printf "nats.replicas (%d) must be odd: the servers decide by majority, so %d of them ride out no more server losses than %d would (use 1, 3 or 5)" $servers $servers (sub $servers 1)) -}}
+{{- end -}}
 {{- $auth := .Values.nats.auth -}}
 {{- if and .Values.nats.authCallout.enabled (or $auth.user $auth.existingSecret) -}}
 {{- fail "nats.auth is for authCallout.enabled=false: with the auth callout the daemon and the agents get their credentials from it" -}}
