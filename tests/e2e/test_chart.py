@@ -283,8 +283,11 @@ def helm_template_set(helm: Path, *settings: str) -> list[dict[str, Any]]:
                                       ["scheduler.podDisruptionBudget.enabled=false"]])
 def test_no_disruption_budget_for_one_replica_or_when_off(helm: Path,
                                                           settings: list[str]) -> None:
-    kinds = {doc["kind"] for doc in helm_template_set(helm, *settings)}
-    assert "PodDisruptionBudget" not in kinds and "Deployment" in kinds
+    documents = helm_template_set(helm, *settings)
+    budgets = {doc["metadata"]["name"] for doc in documents
+               if doc["kind"] == "PodDisruptionBudget"}
+    assert budgets == {"pyhami-nats"}, "the scheduler's budget is left out, NATS's kept"
+    assert "Deployment" in {doc["kind"] for doc in documents}
 
 
 def _daemon_rules_and_command(documents: list[dict[str, Any]],
@@ -568,13 +571,23 @@ def test_the_scheduler_pods_identity_may_not(  # noqa: PLR0917 (columns)
                        namespace=namespace, name=name), f"{verb} {resource} {namespace}/{name}"
 
 
+def nats_hosts(release: Release, servers: int) -> list[str]:
+    """The bundled NATS servers' stable DNS names: each StatefulSet pod's, by its headless
+    Service."""
+    nats = f"{release.fullname}-nats"
+    return [f"{nats}-{index}.{nats}-headless.{release.namespace}.svc"
+            for index in range(servers)]
+
+
 def test_nats_bundled_or_existing_reaches_both_pods(installed: dict[Release, Installed]) -> None:
-    bundled = f"--nats=nats://{DEFAULTS.fullname}-nats.{DEFAULTS.namespace}.svc:4222"
+    every_server = ",".join(f"nats://{host}:4222" for host in nats_hosts(DEFAULTS, 3))
     service = installed[DEFAULTS].get("Service", f"{DEFAULTS.fullname}-nats")
     assert [p["port"] for p in service["spec"]["ports"]] == [4222]
     values = custom_values()
     existing = values["nats"]
-    for release, url in ((DEFAULTS, bundled), (CUSTOM, f"--nats={existing['url']}")):
+    assert isinstance(existing["url"], list), "ci/custom-values.yaml gives nats.url as a list"
+    for release, url in ((DEFAULTS, f"--nats={every_server}"),
+                         (CUSTOM, f"--nats={','.join(existing['url'])}")):
         ours = installed[release]
         agent = ours.container("DaemonSet", f"{release.fullname}-agent", "agent")
         for command in (ours.extender_command(), agent["command"]):
@@ -588,6 +601,106 @@ def test_nats_bundled_or_existing_reaches_both_pods(installed: dict[Release, Ins
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         assert f"--nats-ca={mounts['nats-tls']}/{existing['tls']['caKey']}" in container["command"]
         assert f"--nats-user={existing['auth']['user']}" in container["command"]
+
+
+def nats_routes(config: str) -> list[str]:
+    """The route URLs of a nats-server configuration's cluster block (none: no cluster)."""
+    found = re.search(r"\bcluster \{.*?routes: \[(.*?)\]", config, re.DOTALL)
+    return found[1].split() if found else []
+
+
+def test_the_bundled_nats_is_a_cluster_of_three_on_different_nodes(
+        installed: dict[Release, Installed], control_plane: ControlPlane) -> None:
+    ours = installed[DEFAULTS]
+    api = control_plane.api
+    nats = f"{DEFAULTS.fullname}-nats"
+    statefulset = ours.get("StatefulSet", nats)
+    assert statefulset["spec"]["replicas"] == 3
+    headless = ours.get("Service", statefulset["spec"]["serviceName"])["spec"]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+    assert {p["name"]: p["port"] for p in headless["ports"]}["cluster"] == 6222
+    assert selected({"matchLabels": headless["selector"]}, pod_labels(ours)) == {nats}
+    # Every server routes to every pod's stable name (itself included: nats-server skips it)
+    # and names itself after its pod, as JetStream in a cluster needs.
+    config = ours.get("ConfigMap", f"{nats}-config")["data"]["nats.conf"]
+    hosts = nats_hosts(DEFAULTS, 3)
+    assert nats_routes(config) == [f"nats://{host}:6222" for host in hosts]
+    assert f"name: {nats}\n" in config and "listen: 0.0.0.0:6222" in config
+    assert "server_name: $POD_NAME" in config and "jetstream {" in config
+    # The auth callout on every server: each includes the daemon's auth.conf.
+    assert 'include "auth/auth.conf"' in config
+    spec = statefulset["spec"]["template"]["spec"]
+    (server,) = spec["containers"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in server["env"]}
+    assert env == {"POD_NAME": "metadata.name"}
+    auth = next(v for v in spec["volumes"] if v["name"] == "auth")["secret"]
+    assert auth["secretName"] == f"{DEFAULTS.fullname}-nats-auth"
+    assert {m["name"]: m["mountPath"] for m in server["volumeMounts"]}["auth"] == "/etc/nats/auth"
+    budget = api.get(api.path("policy/v1", "PodDisruptionBudget", DEFAULTS.namespace, nats))
+    assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
+    assert selected(budget["spec"]["selector"], pod_labels(ours)) == {nats}
+    (preferred,) = spec["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["weight"] == 100
+    term = preferred["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert selected(term["labelSelector"], pod_labels(ours)) == {nats}
+
+
+@pytest.mark.parametrize(("servers", "anti_affinity"), [
+    (1, "soft"), (3, "hard"), (5, "none"),
+], ids=["one-server", "three-hard", "five-none"])
+def test_the_nats_cluster_follows_its_replicas_and_anti_affinity(
+        helm: Path, servers: int, anti_affinity: str) -> None:
+    rendered = render(helm, f"nats.antiAffinity={anti_affinity}",
+                      typed={"nats.replicas": servers})
+    statefulset = rendered[("StatefulSet", "pyhami-nats")]
+    config = rendered[("ConfigMap", "pyhami-nats-config")]["data"]["nats.conf"]
+    assert statefulset["spec"]["replicas"] == servers
+    release = Release("pyhami", "default", None, "pyhami")
+    hosts = nats_hosts(release, servers)
+    clients = {kind: next(c for c in rendered[(kind, name)]["spec"]["template"]["spec"][
+        "containers"] if c["command"][0] == "pyhami")["command"]
+        for kind, name in (("Deployment", "pyhami-scheduler"), ("DaemonSet", "pyhami-agent"))}
+    affinity = statefulset["spec"]["template"]["spec"].get("affinity", {})
+    if anti_affinity == "none":
+        assert affinity == {}
+    else:
+        rule = {"soft": "preferredDuringSchedulingIgnoredDuringExecution",
+                "hard": "requiredDuringSchedulingIgnoredDuringExecution"}[anti_affinity]
+        assert set(affinity["podAntiAffinity"]) == {rule}
+    ports = {p["containerPort"] for p in statefulset["spec"]["template"]["spec"]["containers"][0][
+        "ports"]}
+    opened = ingress_by_port(rendered[("NetworkPolicy", "pyhami-nats")])
+    if servers == 1:
+        # One server, as before: no cluster, no budget, the Service's address.
+        assert nats_routes(config) == [] and "server_name" not in config
+        assert ("PodDisruptionBudget", "pyhami-nats") not in rendered
+        assert 6222 not in ports and 6222 not in opened
+        for command in clients.values():
+            assert "--nats=nats://pyhami-nats.default.svc:4222" in command
+        return
+    assert nats_routes(config) == [f"nats://{host}:6222" for host in hosts]
+    assert rendered[("PodDisruptionBudget", "pyhami-nats")]["spec"]["maxUnavailable"] == 1
+    assert 6222 in ports and 6222 in opened
+    every_server = ",".join(f"nats://{host}:4222" for host in hosts)
+    for command in clients.values():
+        assert f"--nats={every_server}" in command
+
+
+@pytest.mark.parametrize("url", [
+    "nats://a.example:4222,tls://b.example:4222",
+    ["nats://a.example:4222", "tls://b.example:4222"],
+], ids=["comma-separated", "list"])
+def test_an_existing_nats_cluster_is_given_as_a_string_or_a_list(
+        helm: Path, url: str | list[str]) -> None:
+    rendered = render(helm, "nats.enabled=false", typed={"nats.url": url})
+    assert ("StatefulSet", "pyhami-nats") not in rendered
+    assert ("PodDisruptionBudget", "pyhami-nats") not in rendered
+    for kind, name in (("Deployment", "pyhami-scheduler"), ("DaemonSet", "pyhami-agent")):
+        commands = [c["command"] for c in rendered[(kind, name)]["spec"]["template"]["spec"][
+            "containers"] if c["command"][0] == "pyhami"]
+        assert "--nats=nats://a.example:4222,tls://b.example:4222" in commands[0]
 
 
 def test_the_agent_runs_on_gpu_nodes_with_the_split_count(
@@ -704,7 +817,11 @@ def test_network_policies_let_in_only_what_each_pod_serves_to_whom_it_serves(
         assert all(set(peer) == {"podSelector"} for peer in clients), "this namespace only"
         assert set().union(*(selected(peer["podSelector"], pods) for peer in clients)) == {
             agent, scheduler}
-        assert set(opened) == {4222, 8222}
+        # The routes between the servers: from the servers alone.
+        routes = opened[6222]
+        assert routes is not None and all(set(peer) == {"podSelector"} for peer in routes)
+        assert set().union(*(selected(peer["podSelector"], pods) for peer in routes)) == {nats}
+        assert set(opened) == {4222, 6222, 8222}
 
 
 def test_network_policies_can_be_turned_off(helm: Path) -> None:
@@ -717,6 +834,13 @@ def test_network_policies_can_be_turned_off(helm: Path) -> None:
 
 @pytest.mark.parametrize(("settings", "message"), [
     (["nats.enabled=false"], "nats.url is required when nats.enabled is false"),
+    (["nats.replicas=2"], "nats.replicas (2) must be odd: the servers decide by majority"),
+    (["nats.replicas=4"], "nats.replicas (4) must be odd"),
+    (["nats.replicas=0"], "at '/nats/replicas': minimum"),
+    (["nats.replicas=9"], "at '/nats/replicas': maximum"),
+    (["nats.antiAffinity=always"],
+     "at '/nats/antiAffinity': value must be one of 'soft', 'hard', 'none'"),
+    (["nats.enabled=false", "nats.url[0]=nats://a:4222 nats://b:4222"], "at '/nats/url'"),
     (["webhook.tls.existingSecret=serving"],
      "webhook.tls.caBundle is required with webhook.tls.existingSecret"),
     (["nats.auth.passwordKey=password"], "nats.auth.existingSecret is required"),
@@ -809,7 +933,9 @@ def test_the_bundled_nats_serves_tls_and_every_pod_verifies_it(helm: Path) -> No
         spec = by_kind[(kind, name)]["spec"]["template"]["spec"]
         (ours,) = [c for c in spec["containers"] if c["name"] == container]
         tls_dir = {m["name"]: m["mountPath"] for m in ours["volumeMounts"]}["nats-tls"]
-        assert "--nats=tls://pyhami-nats.default.svc:4222" in ours["command"]
+        every_server = ",".join(f"tls://pyhami-nats-{index}.pyhami-nats-headless.default.svc:4222"
+                                for index in range(3))
+        assert f"--nats={every_server}" in ours["command"]
         assert f"--nats-ca={tls_dir}/ca.crt" in ours["command"]
         assert f"--nats-cert={tls_dir}/tls.crt" in ours["command"]
 
