@@ -234,7 +234,8 @@ class LocalNatsCluster:
 
     def wait_formed(self, timeout: float = CLUSTER_READY_TIMEOUT_S) -> None:
         """Return once every running server has a route to each other running one and all
-        agree on a JetStream meta leader; raises ``NatsServerError`` after ``timeout``."""
+        agree on a JetStream meta leader that is running; raises ``NatsServerError`` after
+        ``timeout``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._formed():
@@ -258,7 +259,9 @@ class LocalNatsCluster:
             if not leader:
                 return False
             leaders.add(leader)
-        return len(leaders) == 1
+        # A killed leader is still named until the others notice it is gone.
+        alive = {self.servers[index].name for index in running}
+        return len(leaders) == 1 and leaders <= alive
 
     def _monitor(self, index: int, page: str) -> dict[str, object]:
         url = f"http://127.0.0.1:{self._monitor_ports[index]}/{page}"

@@ -293,7 +293,7 @@ class Daemon:
                        undo: contextlib.AsyncExitStack) -> SchedulerService:
         connection, supervisor = self._connection, self._supervisor
         status_parts: dict[str, Callable[[], object]] = {
-            "nats": lambda: {"connected": connection.connected,
+            "nats": lambda: {"connected": connection.connected, "server": connection.server,
                              "down_for_s": round(connection.down_for(), 1),
                              "clients_replaced": connection.replaced},
             "background_crashes": lambda: dict(supervisor.crashes),
