@@ -359,6 +359,15 @@ class Connection:
     def connected(self) -> bool:
         return self._client is not None and self._client.is_connected
 
+    @property
+    def server(self) -> str | None:
+        """HOST:PORT of the server connected to now (of a cluster, the one nats-py chose);
+        None while down."""
+        client = self._client
+        if client is None or not client.is_connected or client.connected_url is None:
+            return None
+        return client.connected_url.netloc
+
     def down_for(self) -> float:
         """Seconds since the connection was lost (or since start, before the first one);
         0 while connected."""

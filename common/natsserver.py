@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -108,6 +109,10 @@ class LocalNatsServer:
             return None
         return name if isinstance(name, str) else None
 
+    @property
+    def is_running(self) -> bool:
+        return self._process is not None
+
     def stop(self) -> None:
         """Graceful: the server closes its clients' connections."""
         if self._process is not None:
@@ -142,6 +147,131 @@ class LocalNatsServer:
             self._process.send_signal(signal.SIGCONT)
 
     def __enter__(self) -> LocalNatsServer:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop()
+
+
+CLUSTER_READY_TIMEOUT_S = 30.0
+
+
+class LocalNatsCluster:
+    """Several nats-servers on 127.0.0.1 routed into one cluster, each with JetStream on
+    its own store folder: what a three-server deployment is, on one machine.
+
+    Each server keeps its client, route and monitoring ports and its name for life, so
+    ``kill(i)`` then ``start(i)`` brings the same JetStream peer back, as a restarted pod
+    with its volume would be.
+    """
+
+    def __init__(self, store: Path, size: int = 3, name: str = "pyhami-test") -> None:
+        self.name = name
+        self._route_ports = [free_port() for _ in range(size)]
+        self._monitor_ports = [free_port() for _ in range(size)]
+        routes = [f"nats://127.0.0.1:{port}" for port in self._route_ports]
+        self.servers = [
+            LocalNatsServer(extra_args=[
+                "-js", "-sd", str(store / f"server-{index}"),
+                "--cluster_name", name, "--cluster", routes[index],
+                "--routes", ",".join(route for other, route in enumerate(routes)
+                                     if other != index),
+                "-m", str(self._monitor_ports[index])])
+            for index in range(size)]
+
+    @property
+    def urls(self) -> list[str]:
+        """Every server's client URL, as a client given the whole cluster lists them."""
+        return [server.url for server in self.servers]
+
+    @property
+    def url(self) -> str:
+        """The ``--nats`` value naming every server."""
+        return ",".join(self.urls)
+
+    def start(self, index: int | None = None) -> None:
+        """Start one server (``index``) or all of them, then wait until the cluster has
+        formed: every running server routed to the others and one JetStream meta leader."""
+        for server in self.servers if index is None else [self.servers[index]]:
+            server.start()
+        self.wait_formed()
+
+    def kill(self, index: int) -> None:
+        """SIGKILL one server, as a crashed machine."""
+        self.servers[index].kill()
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.kill()
+
+    def running(self) -> list[int]:
+        return [index for index, server in enumerate(self.servers) if server.is_running]
+
+    def jetstream(self, index: int) -> dict[str, object]:
+        """The server's ``/jsz`` monitoring page."""
+        return self._monitor(index, "jsz")
+
+    def meta_leader(self) -> str | None:
+        """The name of the server leading JetStream's meta group, as a running server sees
+        it; None while there is none."""
+        for index in self.running():
+            meta = self.jetstream(index).get("meta_cluster")
+            leader = meta.get("leader") if isinstance(meta, dict) else None
+            if isinstance(leader, str) and leader:
+                return leader
+        return None
+
+    def index_of(self, server_name: str) -> int:
+        """Which server carries the name nats-server reports (``server_name``)."""
+        return next(index for index, server in enumerate(self.servers)
+                    if server.name == server_name)
+
+    def index_of_port(self, port: int) -> int:
+        """Which server listens for clients on ``port``."""
+        return next(index for index, server in enumerate(self.servers) if server.port == port)
+
+    def wait_formed(self, timeout: float = CLUSTER_READY_TIMEOUT_S) -> None:
+        """Return once every running server has a route to each other running one and all
+        agree on a JetStream meta leader that is running; raises ``NatsServerError`` after
+        ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._formed():
+                return
+            time.sleep(0.1)
+        raise NatsServerError(f"the nats-server cluster did not form within {timeout:g} s")
+
+    def _formed(self) -> bool:
+        running = self.running()
+        leaders = set()
+        for index in running:
+            try:
+                routes = self._monitor(index, "routez").get("num_routes")
+                meta = self.jetstream(index).get("meta_cluster")
+            except (OSError, ValueError):
+                return False
+            # nats-server may hold more than one route connection per peer (pooling).
+            if not isinstance(routes, int) or routes < len(running) - 1:
+                return False
+            leader = meta.get("leader") if isinstance(meta, dict) else None
+            if not leader:
+                return False
+            leaders.add(leader)
+        # A killed leader is still named until the others notice it is gone.
+        alive = {self.servers[index].name for index in running}
+        return len(leaders) == 1 and leaders <= alive
+
+    def _monitor(self, index: int, page: str) -> dict[str, object]:
+        url = f"http://127.0.0.1:{self._monitor_ports[index]}/{page}"
+        with urllib.request.urlopen(url, timeout=1.0) as answer:
+            body: object = json.loads(answer.read())
+        if not isinstance(body, dict):
+            raise ValueError(f"{url} answered {type(body).__name__}, not an object")
+        return body
+
+    def __enter__(self) -> LocalNatsCluster:
         self.start()
         return self
 

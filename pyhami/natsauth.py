@@ -2,14 +2,18 @@
 
 ``init DIR`` writes the issuer NKey seed the daemon signs auth callout answers
 with, the daemon's and the watchers' passwords and a nats-server configuration
-naming them (docs/security.md); ``agent-token`` mints the token that lets one
-node's agent publish that node's inventory. On Kubernetes the agents use their
-projected ServiceAccount tokens instead, and the chart makes the rest.
+naming them (docs/security.md), and with ``--cluster N`` one configuration per
+server of a routed cluster, each with the same auth callout; ``agent-token``
+mints the token that lets one node's agent publish that node's inventory. On
+Kubernetes the agents use their projected ServiceAccount tokens instead, and the
+chart makes the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import secrets
 import sys
 import time
 from collections.abc import Mapping
@@ -35,6 +39,26 @@ FILES = (ISSUER_SEED, ISSUER_PUBLIC, DAEMON_PASSWORD, WATCH_PASSWORD, SERVER_CON
 # The TLS files ``pyhami certs init`` writes, which the server configuration names.
 TLS_FILES = ("nats.pem", "nats.key", "ca.pem")
 DEFAULT_TOKEN_DAYS = 365
+CLUSTER_NAME = "pyhami"
+ROUTE_USER = "pyhami-route"
+FIRST_ROUTE_PORT = 6222
+CLUSTER_SIZES = (3, 5)
+
+
+def cluster_config_name(index: int) -> str:
+    """The configuration file of the cluster's server ``index`` (from 1)."""
+    return f"nats-{index}.conf"
+
+
+def route_list(text: str) -> list[tuple[str, int]]:
+    """``--routes``: HOST:PORT entries, one per server, in the servers' order."""
+    routes = []
+    for entry in comma_list(text):
+        host, colon, port = entry.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"{entry!r} is not HOST:PORT")
+        routes.append((host, int(port)))
+    return routes
 
 
 def register(commands: Subcommands) -> None:
@@ -55,6 +79,14 @@ def register(commands: Subcommands) -> None:
                            "DIR/NODE.token")
     init.add_argument("--days", type=int, default=DEFAULT_TOKEN_DAYS,
                       help=f"validity of the --agents tokens (default {DEFAULT_TOKEN_DAYS})")
+    init.add_argument("--cluster", metavar="N", type=int, choices=CLUSTER_SIZES,
+                      help="also write the configurations of a cluster of N (3 or 5) servers, "
+                           "DIR/nats-1.conf ... nats-N.conf: routes between them, each with "
+                           "the auth callout (docs/security.md, A cluster of three)")
+    init.add_argument("--routes", metavar="HOST:PORT,...", type=route_list,
+                      help="with --cluster: where each server listens for the others' routes, "
+                           "in order (default 127.0.0.1:6222, 127.0.0.1:6223, ...: all on "
+                           "this machine)")
     existing = init.add_mutually_exclusive_group()
     existing.add_argument("--force", action="store_true", help="replace existing files")
     existing.add_argument("--keep-existing", action="store_true",
@@ -93,9 +125,21 @@ def run_init(args: argparse.Namespace) -> int:
             check_subdomain("--agents", node)
         except InvalidName as error:
             return _fail(str(error))
-    present = [name for name in FILES if (directory / name).exists()]
+    routes: list[tuple[str, int]] = []
+    if args.cluster is not None:
+        routes = args.routes or [("127.0.0.1", FIRST_ROUTE_PORT + index)
+                                 for index in range(args.cluster)]
+        if len(routes) != args.cluster:
+            return _fail(f"--routes: {len(routes)} entries for --cluster {args.cluster}: give "
+                         "one HOST:PORT per server")
+        if len(set(routes)) != len(routes):
+            return _fail("--routes: an entry is given twice; each server needs its own")
+    elif args.routes is not None:
+        return _fail("--routes needs --cluster")
+    expected = FILES + tuple(cluster_config_name(index + 1) for index in range(len(routes)))
+    present = [name for name in expected if (directory / name).exists()]
     written: dict[Path, str] = {}
-    if present and args.keep_existing and len(present) == len(FILES):
+    if present and args.keep_existing and len(present) == len(expected):
         try:
             credentials = BusCredentials.read(directory)
         except CredentialsError as error:
@@ -104,7 +148,7 @@ def run_init(args: argparse.Namespace) -> int:
     else:
         if present and not args.force:
             return _fail(f"{directory} already holds {', '.join(present)}: --force replaces "
-                         "them" + ("" if len(present) == len(FILES) else
+                         "them" + ("" if len(present) == len(expected) else
                                    " (the set is incomplete, so --keep-existing cannot keep it)"))
         if args.verify_clients and not args.tls:
             return _fail("--verify-clients needs --tls")
@@ -122,6 +166,12 @@ def run_init(args: argparse.Namespace) -> int:
         written.update({directory / name: stored[name].decode()
                         for name in (ISSUER_SEED, DAEMON_PASSWORD, WATCH_PASSWORD)})
         written[directory / SERVER_CONFIG] = credentials.server_config(tls)
+        # Routes are authenticated too: whoever reached a route port unasked would join as a
+        # server and receive every message.
+        route_password = secrets.token_urlsafe(24)
+        for index in range(len(routes)):
+            written[directory / cluster_config_name(index + 1)] = (
+                credentials.server_config(tls) + cluster_block(index, routes, route_password))
         # Moved into place after the rest of the set: a complete set is what
         # --keep-existing keeps.
         written[directory / ISSUER_PUBLIC] = stored[ISSUER_PUBLIC].decode()
@@ -139,6 +189,30 @@ def run_init(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def cluster_block(index: int, routes: list[tuple[str, int]], password: str) -> str:
+    """The part of server ``index``'s configuration that joins it to the others: its name
+    (JetStream's peers are named, so it must stay the same across restarts), where it
+    listens for routes, and the routes to every other server, all under one password."""
+    host, port = routes[index]
+    others = [f"nats-route://{ROUTE_USER}:{password}@{other_host}:{other_port}"
+              for other, (other_host, other_port) in enumerate(routes) if other != index]
+    lines = [
+        f"server_name: {json.dumps(f'{CLUSTER_NAME}-{index + 1}')}",
+        "cluster {",
+        f"  name: {json.dumps(CLUSTER_NAME)}",
+        f"  listen: {json.dumps(f'{host}:{port}')}",
+        "  authorization {",
+        f"    user: {json.dumps(ROUTE_USER)}",
+        f"    password: {json.dumps(password)}",
+        "  }",
+        "  routes: [",
+        *(f"    {json.dumps(route)}" for route in others),
+        "  ]",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def run_agent_token(args: argparse.Namespace) -> int:

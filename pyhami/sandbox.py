@@ -25,10 +25,17 @@ START_TIMEOUT_S = 30.0
 DEFAULTS = Defaults(parse_default_chain("spread"), NodePolicy.BINPACK)
 
 
+def servers_of(nats_url: str) -> tuple[str, ...]:
+    """The servers of a ``--nats`` value: one URL, or several separated by commas (a
+    cluster's)."""
+    return tuple(nats_url.split(","))
+
+
 def standalone_config(nats_url: str, **overrides: Any) -> DaemonConfig:
-    """A standalone daemon on a free loopback port, quick to start and to retry."""
+    """A standalone daemon on a free loopback port, quick to start and to retry;
+    ``nats_url`` may name a cluster's servers, separated by commas."""
     config = DaemonConfig(
-        nats=NatsSettings(servers=(nats_url,)), mode="standalone",
+        nats=NatsSettings(servers=servers_of(nats_url)), mode="standalone",
         service=ServiceSettings(DEFAULTS), listen=("127.0.0.1", free_port()), metrics=None,
         resync_wait=0.3, retry_period=0.5)
     return replace(config, **overrides)
@@ -91,7 +98,7 @@ class SimulatedAgent:
               poll_interval: float = 0.2) -> SimulatedAgent:
         source = SimulatedSource(profile_cards(profile, name))
         agent = Agent(AgentSettings(name, poll_interval=poll_interval, heartbeat_interval=0.5),
-                      source, NatsSettings(servers=(nats_url,)))
+                      source, NatsSettings(servers=servers_of(nats_url)))
         node = cls(name, source, agent)
         node.task = asyncio.create_task(agent.run(node.stop))
         return node

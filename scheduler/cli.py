@@ -233,6 +233,9 @@ def _leadership_config(args: argparse.Namespace, mode: ClusterMode) -> Leadershi
                                 "--standalone the daemons hold a lease in NATS (--lease-*)")
         # A LeaseSettingsError is a SettingsError: it names the flags.
         check_lease_timing(args.lease_ttl, args.lease_renew_period, args.lease_renew_deadline)
+    elif args.bucket_replicas is not None:
+        raise SettingsError("--bucket-replicas: only --standalone keeps buckets in NATS (on "
+                            "Kubernetes the pods are in the API server)")
     elif lease is None:
         lease = f"{daemon_namespace(args)}/{args.scheduler_name}"
     elif lease != "none":

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from common.arguments import address, positive_seconds
+from common.buckets import replica_count
 from common.busaccess import BusCredentials
 from common.messaging import NatsSettings
 from common.settings import setting
@@ -113,6 +114,14 @@ class LeadershipConfig:
         2.5, parse=positive_seconds, metavar="SECONDS",
         help="standalone: the holder stops deciding this long after its last renewal was "
              "sent; shorter than --lease-ttl (default {default})")
+    bucket_replicas: int | None = setting(
+        None, parse=replica_count, metavar="N",
+        help="standalone: the NATS servers keeping each of the daemon's buckets (the pods, "
+             "the lease): 1, 3 or 5; a missing bucket is made with them, one with fewer is "
+             "raised to them, and a cluster with fewer servers is refused at start (default: "
+             "1 when --nats names one server, 3 when it names several)")
+    """None: chosen from the number of servers --nats names
+    (``common.buckets.default_replicas``)."""
 
 
 @dataclass(frozen=True)

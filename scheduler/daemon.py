@@ -31,6 +31,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from common import telemetry
+from common.buckets import BucketReplicasError, default_replicas
 from common.busaccess import DAEMON_USER, CredentialsError
 from common.core.deviceconfig import DeviceConfig
 from common.core.natsjwt import public_key
@@ -253,7 +254,7 @@ class Daemon:
         if self._kubernetes is None:
             settings = config.leadership
             self._lease = NatsLease(
-                config.identity, ttl=settings.lease_ttl,
+                config.identity, ttl=settings.lease_ttl, replicas=self._bucket_replicas(),
                 renew_period=settings.lease_renew_period,
                 renew_deadline=settings.lease_renew_deadline,
                 on_elected=self._elected, on_demoted=self._demoted)
@@ -270,8 +271,14 @@ class Daemon:
             return self._kubernetes.cluster
         self._phase.enter("opening the JetStream pod bucket")
         assert self._lease is not None, "standalone daemons hold a lease"
-        self._standalone = await self._unless_stopped(_open_bucket(client, self._lease.refusal))
+        self._standalone = await self._unless_stopped(
+            _open_bucket(client, self._lease.refusal, self._bucket_replicas()))
         return self._standalone
+
+    def _bucket_replicas(self) -> int:
+        """The servers keeping each standalone bucket: as set, else by the server list."""
+        return (self._config.leadership.bucket_replicas
+                or default_replicas(self._config.nats.servers))
 
     async def _open_lease(self, client: Client) -> None:
         """Standalone: the lease's bucket, which must expire entries as --lease-ttl says."""
@@ -279,14 +286,14 @@ class Daemon:
             return
         try:
             await self._lease.open(client)
-        except LeaseSettingsError as error:
+        except (LeaseSettingsError, BucketReplicasError) as error:
             raise StartupError(str(error)) from None
 
     def _build_service(self, cluster: Cluster, leadership: Leadership,
                        undo: contextlib.AsyncExitStack) -> SchedulerService:
         connection, supervisor = self._connection, self._supervisor
         status_parts: dict[str, Callable[[], object]] = {
-            "nats": lambda: {"connected": connection.connected,
+            "nats": lambda: {"connected": connection.connected, "server": connection.server,
                              "down_for_s": round(connection.down_for(), 1),
                              "clients_replaced": connection.replaced},
             "background_crashes": lambda: dict(supervisor.crashes),
@@ -587,9 +594,12 @@ def _agent_identities(config: BusAuthConfig, kubernetes: Kubernetes | None,
                                 service_account=config.agent_service_account)
 
 
-async def _open_bucket(client: Client, refusal: Callable[[], str | None]) -> StandaloneCluster:
+async def _open_bucket(client: Client, refusal: Callable[[], str | None],
+                       replicas: int) -> StandaloneCluster:
     try:
-        return await StandaloneCluster.open(client, refusal)
+        return await StandaloneCluster.open(client, refusal, replicas=replicas)
+    except BucketReplicasError as error:
+        raise StartupError(str(error)) from None
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
         url = client.connected_url
         raise StartupError(

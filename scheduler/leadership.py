@@ -28,6 +28,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
+from common.buckets import open_key_value
 from common.core.errors import SettingsError
 from common.messaging import describe_error
 from scheduler.cluster import ClusterError
@@ -210,10 +211,12 @@ class NatsLease:
 
     def __init__(self, identity: str, *, ttl: float, renew_period: float,
                  renew_deadline: float, on_elected: Hook, on_demoted: Hook,
+                 replicas: int = 1,
                  clock: Callable[[], float] = time.monotonic) -> None:
         check_lease_timing(ttl, renew_period, renew_deadline)
         self.identity = identity
         self._ttl = ttl
+        self._replicas = replicas  # servers keeping the lease's bucket
         self._renew_period = renew_period
         self._renew_deadline = renew_deadline
         self._on_elected = on_elected
@@ -231,16 +234,13 @@ class NatsLease:
         daemons are ordered by it."""
 
     async def open(self, client: Client) -> None:
-        """Open (or make) the bucket; raises ``LeaseSettingsError`` when it exists with
-        another time to live than ``ttl`` (the daemons must all use the same)."""
+        """Open (or make) the bucket on as many servers as asked; raises
+        ``LeaseSettingsError`` when it exists with another time to live than ``ttl`` (the
+        daemons must all use the same), ``common.buckets.BucketReplicasError`` when the
+        servers cannot hold its replicas."""
         self._client = client
-        js = client.jetstream()
-        try:
-            bucket = await js.key_value(LEASE_BUCKET)
-        except nats.js.errors.BucketNotFoundError:
-            with contextlib.suppress(nats.js.errors.BadRequestError):
-                await js.create_key_value(bucket=LEASE_BUCKET, history=1, ttl=self._ttl)
-            bucket = await js.key_value(LEASE_BUCKET)
+        bucket = await open_key_value(client.jetstream(), LEASE_BUCKET,
+                                      replicas=self._replicas, ttl=self._ttl)
         status = await bucket.status()
         if status.ttl is None or abs(status.ttl - self._ttl) > 1e-3:
             raise LeaseSettingsError(

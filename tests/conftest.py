@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from common.natsserver import LocalNatsServer
+from common.natsserver import LocalNatsCluster, LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from tests.harness import Lab, PodClient
 
@@ -52,6 +52,17 @@ def jetstream_server(nats_server_factory: Callable[..., LocalNatsServer],
                      tmp_path: Path) -> LocalNatsServer:
     """A real nats-server with JetStream on disk, as the standalone daemon needs."""
     return nats_server_factory(extra_args=["-js", "-sd", str(tmp_path / "jetstream")])
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[LocalNatsCluster]:
+    """Three real nats-servers routed into one cluster on loopback, each with JetStream on
+    its own folder, formed (one JetStream meta leader) before the test starts;
+    ``.url`` names all three, ``.kill(i)``/``.start(i)`` crash and restart one on its ports."""
+    cluster = LocalNatsCluster(tmp_path / "nats-cluster")
+    cluster.start()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture

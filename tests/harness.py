@@ -125,7 +125,7 @@ class Lab:
 async def stored_entries(nats_url: str, wanted: Callable[[str], bool]) -> dict[str, bytes]:
     """The entries of the standalone pod bucket whose keys ``wanted`` keeps, read with a
     client of our own: key -> stored value."""
-    client = await nats.connect(nats_url)
+    client = await nats.connect(servers=nats_url.split(","))
     try:
         bucket = await client.jetstream().key_value(BUCKET)
         try:

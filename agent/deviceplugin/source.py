@@ -4,6 +4,8 @@ credentials for the Kubernetes API)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Protocol
 
 from nats.errors import Error as NatsError
@@ -23,10 +25,21 @@ from common.wire import (
 )
 
 REQUEST_TIMEOUT_S = 5.0
+# How long a question to the daemon is asked again while NATS or the daemon is away: a
+# NATS server's loss (the client moves to another, under 2 s measured, docs/reliability.md)
+# or a daemon's restart. The kubelet gives Allocate no deadline of its own, and holds the
+# node's pod admissions meanwhile, so the wait is bounded here.
+ASK_PATIENCE_S = 20.0
+RETRY_PAUSE_S = 0.25
 
 
 class AllocationSourceError(AgentError):
     """The pending pods cannot be learned, or an outcome cannot be told; the text says why."""
+
+
+class _Unanswered(AllocationSourceError):
+    """The question got no answer (not connected, no daemon listening, timed out): worth
+    asking again."""
 
 
 class AllocationSource(Protocol):
@@ -50,10 +63,11 @@ class NatsAllocationSource:
     ``allocated_subject``."""
 
     def __init__(self, connection: Connection, node: str,
-                 timeout: float = REQUEST_TIMEOUT_S) -> None:
+                 timeout: float = REQUEST_TIMEOUT_S, patience: float = ASK_PATIENCE_S) -> None:
         self._connection = connection
         self._node = node
-        self._timeout = timeout
+        self._timeout = timeout  # one request
+        self._patience = patience  # asking again until an answer comes, at most this long
 
     async def pending(self, node: str) -> list[PendingPod]:
         return (await self._ask(node, "which pods wait for their cards")).pods
@@ -70,16 +84,29 @@ class NatsAllocationSource:
         return answer.holding
 
     async def _ask(self, node: str, what: str) -> PendingAllocations:
-        """The daemon's answer for ``node``, checked; raises ``AllocationSourceError``."""
+        """The daemon's answer for ``node``, checked; asked again while it goes unanswered
+        (the connection moving to another NATS server, the daemon reconnecting), up to the
+        patience; raises ``AllocationSourceError``."""
+        deadline = time.monotonic() + self._patience
+        while True:
+            try:
+                return await self._ask_once(node, what, deadline)
+            except _Unanswered as unanswered:
+                if time.monotonic() + RETRY_PAUSE_S >= deadline:
+                    raise AllocationSourceError(str(unanswered)) from None
+            await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def _ask_once(self, node: str, what: str, deadline: float) -> PendingAllocations:
         client = self._connection.client
         if client is None or not client.is_connected:
-            raise AllocationSourceError(f"not connected to NATS: cannot ask the daemon {what}")
+            raise _Unanswered(f"not connected to NATS: cannot ask the daemon {what}")
         subject = allocations_subject(node)
+        timeout = max(RETRY_PAUSE_S, min(self._timeout, deadline - time.monotonic()))
         try:
-            reply = await client.request(subject, b"", timeout=self._timeout)
+            reply = await client.request(subject, b"", timeout=timeout)
         except (NatsError, TimeoutError) as error:
-            raise AllocationSourceError(f"the daemon did not answer on {subject} "
-                                        f"({describe_error(error)})") from None
+            raise _Unanswered(f"the daemon did not answer on {subject} "
+                              f"({describe_error(error)})") from None
         try:
             answer = decode_pending(reply.data)
         except WireError as error:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import stat
 import time
 from pathlib import Path
 
+import nats
+import nats.errors
 import nkeys
 import pytest
 
-from common.busaccess import BusCredentials
+from common.busaccess import DAEMON_USER, BusCredentials
 from common.core.errors import SettingsError
 from common.core.natsjwt import node_of_token
+from common.natsserver import LocalNatsServer, free_port
 from pyhami.cli import build_parser, main
 from scheduler.cli import config_from
 
@@ -111,3 +115,68 @@ def test_a_folder_that_cannot_be_written_is_named_and_nothing_is_left(
                  "--node", "gpu-1", "--output", str(tmp_path / "missing" / "t")]) == 2
     assert "--output" in capsys.readouterr().err
     assert not (tmp_path / "missing").exists()
+
+
+async def test_init_cluster_writes_three_servers_that_form_one_cluster_with_the_callout(
+        tmp_path: Path) -> None:
+    routes = [free_port() for _ in range(3)]
+    directory = tmp_path / "auth"
+    assert main(["nats-auth", "init", str(directory), "--cluster", "3", "--routes",
+                 ",".join(f"127.0.0.1:{port}" for port in routes)]) == 0
+    configs = [directory / f"nats-{index}.conf" for index in (1, 2, 3)]
+    credentials = BusCredentials.read(directory)
+    for index, config in enumerate(configs):
+        text = config.read_text()
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+        assert f'listen: "127.0.0.1:{routes[index]}"' in text
+        assert "auth_callout" in text and credentials.issuer in text
+        assert text.count("nats-route://pyhami-route:") == 2  # the two others
+    servers = [LocalNatsServer(extra_args=["-c", str(config), "-js", "-sd",
+                                           str(tmp_path / f"js-{index}")])
+               for index, config in enumerate(configs)]
+    for server in servers:
+        server.start()
+    try:
+        # The daemon's user on the third server makes a bucket kept by all three: the
+        # cluster formed, routes authenticated, and JetStream has a meta leader.
+        client = await nats.connect(servers=[servers[2].url], user=DAEMON_USER,
+                                    password=credentials.daemon_password)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    bucket = await client.jetstream().create_key_value(
+                        bucket="formed", history=1, replicas=3)
+                    break
+                except nats.errors.Error:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+            assert (await bucket.status()).stream_info.config.num_replicas == 3
+        finally:
+            await client.close()
+    finally:
+        for server in servers:
+            server.kill()
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--cluster", "3", "--routes", "a:6222,b:6222"], "--routes: 2 entries for --cluster 3"),
+    (["--cluster", "3", "--routes", "a:1,a:1,b:2"], "--routes: an entry is given twice"),
+    (["--routes", "a:1,b:2,c:3"], "--routes needs --cluster"),
+], ids=["too-few-routes", "route-twice", "routes-without-cluster"])
+def test_init_cluster_refuses_routes_that_do_not_fit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str],
+        named: str) -> None:
+    assert main(["nats-auth", "init", str(tmp_path / "auth"), *flags]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "auth").exists()
+
+
+@pytest.mark.parametrize("flags", [["--cluster", "2"], ["--cluster", "3", "--routes", "a:x"]],
+                         ids=["even-cluster", "route-without-port"])
+def test_init_cluster_refuses_a_size_or_route_argparse_cannot_take(
+        tmp_path: Path, flags: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["nats-auth", "init", str(tmp_path / "auth"), *flags])
+    assert exit_.value.code == 2

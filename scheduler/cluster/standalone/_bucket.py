@@ -23,7 +23,6 @@ from nats.errors import (
 )
 from nats.js.errors import (
     APIError,
-    BucketNotFoundError,
     InvalidKeyError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
@@ -31,6 +30,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from common.buckets import open_key_value
 from common.locks import KeyedLocks
 from common.messaging import describe_error
 from scheduler.cluster.port import ClusterError, PodChange, StoreUnavailable
@@ -60,13 +60,10 @@ class EntryTooLarge(ClusterError):
     server takes. Nothing was written."""
 
 
-async def open_bucket(connection: Client, name: str = BUCKET) -> KeyValue:
-    """The key-value bucket ``name``, made when missing."""
-    js = connection.jetstream()
-    try:
-        return await js.key_value(name)
-    except BucketNotFoundError:
-        return await js.create_key_value(bucket=name, history=1)
+async def open_bucket(connection: Client, name: str = BUCKET, replicas: int = 1) -> KeyValue:
+    """The key-value bucket ``name`` on ``replicas`` servers, made or raised to them when
+    needed; ``common.buckets.BucketReplicasError`` when the servers cannot hold that many."""
+    return await open_key_value(connection.jetstream(), name, replicas=replicas)
 
 
 class FencedBucket(abc.ABC, Generic[V]):

@@ -51,13 +51,13 @@ class StandaloneCluster:
 
     @classmethod
     async def open(cls, connection: Client, refusal: Callable[[], str | None],
-                   bucket: str = BUCKET) -> StandaloneCluster:
-        """The cluster over the bucket ``bucket`` (made when missing), every pod and quota
-        read.
+                   bucket: str = BUCKET, replicas: int = 1) -> StandaloneCluster:
+        """The cluster over the bucket ``bucket`` (made when missing, kept on ``replicas``
+        servers), every pod and quota read.
 
         ``refusal`` says why this daemon may not write the bucket now (a standby); None
         when it may."""
-        kv = await open_bucket(connection, bucket)
+        kv = await open_bucket(connection, bucket, replicas)
         pods = PodBucket(kv, connection, bucket, refusal)
         quotas = QuotaBucket(kv, connection, bucket, refusal)
         await pods.load()

@@ -139,3 +139,27 @@ def test_daemons_with_different_lease_ttls_refuse_to_share_a_bucket(
     line = one_clear_line(second)
     assert ("the lease bucket pyhami-leader expires entries after 4s but --lease-ttl is 6s"
             in line)
+
+
+@pytest.mark.parametrize(("mode", "value", "named"), [
+    ("--standalone", "2", "argument --bucket-replicas: '2' must be 1, 3 or 5"),
+    ("--standalone", "7", "argument --bucket-replicas: '7' must be 1, 3 or 5"),
+    ("--standalone", "0", "argument --bucket-replicas: '0' must be 1, 3 or 5"),
+    ("--standalone", "three", "argument --bucket-replicas: 'three' is not a whole number"),
+    ("--in-cluster", "3", "--bucket-replicas: only --standalone keeps buckets in NATS"),
+], ids=["even", "above-5", "zero", "not-a-number", "not-standalone"])
+def test_a_bucket_replica_count_that_cannot_be_used(mode: str, value: str, named: str) -> None:
+    done = scheduler(mode, "--nats", f"nats://127.0.0.1:{free_port()}",
+                     "--bucket-replicas", value)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert named in done.stderr
+
+
+def test_three_bucket_replicas_on_a_single_server_are_refused_in_one_line(
+        jetstream_server: LocalNatsServer) -> None:
+    line = one_clear_line(scheduler("--standalone", "--nats", jetstream_server.url,
+                                    "--bucket-replicas", "3", "--resync-wait", "0.1"))
+    assert line.startswith("pyhami scheduler: --bucket-replicas 3: the NATS servers cannot "
+                           "keep bucket pyhami-pods on 3 servers: ")
+    assert "not supported in non-clustered mode" in line

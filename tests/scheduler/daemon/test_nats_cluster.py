@@ -1,0 +1,223 @@
+"""pyhami on a cluster of three real nats-servers, any one of them lost with SIGKILL: the
+clients move to another server within ``SWITCH_BOUND_S``, a standalone daemon's
+acknowledged pods survive in its R3 bucket and it keeps placing pods, and the lease keeps
+one decider while its bucket's stream leader changes (issue 29)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import nats
+import nats.errors
+import pytest
+from nats.aio.msg import Msg
+
+from common.messaging import Connection, NatsSettings
+from common.natsserver import LocalNatsCluster
+from pyhami.demo import lab_pod
+from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
+from scheduler.cluster.standalone import BUCKET
+from scheduler.leadership import LEASE_BUCKET
+from tests.harness import PodClient, eventually, stored_entries
+
+SWITCH_BOUND_S = 5.0
+"""A client reaches another server this soon after its own is killed (measured: under
+1 s on loopback, docs/reliability.md); --nats-grace (30 s) covers it many times over."""
+
+
+STREAM_ELECTION_BOUND_S = 15.0
+RECOVERY_BOUND_S = STREAM_ELECTION_BOUND_S + 5.0
+"""Writes are taken again this soon: the buckets' streams have leaders and the lease
+(--lease-ttl 4 s) is held again."""
+"""A stream whose leader was killed has another within this (RAFT's election)."""
+
+
+async def stream_leader(cluster: LocalNatsCluster, stream: str) -> int:
+    """Which server leads the stream's RAFT group now."""
+    client = await nats.connect(servers=cluster.urls)
+    try:
+        # A short timeout: the election is timed to the half second.
+        info = await client.jetstream(timeout=0.5).stream_info(stream)
+    finally:
+        await client.close()
+    assert info.cluster is not None and info.cluster.leader, info
+    return cluster.index_of(info.cluster.leader)
+
+
+async def new_stream_leader(cluster: LocalNatsCluster, stream: str, lost: int) -> int:
+    """Wait until a running server other than ``lost`` leads the stream; returns it."""
+    leader = lost
+
+    async def elected() -> bool:
+        nonlocal leader
+        with contextlib.suppress(nats.errors.Error, AssertionError, StopIteration):
+            leader = await stream_leader(cluster, stream)
+        return leader != lost
+
+    await eventually(elected, f"a new leader of {stream}", STREAM_ELECTION_BOUND_S)
+    return leader
+
+
+async def submit_through_the_switch(http: aiohttp.ClientSession, url: str,
+                                    pod: dict[str, Any]) -> None:
+    """Submit as a client must while the daemon's connection moves or its lease is taken
+    again: a 503 (nothing was written) is tried again, for at most ``RECOVERY_BOUND_S``."""
+    deadline = time.monotonic() + RECOVERY_BOUND_S
+    while True:
+        async with http.post(f"{url}/api/pods", json=pod) as answer:
+            if answer.status == 201:
+                return
+            text = await answer.text()
+        assert answer.status == 503, text
+        assert time.monotonic() < deadline, f"still refused after {RECOVERY_BOUND_S:g} s: {text}"
+        await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def connection_to(cluster: LocalNatsCluster) -> AsyncIterator[Connection]:
+    connection = Connection(NatsSettings(servers=tuple(cluster.urls)), "switch-test")
+    task = asyncio.create_task(connection.run())
+    try:
+        await asyncio.wait_for(connection.wait_up(), 10)
+        yield connection
+    finally:
+        await connection.close()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def connected_index(cluster: LocalNatsCluster, connection: Connection) -> int | None:
+    server = connection.server
+    return None if server is None else cluster.index_of_port(int(server.rpartition(":")[2]))
+
+
+async def test_a_client_whose_server_is_killed_moves_to_another_and_keeps_its_subscription(
+        nats_cluster: LocalNatsCluster) -> None:
+    received: list[bytes] = []
+
+    async def record(message: Msg) -> None:
+        received.append(message.data)
+
+    async with connection_to(nats_cluster) as connection:
+        await connection.subscribe("pyhami.test.switch", record)
+        lost = connected_index(nats_cluster, connection)
+        assert lost is not None
+        killed_at = time.monotonic()
+        nats_cluster.kill(lost)
+
+        async def moved() -> bool:
+            return connected_index(nats_cluster, connection) not in (None, lost)
+
+        await eventually(moved, "the client to reach another server", SWITCH_BOUND_S)
+        switch = time.monotonic() - killed_at
+        # Subscriptions replayed on the new server: a message from a client of a third
+        # server reaches it.
+        other = next(index for index in nats_cluster.running()
+                     if index != connected_index(nats_cluster, connection))
+        sender = await nats.connect(servers=[nats_cluster.urls[other]])
+        try:
+            async def delivered() -> bool:
+                await sender.publish("pyhami.test.switch", b"after")
+                await sender.flush()
+                await asyncio.sleep(0.05)
+                return b"after" in received
+
+            await eventually(delivered, "a message after the switch", SWITCH_BOUND_S)
+        finally:
+            await sender.close()
+    print(f"switch after SIGKILL: {switch:.2f} s")
+    assert switch < SWITCH_BOUND_S
+
+
+@pytest.mark.parametrize("killed", ["pod-bucket-leader", "daemon-server"])
+async def test_acknowledged_pods_survive_the_loss_of_any_one_server_and_pods_still_bind(
+        nats_cluster: LocalNatsCluster, http: aiohttp.ClientSession, killed: str) -> None:
+    node = SimulatedAgent.start("gpu-node-1", nats_cluster.url)
+    daemon = await RunningDaemon(standalone_config(nats_cluster.url)).start()
+    pods = PodClient(http, daemon.url)
+    try:
+        for index in range(5):
+            await pods.submit_and_place(lab_pod(f"before-{index}"))
+        client = await nats.connect(servers=nats_cluster.urls)
+        try:
+            status = await (await client.jetstream().key_value(BUCKET)).status()
+            assert status.stream_info.config.num_replicas == 3
+        finally:
+            await client.close()
+        if killed == "pod-bucket-leader":
+            victim = await stream_leader(nats_cluster, f"KV_{BUCKET}")
+        else:
+            async with http.get(f"{daemon.url}/statusz") as answer:
+                server = (await answer.json())["nats"]["server"]
+            victim = nats_cluster.index_of_port(int(server.rpartition(":")[2]))
+        killed_at = time.monotonic()
+        nats_cluster.kill(victim)
+        await asyncio.to_thread(nats_cluster.wait_formed)
+        meta = time.monotonic() - killed_at
+        leader = await new_stream_leader(nats_cluster, f"KV_{BUCKET}", victim)
+        print(f"{killed} killed: a JetStream meta leader {meta:.2f} s later, the pod bucket "
+              f"led by server {leader} {time.monotonic() - killed_at:.2f} s later")
+        # Every acknowledged pod is still in the bucket, read through the servers left.
+        stored = await stored_entries(nats_cluster.url, lambda key: "before-" in key)
+        assert len(stored) == 5, sorted(stored)
+        started = time.monotonic()
+        for index in range(5):
+            await submit_through_the_switch(http, daemon.url, lab_pod(f"after-{index}"))
+        for index in range(5):
+            await pods.placed(f"after-{index}", timeout=20)
+        print(f"{killed} killed: 5 new pods bound {time.monotonic() - started:.2f} s later")
+        # A daemon started afresh reads all ten from the R3 bucket.
+        await daemon.stop()
+        daemon = await RunningDaemon(standalone_config(nats_cluster.url)).start()
+        pods.url = daemon.url
+        bound = [pod for pod in await pods.pods() if pod["node"] is not None]
+        assert len(bound) == 10
+    finally:
+        await daemon.stop()
+        await node.halt()
+
+
+async def test_the_lease_keeps_one_decider_while_its_stream_leader_is_killed(
+        nats_cluster: LocalNatsCluster, http: aiohttp.ClientSession) -> None:
+    daemons = [await RunningDaemon(standalone_config(nats_cluster.url,
+                                                     drive_pending=False)).start()
+               for _ in range(2)]
+    try:
+        async def roles() -> list[tuple[str, int]]:
+            found = []
+            for daemon in daemons:
+                async with http.get(f"{daemon.url}/statusz") as answer:
+                    leadership = (await answer.json())["leadership"]
+                found.append((leadership["role"], leadership["term"]))
+            return found
+
+        async def one_leads() -> bool:
+            return [role for role, _ in await roles()].count("leader") == 1
+
+        await eventually(one_leads, "one daemon to lead")
+        before = await roles()
+        nats_cluster.kill(await stream_leader(nats_cluster, f"KV_{LEASE_BUCKET}"))
+        leaderless = 0.0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            seen = await roles()
+            leaders = [role for role, _ in seen].count("leader")
+            assert leaders <= 1, seen  # never two deciders
+            if leaders == 0:
+                leaderless += 0.05
+            await asyncio.sleep(0.05)
+        await eventually(one_leads, "one daemon to lead after the stream leader's loss")
+        after = await roles()
+        # The holder may keep its term (renewed through the election) or stop at its renew
+        # deadline and take the lease again, in a later term: never two at once.
+        print(f"lease before {before}, after {after}; no decider for about {leaderless:.1f} s")
+        assert max(term for _, term in after) >= max(term for _, term in before)
+    finally:
+        for daemon in daemons:
+            await daemon.stop()
