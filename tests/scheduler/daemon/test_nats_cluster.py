@@ -221,3 +221,72 @@ async def test_the_lease_keeps_one_decider_while_its_stream_leader_is_killed(
     finally:
         for daemon in daemons:
             await daemon.stop()
+
+
+
+HEARTBEAT_S = 0.5
+"""The simulated agents' --heartbeat-interval (pyhami.sandbox.SimulatedAgent)."""
+
+
+async def statusz_server(http: aiohttp.ClientSession, cluster: LocalNatsCluster,
+                         daemon: RunningDaemon) -> int | None:
+    """The server the daemon says (``/statusz``) its NATS connection is on now."""
+    async with http.get(f"{daemon.url}/statusz") as answer:
+        server = (await answer.json())["nats"]["server"]
+    return None if not server else cluster.index_of_port(int(server.rpartition(":")[2]))
+
+
+def card_health(daemon: RunningDaemon, node: str, index: int) -> bool | None:
+    """Whether the daemon's fleet holds the node's card healthy (None: node unknown)."""
+    assert daemon.service is not None
+    known = daemon.service.state.fleet.node(node)
+    if known is None:
+        return None
+    return next(card.health for card in known.devices if card.index == index)
+
+
+@pytest.mark.parametrize("changed", ["just-before-the-kill", "during-the-switch"])
+async def test_a_card_change_as_the_agents_server_dies_reaches_the_daemon_by_the_next_heartbeat(
+        nats_cluster: LocalNatsCluster, http: aiohttp.ClientSession, changed: str) -> None:
+    """The agent's inventory that goes out (or is due) while its server dies is not lost in
+    effect: the daemon, on another server, holds the change within the switch plus one
+    heartbeat."""
+    node = SimulatedAgent.start("gpu-node-1", nats_cluster.url)
+    try:
+        await eventually(lambda: asyncio.sleep(0, node.agent.connection.server is not None),
+                         "the agent to connect")
+        lost = connected_index(nats_cluster, node.agent.connection)
+        assert lost is not None
+        # The daemon on the other two servers: it must hear the change across the cluster.
+        others = ",".join(url for index, url in enumerate(nats_cluster.urls) if index != lost)
+        daemon = await RunningDaemon(standalone_config(others)).start()
+        try:
+            async def known() -> bool:
+                return card_health(daemon, "gpu-node-1", 1) is True
+
+            await eventually(known, "the daemon to know the node")
+            if changed == "just-before-the-kill":
+                # Read by the agent's next poll (0.2 s): sent into the dying connection or
+                # due while the agent has no server.
+                node.source.set_health(1, False, "critical XID 79")
+            killed_at = time.monotonic()
+            nats_cluster.kill(lost)
+            if changed == "during-the-switch":
+                node.source.set_health(1, False, "critical XID 79")
+
+            async def caught_up() -> bool:
+                moved = connected_index(nats_cluster, node.agent.connection)
+                return (card_health(daemon, "gpu-node-1", 1) is False
+                        and moved not in (None, lost))
+
+            bound = SWITCH_BOUND_S + HEARTBEAT_S
+            await eventually(caught_up, "the agent on another server and the daemon seeing "
+                                        "the card unhealthy", bound)
+            took = time.monotonic() - killed_at
+            print(f"card changed {changed}: the daemon saw it {took:.2f} s after the kill")
+            assert took < bound
+        finally:
+            await daemon.stop()
+    finally:
+        await node.halt()
+
