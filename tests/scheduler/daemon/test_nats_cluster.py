@@ -290,3 +290,38 @@ async def test_a_card_change_as_the_agents_server_dies_reaches_the_daemon_by_the
     finally:
         await node.halt()
 
+
+async def test_readyz_never_flaps_while_the_daemons_server_is_killed(
+        nats_cluster: LocalNatsCluster, http: aiohttp.ClientSession) -> None:
+    """``/readyz`` polled every 50 ms from before the kill until well after the switch:
+    always 200; the daemon's connection moved to another server."""
+    node = SimulatedAgent.start("gpu-node-1", nats_cluster.url)
+    daemon = await RunningDaemon(standalone_config(nats_cluster.url)).start()
+    try:
+        lost = await statusz_server(http, nats_cluster, daemon)
+        assert lost is not None
+        answers: list[tuple[float, int, str]] = []
+        killed_at = time.monotonic()
+        nats_cluster.kill(lost)
+        moved_after: float | None = None
+        # The switch, then long enough for the pod bucket's stream to elect a leader
+        # (the background tasks that use it must not be reported as failing meanwhile).
+        while time.monotonic() - killed_at < STREAM_ELECTION_BOUND_S / 2:
+            async with http.get(f"{daemon.url}/readyz") as answer:
+                answers.append((time.monotonic() - killed_at, answer.status,
+                                await answer.text()))
+            if moved_after is None:
+                now_on = await statusz_server(http, nats_cluster, daemon)
+                if now_on not in (None, lost):
+                    moved_after = time.monotonic() - killed_at
+            await asyncio.sleep(0.05)
+        refused = [answer for answer in answers if answer[1] != 200]
+        assert not refused, refused[:5]
+        assert moved_after is not None, "the daemon never reached another server"
+        print(f"/readyz answered 200 {len(answers)} times over "
+              f"{answers[-1][0]:.1f} s; the daemon on another server {moved_after:.2f} s "
+              "after the kill")
+        assert moved_after < SWITCH_BOUND_S
+    finally:
+        await daemon.stop()
+        await node.halt()
