@@ -91,7 +91,7 @@ def register(commands: Subcommands) -> None:
                              "resourceCountName (nvidia.com/gpu by default) and give "
                              "containers the cards pyhami chose")
     add_settings(plugin, PluginSettings, "kubelet_dir", "hami_core_dir", "folder_grace",
-                 "folder_sweep_interval")
+                 "folder_sweep_interval", "allocate_patience")
     monitor = parser.add_argument_group("node monitor (HAMi's vGPUmonitor)")
     add_settings(monitor, MonitorSettings, "metrics", "monitor_interval", "scrape_timeout")
     add_settings(monitor, CacheSettings)

@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from agent.deviceplugin.plugin import DevicePlugin, PluginSettings
-from agent.deviceplugin.source import NatsAllocationSource
+from agent.deviceplugin.source import ASK_PATIENCE_S, NatsAllocationSource
 from agent.inventory import InventorySource
 from agent.monitor.model import HostProbe
 from agent.monitor.monitor import MonitorSettings, NodeMonitor
@@ -111,7 +111,9 @@ class Agent:
         self._published_once = False
         self._publishing = asyncio.Lock()
         self._last_publish = time.monotonic()
-        self._allocations = NatsAllocationSource(self._connection, settings.node)
+        self._allocations = NatsAllocationSource(
+            self._connection, settings.node, patience=ASK_PATIENCE_S if device_plugin is None
+            else device_plugin.allocate_patience)
         self._monitor = None if monitor is None or probe is None else NodeMonitor(
             settings.node, monitor, probe, self._allocations)
         self._metrics = None if self._monitor is None or monitor is None else monitor.metrics

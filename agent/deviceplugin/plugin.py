@@ -40,7 +40,12 @@ from agent.deviceplugin.allocation import (
 )
 from agent.deviceplugin.folders import ContainerFolders, make_open_folder
 from agent.deviceplugin.hamicore import HAMI_DEFAULTS, HamiCoreSettings
-from agent.deviceplugin.source import AllocationSource, AllocationSourceError, LivePods
+from agent.deviceplugin.source import (
+    ASK_PATIENCE_S,
+    AllocationSource,
+    AllocationSourceError,
+    LivePods,
+)
 from common.arguments import positive_seconds
 from common.settings import setting
 from common.wire import AllocationOutcome, ReportedCard
@@ -269,6 +274,12 @@ class PluginSettings:
         60.0, parse=positive_seconds, metavar="SECONDS",
         help="look for the HAMi-core folders of pods that are gone this often "
              "(default: {default})")
+    allocate_patience: float = setting(
+        ASK_PATIENCE_S, parse=positive_seconds, metavar="SECONDS",
+        help="how long Allocate asks the daemon again while NATS or the daemon does not "
+             "answer (a NATS server lost, the daemon restarting) before refusing the "
+             "container; the kubelet gives Allocate no deadline and holds the node's pod "
+             "admissions meanwhile (default: {default})")
     hami_core: HamiCoreSettings = HAMI_DEFAULTS
     """HAMi's device configuration for HAMi-core (no flags: HAMi's device-config.yaml)."""
     resource_name: str = DEFAULT_RESOURCE_NAME

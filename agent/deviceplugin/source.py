@@ -29,7 +29,7 @@ REQUEST_TIMEOUT_S = 5.0
 # NATS server's loss (the client moves to another, under 2 s measured, docs/reliability.md)
 # or a daemon's restart. The kubelet gives Allocate no deadline of its own, and holds the
 # node's pod admissions meanwhile, so the wait is bounded here.
-ASK_PATIENCE_S = 20.0
+ASK_PATIENCE_S = 20.0  # the default of the agent's --allocate-patience
 RETRY_PAUSE_S = 0.25
 
 
