@@ -213,6 +213,13 @@ class LocalNatsCluster:
         """The server's ``/jsz`` monitoring page."""
         return self._monitor(index, "jsz")
 
+    def client_names(self, index: int) -> list[str]:
+        """The names the clients connected to the server now gave (its ``/connz`` page)."""
+        connections = self._monitor(index, "connz").get("connections") or []
+        assert isinstance(connections, list)
+        return [str(connection.get("name", "")) for connection in connections
+                if isinstance(connection, dict)]
+
     def meta_leader(self) -> str | None:
         """The name of the server leading JetStream's meta group, as a running server sees
         it; None while there is none."""

@@ -24,7 +24,7 @@ from common.core import decide, fleet_from_cluster
 from common.core import parse_pod as parse_pod_request
 from common.core.pod import Container, ObjectMeta, PodManifest, PodSpec, ResourceRequirements
 from common.files import load_cluster, load_pod
-from common.natsserver import LocalNatsServer, free_port
+from common.natsserver import LocalNatsCluster, LocalNatsServer, free_port
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
 from common.wire import (
     RESYNC_SUBJECT,
@@ -551,3 +551,54 @@ class TestCommand:
         _, err = await asyncio.wait_for(watch.communicate(), 15)
         assert watch.returncode == 2
         assert "--decisions" in err.decode()
+
+
+SWITCH_BOUND_S = 5.0
+"""A client reaches another server this soon after its own is killed (measured under
+0.5 s; tests/scheduler/daemon/test_nats_cluster.py)."""
+
+
+async def test_watch_keeps_receiving_after_its_nats_server_is_killed(
+        nats_cluster: LocalNatsCluster) -> None:
+    """Given every server's URL, ``pyhami watch`` moves to another server when its own is
+    killed, says so, and goes on printing what is published there."""
+    watch = await run_watch("--nats", nats_cluster.url, "-o", "json")
+    assert watch.stdout is not None
+    try:
+        first = json.loads(await asyncio.wait_for(watch.stdout.readline(), 10))
+        assert (first["event"], first["state"]) == ("connection", "connected")
+
+        def server_of_watch() -> int | None:
+            return next((index for index in nats_cluster.running()
+                         if "pyhami-watch" in nats_cluster.client_names(index)), None)
+
+        lost = await asyncio.to_thread(server_of_watch)
+        assert lost is not None
+        killed_at = time.monotonic()
+        nats_cluster.kill(lost)
+        states: list[str] = []
+        while "connected" not in states:
+            line = json.loads(await asyncio.wait_for(watch.stdout.readline(), SWITCH_BOUND_S))
+            assert line["event"] == "connection", line
+            states.append(line["state"])
+        switch = time.monotonic() - killed_at
+        assert states == ["disconnected, reconnecting", "connected"]
+        now_on = await asyncio.to_thread(server_of_watch)
+        assert now_on not in (None, lost)
+        # Published through the third server: heard across the cluster.
+        third = next(index for index in nats_cluster.running() if index != now_on)
+        client = await nats.connect(nats_cluster.urls[third])
+        try:
+            await client.publish(telemetry.DECISIONS_SUBJECT,
+                                 telemetry.encode(lab_decision("mutex-binpack-pod.yaml")))
+            await client.flush()
+            decision = json.loads(await asyncio.wait_for(watch.stdout.readline(), 10))
+        finally:
+            await client.close()
+        assert (decision["event"], decision["pod"]) == ("decision", "default/mutex-binpack")
+        print(f"pyhami watch on another server {switch:.2f} s after its own was killed")
+        assert switch < SWITCH_BOUND_S
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(watch.communicate(), 10)
+    assert watch.returncode == 0
