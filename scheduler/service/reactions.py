@@ -45,12 +45,6 @@ ALLOCATING = "allocating"
 ANSWERED_PHASES = frozenset({"success", "failed"})
 
 
-OUTCOME_RETRIES_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
-"""Pauses before an allocation outcome the cluster could not take is tried again (31.5 s
-in all): longer than a NATS stream's leader election (docs/reliability.md), under which the
-standalone pod store takes no write."""
-
-
 class Reactions(ServicePart):
     """The daemon's answers to the cluster's and the agents' events."""
 
@@ -221,13 +215,11 @@ class Reactions(ServicePart):
         return [_holding_pod(pod, held[pod.key])
                 for pod in sorted(pods.values(), key=lambda pod: pod.key)]
 
-    async def allocation_outcome(self, subject: str, data: bytes, attempt: int = 0) -> None:
+    async def allocation_outcome(self, subject: str, data: bytes) -> None:
         """Set the pod's bind-phase as its node's device plugin reports (``failed`` with a
         Warning Event saying why). Refused, counted and logged at a bounded rate: a
         malformed outcome, and one for a pod that is not bound to the subject's node (an
-        agent reports only for its own node) or no longer has that uid. One the cluster
-        cannot take now is tried again in the background (``OUTCOME_RETRIES_S``): the
-        device plugin reports once, and the container has its cards."""
+        agent reports only for its own node) or no longer has that uid."""
         try:
             node = subject_node_checked(subject, ALLOCATED_SUBJECT_PREFIX)
             outcome = decode_outcome(data)
@@ -251,15 +243,8 @@ class Reactions(ServicePart):
             phase: AllocationPhase = "success" if outcome.ok else "failed"
             await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase)
         except ClusterError as error:
-            if attempt < len(OUTCOME_RETRIES_S):
-                pause = OUTCOME_RETRIES_S[attempt]
-                self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s "
-                                       "not written, trying again in %gs: %s", key, pause,
-                                       error)
-                self.shared.in_background(self._outcome_later(subject, data, attempt))
-            else:
-                self._refusals.warning("outcome_lost", "allocation outcome of pod %s not "
-                                       "written after %d tries: %s", key, attempt + 1, error)
+            self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s not "
+                                   "written: %s", key, error)
             return
         self.shared.pods.allocate_answered(key)
         self.metrics.allocations.labels(phase).inc()
@@ -270,11 +255,6 @@ class Reactions(ServicePart):
         logger.warning("pod %s: node %s's device plugin could not allocate: %s", key, node, why)
         await self.cluster.record_event(namespace, name, "Warning", "AllocationFailed",
                                         f"node {node} could not hand the pod its cards: {why}")
-
-    async def _outcome_later(self, subject: str, data: bytes, attempt: int) -> None:
-        await asyncio.sleep(OUTCOME_RETRIES_S[attempt])
-        if self.shared.leadership.leading():  # a standby's successor hears no outcome again
-            await self.allocation_outcome(subject, data, attempt + 1)
 
     def _refuse_allocation(self, why: str) -> None:
         self.metrics.allocations.labels("refused").inc()

@@ -24,8 +24,6 @@ from common.wire import (
     encode,
 )
 from pyhami.demo import lab_pod
-from scheduler.cluster import ClusterError
-from scheduler.service import reactions
 from tests.harness import Lab, card_of, eventually
 
 NODE = "gpu-node-1"
@@ -87,31 +85,6 @@ async def test_success_sets_the_bind_phase_and_the_pod_is_no_longer_listed(
 
     await eventually(succeeded, "bind-phase success")
     assert (await pending(bus)).pods == []
-    assert allocations_counted(lab, "success") == 1
-
-
-async def test_an_outcome_the_store_cannot_take_now_is_written_later(
-        lab: Lab, bus: Client, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pod store away for a moment (a NATS stream electing its leader): the device
-    plugin reports once, and the daemon writes the outcome when the store is back."""
-    assert lab.daemon.service is not None
-    cluster = lab.daemon.service.cluster
-    write = cluster.set_bind_phase
-    refusals = 2
-
-    async def store_away(*args: Any, **kwargs: Any) -> None:
-        nonlocal refusals
-        if refusals:
-            refusals -= 1
-            raise ClusterError("the pod store timed out")
-        await write(*args, **kwargs)
-
-    monkeypatch.setattr(cluster, "set_bind_phase", store_away)
-    monkeypatch.setattr(reactions, "OUTCOME_RETRIES_S", (0.05, 0.05, 0.05))
-    await lab.pods.submit_and_place(lab_pod("later"))
-    await report(bus, await lab.pods.get("later"), ok=True)
-    await eventually(lambda: _phase_is(lab, "later", "success"), "bind-phase success")
-    assert refusals == 0
     assert allocations_counted(lab, "success") == 1
 
 
