@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from common.core import Allocation, AnnotationError
 from common.core.annotations import (
@@ -32,7 +33,14 @@ from common.wire import (
     decode_outcome,
     subject_node_checked,
 )
-from scheduler.cluster import AllocationPhase, ClusterError, ClusterPod, PodChange, QuotaChange
+from scheduler.cluster import (
+    AllocationPhase,
+    ClusterError,
+    ClusterPod,
+    PodChange,
+    QuotaChange,
+    StoreUnavailable,
+)
 from scheduler.metrics import Metrics
 from scheduler.service.shared import Reports, ServicePart, Shared
 
@@ -43,6 +51,13 @@ NODE_WATCH_S = 1.0
 ALLOCATING = "allocating"
 # The bind-phases a device plugin sets once it answered the kubelet's Allocate.
 ANSWERED_PHASES = frozenset({"success", "failed"})
+# A device plugin reports a pod's outcome once. When the pod store cannot take it (nothing
+# applied: the buckets' stream electing a leader after a NATS server's loss, measured in
+# seconds, docs/reliability.md), it is written again for this long, else the pod would stay
+# "allocating" with its container started. Later outcomes wait meanwhile: they would find
+# the store away too.
+OUTCOME_RETRY_S = 20.0
+OUTCOME_RETRY_PAUSE_S = 0.5
 
 
 class Reactions(ServicePart):
@@ -241,7 +256,7 @@ class Reactions(ServicePart):
                                         f"{outcome.uid} is not on node {node}")
                 return
             phase: AllocationPhase = "success" if outcome.ok else "failed"
-            await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase)
+            await self._write_bind_phase(namespace, name, outcome.uid, phase)
         except ClusterError as error:
             self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s not "
                                    "written: %s", key, error)
@@ -255,6 +270,22 @@ class Reactions(ServicePart):
         logger.warning("pod %s: node %s's device plugin could not allocate: %s", key, node, why)
         await self.cluster.record_event(namespace, name, "Warning", "AllocationFailed",
                                         f"node {node} could not hand the pod its cards: {why}")
+
+    async def _write_bind_phase(self, namespace: str, name: str, uid: str,
+                                phase: AllocationPhase) -> None:
+        """Write the bind-phase, again while the store is unavailable, for at most
+        ``OUTCOME_RETRY_S`` and only while this daemon decides (a standby writes nothing:
+        the decider writes it); raises ``ClusterError``."""
+        deadline = time.monotonic() + OUTCOME_RETRY_S
+        while True:
+            try:
+                await self.cluster.set_bind_phase(namespace, name, uid, phase)
+                return
+            except StoreUnavailable:
+                if time.monotonic() + OUTCOME_RETRY_PAUSE_S >= deadline or \
+                        self.shared.leadership.refusal() is not None:
+                    raise
+            await asyncio.sleep(OUTCOME_RETRY_PAUSE_S)
 
     def _refuse_allocation(self, why: str) -> None:
         self.metrics.allocations.labels("refused").inc()
