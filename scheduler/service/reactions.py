@@ -22,6 +22,7 @@ from common.messaging import RateLimitedLog
 from common.wire import (
     ALLOCATED_SUBJECT_PREFIX,
     ALLOCATIONS_SUBJECT_PREFIX,
+    AllocationOutcome,
     HoldingContainer,
     HoldingPod,
     Inventory,
@@ -51,13 +52,14 @@ NODE_WATCH_S = 1.0
 ALLOCATING = "allocating"
 # The bind-phases a device plugin sets once it answered the kubelet's Allocate.
 ANSWERED_PHASES = frozenset({"success", "failed"})
-# A device plugin reports a pod's outcome once. When the pod store cannot take it (nothing
-# applied: the buckets' stream electing a leader after a NATS server's loss, measured in
-# seconds, docs/reliability.md), it is written again for this long, else the pod would stay
-# "allocating" with its container started. Later outcomes wait meanwhile: they would find
-# the store away too.
+# A device plugin reports a pod's outcome once, to every daemon. When the pod store cannot
+# take it (StoreUnavailable: nothing applied; the buckets' stream electing a leader after
+# a NATS server's loss, or the lease moving), it is written again in the background, for
+# this long, by whichever daemon decides by then: else the pod would stay "allocating"
+# with its container started. At most OWED_OUTCOMES_MAX wait so at once.
 OUTCOME_RETRY_S = 20.0
 OUTCOME_RETRY_PAUSE_S = 0.5
+OWED_OUTCOMES_MAX = 1000
 
 
 class Reactions(ServicePart):
@@ -67,6 +69,8 @@ class Reactions(ServicePart):
         super().__init__(shared, metrics, reports)
         self._followed_cluster = False
         self._refusals = RateLimitedLog(shared.clock, logger)
+        # The outcomes the store could not take yet, each written again by its own task.
+        self._owed: set[asyncio.Task[None]] = set()
         # ResourceQuota -> why it was refused, so each refusal is logged and told once,
         # not at every status update the quota controller writes.
         self._refused_quotas: dict[str, str] = {}
@@ -249,18 +253,64 @@ class Reactions(ServicePart):
             self._refuse_allocation(f"allocation outcome refused: pod {key} is not bound "
                                     f"to node {node}")
             return
+        phase: AllocationPhase = "success" if outcome.ok else "failed"
         try:
             pod = await self.cluster.get_pod(namespace, name)
             if pod is None or pod.uid != outcome.uid or pod.node != node:
                 self._refuse_allocation(f"allocation outcome refused: pod {key} of uid "
                                         f"{outcome.uid} is not on node {node}")
                 return
-            phase: AllocationPhase = "success" if outcome.ok else "failed"
-            await self._write_bind_phase(namespace, name, outcome.uid, phase)
+            await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase)
+        except StoreUnavailable as error:
+            self._write_later(node, outcome, phase, error)
+            return
         except ClusterError as error:
             self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s not "
                                    "written: %s", key, error)
             return
+        await self._outcome_written(node, outcome, phase)
+
+    def _write_later(self, node: str, outcome: AllocationOutcome, phase: AllocationPhase,
+                     error: StoreUnavailable) -> None:
+        if len(self._owed) >= OWED_OUTCOMES_MAX:
+            self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s/%s not "
+                                   "written (%d others wait already): %s", outcome.namespace,
+                                   outcome.name, len(self._owed), error)
+            return
+        task = asyncio.create_task(self._write_again(node, outcome, phase))
+        self._owed.add(task)
+        task.add_done_callback(self._owed.discard)
+
+    async def _write_again(self, node: str, outcome: AllocationOutcome,
+                           phase: AllocationPhase) -> None:
+        """Write the bind-phase again while the store is unavailable, for at most
+        ``OUTCOME_RETRY_S``; a standby's writes are refused at once, so the daemon that
+        decides once the lease has moved writes it."""
+        key = f"{outcome.namespace}/{outcome.name}"
+        deadline = time.monotonic() + OUTCOME_RETRY_S
+        while True:
+            await asyncio.sleep(OUTCOME_RETRY_PAUSE_S)
+            try:
+                await self.cluster.set_bind_phase(outcome.namespace, outcome.name,
+                                                  outcome.uid, phase)
+            except StoreUnavailable as error:
+                if time.monotonic() + OUTCOME_RETRY_PAUSE_S < deadline:
+                    continue
+                self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s "
+                                       "not written within %gs: %s", key, OUTCOME_RETRY_S,
+                                       error)
+                return
+            except ClusterError as error:
+                self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s "
+                                       "not written: %s", key, error)
+                return
+            await self._outcome_written(node, outcome, phase)
+            return
+
+    async def _outcome_written(self, node: str, outcome: AllocationOutcome,
+                               phase: AllocationPhase) -> None:
+        namespace, name = outcome.namespace, outcome.name
+        key = f"{namespace}/{name}"
         self.shared.pods.allocate_answered(key)
         self.metrics.allocations.labels(phase).inc()
         if outcome.ok:
@@ -270,22 +320,6 @@ class Reactions(ServicePart):
         logger.warning("pod %s: node %s's device plugin could not allocate: %s", key, node, why)
         await self.cluster.record_event(namespace, name, "Warning", "AllocationFailed",
                                         f"node {node} could not hand the pod its cards: {why}")
-
-    async def _write_bind_phase(self, namespace: str, name: str, uid: str,
-                                phase: AllocationPhase) -> None:
-        """Write the bind-phase, again while the store is unavailable, for at most
-        ``OUTCOME_RETRY_S`` and only while this daemon decides (a standby writes nothing:
-        the decider writes it); raises ``ClusterError``."""
-        deadline = time.monotonic() + OUTCOME_RETRY_S
-        while True:
-            try:
-                await self.cluster.set_bind_phase(namespace, name, uid, phase)
-                return
-            except StoreUnavailable:
-                if time.monotonic() + OUTCOME_RETRY_PAUSE_S >= deadline or \
-                        self.shared.leadership.refusal() is not None:
-                    raise
-            await asyncio.sleep(OUTCOME_RETRY_PAUSE_S)
 
     def _refuse_allocation(self, why: str) -> None:
         self.metrics.allocations.labels("refused").inc()
