@@ -24,6 +24,7 @@ from common.wire import (
     encode,
 )
 from pyhami.demo import lab_pod
+from scheduler.cluster import AllocationPhase, StoreUnavailable
 from tests.harness import Lab, card_of, eventually
 
 NODE = "gpu-node-1"
@@ -202,4 +203,34 @@ async def test_a_pod_whose_bind_is_under_way_is_listed_and_its_outcome_taken(
         await eventually(succeeded, "bind-phase success while the bind is under way")
     finally:
         answer.set()
+    assert allocations_counted(lab, "success") == 1
+
+
+async def test_an_outcome_the_store_cannot_take_yet_is_written_once_it_can(
+        lab: Lab, bus: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream leader's election after a NATS server's loss: the store refuses a write
+    (nothing applied) for a while. The outcome is written then, not dropped."""
+    await lab.pods.submit_and_place(lab_pod("outage"))
+    pod = await lab.pods.get("outage")
+    assert lab.daemon.service is not None
+    cluster = lab.daemon.service.reactions.cluster
+    write = cluster.set_bind_phase
+    refused = 0
+
+    async def away_twice(namespace: str, name: str, uid: str, phase: AllocationPhase) -> None:
+        nonlocal refused
+        if refused < 2:
+            refused += 1
+            raise StoreUnavailable("no answer from the pod store (test); nothing was written")
+        await write(namespace, name, uid, phase)
+
+    monkeypatch.setattr(cluster, "set_bind_phase", away_twice)
+    await report(bus, pod, ok=True)
+
+    async def succeeded() -> bool:
+        return (await lab.pods.get("outage"))["annotations"]["hami.io/bind-phase"] == "success"
+
+    await eventually(succeeded, "bind-phase success once the store answers")
+    assert refused == 2
+    assert (await pending(bus)).pods == []
     assert allocations_counted(lab, "success") == 1
