@@ -54,9 +54,11 @@ ALLOCATING = "allocating"
 ANSWERED_PHASES = frozenset({"success", "failed"})
 # A device plugin reports a pod's outcome once, to every daemon. When the pod store cannot
 # take it (StoreUnavailable: nothing applied; the buckets' stream electing a leader after
-# a NATS server's loss, or the lease moving), it is written again in the background, for
-# this long, by whichever daemon decides by then: else the pod would stay "allocating"
-# with its container started. At most OWED_OUTCOMES_MAX wait so at once.
+# a NATS server's loss), it is written again in the background, for this long. A standby
+# keeps each outcome as long, and writes it should it take the lease meanwhile and find
+# the pod still "allocating": the lease may move before the holder could write it. Else
+# the pod would stay "allocating" with its container started. At most OWED_OUTCOMES_MAX
+# wait so at once.
 OUTCOME_RETRY_S = 20.0
 OUTCOME_RETRY_PAUSE_S = 0.5
 OWED_OUTCOMES_MAX = 1000
@@ -270,12 +272,22 @@ class Reactions(ServicePart):
             return
         await self._outcome_written(node, outcome, phase)
 
+    def keep_outcome(self, subject: str, data: bytes) -> None:
+        """A standby's part: keep the outcome, written should this daemon decide within
+        ``OUTCOME_RETRY_S`` and the pod still wait for it (``_write_again``)."""
+        try:
+            node = subject_node_checked(subject, ALLOCATED_SUBJECT_PREFIX)
+            outcome = decode_outcome(data)
+        except WireError:
+            return  # the deciding daemon refuses it, counted and logged
+        self._write_later(node, outcome, "success" if outcome.ok else "failed", None)
+
     def _write_later(self, node: str, outcome: AllocationOutcome, phase: AllocationPhase,
-                     error: StoreUnavailable) -> None:
+                     error: StoreUnavailable | None) -> None:
         if len(self._owed) >= OWED_OUTCOMES_MAX:
             self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s/%s not "
-                                   "written (%d others wait already): %s", outcome.namespace,
-                                   outcome.name, len(self._owed), error)
+                                   "kept (%d others wait already): %s", outcome.namespace,
+                                   outcome.name, len(self._owed), error or "standing by")
             return
         task = asyncio.create_task(self._write_again(node, outcome, phase))
         self._owed.add(task)
@@ -283,29 +295,34 @@ class Reactions(ServicePart):
 
     async def _write_again(self, node: str, outcome: AllocationOutcome,
                            phase: AllocationPhase) -> None:
-        """Write the bind-phase again while the store is unavailable, for at most
-        ``OUTCOME_RETRY_S``; a standby's writes are refused at once, so the daemon that
-        decides once the lease has moved writes it."""
+        """Write the bind-phase once this daemon decides and the store answers, for at most
+        ``OUTCOME_RETRY_S``, unless the pod no longer waits for it (answered by the daemon
+        that decided before, gone, or another pod under its name)."""
         key = f"{outcome.namespace}/{outcome.name}"
         deadline = time.monotonic() + OUTCOME_RETRY_S
-        while True:
+        last: str = "this daemon did not decide meanwhile"
+        while time.monotonic() + OUTCOME_RETRY_PAUSE_S < deadline:
             await asyncio.sleep(OUTCOME_RETRY_PAUSE_S)
+            if self.shared.leadership.refusal() is not None:
+                continue
             try:
+                pod = await self.cluster.get_pod(outcome.namespace, outcome.name)
+                if pod is None or pod.uid != outcome.uid or pod.node != node or \
+                        pod.annotations.get(BIND_PHASE_ANNOTATION) in ANSWERED_PHASES:
+                    return
                 await self.cluster.set_bind_phase(outcome.namespace, outcome.name,
                                                   outcome.uid, phase)
             except StoreUnavailable as error:
-                if time.monotonic() + OUTCOME_RETRY_PAUSE_S < deadline:
-                    continue
-                self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s "
-                                       "not written within %gs: %s", key, OUTCOME_RETRY_S,
-                                       error)
-                return
+                last = str(error)
+                continue
             except ClusterError as error:
                 self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s "
                                        "not written: %s", key, error)
                 return
             await self._outcome_written(node, outcome, phase)
             return
+        self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s not "
+                               "written within %gs: %s", key, OUTCOME_RETRY_S, last)
 
     async def _outcome_written(self, node: str, outcome: AllocationOutcome,
                                phase: AllocationPhase) -> None:
