@@ -472,6 +472,8 @@ async def _subscribe_to_agents(connection: Connection, supervisor: Supervisor,
 
     async def on_allocation_outcome(message: Msg) -> None:
         if not leadership.leading():
+            # Kept a while: the lease may move before the holder wrote it.
+            service.reactions.keep_outcome(message.subject, message.data)
             return
         with supervisor.contained("allocation outcome"):
             await service.reactions.allocation_outcome(message.subject, message.data)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from common.core import Allocation, AnnotationError
 from common.core.annotations import (
@@ -21,6 +22,7 @@ from common.messaging import RateLimitedLog
 from common.wire import (
     ALLOCATED_SUBJECT_PREFIX,
     ALLOCATIONS_SUBJECT_PREFIX,
+    AllocationOutcome,
     HoldingContainer,
     HoldingPod,
     Inventory,
@@ -32,7 +34,14 @@ from common.wire import (
     decode_outcome,
     subject_node_checked,
 )
-from scheduler.cluster import AllocationPhase, ClusterError, ClusterPod, PodChange, QuotaChange
+from scheduler.cluster import (
+    AllocationPhase,
+    ClusterError,
+    ClusterPod,
+    PodChange,
+    QuotaChange,
+    StoreUnavailable,
+)
 from scheduler.metrics import Metrics
 from scheduler.service.shared import Reports, ServicePart, Shared
 
@@ -43,6 +52,16 @@ NODE_WATCH_S = 1.0
 ALLOCATING = "allocating"
 # The bind-phases a device plugin sets once it answered the kubelet's Allocate.
 ANSWERED_PHASES = frozenset({"success", "failed"})
+# A device plugin reports a pod's outcome once, to every daemon. When the pod store cannot
+# take it (StoreUnavailable: nothing applied; the buckets' stream electing a leader after
+# a NATS server's loss), it is written again in the background, for this long. A standby
+# keeps each outcome as long, and writes it should it take the lease meanwhile and find
+# the pod still "allocating": the lease may move before the holder could write it. Else
+# the pod would stay "allocating" with its container started. At most OWED_OUTCOMES_MAX
+# wait so at once.
+OUTCOME_RETRY_S = 20.0
+OUTCOME_RETRY_PAUSE_S = 0.5
+OWED_OUTCOMES_MAX = 1000
 
 
 class Reactions(ServicePart):
@@ -52,6 +71,8 @@ class Reactions(ServicePart):
         super().__init__(shared, metrics, reports)
         self._followed_cluster = False
         self._refusals = RateLimitedLog(shared.clock, logger)
+        # The outcomes the store could not take yet, each written again by its own task.
+        self._owed: set[asyncio.Task[None]] = set()
         # ResourceQuota -> why it was refused, so each refusal is logged and told once,
         # not at every status update the quota controller writes.
         self._refused_quotas: dict[str, str] = {}
@@ -234,18 +255,79 @@ class Reactions(ServicePart):
             self._refuse_allocation(f"allocation outcome refused: pod {key} is not bound "
                                     f"to node {node}")
             return
+        phase: AllocationPhase = "success" if outcome.ok else "failed"
         try:
             pod = await self.cluster.get_pod(namespace, name)
             if pod is None or pod.uid != outcome.uid or pod.node != node:
                 self._refuse_allocation(f"allocation outcome refused: pod {key} of uid "
                                         f"{outcome.uid} is not on node {node}")
                 return
-            phase: AllocationPhase = "success" if outcome.ok else "failed"
             await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase)
+        except StoreUnavailable as error:
+            self._write_later(node, outcome, phase, error)
+            return
         except ClusterError as error:
             self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s not "
                                    "written: %s", key, error)
             return
+        await self._outcome_written(node, outcome, phase)
+
+    def keep_outcome(self, subject: str, data: bytes) -> None:
+        """A standby's part: keep the outcome, written should this daemon decide within
+        ``OUTCOME_RETRY_S`` and the pod still wait for it (``_write_again``)."""
+        try:
+            node = subject_node_checked(subject, ALLOCATED_SUBJECT_PREFIX)
+            outcome = decode_outcome(data)
+        except WireError:
+            return  # the deciding daemon refuses it, counted and logged
+        self._write_later(node, outcome, "success" if outcome.ok else "failed", None)
+
+    def _write_later(self, node: str, outcome: AllocationOutcome, phase: AllocationPhase,
+                     error: StoreUnavailable | None) -> None:
+        if len(self._owed) >= OWED_OUTCOMES_MAX:
+            self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s/%s not "
+                                   "kept (%d others wait already): %s", outcome.namespace,
+                                   outcome.name, len(self._owed), error or "standing by")
+            return
+        task = asyncio.create_task(self._write_again(node, outcome, phase))
+        self._owed.add(task)
+        task.add_done_callback(self._owed.discard)
+
+    async def _write_again(self, node: str, outcome: AllocationOutcome,
+                           phase: AllocationPhase) -> None:
+        """Write the bind-phase once this daemon decides and the store answers, for at most
+        ``OUTCOME_RETRY_S``, unless the pod no longer waits for it (answered by the daemon
+        that decided before, gone, or another pod under its name)."""
+        key = f"{outcome.namespace}/{outcome.name}"
+        deadline = time.monotonic() + OUTCOME_RETRY_S
+        last: str = "this daemon did not decide meanwhile"
+        while time.monotonic() + OUTCOME_RETRY_PAUSE_S < deadline:
+            await asyncio.sleep(OUTCOME_RETRY_PAUSE_S)
+            if self.shared.leadership.refusal() is not None:
+                continue
+            try:
+                pod = await self.cluster.get_pod(outcome.namespace, outcome.name)
+                if pod is None or pod.uid != outcome.uid or pod.node != node or \
+                        pod.annotations.get(BIND_PHASE_ANNOTATION) in ANSWERED_PHASES:
+                    return
+                await self.cluster.set_bind_phase(outcome.namespace, outcome.name,
+                                                  outcome.uid, phase)
+            except StoreUnavailable as error:
+                last = str(error)
+                continue
+            except ClusterError as error:
+                self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s "
+                                       "not written: %s", key, error)
+                return
+            await self._outcome_written(node, outcome, phase)
+            return
+        self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s not "
+                               "written within %gs: %s", key, OUTCOME_RETRY_S, last)
+
+    async def _outcome_written(self, node: str, outcome: AllocationOutcome,
+                               phase: AllocationPhase) -> None:
+        namespace, name = outcome.namespace, outcome.name
+        key = f"{namespace}/{name}"
         self.shared.pods.allocate_answered(key)
         self.metrics.allocations.labels(phase).inc()
         if outcome.ok:

@@ -24,6 +24,7 @@ from common.wire import (
     encode,
 )
 from pyhami.demo import lab_pod
+from scheduler.cluster import AllocationPhase, StoreUnavailable
 from tests.harness import Lab, card_of, eventually
 
 NODE = "gpu-node-1"
@@ -203,3 +204,70 @@ async def test_a_pod_whose_bind_is_under_way_is_listed_and_its_outcome_taken(
     finally:
         answer.set()
     assert allocations_counted(lab, "success") == 1
+
+
+async def test_an_outcome_the_store_cannot_take_yet_is_written_once_it_can(
+        lab: Lab, bus: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream leader's election after a NATS server's loss: the store refuses a write
+    (nothing applied) for a while. The outcome is written then, not dropped."""
+    await lab.pods.submit_and_place(lab_pod("outage"))
+    pod = await lab.pods.get("outage")
+    assert lab.daemon.service is not None
+    cluster = lab.daemon.service.reactions.cluster
+    write = cluster.set_bind_phase
+    refused = 0
+
+    async def away_twice(namespace: str, name: str, uid: str, phase: AllocationPhase) -> None:
+        nonlocal refused
+        if refused < 2:
+            refused += 1
+            raise StoreUnavailable("no answer from the pod store (test); nothing was written")
+        await write(namespace, name, uid, phase)
+
+    monkeypatch.setattr(cluster, "set_bind_phase", away_twice)
+    await report(bus, pod, ok=True)
+
+    async def succeeded() -> bool:
+        return (await lab.pods.get("outage"))["annotations"]["hami.io/bind-phase"] == "success"
+
+    await eventually(succeeded, "bind-phase success once the store answers")
+    assert refused == 2
+    assert (await pending(bus)).pods == []
+    assert allocations_counted(lab, "success") == 1
+
+
+async def test_an_outcome_heard_while_standing_by_is_written_once_this_daemon_decides(
+        lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease moving just as an outcome arrives: the daemon that takes it over heard the
+    outcome as a standby (``keep_outcome``), and writes it then, the pod still waiting."""
+    await lab.pods.submit_and_place(lab_pod("handed-over"))
+    pod = await lab.pods.get("handed-over")
+    assert lab.daemon.service is not None
+    reactions = lab.daemon.service.reactions
+    writes: list[str] = []
+    write = reactions.cluster.set_bind_phase
+
+    async def counted(namespace: str, name: str, uid: str, phase: AllocationPhase) -> None:
+        writes.append(name)
+        await write(namespace, name, uid, phase)
+
+    monkeypatch.setattr(reactions.cluster, "set_bind_phase", counted)
+    monkeypatch.setattr(reactions.shared.leadership, "refusal",
+                        lambda: "standby: another daemon decides")
+    outcome = AllocationOutcome(namespace=pod["namespace"], name=pod["name"], uid=pod["uid"],
+                                ok=True, reason="")
+    reactions.keep_outcome(allocated_subject(NODE), encode(outcome))
+    await asyncio.sleep(1.5)
+    assert writes == []  # kept, not written, while standing by
+    monkeypatch.setattr(reactions.shared.leadership, "refusal", lambda: None)
+
+    async def succeeded() -> bool:
+        return (await lab.pods.get("handed-over"))["annotations"][
+            "hami.io/bind-phase"] == "success"
+
+    await eventually(succeeded, "bind-phase success once this daemon decides")
+    assert writes == ["handed-over"]
+    # Kept by a standby too, an outcome the decider wrote already is not written again.
+    reactions.keep_outcome(allocated_subject(NODE), encode(outcome))
+    await asyncio.sleep(1.5)
+    assert writes == ["handed-over"]
