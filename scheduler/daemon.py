@@ -91,6 +91,10 @@ logger = logging.getLogger(__name__)
 # Stopping must end within 10 s: each step of the shutdown has its share.
 SETTLE_S = 2.0
 REBUILD_RETRY_S = 2.0
+CATCH_UP_AFTER_S = 6.0
+"""When a standalone daemon that has just taken the lease reads the pods again for writes
+its predecessor sent while it still decided but that landed after this daemon read them
+(a NATS client's publish timeout, 5 s, plus a margin): each is booked then."""
 T = TypeVar("T")
 
 
@@ -152,6 +156,7 @@ class Daemon:
         self._lease: NatsLease | None = None
         self._service: SchedulerService | None = None
         self._pending: PendingLoop | None = None
+        self._catching_up: asyncio.Task[None] | None = None  # after an election (standalone)
 
     async def run(self) -> None:
         async with contextlib.AsyncExitStack() as undo:
@@ -161,6 +166,7 @@ class Daemon:
             except _Stopped:
                 pass
             finally:
+                self._stop_catching_up()
                 await self._supervisor.stop()  # first: the background tasks use the rest
 
     async def _start_up(self, undo: contextlib.AsyncExitStack) -> None:
@@ -424,12 +430,33 @@ class Daemon:
             return
         await self._standalone.reload()
         await service.reactions.rebuild()
+        self._stop_catching_up()
+        self._catching_up = asyncio.create_task(self._catch_up(self._standalone))
         if self._pending is not None:
             self._pending.retry_now()
+
+    async def _catch_up(self, standalone: StandaloneCluster) -> None:
+        """Once, ``CATCH_UP_AFTER_S`` after taking the lease: the pods the predecessor's
+        last writes bound after this daemon's reload are read and booked (their Allocate
+        is asked again meanwhile by the device plugin, agent UNLISTED_PATIENCE_S)."""
+        await asyncio.sleep(CATCH_UP_AFTER_S)
+        if self._lease is None or not self._lease.leading():
+            return
+        with self._supervisor.contained("catching up with the pod store"):
+            taken = await standalone.catch_up()
+            if taken:
+                logger.warning("%d pod(s) written by the previous lease holder after this "
+                               "daemon read the pod store: read now", taken)
+
+    def _stop_catching_up(self) -> None:
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+            self._catching_up = None
 
     async def _demoted(self) -> None:
         """Standing by: the standalone daemon drops its reservations."""
         assert self._service is not None, "the leadership starts after the service is built"
+        self._stop_catching_up()
         await self._service.reactions.stand_by()
 
 

@@ -58,6 +58,11 @@ DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_HAMI_CORE_DIR = Path("/usr/local/vgpu")
 DEFAULT_LOCK_DIR = Path(CONTAINER_LOCK_DIR)
 CONTAINERS_FOLDER = "containers"
+UNLISTED_PATIENCE_S = 10.0
+"""How long Allocate asks the daemon again when its answer lists no pod the kubelet's
+devices could be for: longer than a standalone daemon that has just taken the lease needs
+to read the binds its predecessor's last writes made (``CATCH_UP_AFTER_S``)."""
+UNLISTED_PAUSE_S = 0.5
 PLUGIN_SOCKET = "pyhami-nvidia-gpu.sock"
 WATCH_INTERVAL_S = 1.0
 REGISTER_TIMEOUT_S = 10.0
@@ -219,10 +224,22 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             except AllocationSourceError as error:
                 logger.warning("Allocate refused: %s", error)
                 await _abort(context, grpc.StatusCode.UNAVAILABLE, str(error))
-            result = allocate(pending, self._progress,
-                              [list(c.devices_ids) for c in request.container_requests],
-                              node=self._node, node_cards=self._feed.cards,
-                              hami_core=self._hami, resource=self._resource)
+            requests = [list(c.devices_ids) for c in request.container_requests]
+            result = allocate(pending, self._progress, requests, node=self._node,
+                              node_cards=self._feed.cards, hami_core=self._hami,
+                              resource=self._resource)
+            asked_until = asyncio.get_running_loop().time() + UNLISTED_PATIENCE_S
+            while _nobody_waits(result) and asyncio.get_running_loop().time() < asked_until:
+                # The kubelet asks for a pod the daemon did not list: a daemon that has
+                # just taken the lease may not have read its predecessor's last binds yet.
+                await asyncio.sleep(UNLISTED_PAUSE_S)
+                try:
+                    pending = await self._source.pending(self._node)
+                except AllocationSourceError:
+                    continue
+                result = allocate(pending, self._progress, requests, node=self._node,
+                                  node_cards=self._feed.cards, hami_core=self._hami,
+                                  resource=self._resource)
             if isinstance(result, Granted):
                 result = _with_folders(result)
             self._unreported.extend(result.outcomes)
@@ -412,3 +429,8 @@ class DevicePlugin:
                         self.kubelet_socket, self.socket)
             return True
         return False
+
+
+def _nobody_waits(result: Granted | Refused) -> bool:
+    """A refusal because no pod listed waits for cards at all (not a malformed one)."""
+    return isinstance(result, Refused) and not result.outcomes

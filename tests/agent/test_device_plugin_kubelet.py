@@ -22,6 +22,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from agent.deviceplugin import plugin
 from agent.deviceplugin.allocation import card_of
 from agent.deviceplugin.plugin import PLUGIN_SOCKET, PluginSettings
 from agent.service import Agent, AgentSettings
@@ -243,8 +244,9 @@ async def test_allocate_gives_the_chosen_cards_limits_and_hami_core(
 ])
 async def test_a_refused_allocate_fails_the_call_and_the_pod(
         nats_server: LocalNatsServer, folders: tuple[Path, Path],
-        device: NodeDeviceConfig) -> None:
+        device: NodeDeviceConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     """The refusals name the resource the plugin registered, whatever it is called."""
+    monkeypatch.setattr(plugin, "UNLISTED_PATIENCE_S", 0.6)
     wide = pending_pod("wide", [[CardGrant(CARDS[0], 1000, 10),
                                  CardGrant(CARDS[1], 1000, 10)]], bind_time=100)
     resource = device.device.resources.count
@@ -265,6 +267,28 @@ async def test_a_refused_allocate_fails_the_call_and_the_pod(
         f"device(s) of {resource}")
     assert (outcome.name, outcome.ok) == ("wide", False)
     assert outcome.reason == mismatch.value.details()
+
+
+async def test_allocate_asks_again_while_the_daemon_lists_no_pod_for_it(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    """A daemon that has just taken the lease may not have read its predecessor's last
+    bind yet: the plugin asks again, and serves the pod once it is listed."""
+    late = pending_pod("late", [[CardGrant(CARDS[2], 2000, 20)]], bind_time=100)
+    async with node(nats_server.url, *folders, t4x4()) as (kubelet, daemon):
+        await kubelet.next_list()
+        before = daemon.requests
+
+        async def listed_later() -> None:
+            await asyncio.sleep(1.2)
+            daemon.pending = [late]
+
+        listing = asyncio.create_task(listed_later())
+        granted = await kubelet.admit(1)
+        await listing
+        outcome = await daemon.next_outcome()
+    assert granted.envs["NVIDIA_VISIBLE_DEVICES"] == CARDS[2]
+    assert (outcome.name, outcome.ok) == ("late", True)
+    assert daemon.requests - before >= 3  # the first answer, and asked again after it
 
 
 async def test_without_hami_core_allocate_mounts_nothing(

@@ -151,6 +151,30 @@ class FencedBucket(abc.ABC, Generic[V]):
             else:
                 self._values[key], self._revisions[key] = value, revision
 
+    async def catch_up(self) -> int:
+        """Take every entry the bucket holds in a newer version than this daemon knows,
+        telling each (``_told``); returns how many. For a daemon that has just taken the
+        lease: a write its predecessor sent while it still decided may land after this
+        daemon's ``reload`` (it waited in a NATS server during a stream election); its
+        compare-and-set succeeds, as nobody else wrote the entry."""
+        try:
+            keys = await self._kv.keys()
+        except NoKeysError:
+            keys = []
+        taken = 0
+        for key in keys:
+            if not self._owns(key) or key in self._unsettled:
+                continue
+            async with self._writing.hold(key):
+                try:
+                    stored, revision = await self._read(key)
+                except KeyNotFoundError:
+                    continue
+                if stored is not None and revision > self._revisions.get(key, 0):
+                    self._adopt(key, stored, revision)
+                    taken += 1
+        return taken
+
     async def keep_settled(self, period: float = SETTLE_PERIOD_S) -> None:
         """Undo the writes that got no answer, once the bucket answers; runs forever."""
         while True:

@@ -79,6 +79,12 @@ class StandaloneCluster:
         await self._bucket.reload()
         await self._quotas.reload()
 
+    async def catch_up(self) -> int:
+        """Take the pods written in a newer version than this daemon read (a predecessor's
+        write that landed after this daemon's ``reload``), each told as a change, so that
+        the ledger books a bind it lacks; returns how many."""
+        return await self._bucket.catch_up()
+
     async def keep_settled(self, period: float = SETTLE_PERIOD_S) -> None:
         """Undo the writes that got no answer, once the bucket answers; runs forever."""
         await asyncio.gather(self._bucket.keep_settled(period),
