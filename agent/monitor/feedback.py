@@ -13,13 +13,15 @@ from __future__ import annotations
 import os
 import struct
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from agent.monitor.cache import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
+    Reason,
     Refused,
     Region,
     identity_of,
@@ -28,6 +30,7 @@ from agent.monitor.cache import (
 )
 
 _INT32 = struct.Struct("<i")
+T = TypeVar("T")
 PAUSED = -1
 """``recent_kernel`` at -1: HAMi-core's rate limiter sleeps before each launch until it is
 0 or more again."""
@@ -112,44 +115,42 @@ def _same_file(region: Region, fd: int) -> Refused | None:
     return None
 
 
-def read_control(region: Region) -> Control | Refused:
-    """The region's feedback fields as they are now; refused when the file changed."""
-    fd = open_regular(region.path, os.O_RDONLY)
+def _on_same_file(region: Region, flags: int, failed: Reason,
+                  act: Callable[[int], T | Refused]) -> T | Refused:
+    """``act`` on the region's file opened with ``flags``, if it is still the file read at
+    the scan; an OS error is refused with the reason ``failed``."""
+    fd = open_regular(region.path, flags)
     if isinstance(fd, Refused):
         return fd
     try:
         changed = _same_file(region, fd)
-        if changed is not None:
-            return changed
-        layout = region.layout
-        fields = read_exactly(fd, 16, layout.proc_num, region.path, "the tail fields")
+        return changed if changed is not None else act(fd)
+    except OSError as error:
+        return Refused(failed, f"{region.path}: {error.strerror or error}")
+    finally:
+        os.close(fd)
+
+
+def read_control(region: Region) -> Control | Refused:
+    """The region's feedback fields as they are now; refused when the file changed."""
+    def read(fd: int) -> Control | Refused:
+        fields = read_exactly(fd, 16, region.layout.proc_num, region.path, "the tail fields")
         if isinstance(fields, Refused):
             return fields
         _, switch, recent, priority = struct.unpack("<4i", fields)
         return Control(priority=priority, recent_kernel=recent, utilization_switch=switch,
                        cards=region.card_uuids)
-    except OSError as error:
-        return Refused("unreadable", f"{region.path}: {error.strerror or error}")
-    finally:
-        os.close(fd)
+
+    return _on_same_file(region, os.O_RDONLY, "unreadable", read)
 
 
 def write_control(region: Region, writes: Writes) -> Refused | None:
     """Write ``writes`` into the region's file, unless it changed since it was read."""
-    fd = open_regular(region.path, os.O_RDWR)
-    if isinstance(fd, Refused):
-        return fd
-    try:
-        changed = _same_file(region, fd)
-        if changed is not None:
-            return changed
+    def write(fd: int) -> None:
         layout = region.layout
         if writes.recent_kernel is not None:
             os.pwrite(fd, _INT32.pack(writes.recent_kernel), layout.recent_kernel)
         if writes.utilization_switch is not None:
             os.pwrite(fd, _INT32.pack(writes.utilization_switch), layout.utilization_switch)
-        return None
-    except OSError as error:
-        return Refused("unwritable", f"{region.path}: {error.strerror or error}")
-    finally:
-        os.close(fd)
+
+    return _on_same_file(region, os.O_RDWR, "unwritable", write)
