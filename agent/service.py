@@ -168,6 +168,8 @@ class Agent:
                 supervisor.start("device-plugin", self._device_plugin.run, restart=False)
                 supervisor.start("folder-sweep", functools.partial(
                     self._device_plugin.sweep_folders, self._allocations), restart=False)
+                supervisor.start("outcomes", self._device_plugin.confirm_outcomes,
+                                 restart=False)
             await supervisor.until_stopped(stop)
         finally:
             stopping.cancel()

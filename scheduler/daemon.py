@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import logging
 import ssl
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from common.busaccess import DAEMON_USER, CredentialsError
 from common.core.deviceconfig import DeviceConfig
 from common.core.natsjwt import public_key
 from common.core.pod import PodManifest
-from common.messaging import Connection
+from common.messaging import Connection, describe_error
 from common.supervision import Supervisor
 from common.wire import (
     ALLOCATED_SUBJECTS,
@@ -64,6 +65,7 @@ from scheduler.leadership import (
     LeaseSettingsError,
     NatsLease,
     Sole,
+    TakeOverFailed,
 )
 from scheduler.metrics import ConnectionCollector, UnreadableCollector
 from scheduler.pending import PendingLoop
@@ -92,6 +94,10 @@ logger = logging.getLogger(__name__)
 SETTLE_S = 2.0
 REBUILD_RETRY_S = 2.0
 CATCH_UP_AFTER_S = 6.0
+BUS_START_PATIENCE_S = 60.0
+"""How long the start asks JetStream again while it does not answer in time (a stream
+electing its leader, a server of the cluster lost as the daemon starts) before it stops."""
+BUS_START_RETRY_S = 1.0
 """When a standalone daemon that has just taken the lease reads the pods again for writes
 its predecessor sent while it still decided but that landed after this daemon read them
 (a NATS client's publish timeout, 5 s, plus a margin): each is booked then."""
@@ -277,8 +283,9 @@ class Daemon:
             return self._kubernetes.cluster
         self._phase.enter("opening the JetStream pod bucket")
         assert self._lease is not None, "standalone daemons hold a lease"
-        self._standalone = await self._unless_stopped(
-            _open_bucket(client, self._lease.refusal, self._bucket_replicas()))
+        lease, replicas = self._lease, self._bucket_replicas()
+        self._standalone = await self._unless_stopped(_while_the_bus_times_out(
+            "the pod bucket", lambda: _open_bucket(client, lease.refusal, replicas)))
         return self._standalone
 
     def _bucket_replicas(self) -> int:
@@ -290,8 +297,10 @@ class Daemon:
         """Standalone: the lease's bucket, which must expire entries as --lease-ttl says."""
         if self._lease is None:
             return
+        lease = self._lease
         try:
-            await self._lease.open(client)
+            await self._unless_stopped(_while_the_bus_times_out(
+                "the lease bucket", lambda: lease.open(client)))
         except (LeaseSettingsError, BucketReplicasError) as error:
             raise StartupError(str(error)) from None
 
@@ -428,7 +437,11 @@ class Daemon:
         if self._standalone is None:
             await service.reactions.reconcile()
             return
-        await self._standalone.reload()
+        try:
+            await self._standalone.reload()
+        except (nats.errors.Error, TimeoutError, OSError, ClusterError) as error:
+            raise TakeOverFailed(f"the pod store could not be read ({describe_error(error)})"
+                                 ) from None
         await service.reactions.rebuild()
         self._stop_catching_up()
         self._catching_up = asyncio.create_task(self._catch_up(self._standalone))
@@ -675,6 +688,24 @@ async def _self_managed_tls(config: WebhookConfig, cluster: WebhookCluster) -> S
     except TlsError as error:
         raise StartupError(f"--webhook-tls-secret: {error}; delete the Secret to have "
                            "the daemon make a new one") from None
+
+
+async def _while_the_bus_times_out(what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()``'s result, tried again every ``BUS_START_RETRY_S`` while JetStream
+    does not answer in time, for at most ``BUS_START_PATIENCE_S``; then ``StartupError``
+    in one line. Any other error goes to the caller."""
+    deadline = time.monotonic() + BUS_START_PATIENCE_S
+    while True:
+        try:
+            return await attempt()
+        except TimeoutError as error:  # nats-py's own TimeoutError is one too
+            if time.monotonic() + BUS_START_RETRY_S >= deadline:
+                raise StartupError(f"{what} could not be opened: JetStream did not answer "
+                                   f"within {BUS_START_PATIENCE_S:g}s "
+                                   f"({describe_error(error)})") from None
+            logger.warning("%s not opened yet, trying again in %gs: JetStream did not answer "
+                           "(%s)", what, BUS_START_RETRY_S, describe_error(error))
+        await asyncio.sleep(BUS_START_RETRY_S)
 
 
 async def _while_the_api_fails(what: str, attempt: Callable[[], Awaitable[T]]) -> T:

@@ -32,6 +32,7 @@ from common.buckets import open_key_value
 from common.core.errors import SettingsError
 from common.messaging import describe_error
 from scheduler.cluster import ClusterError
+from scheduler.errors import SchedulerError
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +188,11 @@ class FollowedLease:
 
 class LeaseSettingsError(SettingsError):
     """The lease's settings cannot keep one decider at a time."""
+
+
+class TakeOverFailed(SchedulerError):
+    """The daemon that took the lease could not get ready to decide (its store did not
+    answer in time); it hands the lease on and stands by, as after a lapse."""
 
 
 def check_lease_timing(ttl: float, renew_period: float, renew_deadline: float) -> None:
@@ -349,6 +355,11 @@ class NatsLease:
                     revision)
         try:
             await self._on_elected()
+        except TakeOverFailed as error:
+            self._revision = None
+            await self._hand_on(revision)
+            logger.warning("standing by: the lease is handed on (term %d): %s", revision, error)
+            return
         except BaseException:
             self._revision = None
             await self._hand_on(revision)

@@ -40,6 +40,7 @@ from agent.deviceplugin.allocation import (
 )
 from agent.deviceplugin.folders import ContainerFolders, make_open_folder
 from agent.deviceplugin.hamicore import HAMI_DEFAULTS, HamiCoreSettings
+from agent.deviceplugin.outcomes import CONFIRM_INTERVAL_S, OwedOutcomes
 from agent.deviceplugin.source import (
     ASK_PATIENCE_S,
     AllocationSource,
@@ -48,7 +49,7 @@ from agent.deviceplugin.source import (
 )
 from common.arguments import positive_seconds
 from common.settings import setting
-from common.wire import AllocationOutcome, ReportedCard
+from common.wire import AllocationOutcome, PendingPod, ReportedCard
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._source = source
         self._hami = hami
         self._progress: dict[str, int] = {}
-        self._unreported: list[AllocationOutcome] = []
+        self._owed = OwedOutcomes()
         self._allocating = asyncio.Lock()
 
     async def GetDevicePluginOptions(self, request: api_pb2.Empty,
@@ -218,12 +219,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def Allocate(self, request: api_pb2.AllocateRequest,
                        context: grpc.aio.ServicerContext) -> api_pb2.AllocateResponse:
         async with self._allocating:
-            await self._send_unreported()
+            await self._send_owed()
+            asked_at = asyncio.get_running_loop().time()
             try:
                 pending = await self._source.pending(self._node)
             except AllocationSourceError as error:
                 logger.warning("Allocate refused: %s", error)
                 await _abort(context, grpc.StatusCode.UNAVAILABLE, str(error))
+            self._reconcile(pending, asked_at)
             requests = [list(c.devices_ids) for c in request.container_requests]
             result = allocate(pending, self._progress, requests, node=self._node,
                               node_cards=self._feed.cards, hami_core=self._hami,
@@ -242,10 +245,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                                   resource=self._resource)
             if isinstance(result, Granted):
                 result = _with_folders(result)
-            self._unreported.extend(result.outcomes)
+            self._owe(result.outcomes)
             if isinstance(result, Granted):
                 self._progress = result.progress
-            await self._send_unreported()
+            await self._send_owed()
         if not isinstance(result, Granted):
             logger.warning("Allocate refused: %s", result.reason)
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, result.reason)
@@ -261,15 +264,44 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                                 ) -> api_pb2.PreStartContainerResponse:
         return api_pb2.PreStartContainerResponse()
 
-    async def _send_unreported(self) -> None:
-        """Report what is owed; what cannot go now goes with the next call."""
-        while self._unreported:
+    async def confirm_outcomes(self) -> None:
+        """Ask which pods still wait for their cards, and send again each outcome the
+        daemon has not written (``agent.deviceplugin.outcomes``); nothing while none waits."""
+        if not self._owed.awaiting:
+            return
+        asked_at = asyncio.get_running_loop().time()
+        try:
+            pending = await self._source.pending(self._node)
+        except AllocationSourceError as error:
+            logger.warning("outcomes not confirmed: %s", error)
+            return
+        async with self._allocating:
+            self._reconcile(pending, asked_at)
+            await self._send_owed()
+
+    def _owe(self, outcomes: Sequence[AllocationOutcome]) -> None:
+        for dropped in self._owed.owe(outcomes):
+            logger.error("outcome of pod %s/%s given up: more than %d outcomes wait for the "
+                         "daemon", dropped.namespace, dropped.name, len(self._owed))
+
+    def _reconcile(self, pending: Sequence[PendingPod], asked_at: float) -> None:
+        settled = self._owed.reconcile({pod.uid for pod in pending}, asked_at)
+        for resent in settled.again:
+            logger.warning("the daemon still lists pod %s/%s as waiting for its cards: "
+                           "sending its outcome again", resent.namespace, resent.name)
+        for lost in settled.given_up:
+            logger.error("outcome of pod %s/%s given up: the daemon has not written it "
+                         "since it was first sent", lost.namespace, lost.name)
+
+    async def _send_owed(self) -> None:
+        """Send what is owed; what cannot go now goes with the next call or confirmation."""
+        for owed in self._owed.due():
             try:
-                await self._source.report(self._unreported[0])
+                await self._source.report(owed)
             except AllocationSourceError as error:
                 logger.warning("%s; trying again at the next allocation", error)
                 return
-            self._unreported.pop(0)
+            self._owed.sent(owed, asyncio.get_running_loop().time())
 
 
 @dataclass(frozen=True)
@@ -333,6 +365,8 @@ class DevicePlugin:
         self._hami = hami_core(settings.hami_core_dir, settings.hami_core, settings.lock_dir)
         self._options = api_pb2.DevicePluginOptions(
             get_preferred_allocation_available=settings.preferred_allocation)
+        self._servicer = DevicePluginServicer(node, self._feed, source, self._hami,
+                                              self._options, resource=settings.resource_name)
         self.folders = ContainerFolders(settings.hami_core_dir / CONTAINERS_FOLDER,
                                         settings.folder_grace)
         """HAMi-core's container folders, swept by ``sweep_folders``."""
@@ -357,12 +391,9 @@ class DevicePlugin:
 
     async def run(self) -> None:
         """Serve, register, and start again whenever the kubelet does; until cancelled."""
-        servicer = DevicePluginServicer(self._node, self._feed, self._source, self._hami,
-                                        self._options,
-                                        resource=self._settings.resource_name)
         while True:
             kubelet = await self._kubelet_up()
-            server = await self._serve(servicer)
+            server = await self._serve(self._servicer)
             try:
                 served = _identity(self.socket)
                 if await self._register(kubelet):
@@ -388,6 +419,13 @@ class DevicePlugin:
                 logger.warning("HAMi-core's container folders not swept: %s", error)
                 continue
             await asyncio.to_thread(self.folders.sweep, uids)
+
+    async def confirm_outcomes(self) -> None:
+        """Every ``CONFIRM_INTERVAL_S`` while outcomes wait to be confirmed, send again
+        those the daemon has not written. Until cancelled."""
+        while True:
+            await asyncio.sleep(CONFIRM_INTERVAL_S)
+            await self._servicer.confirm_outcomes()
 
     async def _kubelet_up(self) -> tuple[int, int, int]:
         waited = False

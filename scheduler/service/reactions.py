@@ -262,6 +262,10 @@ class Reactions(ServicePart):
                 self._refuse_allocation(f"allocation outcome refused: pod {key} of uid "
                                         f"{outcome.uid} is not on node {node}")
                 return
+            if pod.annotations.get(BIND_PHASE_ANNOTATION) in ANSWERED_PHASES:
+                # Sent again by a plugin that had not yet seen it written: taken once.
+                self.shared.pods.allocate_answered(key)
+                return
             await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase)
         except StoreUnavailable as error:
             self._write_later(node, outcome, phase, error)

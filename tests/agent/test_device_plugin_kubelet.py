@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 
 from agent.deviceplugin import plugin
 from agent.deviceplugin.allocation import card_of
+from agent.deviceplugin.outcomes import CONFIRM_INTERVAL_S
 from agent.deviceplugin.plugin import PLUGIN_SOCKET, PluginSettings
 from agent.service import Agent, AgentSettings
 from agent.simulated import SimulatedSource, profile_cards
@@ -64,6 +65,8 @@ class Daemon:
         """None: answers as a daemon that predates the list."""
         self.outcomes: asyncio.Queue[AllocationOutcome] = asyncio.Queue()
         self.requests = 0
+        self.lose = 0
+        """Outcomes to lose on the way (the pod stays pending), the next ones first."""
 
     async def on_request(self, message: Msg) -> None:
         self.requests += 1
@@ -73,6 +76,9 @@ class Daemon:
 
     async def on_outcome(self, message: Msg) -> None:
         outcome = decode_outcome(message.data)
+        if self.lose:
+            self.lose -= 1
+            return
         self.pending = [pod for pod in self.pending if pod.uid != outcome.uid]
         await self.outcomes.put(outcome)
 
@@ -289,6 +295,27 @@ async def test_allocate_asks_again_while_the_daemon_lists_no_pod_for_it(
     assert granted.envs["NVIDIA_VISIBLE_DEVICES"] == CARDS[2]
     assert (outcome.name, outcome.ok) == ("late", True)
     assert daemon.requests - before >= 3  # the first answer, and asked again after it
+
+
+async def test_an_outcome_lost_on_the_way_is_sent_again_until_the_daemon_has_it(
+        nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
+    """An outcome lost (a server dying with it, a lease moving before it was written)
+    would leave the pod allocating for ever: the plugin sends it again while the daemon
+    still lists the pod as waiting, and stops once it no longer does."""
+    lost = pending_pod("lost", [[CardGrant(CARDS[1], 2000, 20)]], bind_time=100)
+    async with node(nats_server.url, *folders, t4x4()) as (kubelet, daemon):
+        await kubelet.next_list()
+        daemon.pending = [lost]
+        daemon.lose = 2
+        await kubelet.admit(1)
+        outcome = await asyncio.wait_for(daemon.outcomes.get(), 3 * WAIT_S)
+        requests = daemon.requests
+        await asyncio.sleep(2 * CONFIRM_INTERVAL_S + 0.5)
+        repeated = daemon.outcomes.qsize()
+    assert (outcome.name, outcome.ok) == ("lost", True)
+    assert daemon.lose == 0  # the third sending was taken
+    assert repeated == 0  # once taken, not sent again
+    assert daemon.requests - requests <= 1  # and the daemon is no longer asked
 
 
 async def test_without_hami_core_allocate_mounts_nothing(

@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client
 
 from common.natsserver import LocalNatsServer
-from scheduler.leadership import LeaseSettingsError, NatsLease
+from scheduler.leadership import LeaseSettingsError, NatsLease, TakeOverFailed
 from tests.fakes.clock import Clock
 
 TTL, RENEW, DEADLINE = 4.0, 1.0, 2.5
@@ -119,3 +119,33 @@ async def test_a_bucket_made_with_another_ttl_is_refused_by_name(client: Client)
     with pytest.raises(LeaseSettingsError, match=r"expires entries after 4s but --lease-ttl "
                                                  r"is 6s"):
         await lease("b", [], ttl=6.0).open(client)
+
+
+async def test_a_daemon_that_cannot_get_ready_hands_the_lease_on_without_crashing(
+        client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """Its store did not answer while it read every pod: it stands by and the other
+    daemon takes the lease at once, with one warning and no traceback."""
+    elected: list[str] = []
+
+    async def store_times_out() -> None:
+        elected.append("a tried")
+        raise TakeOverFailed("the pod store could not be read (nats: timeout)")
+
+    async def stood_down() -> None:
+        elected.append("a stood down")
+
+    failing = NatsLease("a", ttl=TTL, renew_period=RENEW, renew_deadline=DEADLINE,
+                        on_elected=store_times_out, on_demoted=stood_down)
+    other = lease("b", elected)
+    for one in (failing, other):
+        await one.open(client)
+    await failing.start()
+    assert not failing.leading()
+    await other.start()
+    assert other.leading()
+    assert elected == ["a tried", "b"]
+    handed = [r for r in caplog.records if "handed on" in r.getMessage()]
+    assert [r.getMessage() for r in handed] == [
+        "standing by: the lease is handed on (term 1): the pod store could not be read "
+        "(nats: timeout)"]
+    assert handed[0].exc_info is None

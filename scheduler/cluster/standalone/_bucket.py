@@ -133,7 +133,9 @@ class FencedBucket(abc.ABC, Generic[V]):
 
         This daemon's own writes that got no answer are settled first, against what it
         answered; one that cannot be settled yet keeps its answered version in memory,
-        for ``keep_settled`` to finish.
+        for ``keep_settled`` to finish. A read that fails part way (the bucket's stream
+        electing its leader) changes nothing: the entries are replaced only once all are
+        read.
         """
         for key in list(self._unsettled):
             with contextlib.suppress(StoreUnavailable):
@@ -141,15 +143,14 @@ class FencedBucket(abc.ABC, Generic[V]):
                     await self._settle(key)
         answered = {key: (self._values.get(key), self._revisions.get(key, 0))
                     for key in self._unsettled}
-        self._values.clear()
-        self._revisions.clear()
-        await self._load()
+        values, revisions = await self._read_all()
         for key, (value, revision) in answered.items():
             if value is None:
-                self._values.pop(key, None)
-                self._revisions.pop(key, None)
+                values.pop(key, None)
+                revisions.pop(key, None)
             else:
-                self._values[key], self._revisions[key] = value, revision
+                values[key], revisions[key] = value, revision
+        self._values, self._revisions = values, revisions
 
     async def catch_up(self) -> int:
         """Take every entry the bucket holds in a newer version than this daemon knows,
@@ -199,6 +200,12 @@ class FencedBucket(abc.ABC, Generic[V]):
         return list(self._values.values())
 
     async def _load(self) -> None:
+        self._values, self._revisions = await self._read_all()
+
+    async def _read_all(self) -> tuple[dict[str, V], dict[str, int]]:
+        """Every entry of the bucket's kind and its revision, as the bucket holds them now."""
+        values: dict[str, V] = {}
+        revisions: dict[str, int] = {}
         try:
             keys = await self._kv.keys()
         except NoKeysError:
@@ -211,14 +218,15 @@ class FencedBucket(abc.ABC, Generic[V]):
             except KeyNotFoundError:
                 continue
             revision = entry.revision or 0
-            if entry.value and revision > self._revisions.get(key, 0):
+            if entry.value and revision > revisions.get(key, 0):
                 try:
-                    self._values[key] = self._decoder.decode(entry.value)
+                    values[key] = self._decoder.decode(entry.value)
                 except msgspec.DecodeError as error:
                     logger.error("bucket %s: entry %s is unreadable (%s); skipped", self._name,
                                  key, error)
                     continue
-                self._revisions[key] = revision
+                revisions[key] = revision
+        return values, revisions
 
     # Writing -----------------------------------------------------------------
 

@@ -223,6 +223,35 @@ async def test_the_lease_keeps_one_decider_while_its_stream_leader_is_killed(
             await daemon.stop()
 
 
+async def test_a_daemon_started_while_the_cluster_has_no_majority_waits_for_it(
+        nats_cluster: LocalNatsCluster, http: aiohttp.ClientSession,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """With two of three servers down JetStream answers nothing (each question times out
+    after 5 s): the start asks again, and goes on once the servers are back, rather than
+    stop with ``nats: timeout``."""
+    nats_cluster.kill(1)
+    nats_cluster.kill(2)
+
+    async def servers_back() -> None:
+        await asyncio.sleep(6)
+        await asyncio.to_thread(nats_cluster.start, 1)
+        await asyncio.to_thread(nats_cluster.start, 2)
+
+    returning = asyncio.create_task(servers_back())
+    daemon = await RunningDaemon(standalone_config(nats_cluster.url)).start()
+    await returning
+    node = SimulatedAgent.start("gpu-node-1", nats_cluster.url)
+    try:
+        await PodClient(http, daemon.url).submit_and_place(lab_pod("after-the-wait"))
+    finally:
+        await daemon.stop()
+        await node.halt()
+    waits = [r.getMessage() for r in caplog.records
+             if "not opened yet, trying again" in r.getMessage()]
+    assert waits, "the start did not have to wait: the test proves nothing"
+    assert waits[0] == ("the pod bucket not opened yet, trying again in 1s: JetStream did "
+                        "not answer (nats: timeout)")
+
 
 HEARTBEAT_S = 0.5
 """The simulated agents' --heartbeat-interval (pyhami.sandbox.SimulatedAgent)."""

@@ -112,6 +112,27 @@ async def test_every_pod_holding_cards_on_the_node_is_listed_until_it_is_gone(
     await eventually(released, "the deleted pod no longer holding cards")
 
 
+async def test_an_outcome_sent_again_is_taken_once(lab: Lab, bus: Client) -> None:
+    """A device plugin that had not yet seen its outcome written sends it again; the
+    daemon neither counts it twice nor overturns the first answer."""
+    await lab.pods.submit_and_place(lab_pod("twice"))
+    await lab.pods.submit_and_place(lab_pod("marker"))
+    pod = await lab.pods.get("twice")
+    await report(bus, pod, ok=True)
+    await eventually(lambda: _phase_is(lab, "twice", "success"), "bind-phase success")
+    await report(bus, pod, ok=True)
+    await report(bus, pod, ok=False, reason="a later, contrary report")
+    # One subscription handles outcomes in order: once the marker's is written, both
+    # repeated ones were handled.
+    await report(bus, await lab.pods.get("marker"), ok=True)
+    await eventually(lambda: _phase_is(lab, "marker", "success"), "the marker's outcome")
+    assert await _phase_is(lab, "twice", "success")
+    assert allocations_counted(lab, "success") == 2
+    assert allocations_counted(lab, "failed") == 0
+    assert [e["reason"] for e in (await lab.pods.get("twice"))["events"]
+            if e["reason"] == "AllocationFailed"] == []
+
+
 async def _phase_is(lab: Lab, name: str, phase: str) -> bool:
     return bool((await lab.pods.get(name))["annotations"]["hami.io/bind-phase"] == phase)
 
