@@ -1,10 +1,10 @@
 """A real control plane on this machine for the end-to-end suite.
 
 etcd, kube-apiserver (token authentication, RBAC), kube-scheduler with the chart's
-configuration (``k8s/``'s, with the extender's mutual TLS on), nats-server, one simulated
-``pyhami agent`` and the ``pyhami scheduler`` daemon, each a process of its own on free
-loopback ports. kube-scheduler calls the daemon over HTTPS with its client certificate,
-the only caller the daemon answers there. There is no kube-controller-manager. The GPU
+configuration (``k8s/``'s, with the extender's mutual TLS on), three clustered
+nats-servers, one simulated ``pyhami agent`` and the ``pyhami scheduler`` daemon, each a
+process of its own on free loopback ports. kube-scheduler calls the daemon over HTTPS with
+its client certificate, the only caller the daemon answers there. There is no kube-controller-manager. The GPU
 node of the suite is created through the API and its pods are bound, never run; a test may
 add a real kubelet (``start_kubelet``) against a fake CRI runtime, which registers a node of
 its own and runs its pods in the runtime's memory.
@@ -69,6 +69,8 @@ KUBELET_ROLE_BINDING = "pyhami-e2e-kubelet"
 KUBELET_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 AGENT_SERVICE_ACCOUNT = "pyhami-agent"
 NATS_AUTH_SECRET = "pyhami-nats-auth"
+NATS_SERVERS = 3
+"""The session's NATS is a cluster of three, as the chart's is by default (issue 29)."""
 AGENT_TOKEN_AUDIENCE = "pyhami-nats"
 TEST_NAMESPACE = "pyhami-e2e"
 
@@ -203,6 +205,10 @@ def _mounted(path: Path) -> bool:
 @dataclass
 class ControlPlane(ApiServerPlane):
     nats_url: str = ""
+    """Every server's client URL, comma-separated, as ``--nats`` takes them."""
+    nats_ports: list[int] = field(default_factory=list)
+    """Each server's client port."""
+    nats_monitor_ports: list[int] = field(default_factory=list)
     scheduler_port: int = 0
     daemon_port: int = 0
     metrics_port: int = 0
@@ -283,22 +289,80 @@ class ControlPlane(ApiServerPlane):
         secret = self.api.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/secrets/{NATS_AUTH_SECRET}")
         return {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
 
+    @property
+    def nats_urls(self) -> list[str]:
+        return self.nats_url.split(",")
+
     def _start_nats(self) -> None:
+        """Three nats-servers routed into one cluster, each including the auth callout's
+        configuration from the daemon's Secret, as the chart's StatefulSet runs them."""
         auth = wait_for(self.nats_auth, f"the daemon's Secret {NATS_AUTH_SECRET}",
                         START_TIMEOUT_S, watch=[self.processes[DAEMON]])
         directory = self.data / "nats"
         directory.mkdir(exist_ok=True)
         (directory / "auth.conf").write_text(auth["auth.conf"])
-        (directory / "nats.conf").write_text('include "auth.conf"\n')
-        port = int(self.nats_url.rsplit(":", 1)[1])
-        nats = self.run("nats-server", [str(nats_server_binary()), "-a", "127.0.0.1",
-                                         "-p", str(port), "-c", str(directory / "nats.conf")])
+        routes = [free_port() for _ in self.nats_ports]
+        self.nats_monitor_ports = [free_port() for _ in self.nats_ports]
+        for index, port in enumerate(self.nats_ports):
+            others = ", ".join(f"nats-route://127.0.0.1:{route}"
+                               for other, route in enumerate(routes) if other != index)
+            config = directory / f"nats-{index}.conf"
+            config.write_text(
+                'include "auth.conf"\n'
+                f"server_name: e2e-nats-{index}\n"
+                f"cluster {{\n  name: pyhami-e2e\n  listen: 127.0.0.1:{routes[index]}\n"
+                f"  routes: [{others}]\n}}\n")
+            self.run(f"nats-server-{index}", [
+                str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(port),
+                "-m", str(self.nats_monitor_ports[index]), "-c", str(config)])
+        self.wait_nats_formed()
 
-        def listening() -> bool:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
+    def wait_nats_formed(self) -> None:
+        """Until every running server is routed to every other running one."""
+        running = [index for index in range(len(self.nats_ports))
+                   if self.processes[f"nats-server-{index}"].running]
 
-        wait_for(listening, "nats-server to listen", START_TIMEOUT_S, watch=[nats])
+        def formed() -> bool:
+            return all(self._nats_monitor(index, "routez").get("num_routes", 0)
+                       >= len(running) - 1 for index in running)
+
+        wait_for(formed, "the nats-servers to route to each other", START_TIMEOUT_S,
+                 watch=[self.processes[f"nats-server-{index}"] for index in running])
+
+    def _nats_monitor(self, index: int, page: str) -> dict[str, Any]:
+        try:
+            status, body = http_get(
+                f"http://127.0.0.1:{self.nats_monitor_ports[index]}/{page}")
+        except OSError:  # started, not yet listening
+            return {}
+        if status != 200:
+            return {}
+        answer: dict[str, Any] = json.loads(body)
+        return answer
+
+    def nats_server_of(self, client_name: str) -> int | None:
+        """The index of the server a client named ``client_name`` is connected to now."""
+        for index in range(len(self.nats_ports)):
+            if not self.processes[f"nats-server-{index}"].running:
+                continue
+            connections = self._nats_monitor(index, "connz?limit=1024").get("connections")
+            if any(c.get("name") == client_name for c in connections or ()):
+                return index
+        return None
+
+    def nats_logs(self) -> str:
+        """What the servers logged, one after the other."""
+        return "".join(self.processes[f"nats-server-{index}"].log.read_text()
+                       for index in range(len(self.nats_ports)))
+
+    def kill_nats(self, index: int) -> None:
+        """SIGKILL one server of the cluster, as a lost machine."""
+        self.processes[f"nats-server-{index}"].kill()
+
+    def restart_nats(self, index: int) -> None:
+        """Start a killed server again on its ports; returns once the cluster formed."""
+        self.processes[f"nats-server-{index}"].start()
+        self.wait_nats_formed()
 
     def pyhami_command(self) -> list[str]:
         beside = Path(sys.executable).parent / "pyhami"
@@ -353,7 +417,8 @@ class ControlPlane(ApiServerPlane):
             self.daemon_port, self.metrics_port = free_port(), free_port()
             self.webhook_port = free_port()
             self.webhook_tls = server_files(self.data / "webhook-tls")
-            self.nats_url = f"nats://127.0.0.1:{free_port()}"
+            self.nats_ports = [free_port() for _ in range(NATS_SERVERS)]
+            self.nats_url = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_ports)
             self.extender_tls = ExtenderPki.make(self.data / "extender-tls")
         self.launch_daemon(DAEMON, self.daemon_ports)
 

@@ -35,7 +35,7 @@ def lab(control_plane: ControlPlane, clean_namespace: None) -> Iterator[Lab]:
 async def _ask_then_report(plane: ControlPlane, outcome: AllocationOutcome | None,
                            ) -> PendingAllocations:
     password = plane.nats_auth()["daemon.password"].strip()
-    client = await nats.connect(plane.nats_url, user=DAEMON_USER, password=password)
+    client = await nats.connect(plane.nats_urls, user=DAEMON_USER, password=password)
     try:
         reply = await client.request(allocations_subject(NODE), b"", timeout=10)
         if outcome is not None:

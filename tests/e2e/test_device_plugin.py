@@ -23,6 +23,7 @@ The agent runs in HAMi-core mode (a stand-in ``libvgpu.so``) with its node monit
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -148,6 +149,39 @@ def test_a_lab_pod_runs_with_the_cards_pyhami_chose(gpu_node: GpuNode,
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{grant.memory}m"
     assert env["CUDA_DEVICE_SM_LIMIT"] == str(grant.cores)
     wait_for(lambda: plane.api.get(path)["metadata"]["annotations"].get(
+        BIND_PHASE_ANNOTATION) == "success", "the pod's bind-phase success")
+
+
+def test_a_lab_pod_starts_while_the_agents_nats_server_is_killed(
+        gpu_node: GpuNode, clean_namespace: None) -> None:
+    """Issue 29: the server of the three the kubelet's agent is connected to is killed
+    with SIGKILL as the pod is created. The agent moves to another server; the device
+    plugin's question to the daemon (the kubelet's Allocate) goes through it, and the pod
+    reaches Running with the card pyhami chose."""
+    plane = gpu_node.plane
+    wait_for(lambda: allocatable_gpus(plane) == CARDS * SPLIT, "the plugin's devices")
+    client = f"pyhami-agent {KUBELET_NODE}"
+    victim = wait_for(lambda: plane.nats_server_of(client), "the agent's NATS server")
+    name = "through-a-server-loss"
+    pod = lab_pod(name)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": KUBELET_NODE}
+    plane.api.create(PODS, pod)
+    killed = time.monotonic()
+    plane.kill_nats(victim)
+    try:
+        stored = running_pod(plane, name)
+        started_s = time.monotonic() - killed
+        moved = plane.nats_server_of(client)
+    finally:
+        plane.restart_nats(victim)
+    print(f"server {victim} killed as the pod was created: the pod Running {started_s:.2f} s "
+          f"later, the agent on server {moved}")
+    assert moved is not None and moved != victim
+    ((grant,),) = decode_devices(stored["metadata"]["annotations"][ALLOCATED_ANNOTATION])
+    (created,) = [request for request in plane.recorded_containers()
+                  if request["sandboxConfig"]["metadata"]["name"] == name]
+    assert recorded_env(created)["NVIDIA_VISIBLE_DEVICES"] == grant.uuid
+    wait_for(lambda: plane.api.get(f"{PODS}/{name}")["metadata"]["annotations"].get(
         BIND_PHASE_ANNOTATION) == "success", "the pod's bind-phase success")
 
 
