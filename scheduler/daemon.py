@@ -453,13 +453,26 @@ class Daemon:
         last writes bound after this daemon's reload are read and booked (their Allocate
         is asked again meanwhile by the device plugin, agent UNLISTED_PATIENCE_S)."""
         await asyncio.sleep(CATCH_UP_AFTER_S)
-        if self._lease is None or not self._lease.leading():
+        deadline = time.monotonic() + BUS_START_PATIENCE_S
+        while self._lease is not None and self._lease.leading():
+            with self._supervisor.contained("catching up with the pod store"):
+                try:
+                    taken = await standalone.catch_up()
+                except (nats.errors.Error, TimeoutError, OSError) as error:
+                    if time.monotonic() + BUS_START_RETRY_S >= deadline:
+                        logger.error("the pod store was not read again within %gs of taking "
+                                     "the lease (%s): a bind the previous holder made last "
+                                     "may be missing from the ledger", BUS_START_PATIENCE_S,
+                                     describe_error(error))
+                        return
+                    logger.warning("catching up with the pod store: %s; trying again in %gs",
+                                   describe_error(error), BUS_START_RETRY_S)
+                    await asyncio.sleep(BUS_START_RETRY_S)
+                    continue
+                if taken:
+                    logger.warning("%d pod(s) written by the previous lease holder after this "
+                                   "daemon read the pod store: read now", taken)
             return
-        with self._supervisor.contained("catching up with the pod store"):
-            taken = await standalone.catch_up()
-            if taken:
-                logger.warning("%d pod(s) written by the previous lease holder after this "
-                               "daemon read the pod store: read now", taken)
 
     def _stop_catching_up(self) -> None:
         if self._catching_up is not None:

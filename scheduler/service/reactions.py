@@ -304,11 +304,12 @@ class Reactions(ServicePart):
         that decided before, gone, or another pod under its name)."""
         key = f"{outcome.namespace}/{outcome.name}"
         deadline = time.monotonic() + OUTCOME_RETRY_S
-        last: str = "this daemon did not decide meanwhile"
+        last: str | None = None
         while time.monotonic() + OUTCOME_RETRY_PAUSE_S < deadline:
             await asyncio.sleep(OUTCOME_RETRY_PAUSE_S)
             if self.shared.leadership.refusal() is not None:
                 continue
+            last = last or "the pod store did not answer"
             try:
                 pod = await self.cluster.get_pod(outcome.namespace, outcome.name)
                 if pod is None or pod.uid != outcome.uid or pod.node != node or \
@@ -324,6 +325,12 @@ class Reactions(ServicePart):
                                        "not written: %s", key, error)
                 return
             await self._outcome_written(node, outcome, phase)
+            return
+        if last is None:
+            # Kept by a standby that never decided meanwhile: the daemon that did wrote it,
+            # or the device plugin sends it again while the pod waits.
+            logger.debug("allocation outcome of pod %s kept %gs and let go: this daemon did "
+                         "not decide meanwhile", key, OUTCOME_RETRY_S)
             return
         self._refusals.warning("outcome_unwritten", "allocation outcome of pod %s not "
                                "written within %gs: %s", key, OUTCOME_RETRY_S, last)

@@ -4,10 +4,10 @@ etcd, kube-apiserver (token authentication, RBAC), kube-scheduler with the chart
 configuration (``k8s/``'s, with the extender's mutual TLS on), three clustered
 nats-servers, one simulated ``pyhami agent`` and the ``pyhami scheduler`` daemon, each a
 process of its own on free loopback ports. kube-scheduler calls the daemon over HTTPS with
-its client certificate, the only caller the daemon answers there. There is no kube-controller-manager. The GPU
-node of the suite is created through the API and its pods are bound, never run; a test may
-add a real kubelet (``start_kubelet``) against a fake CRI runtime, which registers a node of
-its own and runs its pods in the runtime's memory.
+its client certificate, the only caller the daemon answers there. There is no
+kube-controller-manager. The GPU node of the suite is created through the API and its pods
+are bound, never run; a test may add a real kubelet (``start_kubelet``) against a fake CRI
+runtime, which registers a node of its own and runs its pods in the runtime's memory.
 
 The binaries come from ``scripts/build-control-plane.sh`` (a cache outside the
 repository, keyed by version).

@@ -220,6 +220,8 @@ class Clients:
         live: list[str] = []
         while True:
             await self._running.wait()
+            if self.taken >= PODS:
+                return
             if self.taken >= self.allowed:
                 await asyncio.sleep(0.05)
                 continue
