@@ -55,7 +55,7 @@ from common.wire import (
 from pyhami._controlplane import http_get
 from pyhami.bench_extender import cpu_seconds
 
-AGENTS_PER_PROCESS = 2500
+AGENTS_PER_PROCESS = 5000
 """The default share of one worker process (see docs/performance.md for the measurement)."""
 CONNECTING_AT_ONCE = 50  # connection handshakes in flight in one worker
 START_TIMEOUT_S = 120.0
