@@ -113,6 +113,12 @@ class LocalNatsServer:
     def is_running(self) -> bool:
         return self._process is not None
 
+    @property
+    def pid(self) -> int | None:
+        """The running server's process id (for its CPU and memory in /proc); None when
+        it is not running."""
+        return None if self._process is None else self._process.pid
+
     def stop(self) -> None:
         """Graceful: the server closes its clients' connections."""
         if self._process is not None:
@@ -212,6 +218,10 @@ class LocalNatsCluster:
     def jetstream(self, index: int) -> dict[str, object]:
         """The server's ``/jsz`` monitoring page."""
         return self._monitor(index, "jsz")
+
+    def varz(self, index: int) -> dict[str, object]:
+        """The server's ``/varz`` monitoring page: its memory, CPU and client counts."""
+        return self._monitor(index, "varz")
 
     def client_names(self, index: int) -> list[str]:
         """The names the clients connected to the server now gave (its ``/connz`` page)."""

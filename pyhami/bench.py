@@ -23,7 +23,7 @@ from common.core import (
 )
 from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
 from common.synthetic import random_nodes
-from pyhami import bench_cluster, bench_extender
+from pyhami import bench_cluster, bench_extender, bench_fleet
 
 
 def register(commands: Subcommands) -> None:
@@ -41,6 +41,7 @@ def register(commands: Subcommands) -> None:
     monitor_bench.register(benches)
     bench_extender.register(benches)
     bench_cluster.register(benches)
+    bench_fleet.register(benches)
 
 
 def _run_decide(args: argparse.Namespace) -> int:
