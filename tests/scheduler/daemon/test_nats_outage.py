@@ -184,7 +184,8 @@ async def test_a_node_name_too_long_for_a_subject_never_cuts_the_daemon_off(
             assert any("was not sent (too_large" in r.getMessage() for r in caplog.records)
         async with http.get(f"{daemon.url}/statusz") as response:
             nats_status = msgspec.json.decode(await response.read())["nats"]
-        assert nats_status == {"connected": True, "down_for_s": 0.0, "clients_replaced": 0}
+        assert nats_status == {"connected": True, "down_for_s": 0.0, "clients_replaced": 0,
+                               "server": jetstream_server.url.removeprefix("nats://")}
     finally:
         await sender.close()
         await daemon.stop()
