@@ -394,12 +394,18 @@ class Fleet:
         held = [key for key in keys if key in self._allocations]
         if not held:
             return self
+        other = self.copy()
+        for key in held:
+            other.release(key)
+        return other
+
+    def copy(self) -> Fleet:
+        """A fleet of the same nodes, ledger and quota charges, booked apart from this one
+        (a trial placement of several pods); it builds its own layout when first asked."""
         other = Fleet(self._quotas.copy())
         other._nodes = dict(self._nodes)
         other._allocations = dict(self._allocations)
         other._usage = dict(self._usage)
-        for key in held:
-            other.release(key)
         return other
 
     def release(self, key: str) -> Allocation | None:

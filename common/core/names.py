@@ -34,6 +34,11 @@ _SUBDOMAIN = _Rule(
     "ending with a letter or digit")
 
 
+_LABEL_VALUE = _Rule(
+    "label value", LABEL_MAX, re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"),
+    "letters, digits, '-', '_' and '.', starting and ending with a letter or digit")
+
+
 class InvalidName(InvalidInput):
     """A name Kubernetes would refuse; the message names the field and what is wrong."""
 
@@ -53,6 +58,12 @@ def check_label(field: str, value: str) -> None:
 def check_subdomain(field: str, value: str) -> None:
     """Raises ``InvalidName`` unless ``value`` is a DNS-1123 subdomain (a pod or node name)."""
     _check(field, value, _SUBDOMAIN)
+
+
+def check_label_value(field: str, value: str) -> None:
+    """Raises ``InvalidName`` unless ``value`` is a non-empty label value (a group's name,
+    as Kueue's and the coscheduling plugin's labels carry it)."""
+    _check(field, value, _LABEL_VALUE)
 
 
 def _check(field: str, value: str, rule: _Rule) -> None:

@@ -91,6 +91,13 @@ DEFAULT_NAMESPACE = "default"
 """Where Kubernetes puts a pod whose manifest names no namespace."""
 
 
+class SchedulingGroup(msgspec.Struct, rename="camel"):
+    """A pod's ``spec.schedulingGroup`` (Kubernetes v1.36, feature gate GenericWorkload)."""
+
+    pod_group_name: str | None = None
+    """The ``scheduling.k8s.io/v1alpha2`` PodGroup of the pod's namespace it belongs to."""
+
+
 class PodSpec(msgspec.Struct, rename="camel"):
     containers: list[Container] = []
     init_containers: list[Container] | None = None
@@ -104,6 +111,8 @@ class PodSpec(msgspec.Struct, rename="camel"):
     """Read by a ResourceQuota's ``PriorityClass`` scope."""
     active_deadline_seconds: StorableInt | None = None
     """Set: the pod is ``Terminating`` to a ResourceQuota's scopes."""
+    scheduling_group: SchedulingGroup | None = None
+    """Set: the pod is a member of a group placed all or nothing (``common.core.groups``)."""
 
 
 class ObjectMeta(msgspec.Struct):
