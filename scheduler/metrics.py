@@ -40,7 +40,7 @@ HAMI_CARD_LABELS = [*CARD_LABELS, "zone"]
 HAMI_CONTAINER_LABELS = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
 INVENTORY_RESULTS = ("accepted", "out_of_order", "sequence_jump", "rejected", "wrong_subject",
                      "card_conflict")
-RELEASE_CAUSES = ("expired", "bind_failed")
+RELEASE_CAUSES = ("expired", "bind_failed", "group")
 AUTH_RESULTS = ("accepted", "refused", "malformed")
 ALLOCATION_RESULTS = ("success", "failed", "refused")
 PREEMPTION_RESULTS = (("daemon", "evicted"), ("daemon", "failed"),

@@ -15,6 +15,7 @@ from common.core import Allocation, AnnotationError, PodManifest, decode_devices
 from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
 from common.core.deviceconfig import ResourceNames
 from common.core.errors import ExternalFailure
+from common.core.groups import GroupRef
 from common.core.pod import DEFAULT_NAMES, QuotaSubject
 from common.core.quota import ResourceQuotaManifest
 from scheduler.errors import SchedulerError
@@ -209,6 +210,14 @@ class Cluster(Protocol):
 
     def changes(self) -> AsyncIterator[PodChange]:
         """Pod updates and deletions, for as long as the daemon runs."""
+        ...
+
+    async def group_size(self, group: GroupRef) -> int | None:
+        """The member count of the PodGroup object ``group``'s declaration names (the
+        coscheduling plugin's ``spec.minMember``, Kubernetes' own
+        ``spec.schedulingPolicy.gang.minCount``, 1 for its ``basic`` policy), as stored,
+        unchecked; None while there is no such object (and always where the cluster keeps
+        none: standalone). Raises ``ClusterError`` when it cannot be read."""
         ...
 
     async def list_quotas(self) -> list[ResourceQuotaManifest]:

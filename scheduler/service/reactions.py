@@ -10,12 +10,13 @@ import asyncio
 import logging
 import time
 
-from common.core import Allocation, AnnotationError
+from common.core import Allocation, AnnotationError, PodRejected, PodRequest, parse_pod
 from common.core.annotations import (
     BIND_PHASE_ANNOTATION,
     BIND_TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
 )
+from common.core.groups import GroupRef, group_of
 from common.core.pod import control_disabled
 from common.core.quota import Quota, QuotaRejected, ResourceQuotaManifest, parse_quota
 from common.messaging import RateLimitedLog
@@ -401,6 +402,7 @@ class Reactions(ServicePart):
             await self._pod_ended(pod.key)
             return
         self._note_allocate_answered(pod)
+        self._note_member(pod)
         names = self.settings.defaults.device.resources
         if pod.node is not None and pod.manifest.asks_for_gpu(names):
             self.shared.pods.bound(pod)  # its priority and start, for preemption
@@ -419,10 +421,47 @@ class Reactions(ServicePart):
 
     async def _pod_ended(self, key: str) -> None:
         self.shared.pods.ended(key)
+        groups = self.state.groups
+        group = groups.group_of(key)
+        was_waiting = group is not None and any(m.key == key for m in groups.waiting(group.key))
+        groups.forget(key)
         released = self.state.bookings.release(key)
         if released is not None:
             logger.info("pod %s ended: its cards on %s are free", key, released.node)
             await self.reports.capacity_changed(released.node)
+        if group is not None and was_waiting and groups.held(group.key):
+            # The group is no longer whole: the cards held for the rest of it go too.
+            await self._let_group_go(group, f"its member {key} ended before it was bound")
+
+    def _note_member(self, pod: ClusterPod) -> None:
+        """A pod that declares a group counts as one of its members from the moment it
+        exists, GPU or not (its /filter refuses a bad declaration, with an Event)."""
+        manifest = pod.manifest
+        try:
+            group = group_of(manifest)
+        except PodRejected:
+            return
+        if group is None:
+            return
+        try:
+            request: PodRequest | None = parse_pod(manifest, self.settings.defaults)
+        except PodRejected:
+            request = None
+        self.state.groups.note(group, pod.key, manifest, request, bound=pod.node is not None)
+
+    async def _let_group_go(self, group: GroupRef, why: str) -> None:
+        """Release the cards held for the group's members still waiting for their bind."""
+        groups = self.state.groups
+        groups.let_go(group.key)
+        freed = [(member.key, allocation) for member in groups.waiting(group.key)
+                 if (allocation := self.state.bookings.release_reservation(member.key))
+                 is not None]
+        if not freed:
+            return
+        logger.warning("group %s: the cards held for %d waiting members are released: %s",
+                       group.key, len(freed), why)
+        self.metrics.released.labels("group").inc(len(freed))
+        await self.reports.capacity_changed(*(allocation.node for _, allocation in freed))
 
     # ResourceQuotas ------------------------------------------------------------------------
 
@@ -523,10 +562,17 @@ class Reactions(ServicePart):
     async def expire_reservations(self, period: float = 1.0) -> None:
         while True:
             await asyncio.sleep(period)
-            late = self.state.bookings.expire(self._clock())
+            now = self._clock()
+            for overdue in list(self.state.groups.overdue(now)):
+                await self._let_group_go(overdue, f"not every member was bound within "
+                                                  f"{self.settings.group_ttl:g}s")
+            late = self.state.bookings.expire(now)
             for key in late:
                 logger.warning("reservation of pod %s expired: no bind came in time", key)
                 self.metrics.released.labels("expired").inc()
+                if (group := self.state.groups.group_of(key)) is not None:
+                    await self._let_group_go(group, f"the reservation of its member {key} "
+                                                    "expired")
             if late:
                 await self.reports.capacity_changed(*(a.node for a in late.values()))
 

@@ -32,6 +32,11 @@ class ServiceSettings:
     reservation_ttl: float = setting(
         60.0, parse=positive_seconds,
         help="release cards no bind confirmed after this long (default {default})")
+    group_ttl: float = setting(
+        60.0, parse=positive_seconds,
+        help="release the cards held for a pod group placed together once this long has "
+             "passed and not every member is bound; none of the group keeps any "
+             "(default {default})")
     node_retention: float | None = setting(
         600.0, parse=positive_seconds,
         help="standalone: forget a node silent this long; longer than --node-timeout; "

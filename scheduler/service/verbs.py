@@ -30,9 +30,10 @@ from common.core.annotations import (
     VGPU_NODE_LABEL,
 )
 from common.core.fleet import NODE_WEIGHTS, score_max
+from common.core.groups import GroupRef, check_count, group_of
 from common.core.pod import DEFAULT_NAMESPACE
 from common.core.quota import admission_refusal
-from common.core.reasons import removed_most
+from common.core.reasons import NodeRefusal, removed_most
 from common.locks import KeyedLocks
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
@@ -78,6 +79,7 @@ class Verbs(ServicePart):
             return ExtenderFilterResult(error="pyhami is rebuilding its ledger; try again")
         try:
             request = parse_pod(args.pod, self.settings.defaults)
+            group = group_of(args.pod)
         except PodRejected as error:
             decision = rejected(args.pod.key, str(error))
             self._count("filter", decision)
@@ -92,7 +94,11 @@ class Verbs(ServicePart):
         if (standby := self.shared.leadership.refusal()) is not None:
             return ExtenderFilterResult(error=standby)
         self.shared.pods.filtered(request.key, args.pod)
-        decision = self.state.bookings.filter(request, names, self._clock(), explain_chosen=True)
+        if group is None:
+            decision = self.state.bookings.filter(request, names, self._clock(),
+                                                  explain_chosen=True)
+        else:
+            decision = await self._filter_member(args.pod, request, group, names)
         decided_at = self._wall_clock()
         # And once more with the decision taken: a daemon paused while deciding has it
         # timed after the pause, and counts it only if the lease still holds by then.
@@ -121,6 +127,99 @@ class Verbs(ServicePart):
         chosen = [item for item in (args.nodes.items or []) if node_name(item) == decision.node] \
             if args.nodes else []
         return ExtenderFilterResult(nodes={"items": chosen}, failed_nodes=failed)
+
+    # Groups: every member placed at once, or none (kube-scheduler's Permit) ---------------
+
+    async def _filter_member(self, pod: PodManifest, request: PodRequest, group: GroupRef,
+                             names: Sequence[str]) -> Decision:
+        """The decision for a member of ``group``: its node when the group was placed
+        together; when the group counts all its members, every waiting member placed at
+        once, or none; refused while members are missing. The group's count is read
+        first (the one await): the rest is one synchronous step, as a single pod's."""
+        groups = self.state.groups
+        groups.note(group, request.key, pod, request, bound=False)
+        count, unknown = await self._group_count(group)
+        if count is None:
+            return self._member_refused(request, names, "GroupWaiting", unknown, unknown)
+        held = self.state.bookings.reservation(request.key)
+        if held is not None and groups.held(group.key):
+            return self._held_decision(request, held, names, group)
+        if groups.bound_members(group.key) >= count:
+            # The group started already: a member that comes late is placed alone.
+            return self.state.bookings.filter(request, names, self._clock(),
+                                              explain_chosen=True)
+        seen = groups.seen(group.key)
+        if seen < count:
+            return self._member_refused(
+                request, names, "GroupWaiting", f"group {group.name} has {seen} of {count} "
+                f"members", f"group {group.name}: waiting for its members: {seen} of {count} "
+                "exist; none is given cards before all are")
+        now = self._clock()
+        waiting = groups.waiting(group.key)
+        placement = self.state.bookings.reserve_group(
+            group.name, [member.request for member in waiting], names, now,
+            self.settings.group_ttl)
+        if not placement.placed:
+            why = placement.message or f"group {group.name} does not fit"
+            for member in waiting:
+                if member.key != request.key:
+                    namespace, _, name = member.key.partition("/")
+                    self.shared.pods.unschedulable(member.key, namespace, name)
+                    self.shared.in_background(self.cluster.record_event(
+                        namespace, name, "Warning", "FilteringFailed", why))
+            return self._member_refused(
+                request, names, "GroupDoesNotFit",
+                f"group {group.name}: {placement.fitting} of {len(waiting)} members fit", why)
+        groups.hold(group.key, now + self.settings.group_ttl)
+        logger.info("group %s: its %d waiting members placed together: %s", group.key,
+                    len(placement.decisions),
+                    ", ".join(f"{d.pod} on {d.node}" for d in placement.decisions))
+        for decision in placement.decisions:
+            if decision.node is not None:
+                self.reports.mark_changed(decision.node)
+        # The other members were refused while the group was not whole: they are asked for
+        # again, and their /filter answers the node their cards are held on.
+        self.reports.retry_waiting()
+        mine = next(d for d in placement.decisions if d.pod == request.key)
+        return self._held_decision(request, mine.allocation, names, group) \
+            if mine.allocation is not None else mine
+
+    async def _group_count(self, group: GroupRef) -> tuple[int | None, str]:
+        """The group's member count, checked; None with the sentence saying why not."""
+        count = group.count if group.count is not None else self.state.groups.count(group.key)
+        if count is None:
+            try:
+                stored = await self.cluster.group_size(group)
+            except ClusterError as error:
+                return None, f"group {group.name}: its PodGroup cannot be read: {error}"
+            if stored is None:
+                return None, (f"group {group.name}: no PodGroup {group.key} "
+                              f"({group.source.value}) to give its member count; the members "
+                              "wait for it")
+            try:
+                count = check_count(f"PodGroup {group.key}", stored)
+            except PodRejected as error:
+                return None, f"group {group.name}: {error}"
+            self.state.groups.set_count(group.key, count)
+        return count, ""
+
+    def _held_decision(self, request: PodRequest, held: Allocation, names: Sequence[str],
+                       group: GroupRef) -> Decision:
+        """The member goes where the cards held for it are: that node, or none when
+        kube-scheduler did not offer it (the group is then released when its time passes)."""
+        if not names or held.node in names:
+            return Decision(pod=request.key, scheduled=True, node=held.node, allocation=held,
+                            failures={})
+        return self._member_refused(
+            request, names, "GroupHeldElsewhere", f"its cards are held on {held.node}",
+            f"group {group.name}: this member's cards are held on node {held.node}, which "
+            "kube-scheduler did not offer (a node selector or taint of this member only?)")
+
+    def _member_refused(self, request: PodRequest, names: Sequence[str], reason: str,
+                        detail: str, message: str) -> Decision:
+        refusal = NodeRefusal(reason, detail)
+        return Decision(pod=request.key, scheduled=False,
+                        failures=dict.fromkeys(names, refusal), message=message)
 
     def _pass_through(self, args: ExtenderArgs, names: Sequence[str]) -> ExtenderFilterResult:
         if args.node_names is not None:
@@ -237,6 +336,7 @@ class Verbs(ServicePart):
             return self._refuse_bind(args, str(error))
         if allocation is not None:
             self.state.bookings.confirm(key, allocation)
+        self.state.groups.bound(key)
         self.shared.pods.forget_manifest(key)
         self.metrics.decisions.labels("bind", "bound", "").inc()
         return ExtenderBindingResult()
@@ -269,6 +369,12 @@ class Verbs(ServicePart):
         held = self.state.bookings.reservation(key)
         if held is not None and held.node == args.node:
             return held
+        group = self.state.groups.group_of(key)
+        if group is not None and self.state.groups.bound_members(group.key) < (
+                self.state.groups.count(group.key) or 0):
+            # Decided alone, a member would hold cards its group may never join.
+            raise ClusterError(f"pod {key} is a member of group {group.name}, whose cards "
+                               "are no longer held together: it is placed with its group")
         manifest = self.shared.pods.manifest(key)
         if manifest is None:
             pod = await self.cluster.get_pod(args.pod_namespace, args.pod_name)

@@ -20,6 +20,7 @@ from typing import Final
 
 from common.core import Fleet
 from scheduler.state.bookings import POD_BOUND, Bookings
+from scheduler.state.groups import Groups, Waiting
 from scheduler.state.nodes import (
     NODE_STALE,
     NODE_UNKNOWN,
@@ -31,7 +32,8 @@ from scheduler.state.pods import PodsInFlight
 from scheduler.state.usage import OverSlice, SliceWatch
 
 __all__ = ["NODE_STALE", "NODE_UNKNOWN", "POD_BOUND", "SEQUENCE_GAP_MAX", "Bookings",
-           "IngestResult", "LiveState", "NodeRegistry", "OverSlice", "PodsInFlight", "SliceWatch"]
+           "Groups", "IngestResult", "LiveState", "NodeRegistry", "OverSlice", "PodsInFlight",
+           "SliceWatch", "Waiting"]
 
 
 class LiveState:
@@ -48,3 +50,4 @@ class LiveState:
         self.bookings: Final = Bookings(self.fleet, self.nodes,
                                         reservation_ttl=reservation_ttl)
         self.slices: Final = SliceWatch()
+        self.groups: Final = Groups()

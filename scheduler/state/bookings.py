@@ -9,11 +9,12 @@ Unreserve of a bind that failed, and ``confirm`` the end of a bind that succeede
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from common.core import Allocation, Decision, FailedNode, Fleet, NodeRefusal, PodRequest, decide
+from common.core.groups import GroupPlacement, place_group
 from common.core.refusal import refusal_message
 from scheduler.state.nodes import NO_INVENTORY, NodeRegistry
 
@@ -105,6 +106,40 @@ class Bookings:
         a pod placed nowhere gets its sentence (``Decision.message``); with
         ``holding_nothing``, as if the pod held no cards, the ledger left as it is."""
         fleet = self._fleet.without(request.key) if holding_nothing else self._fleet
+        failed, usable = self._usable(node_names, now)
+        decision = decide(fleet, request, nodes=usable,
+                          explain=explain, explain_chosen=explain_chosen,
+                          describe=describe and not failed)
+        if failed and decision.failures is not None:
+            failures = {**failed, **decision.failures}
+            message = decision.message
+            if describe and not decision.scheduled:
+                message = refusal_message(fleet, request, failures)
+            return replace(decision, failures=failures, message=message)
+        return decision
+
+    def reserve_group(self, group: str, members: Sequence[PodRequest],
+                      node_names: Collection[str] | None, now: float,
+                      ttl: float) -> GroupPlacement:
+        """Place every member of ``group`` at once among the fresh known nodes and reserve
+        their cards together until ``now + ttl``; nothing is reserved when one does not fit
+        (and reservations the members held before are released either way)."""
+        for member in members:
+            self.release_reservation(member.key)
+        _, usable = self._usable(node_names, now)
+        placement = place_group(self._fleet, group, members, nodes=usable)
+        if not placement.placed:
+            return placement
+        for decision in placement.decisions:
+            if decision.allocation is not None:
+                self._fleet.allocate(decision.pod, decision.allocation)
+                self._reservations[decision.pod] = _Reservation(decision.allocation, now + ttl)
+        return placement
+
+    def _usable(self, node_names: Collection[str] | None, now: float
+                ) -> tuple[dict[str, FailedNode], AbstractSet[str] | None]:
+        """The nodes asked that are unknown or stale, each with its reason, and those left
+        to decide among (None: every known node, the usual case, no subset to pick out)."""
         nodes = self._nodes
         stale = nodes.stale_nodes(now)
         asked = nodes.asked(node_names)
@@ -116,18 +151,8 @@ class Bookings:
         if unknown:
             failed.update(dict.fromkeys(unknown, NO_INVENTORY))
             usable = usable - unknown
-        # Every known node asked and fresh (the usual case): no subset to pick out.
         everything = not failed and len(usable) == len(nodes.known)
-        decision = decide(fleet, request, nodes=None if everything else usable,
-                          explain=explain, explain_chosen=explain_chosen,
-                          describe=describe and not failed)
-        if failed and decision.failures is not None:
-            failures = {**failed, **decision.failures}
-            message = decision.message
-            if describe and not decision.scheduled:
-                message = refusal_message(fleet, request, failures)
-            return replace(decision, failures=failures, message=message)
-        return decision
+        return failed, None if everything else usable
 
     # Reservations and the ledger -----------------------------------------------
 

@@ -189,6 +189,18 @@ async def delete_pod(api: ApiTransport, namespace: str, name: str, uid: str) -> 
                    body=_encode({"preconditions": {"uid": uid}}), content_type=_JSON)
 
 
+COSCHEDULING_POD_GROUPS = "/apis/scheduling.x-k8s.io/v1alpha1"
+"""The coscheduling plugin's PodGroups (scheduler-plugins' CRD)."""
+WORKLOAD_POD_GROUPS = "/apis/scheduling.k8s.io/v1alpha2"
+"""Kubernetes' own PodGroups (v1.36, feature gate GenericWorkload)."""
+
+
+async def read_pod_group(api: ApiTransport, group_api: str, namespace: str,
+                         name: str) -> bytes:
+    return await api.call(
+        "GET", f"{group_api}/namespaces/{_part(namespace)}/podgroups/{_part(name)}")
+
+
 async def list_disruption_budgets(api: ApiTransport) -> bytes:
     return await api.call("GET", "/apis/policy/v1/poddisruptionbudgets")
 

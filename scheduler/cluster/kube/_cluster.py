@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from common.core.annotations import cordoned_uuids
+from common.core.groups import GroupRef, GroupSource
 from common.core.quota import ResourceQuotaManifest
 from common.core.registration import REGISTER_ANNOTATION
 from common.locks import KeyedLocks
@@ -37,10 +38,12 @@ from scheduler.cluster.kube._transport import (
 )
 from scheduler.cluster.kube._watch import UnreadableLog, follow
 from scheduler.cluster.kube._wire import (
+    CoschedulingPodGroup,
     DisruptionBudgetList,
     Lease,
     NodeList,
     PodToBind,
+    WorkloadPodGroup,
     decode_pod,
     disruption_budget,
 )
@@ -257,6 +260,25 @@ class KubernetesCluster:
             raise ClusterError(f"listing PodDisruptionBudgets failed: "
                                f"{describe_failure(error)}") from error
         return [disruption_budget(budget) for budget in budgets]
+
+    async def group_size(self, group: GroupRef) -> int | None:
+        coscheduling = group.source is GroupSource.COSCHEDULING
+        group_api = (_client.COSCHEDULING_POD_GROUPS if coscheduling
+                     else _client.WORKLOAD_POD_GROUPS)
+        try:
+            data = await _client.read_pod_group(self._api, group_api, group.namespace,
+                                                group.name)
+            if coscheduling:
+                return msgspec.json.decode(data, type=CoschedulingPodGroup).spec.min_member
+            return msgspec.json.decode(data, type=WorkloadPodGroup).count
+        except API_FAILURES as error:
+            if answered_with(error, NOT_FOUND):
+                return None
+            raise ClusterError(f"reading PodGroup {group.key} ({group_api}) failed: "
+                               f"{describe_failure(error)}") from error
+        except msgspec.DecodeError as error:
+            raise ClusterError(f"PodGroup {group.key} ({group_api}) is unreadable: "
+                               f"{error}") from error
 
     async def _pod_uid(self, namespace: str, name: str) -> str | None:
         uid = self._uids.get(f"{namespace}/{name}")

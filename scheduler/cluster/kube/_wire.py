@@ -118,6 +118,42 @@ class PodDisruptionBudget(msgspec.Struct):
     status: BudgetStatus = msgspec.field(default_factory=BudgetStatus)
 
 
+class _CoschedulingSpec(msgspec.Struct, rename="camel"):
+    min_member: int = 0
+
+
+class CoschedulingPodGroup(msgspec.Struct):
+    """The coscheduling plugin's PodGroup (``scheduling.x-k8s.io/v1alpha1``), as far as
+    pyhami reads it."""
+
+    spec: _CoschedulingSpec = msgspec.field(default_factory=_CoschedulingSpec)
+
+
+class _Gang(msgspec.Struct, rename="camel"):
+    min_count: int = 0
+
+
+class _GroupPolicy(msgspec.Struct):
+    gang: _Gang | None = None
+    basic: dict[str, object] | None = None
+
+
+class _WorkloadGroupSpec(msgspec.Struct, rename="camel"):
+    scheduling_policy: _GroupPolicy = msgspec.field(default_factory=_GroupPolicy)
+
+
+class WorkloadPodGroup(msgspec.Struct):
+    """Kubernetes' own PodGroup (``scheduling.k8s.io/v1alpha2``), as far as pyhami reads
+    it: a ``gang`` policy's ``minCount``; ``basic`` is no gang (a count of 1)."""
+
+    spec: _WorkloadGroupSpec = msgspec.field(default_factory=_WorkloadGroupSpec)
+
+    @property
+    def count(self) -> int:
+        policy = self.spec.scheduling_policy
+        return policy.gang.min_count if policy.gang is not None else 1
+
+
 class DisruptionBudgetList(msgspec.Struct):
     items: list[PodDisruptionBudget] = []
 

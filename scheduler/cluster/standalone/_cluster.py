@@ -15,6 +15,7 @@ from nats.aio.client import Client
 
 from common.core import PodManifest
 from common.core.annotations import BIND_PHASE_ANNOTATION
+from common.core.groups import GroupRef
 from common.core.quota import ResourceQuotaManifest
 from scheduler.cluster.port import (
     AllocationPhase,
@@ -157,6 +158,11 @@ class StandaloneCluster:
 
     def changes(self) -> AsyncIterator[PodChange]:
         return self._bucket.changes()
+
+    async def group_size(self, group: GroupRef) -> int | None:
+        """None: standalone keeps no PodGroup objects (its pod API refuses pods that
+        declare a group by one; Kueue's count is on the pods themselves)."""
+        return None
 
     async def list_quotas(self) -> list[ResourceQuotaManifest]:
         return [stored.manifest for stored in self._quotas.quotas()]

@@ -1,0 +1,152 @@
+"""The pod groups seen: their members, how many members each needs, and whether their
+cards are held together.
+
+A group's members arrive one by one (the pod watch, the pod API, /filter), and none is
+given cards until the group counts as many members as it declares; then every member
+still waiting is placed at once (``Bookings.reserve_group``), or none. The cards of a
+group placed together are held for ``ttl`` (kube-scheduler's Permit): a member whose bind
+does not come in time has the whole group's reservations released, not its own alone.
+Synchronous, the time an argument, as the rest of the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from common.core import PodManifest, PodRequest
+from common.core.groups import GroupRef
+
+
+@dataclass(slots=True)
+class _Member:
+    manifest: PodManifest
+    request: PodRequest | None
+    """None: the member asks for no GPU (counted; kube-scheduler places it alone)."""
+    bound: bool
+
+
+@dataclass(slots=True)
+class _Group:
+    ref: GroupRef
+    count: int | None
+    members: dict[str, _Member] = field(default_factory=dict)
+    held_until: float | None = None
+    """Set while the waiting members' cards are reserved together."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A member that needs cards and has none bound."""
+
+    key: str
+    manifest: PodManifest
+    request: PodRequest
+
+
+class Groups:
+    """The groups by ``namespace/name``, and which group each member pod is in."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, _Group] = {}
+        self._group_of: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def note(self, ref: GroupRef, key: str, manifest: PodManifest,
+             request: PodRequest | None, *, bound: bool) -> None:
+        """A member as last seen (a pod moved to another group leaves its old one)."""
+        previous = self._group_of.get(key)
+        if previous is not None and previous != ref.key:
+            self.forget(key)
+        group = self._groups.get(ref.key)
+        if group is None:
+            group = self._groups[ref.key] = _Group(ref, ref.count)
+        elif ref.count is not None:
+            group.count = ref.count
+        member = group.members.get(key)
+        group.members[key] = _Member(manifest, request,
+                                     bound or (member is not None and member.bound))
+        self._group_of[key] = ref.key
+
+    def forget(self, key: str) -> GroupRef | None:
+        """The member ended; the group it was in (forgotten with its last member)."""
+        group_key = self._group_of.pop(key, None)
+        if group_key is None:
+            return None
+        group = self._groups[group_key]
+        group.members.pop(key, None)
+        if not group.members:
+            del self._groups[group_key]
+        return group.ref
+
+    def bound(self, key: str) -> None:
+        """The member's bind succeeded."""
+        group = self._of(key)
+        if group is None:
+            return
+        group.members[key].bound = True
+        if not self._waiting(group):
+            group.held_until = None
+
+    def group_of(self, key: str) -> GroupRef | None:
+        group = self._of(key)
+        return group.ref if group is not None else None
+
+    def count(self, group_key: str) -> int | None:
+        group = self._groups.get(group_key)
+        return group.count if group is not None else None
+
+    def set_count(self, group_key: str, count: int) -> None:
+        """The member count read from the group's PodGroup object."""
+        group = self._groups.get(group_key)
+        if group is not None:
+            group.count = count
+
+    def seen(self, group_key: str) -> int:
+        """How many members exist now."""
+        group = self._groups.get(group_key)
+        return len(group.members) if group is not None else 0
+
+    def bound_members(self, group_key: str) -> int:
+        group = self._groups.get(group_key)
+        return sum(m.bound for m in group.members.values()) if group is not None else 0
+
+    def waiting(self, group_key: str) -> list[Waiting]:
+        """The members that need cards and have none bound, by key."""
+        group = self._groups.get(group_key)
+        return self._waiting(group) if group is not None else []
+
+    def hold(self, group_key: str, until: float) -> None:
+        """The waiting members' cards are reserved together until ``until``."""
+        group = self._groups.get(group_key)
+        if group is not None:
+            group.held_until = until
+
+    def held(self, group_key: str) -> bool:
+        group = self._groups.get(group_key)
+        return group is not None and group.held_until is not None
+
+    def let_go(self, group_key: str) -> None:
+        """The group's cards are no longer held together (released, or all bound)."""
+        group = self._groups.get(group_key)
+        if group is not None:
+            group.held_until = None
+
+    def overdue(self, now: float) -> Iterator[GroupRef]:
+        """The groups whose cards were held together past their time."""
+        for group in self._groups.values():
+            if group.held_until is not None and group.held_until <= now:
+                yield group.ref
+
+    def _of(self, key: str) -> _Group | None:
+        group_key = self._group_of.get(key)
+        return self._groups.get(group_key) if group_key is not None else None
+
+    @staticmethod
+    def _waiting(group: _Group) -> list[Waiting]:
+        return [Waiting(key, member.manifest, member.request)
+                for key, member in sorted(group.members.items())
+                if member.request is not None and member.request.wants_gpu
+                and not member.bound]
