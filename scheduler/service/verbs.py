@@ -150,10 +150,14 @@ class Verbs(ServicePart):
                                               explain_chosen=True)
         seen = groups.seen(group.key)
         if seen < count:
+            elsewhere = groups.elsewhere(group.key)
+            hint = (f" ({elsewhere} pods of a group {group.name} are in other namespaces: a "
+                    "group's members share one namespace)" if elsewhere else "")
             return self._member_refused(
                 request, names, "GroupWaiting", f"group {group.name} has {seen} of {count} "
                 f"members", f"group {group.name}: waiting for its members: {seen} of {count} "
-                "exist; none is given cards before all are")
+                f"exist in namespace {group.namespace}{hint}; none is given cards before all "
+                "are")
         now = self._clock()
         waiting = groups.waiting(group.key)
         placement = self.state.bookings.reserve_group(
@@ -186,6 +190,10 @@ class Verbs(ServicePart):
 
     async def _group_count(self, group: GroupRef) -> tuple[int | None, str]:
         """The group's member count, checked; None with the sentence saying why not."""
+        disagreement = self.state.groups.disagreement(group.key)
+        if disagreement is not None:
+            return None, (f"group {group.name}: its members disagree on its member count "
+                          f"({disagreement}): none is given cards until they agree")
         count = group.count if group.count is not None else self.state.groups.count(group.key)
         if count is None:
             try:

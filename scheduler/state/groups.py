@@ -24,6 +24,8 @@ class _Member:
     request: PodRequest | None
     """None: the member asks for no GPU (counted; kube-scheduler places it alone)."""
     bound: bool
+    count: int | None
+    """The count the member itself declares (Kueue's annotation)."""
 
 
 @dataclass(slots=True)
@@ -67,7 +69,7 @@ class Groups:
             group.count = ref.count
         member = group.members.get(key)
         group.members[key] = _Member(manifest, request,
-                                     bound or (member is not None and member.bound))
+                                     bound or (member is not None and member.bound), ref.count)
         self._group_of[key] = ref.key
 
     def forget(self, key: str) -> GroupRef | None:
@@ -103,6 +105,28 @@ class Groups:
         group = self._groups.get(group_key)
         if group is not None:
             group.count = count
+
+    def disagreement(self, group_key: str) -> str | None:
+        """Where the members declare different counts, which says what, in a phrase."""
+        group = self._groups.get(group_key)
+        if group is None:
+            return None
+        by_count: dict[int, list[str]] = {}
+        for key, member in sorted(group.members.items()):
+            if member.count is not None:
+                by_count.setdefault(member.count, []).append(key.partition("/")[2])
+        if len(by_count) < 2:
+            return None
+        return "; ".join(f"{count} by {', '.join(names[:3])}"
+                         + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                         for count, names in sorted(by_count.items()))
+
+    def elsewhere(self, group_key: str) -> int:
+        """Members of groups of the same name in other namespaces (a group's members share
+        one namespace, so those are groups of their own)."""
+        namespace, _, name = group_key.partition("/")
+        return sum(len(group.members) for key, group in self._groups.items()
+                   if group.ref.name == name and group.ref.namespace != namespace)
 
     def seen(self, group_key: str) -> int:
         """How many members exist now."""

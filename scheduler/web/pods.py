@@ -4,12 +4,15 @@ user (the demo, the tests) submits, lists, reads and deletes the pods of
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
 
-from common.core.names import InvalidName, check_label, check_subdomain
+from common.core import PodManifest, PodRejected
+from common.core.groups import KUEUE_COUNT_ANNOTATION, KUEUE_GROUP_LABEL, group_of
+from common.core.names import InvalidName, check_label, check_subdomain, shown
 from common.files import InputFileError, parse_pod_manifest
 from scheduler.cluster import ClusterError, StoreUnavailable
 from scheduler.cluster.standalone import EntryTooLarge, PodEvent, StandaloneCluster, StoredPod
@@ -82,6 +85,9 @@ class PodApi:
             check_pod_names(manifest, "")
         except InvalidName as error:
             return web.Response(status=400, text=f"request body: {error}\n")
+        refused = self._group_refusal(manifest)
+        if refused is not None:
+            return web.Response(status=400, text=f"request body: {refused}\n")
         try:
             pod = await self._cluster.submit(manifest)
         except StoreUnavailable as error:
@@ -92,6 +98,33 @@ class PodApi:
             return web.Response(status=409, text=f"{error}\n")
         self._retry_now()
         return _json_response(_pod_view(pod, []), status=201)
+
+    def _group_refusal(self, manifest: PodManifest) -> str | None:
+        """Why a pod's group declaration cannot be taken here, None when it can: a bad one,
+        one naming a PodGroup object (standalone keeps none), or a count its group's pods
+        already stored disagree with."""
+        try:
+            group = group_of(manifest)
+        except PodRejected as error:
+            return str(error)
+        if group is None:
+            return None
+        if group.count is None:
+            return (f"{group.source.field} names a PodGroup object, which standalone pyhami "
+                    f"does not keep: declare the group with the label {KUEUE_GROUP_LABEL} and "
+                    f"the annotation {KUEUE_COUNT_ANNOTATION}")
+        for stored in self._cluster.pods():
+            other = stored.manifest
+            if other.namespace != group.namespace or other.key == manifest.key:
+                continue
+            with contextlib.suppress(PodRejected):
+                theirs = group_of(other)
+                if theirs is not None and theirs.key == group.key and \
+                        theirs.count != group.count:
+                    return (f"metadata.annotations[{KUEUE_COUNT_ANNOTATION}]: group "
+                            f"{shown(group.name)} counts {theirs.count} members on pod "
+                            f"{other.metadata.name}, not {group.count}: its members must agree")
+        return None
 
     async def list_pods(self, _: web.Request) -> web.Response:
         cluster = self._cluster

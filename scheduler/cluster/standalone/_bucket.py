@@ -416,12 +416,16 @@ class PodBucket(FencedBucket[StoredPod]):
         elif before is not None:
             self._changes.put_nowait(PodChange(before.cluster_pod(), deleted=True))
 
+    def _created(self, key: str, value: StoredPod) -> None:
+        # Told too: a pod group counts its members from the moment they exist.
+        self._changes.put_nowait(PodChange(value.cluster_pod(), deleted=False))
+
     def pods(self) -> list[StoredPod]:
         """Every pod as this daemon last answered."""
         return self.values()
 
     async def changes(self) -> AsyncIterator[PodChange]:
-        """Every pod replaced or deleted, in order; a pod created is not told of (it is
-        pending, and the pod API asks the pending loop to try it)."""
+        """Every pod created, replaced or deleted, in order (a pod created is also tried
+        by the pending loop, which the pod API asks)."""
         while True:
             yield await self._changes.get()

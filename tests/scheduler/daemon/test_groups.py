@@ -1,0 +1,181 @@
+"""Pod groups on the standalone daemon, through its pod API: a group's members get their
+cards together, or none of them holds any (issue 30).
+
+The lab: one simulated node of four T4 cards. A member asks for one card with 12,000 MiB,
+so a card holds one member and the node one 4-member group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from common.core.groups import (
+    COSCHEDULING_GROUP_LABEL,
+    KUEUE_COUNT_ANNOTATION,
+    KUEUE_GROUP_LABEL,
+)
+from common.natsserver import LocalNatsServer
+from pyhami.demo import lab_pod
+from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
+from scheduler.service.shared import ServiceSettings
+from tests.harness import PodClient, eventually
+
+MEMBER_LIMITS = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000}
+
+
+def member(name: str, group: str | None, count: int = 4,
+           namespace: str = "default") -> dict[str, Any]:
+    pod = lab_pod(name, limits=dict(MEMBER_LIMITS))
+    pod["metadata"]["namespace"] = namespace
+    if group is not None:
+        pod["metadata"]["labels"] = {KUEUE_GROUP_LABEL: group}
+        pod["metadata"]["annotations"][KUEUE_COUNT_ANNOTATION] = str(count)
+    return pod
+
+
+class Stand:
+    def __init__(self, daemon: RunningDaemon, pods: PodClient) -> None:
+        self.daemon = daemon
+        self.pods = pods
+
+    async def bound(self, *names: str) -> list[str]:
+        found = {pod["name"]: pod for pod in await self.pods.pods()}
+        return [name for name in names if found[name]["node"] is not None]
+
+    async def ledger(self) -> dict[str, Any]:
+        async with self.pods.session.get(f"{self.daemon.url}/ledgerz") as answer:
+            ledger: dict[str, Any] = await answer.json()
+            return ledger
+
+
+async def stand_up(server: LocalNatsServer, http: aiohttp.ClientSession, *,
+                   drive_pending: bool = True,
+                   group_ttl: float = 60.0) -> tuple[Stand, SimulatedAgent]:
+    node = SimulatedAgent.start("gpu-node-1", server.url)
+    daemon = await RunningDaemon(standalone_config(
+        server.url, drive_pending=drive_pending,
+        service=ServiceSettings(DEFAULTS, group_ttl=group_ttl))).start()
+    return Stand(daemon, PodClient(http, daemon.url)), node
+
+
+@pytest.fixture
+async def stand(jetstream_server: LocalNatsServer,
+                http: aiohttp.ClientSession) -> AsyncIterator[Stand]:
+    running, node = await stand_up(jetstream_server, http)
+    yield running
+    await running.daemon.stop()
+    await node.halt()
+
+
+A = [f"a-{i}" for i in range(4)]
+B = [f"b-{i}" for i in range(4)]
+
+
+async def test_of_two_groups_that_fit_one_at_a_time_one_binds_whole_the_other_none(
+        stand: Stand) -> None:
+    for a, b in zip(A, B, strict=True):  # interleaved, as two jobs starting together
+        await stand.pods.submit(member(a, "train-a"))
+        await stand.pods.submit(member(b, "train-b"))
+    for name in A:
+        await stand.pods.placed(name)
+    assert await stand.bound(*B) == []
+    waiting = await stand.pods.pending_with("b-3", "FilteringFailed")
+    messages = [e["message"] for e in waiting["events"] if e["reason"] == "FilteringFailed"]
+    assert any(m.startswith("group train-b: 0 of 4 members fit; b-") for m in messages), messages
+    assert len((await stand.ledger())["reservations"]) == 0  # train-b holds nothing
+    for name in A:
+        await stand.pods.delete(name)
+    for name in B:
+        await stand.pods.placed(name)
+
+
+async def test_without_groups_the_same_pods_are_placed_partly(stand: Stand) -> None:
+    """What the groups prevent: the first two of each job take the four cards."""
+    for a, b in zip(A, B, strict=True):
+        await stand.pods.submit(member(a, None))
+        await stand.pods.submit(member(b, None))
+
+    async def four_bound() -> bool:
+        return len(await stand.bound(*A, *B)) == 4
+
+    await eventually(four_bound, "four pods bound")
+    assert await stand.bound(*A, *B) == ["a-0", "a-1", "b-0", "b-1"]
+
+
+async def test_members_waiting_for_the_rest_hold_no_cards_and_say_so(stand: Stand) -> None:
+    await stand.pods.submit(member("lost-0", "train-a", namespace="other"))
+    await stand.pods.pending_with("lost-0", "FilteringFailed", namespace="other")
+    await stand.pods.submit(member("a-0", "train-a"))
+    await stand.pods.submit(member("a-1", "train-a"))
+    pod = await stand.pods.pending_with("a-1", "FilteringFailed")
+    assert [e["message"] for e in pod["events"] if e["reason"] == "FilteringFailed"][-1] == (
+        "group train-a: waiting for its members: 2 of 4 exist in namespace default (1 pods of "
+        "a group train-a are in other namespaces: a group's members share one namespace); "
+        "none is given cards before all are")
+    ledger = await stand.ledger()
+    assert ledger["reservations"] == {} and ledger["pods"] == {}
+
+
+async def test_a_group_placed_together_is_released_whole_when_its_binds_do_not_come(
+        jetstream_server: LocalNatsServer, http: aiohttp.ClientSession) -> None:
+    """Nobody drives the pods here: the group is placed by one member's /filter, and no
+    bind follows within the group's time."""
+    running, node = await stand_up(jetstream_server, http, drive_pending=False, group_ttl=1.0)
+    try:
+        for name in A[:3]:
+            await running.pods.submit(member(name, "train-a", count=3))
+        manifest = member("a-0", "train-a", count=3)
+
+        async def placed_together() -> bool:  # once the daemon has seen all three
+            async with http.post(f"{running.daemon.url}/filter",
+                                 json={"Pod": manifest, "NodeNames": ["gpu-node-1"]}) as answer:
+                return bool((await answer.json())["NodeNames"] == ["gpu-node-1"])
+
+        await eventually(placed_together, "the group placed by one member's /filter")
+        assert sorted((await running.ledger())["reservations"]) == [
+            f"default/{name}" for name in A[:3]]
+
+        async def released() -> bool:
+            return (await running.ledger())["reservations"] == {}
+
+        await eventually(released, "the group's reservations released", timeout=10)
+        service = running.daemon.service
+        assert service is not None
+        assert service.metrics.registry.get_sample_value(
+            "pyhami_reservations_released_total", {"cause": "group"}) == 3
+    finally:
+        await running.daemon.stop()
+        await node.halt()
+
+
+@pytest.mark.parametrize(("labels", "annotations", "refusal"), [
+    pytest.param({KUEUE_GROUP_LABEL: "g"}, {KUEUE_COUNT_ANNOTATION: "0"},
+                 f"metadata.annotations[{KUEUE_COUNT_ANNOTATION}]: '0' is not a member count",
+                 id="count-0"),
+    pytest.param({KUEUE_GROUP_LABEL: "g"}, {KUEUE_COUNT_ANNOTATION: "2000"},
+                 f"metadata.annotations[{KUEUE_COUNT_ANNOTATION}]: '2000' is not a member "
+                 "count", id="count-above-the-bound"),
+    pytest.param({KUEUE_GROUP_LABEL: "not a label"}, {KUEUE_COUNT_ANNOTATION: "4"},
+                 f"metadata.labels[{KUEUE_GROUP_LABEL}]: 'not a label' is not a valid label "
+                 "value", id="name-not-a-label-value"),
+    pytest.param({COSCHEDULING_GROUP_LABEL: "g"}, {},
+                 f"metadata.labels[{COSCHEDULING_GROUP_LABEL}] names a PodGroup object, which "
+                 "standalone pyhami does not keep", id="podgroup-object"),
+    pytest.param({KUEUE_GROUP_LABEL: "g"}, {KUEUE_COUNT_ANNOTATION: "3"},
+                 f"metadata.annotations[{KUEUE_COUNT_ANNOTATION}]: group 'g' counts 4 members "
+                 "on pod first, not 3: its members must agree", id="counts-disagree"),
+])
+async def test_a_bad_group_declaration_is_a_400_naming_the_field(
+        stand: Stand, labels: dict[str, str], annotations: dict[str, str],
+        refusal: str) -> None:
+    await stand.pods.submit(member("first", "g", count=4))
+    pod = lab_pod("second", dict(annotations), limits=dict(MEMBER_LIMITS))
+    pod["metadata"]["labels"] = labels
+    async with stand.pods.session.post(f"{stand.daemon.url}/api/pods", json=pod) as answer:
+        text = await answer.text()
+    assert answer.status == 400
+    assert text.startswith(f"request body: {refusal}"), text
