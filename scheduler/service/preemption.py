@@ -37,6 +37,7 @@ from common.core import (
     parse_pod,
     preemption_on_node,
 )
+from common.core.groups import group_of
 from scheduler.cluster import ClusterError, ClusterPod, DisruptionBudget
 from scheduler.metrics import Metrics
 from scheduler.service.shared import Reports, ServicePart, Shared
@@ -212,11 +213,14 @@ class Preemptions(ServicePart):
     # What both ways weigh ------------------------------------------------------------------
 
     def _preemptor(self, pod: PodManifest) -> PodRequest | None:
-        """The pod's request, if it asks for GPUs and may preempt."""
+        """The pod's request, if it asks for GPUs and may preempt: not a member of a pod
+        group (evicting for one member would free room its group may still not fit in)."""
         if pod.spec.preemption_policy == NEVER:
             return None
         try:
             request = parse_pod(pod, self.settings.defaults)
+            if group_of(pod) is not None:
+                return None
         except PodRejected:
             return None
         return request if request.wants_gpu else None

@@ -37,6 +37,11 @@ class ServiceSettings:
         help="release the cards held for a pod group placed together once this long has "
              "passed and not every member is bound; none of the group keeps any "
              "(default {default})")
+    group_patience: float = setting(
+        60.0, parse=positive_seconds,
+        help="a pod group whole and not fitting for this long goes ahead of every pod of "
+             "its priority or lower: those may no longer take cards that would leave fewer "
+             "of its members fitting (default {default})")
     node_retention: float | None = setting(
         600.0, parse=positive_seconds,
         help="standalone: forget a node silent this long; longer than --node-timeout; "

@@ -38,6 +38,7 @@ from common.locks import KeyedLocks
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
 from scheduler.service.shared import Reports, ServicePart, Shared, Unschedulable
+from scheduler.state import Starving
 from scheduler.web.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -95,8 +96,14 @@ class Verbs(ServicePart):
             return ExtenderFilterResult(error=standby)
         self.shared.pods.filtered(request.key, args.pod)
         if group is None:
+            starving = self._ahead_of(args.pod, None)
+            before = self._starving_fit(starving)
             decision = self.state.bookings.filter(request, names, self._clock(),
                                                   explain_chosen=True)
+            if starving is not None and decision.allocation is not None and \
+                    self._starving_fit(starving) < before:
+                self.state.bookings.release_reservation(request.key)
+                decision = self._behind(request, names, starving)
         else:
             decision = await self._filter_member(args.pod, request, group, names)
         decided_at = self._wall_clock()
@@ -111,7 +118,10 @@ class Verbs(ServicePart):
         else:
             self.shared.pods.unschedulable(request.key, args.pod.namespace,
                                            args.pod.metadata.name)
-            self._on_unschedulable(args.pod, request, names)
+            if group is None:
+                # Never for one member of a group: evicting for it alone would free room
+                # its group may still not fit in (groups are not preempted for; docs).
+                self._on_unschedulable(args.pod, request, names)
         self._count("filter", decision)
         self.metrics.filter_duration.observe(time.perf_counter() - started)
         self.shared.in_background(
@@ -160,10 +170,17 @@ class Verbs(ServicePart):
                 "are")
         now = self._clock()
         waiting = groups.waiting(group.key)
+        starving = self._ahead_of(pod, group.key)
+        before = self._starving_fit(starving)
         placement = self.state.bookings.reserve_group(
             group.name, [member.request for member in waiting], names, now,
             self.settings.group_ttl)
+        if placement.placed and starving is not None and self._starving_fit(starving) < before:
+            for member in waiting:
+                self.state.bookings.release_reservation(member.key)
+            return self._behind(request, names, starving)
         if not placement.placed:
+            groups.blocked(group.key, now)
             why = placement.message or f"group {group.name} does not fit"
             for member in waiting:
                 if member.key != request.key:
@@ -174,6 +191,7 @@ class Verbs(ServicePart):
             return self._member_refused(
                 request, names, "GroupDoesNotFit",
                 f"group {group.name}: {placement.fitting} of {len(waiting)} members fit", why)
+        groups.unblocked(group.key)
         groups.hold(group.key, now + self.settings.group_ttl)
         logger.info("group %s: its %d waiting members placed together: %s", group.key,
                     len(placement.decisions),
@@ -187,6 +205,30 @@ class Verbs(ServicePart):
         mine = next(d for d in placement.decisions if d.pod == request.key)
         return self._held_decision(request, mine.allocation, names, group) \
             if mine.allocation is not None else mine
+
+    def _ahead_of(self, pod: PodManifest, own_group: str | None) -> Starving | None:
+        """The group that has waited whole longer than ``--group-patience`` and goes ahead
+        of ``pod`` (of the group's priority or lower, not one of its members); None."""
+        starving = self.state.groups.starving(self._clock(), self.settings.group_patience)
+        if starving is None or starving.ref.key == own_group or \
+                (pod.spec.priority or 0) > starving.priority:
+            return None
+        return starving
+
+    def _starving_fit(self, starving: Starving | None) -> int:
+        if starving is None:
+            return 0
+        return self.state.bookings.group_fitting(
+            starving.ref.name, [member.request for member in starving.members], self._clock())
+
+    def _behind(self, request: PodRequest, names: Sequence[str],
+                starving: Starving) -> Decision:
+        waited = self._clock() - starving.since
+        return self._member_refused(
+            request, names, "GroupAhead", f"group {starving.ref.key} goes first",
+            f"waiting behind group {starving.ref.key}, whole and not fitting for "
+            f"{waited:.0f}s: until it starts, pods of priority {starving.priority} or lower "
+            "may not take cards it could use")
 
     async def _group_count(self, group: GroupRef) -> tuple[int | None, str]:
         """The group's member count, checked; None with the sentence saying why not."""

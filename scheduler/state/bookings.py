@@ -136,6 +136,12 @@ class Bookings:
                 self._reservations[decision.pod] = _Reservation(decision.allocation, now + ttl)
         return placement
 
+    def group_fitting(self, group: str, members: Sequence[PodRequest], now: float) -> int:
+        """How many of ``group``'s members would find cards now, among the fresh known
+        nodes, booking nothing."""
+        _, usable = self._usable(None, now)
+        return place_group(self._fleet, group, members, nodes=usable).fitting
+
     def _usable(self, node_names: Collection[str] | None, now: float
                 ) -> tuple[dict[str, FailedNode], AbstractSet[str] | None]:
         """The nodes asked that are unknown or stale, each with its reason, and those left

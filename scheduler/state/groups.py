@@ -35,6 +35,8 @@ class _Group:
     members: dict[str, _Member] = field(default_factory=dict)
     held_until: float | None = None
     """Set while the waiting members' cards are reserved together."""
+    blocked_since: float | None = None
+    """Set while the group is whole and its members do not fit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,17 @@ class Waiting:
     key: str
     manifest: PodManifest
     request: PodRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Starving:
+    """A group whole and not fitting for longer than the daemon's patience: pods of its
+    priority or lower may not take cards it could use (``--group-patience``)."""
+
+    ref: GroupRef
+    priority: int
+    since: float
+    members: tuple[Waiting, ...]
 
 
 class Groups:
@@ -157,6 +170,32 @@ class Groups:
         group = self._groups.get(group_key)
         if group is not None:
             group.held_until = None
+
+    def blocked(self, group_key: str, now: float) -> None:
+        """The whole group did not fit (its first try counts from then)."""
+        group = self._groups.get(group_key)
+        if group is not None and group.blocked_since is None:
+            group.blocked_since = now
+
+    def unblocked(self, group_key: str) -> None:
+        group = self._groups.get(group_key)
+        if group is not None:
+            group.blocked_since = None
+
+    def starving(self, now: float, patience: float) -> Starving | None:
+        """The group ahead of every other pod, if one has waited ``patience`` or longer
+        whole and not fitting: of those, the highest priority (its members' highest),
+        then the one blocked first, then by name."""
+        found: list[Starving] = []
+        for group in self._groups.values():
+            since = group.blocked_since
+            waiting = self._waiting(group)
+            if since is None or now - since < patience or not waiting:
+                continue
+            priority = max(member.manifest.spec.priority or 0 for member in waiting)
+            found.append(Starving(group.ref, priority, since, tuple(waiting)))
+        return min(found, key=lambda group: (-group.priority, group.since, group.ref.key),
+                   default=None)
 
     def overdue(self, now: float) -> Iterator[GroupRef]:
         """The groups whose cards were held together past their time."""

@@ -7,6 +7,7 @@ so a card holds one member and the node one 4-member group.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -53,12 +54,13 @@ class Stand:
 
 
 async def stand_up(server: LocalNatsServer, http: aiohttp.ClientSession, *,
-                   drive_pending: bool = True,
-                   group_ttl: float = 60.0) -> tuple[Stand, SimulatedAgent]:
+                   drive_pending: bool = True, group_ttl: float = 60.0,
+                   group_patience: float = 60.0) -> tuple[Stand, SimulatedAgent]:
     node = SimulatedAgent.start("gpu-node-1", server.url)
     daemon = await RunningDaemon(standalone_config(
         server.url, drive_pending=drive_pending,
-        service=ServiceSettings(DEFAULTS, group_ttl=group_ttl))).start()
+        service=ServiceSettings(DEFAULTS, group_ttl=group_ttl,
+                                group_patience=group_patience))).start()
     return Stand(daemon, PodClient(http, daemon.url)), node
 
 
@@ -147,6 +149,41 @@ async def test_a_group_placed_together_is_released_whole_when_its_binds_do_not_c
         assert service is not None
         assert service.metrics.registry.get_sample_value(
             "pyhami_reservations_released_total", {"cause": "group"}) == 3
+    finally:
+        await running.daemon.stop()
+        await node.halt()
+
+
+@pytest.mark.parametrize(("patience", "single_bound"), [
+    pytest.param(0.5, False, id="past-its-patience-the-group-goes-first"),
+    pytest.param(600.0, True, id="within-its-patience-a-single-pod-takes-the-card"),
+])
+async def test_a_group_waiting_past_its_patience_goes_ahead_of_smaller_pods(
+        jetstream_server: LocalNatsServer, http: aiohttp.ClientSession, patience: float,
+        single_bound: bool) -> None:
+    """A single pod holds one of the four cards, so the 4-member group does not fit. A
+    second single pod arriving after the group's patience may not take a card the group
+    could use (it would fit one member fewer); within the patience it may. Once the first
+    pod ends, the group starts whole in the first case."""
+    running, node = await stand_up(jetstream_server, http, group_patience=patience)
+    try:
+        await running.pods.submit(member("single-0", None))
+        await running.pods.placed("single-0")
+        for name in A:
+            await running.pods.submit(member(name, "train-a"))
+        await running.pods.pending_with("a-3", "FilteringFailed")
+        await asyncio.sleep(patience if patience < 1 else 0)
+        await running.pods.submit(member("single-1", None))
+        if single_bound:
+            await running.pods.placed("single-1")
+            return
+        pod = await running.pods.pending_with("single-1", "FilteringFailed")
+        assert [e["message"] for e in pod["events"]][-1].startswith(
+            "waiting behind group default/train-a, whole and not fitting for ")
+        await running.pods.delete("single-0")
+        for name in A:
+            await running.pods.placed(name)
+        assert await running.bound("single-1") == []
     finally:
         await running.daemon.stop()
         await node.halt()
