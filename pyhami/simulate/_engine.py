@@ -71,7 +71,7 @@ from common.core import (
 )
 from common.core.deviceconfig import DeviceConfig
 from common.core.fleet import BoolArray, FloatArray, IntArray, Layout, ratio
-from common.core.groups import place_group
+from common.core.groups import member_order, place_group
 from common.core.placement import PodView
 from common.core.pod import ContainerRequest
 from common.core.reasons import QUOTA_REASON, removed_most
@@ -464,6 +464,8 @@ class _Replay:
             if isinstance(request, PodRejected):
                 return False
             requests.append(request)
+        if not self._group_fits(requests):
+            return False
         placement = place_group(self.fleet, group.key, requests)
         if not placement.placed:
             return False
@@ -480,6 +482,23 @@ class _Replay:
             group.placed.append(position)
         self.peak_allocation = max(self.peak_allocation, self._allocation())
         self._start(group, now)
+        return True
+
+    def _group_fits(self, requests: list[PodRequest]) -> bool:
+        """Whether ``place_group`` would place these members: the same decisions in the same
+        order on a copy of the fleet, stopped at the first member that fits nowhere and
+        without wording why (``place_group`` tries every member and words the refusal,
+        which a group waiting through hundreds of departures would pay each time)."""
+        ordered = member_order(requests)
+        if not decide(self.fleet, ordered[0]).scheduled:
+            return False  # the common case under load, without copying the fleet
+        trial = self.fleet.copy()
+        for member in ordered:
+            decision = decide(trial, member)
+            if not decision.scheduled:
+                return False
+            if decision.allocation is not None:
+                trial.allocate(member.key, decision.allocation)
         return True
 
     def _member_placed(self, position: int, now: float) -> None:

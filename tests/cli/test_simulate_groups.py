@@ -17,6 +17,7 @@ from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
 from pyhami.simulate._engine import GROUP_INCOMPLETE, GROUP_NOT_FIT, simulate
 from pyhami.simulate._results import GroupTally, PolicyRun
 from pyhami.simulate._trace import SimPod, Trace
+from tests.simulate_groups_example import write
 
 HOUR = 3600.0
 
@@ -218,3 +219,13 @@ def test_a_bad_group_declaration_is_refused_in_one_line(
     assert done.returncode == 2
     assert done.stderr == f"pyhami simulate: {tmp_path / 'workload.json'}: {error}\n"
     assert done.stdout == ""
+
+
+def test_the_shipped_group_example_is_what_its_generator_writes(tmp_path: Path) -> None:
+    shipped = Path(__file__).parents[2] / "examples" / "simulate" / "groups"
+    write(tmp_path)
+    for name in ("cluster.json", "workload.json"):
+        assert (tmp_path / name).read_text() == (shipped / name).read_text(), name
+    pods = json.loads((shipped / "workload.json").read_text())["pods"]
+    grouped = [p for p in pods if KUEUE_GROUP_LABEL in p["pod"]["metadata"].get("labels", {})]
+    assert len(grouped) / len(pods) == pytest.approx(0.2, abs=0.01)
