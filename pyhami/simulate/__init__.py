@@ -54,6 +54,10 @@ def register(commands: Subcommands) -> None:
     parser.add_argument("--inflate", type=inflation, metavar="X",
                         help="repeat the workload until its arrivals reach X times the "
                              "cluster's GPU capacity (default: the workload once)")
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="place a group's members one at a time as they arrive, as "
+                             "kube-scheduler alone does, rather than all or nothing (the "
+                             "default), to compare")
     add_device_config_argument(parser)
     add_output_argument(parser, "table", "table: one row per policy; json: one document")
     parser.add_argument("--plot", type=plot_file, metavar="FILE",
@@ -105,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     node_policy = NodePolicy(args.node_policy)
     with progress_bars(args.policy, stderr_console()) as callbacks:
         runs = [simulate(trace, policy=policy, node_policy=node_policy, inflate=args.inflate,
-                         progress=callback, device=device)
+                         progress=callback, device=device,
+                         all_or_nothing=not args.one_at_a_time)
                 for policy, callback in zip(args.policy, callbacks, strict=True)]
     nodes, cards = len(trace.nodes), sum(len(node.devices) for node in trace.nodes)
     quotas = len(trace.quotas)
@@ -125,7 +130,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         console = stdout_console()
         under = f", {quotas} ResourceQuota{'s' if quotas != 1 else ''}" if quotas else ""
-        console.print(Text(f"{nodes} nodes, {cards} cards{under}; {len(trace.pods)} pods"))
+        jobs = len({pod.group.key for pod in trace.pods if pod.group is not None})
+        in_groups = f" ({jobs} group{'s' if jobs != 1 else ''})" if jobs else ""
+        console.print(Text(f"{nodes} nodes, {cards} cards{under}; {len(trace.pods)} pods"
+                           f"{in_groups}"))
         console.print(summary_table(runs))
         if namespaces:
             console.print(Text("\nPods by namespace"))

@@ -25,6 +25,20 @@ checks) is not tried at all, unless it is to be tried on all nodes. The choice a
 freed nodes is the one a full retry makes: the nodes that fit are the same, and so are
 their scores.
 
+Groups (a distributed job's pods, declared with Kueue's label and count): with
+``all_or_nothing`` (the default), a group's members wait until all of them have arrived,
+then ``common.core.groups.place_group`` places them at once, every member or none; a group
+that does not fit holds no card and waits. Waiting groups are tried again after every batch
+of departures, before the waiting single pods, highest ``spec.priority`` first, then in the
+order they became whole: a large job gets the freed cards before the stream of small pods
+behind it (the small pods wait that much longer), while a group that does not fit stops
+nobody. They are tried on every node, since a group may span freed and unchanged nodes.
+Without ``all_or_nothing`` each member is placed on its own as it arrives, as
+kube-scheduler alone places them, and holds its cards while the rest of its group waits. In
+both, a member's duration runs from the moment its whole group is placed (a job's workers
+start work together), and the cards held by the placed members of a group not yet whole are
+counted as GPU-hours held idle: by construction none with all or nothing.
+
 ``inflate=X`` follows Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing
 Workloads with Fragmentation Gradient Descent" (USENIX ATC '23): the workload's pods are
 submitted again and again, in trace order and with unique names, until the GPU demand
@@ -57,15 +71,22 @@ from common.core import (
 )
 from common.core.deviceconfig import DeviceConfig
 from common.core.fleet import BoolArray, FloatArray, IntArray, Layout, ratio
+from common.core.groups import member_order, place_group
 from common.core.placement import PodView
 from common.core.pod import ContainerRequest
 from common.core.reasons import QUOTA_REASON, removed_most
 from common.files import InputFileError
-from pyhami.simulate._results import NamespaceTally, PolicyRun, Sample
-from pyhami.simulate._trace import Trace
+from pyhami.simulate._results import GroupTally, NamespaceTally, PolicyRun, Sample
+from pyhami.simulate._trace import SimPod, Trace
 
 NO_NODE = "NoNode"
 """The reason counted for a pod refused with no node judged (a cluster with no node)."""
+GROUP_NOT_FIT = "GroupDoesNotFit"
+"""The reason counted for the members of a whole group that never fitted at once."""
+GROUP_INCOMPLETE = "GroupIncomplete"
+"""The reason counted for the members of a group whose members never all arrived (or one
+of them was malformed)."""
+SECONDS_PER_HOUR = 3600.0
 _SHARE_TOLERANCE = 1e-9
 
 
@@ -80,14 +101,38 @@ class _Submission:
     arrival: float
     duration: float | None
     demand: float
+    group: str | None = None
+    """The key of the pod's group (namespace/name), None for a pod on its own."""
+    group_count: int = 0
+    priority: int = 0
+    """``spec.priority``, 0 when unset: the order waiting groups are tried in."""
+
+
+class _Group:
+    """One group of the workload as the run goes: who arrived, who holds cards."""
+
+    def __init__(self, key: str, count: int, priority: int) -> None:
+        self.key = key
+        self.count = count
+        self.priority = priority
+        self.arrived: list[int] = []
+        """Positions of the members that arrived, malformed ones included."""
+        self.placed: list[int] = []
+        """Positions of the members placed (holding cards, or asking for none)."""
+        self.started = False
+        """All members placed: their durations run."""
+        self.whole_at = -1
+        """Position of the member whose arrival made the group whole, -1 before."""
 
 
 def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
              inflate: float | None = None,
              progress: Callable[[int, int], None] | None = None,
-             device: DeviceConfig | None = None) -> PolicyRun:
+             device: DeviceConfig | None = None,
+             all_or_nothing: bool = True) -> PolicyRun:
     """Replay ``trace`` with ``policy`` (a chain, the cluster default; a pod's own
-    annotation overrides it) and ``node_policy``.
+    annotation overrides it) and ``node_policy``; a group's members placed together, all
+    or none, or (without ``all_or_nothing``) one at a time as they arrive.
 
     Raises ``SettingsError`` for a chain that names an unknown policy,
     ``ClusterFileError`` for inconsistent nodes, and ``InputFileError`` when ``inflate``
@@ -101,12 +146,14 @@ def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
     layout = fleet.layout
     requests = _Requests(layout)
     in_order = sorted(trace.pods, key=lambda pod: pod.arrival)  # stable: ties keep order
-    submissions = [requests.submission(pod.manifest, defaults, pod.arrival, pod.duration)
+    submissions = [_in_group(requests.submission(pod.manifest, defaults, pod.arrival,
+                                                 pod.duration), pod)
                    for pod in in_order]
     if inflate is not None:
         submissions = _inflated(submissions, inflate, len(layout.devices))
-    replay = _Replay(fleet, requests, len(layout.devices))
+    replay = _Replay(fleet, requests, len(layout.devices), all_or_nothing)
     replay.run(submissions, progress)
+    groups = replay.groups.values()
     return PolicyRun(
         policy=policy,
         node_policy=node_policy.value,
@@ -118,7 +165,22 @@ def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
         samples=replay.samples,
         waits=replay.waits,
         by_namespace=replay.by_namespace(),
+        groups=GroupTally(
+            placement="all-or-nothing" if all_or_nothing else "one-at-a-time",
+            jobs=len(replay.groups),
+            started=sum(group.started for group in groups),
+            waiting=sum(not group.started for group in groups),
+            holding=sum(bool(group.placed) and not group.started for group in groups),
+            idle_gpu_hours=replay.idle_gpu_seconds / SECONDS_PER_HOUR),
     )
+
+
+def _in_group(submission: _Submission, pod: SimPod) -> _Submission:
+    """``submission`` with the group ``pod`` declares, and its priority."""
+    if pod.group is None:
+        return submission
+    return replace(submission, group=pod.group.key, group_count=pod.group.count or 0,
+                   priority=pod.manifest.spec.priority or 0)
 
 
 def _inflated(submissions: list[_Submission], target: float,
@@ -140,7 +202,10 @@ def _inflated(submissions: list[_Submission], target: float,
             request = submission.request
             if repeat and isinstance(request, PodRequest):
                 request = replace(request, key=f"{request.key}#{repeat}")
-            inflated.append(replace(submission, request=request, duration=None,
+            group = submission.group
+            if repeat and group is not None:
+                group = f"{group}#{repeat}"
+            inflated.append(replace(submission, request=request, duration=None, group=group,
                                     arrival=repeat * span + submission.arrival))
             arrived += submission.demand
             if arrived >= target * cards:
@@ -286,8 +351,18 @@ class _Fragmentation:
 class _Replay:
     """The mutable state of one run."""
 
-    def __init__(self, fleet: Fleet, requests: _Requests, capacity: int) -> None:
+    def __init__(self, fleet: Fleet, requests: _Requests, capacity: int,
+                 all_or_nothing: bool = True) -> None:
         self.fleet = fleet
+        self.all_or_nothing = all_or_nothing
+        self.groups: dict[str, _Group] = {}
+        # Whole groups that did not fit, all or nothing: (-priority, whole_at, key).
+        self.waiting_groups: list[tuple[int, int, str]] = []
+        # GPU demand (cards, a share of one for a sharing pod) held by the placed members
+        # of groups not yet whole, and its integral over time.
+        self.partial_demand = 0.0
+        self.idle_gpu_seconds = 0.0
+        self.clock = 0.0
         self.layout = fleet.layout
         self.requests = requests
         self.capacity = capacity
@@ -319,28 +394,45 @@ class _Replay:
         for position, submission in enumerate(submissions):
             while self.departures and self.departures[0][0] <= submission.arrival:
                 self._depart_next()
+            self._advance(submission.arrival)
             self._arrive(position, submission)
             if progress is not None and (position + 1) % every == 0:
                 progress(position + 1, total)
-        while self.departures and self.waiting:
+        while self.departures and (self.waiting or self.waiting_groups):
             self._depart_next()
         self._refuse_waiting()
+        self._refuse_waiting_groups()
         if progress is not None:
             progress(total, total)
 
     def _allocation(self) -> float:
         return int(self.layout.usedcores.sum()) / self.total_cores if self.total_cores else 0.0
 
+    def _advance(self, now: float) -> None:
+        """Time moves to ``now``: the cards partial groups hold count as idle meanwhile."""
+        if now > self.clock:
+            self.idle_gpu_seconds += self.partial_demand * (now - self.clock)
+            self.clock = now
+
     def _arrive(self, position: int, submission: _Submission) -> None:
         self.arrived += submission.demand
         self.pods_in[submission.namespace] += 1
         request = submission.request
+        group = self._group_of(position, submission)
         if isinstance(request, PodRejected):
             self.refused[type(request).__name__] += 1
             self.refused_otherwise_in[submission.namespace] += 1
+        elif group is not None and self.all_or_nothing:
+            if len(group.arrived) == group.count:
+                group.whole_at = position
+                if not self._try_group(group, submission.arrival):
+                    heapq.heappush(self.waiting_groups,
+                                   (-group.priority, group.whole_at, group.key))
         elif not request.wants_gpu:
             self.waits.append(0.0)
             self.placed_in[submission.namespace] += 1
+            if group is not None:
+                self._member_placed(position, submission.arrival)
         elif self.waiting.get(submission.kind):
             # An identical request already waits: it fits nowhere, nor does this one.
             self.waiting[submission.kind].append(position)
@@ -351,6 +443,86 @@ class _Replay:
             arrived=self.arrived / self.capacity if self.capacity else 0.0,
             allocation=self._allocation(),
             fragmentation=self.fragmentation.value(self.capacity)))
+
+    def _group_of(self, position: int, submission: _Submission) -> _Group | None:
+        """The arriving pod's group, with the pod counted among its arrivals."""
+        if submission.group is None:
+            return None
+        group = self.groups.get(submission.group)
+        if group is None:
+            group = self.groups[submission.group] = _Group(
+                submission.group, submission.group_count, submission.priority)
+        group.arrived.append(position)
+        return group
+
+    def _try_group(self, group: _Group, now: float) -> bool:
+        """Place every member of the whole ``group`` at once, or none; whether it was
+        placed. A malformed member keeps the group from ever starting."""
+        requests: list[PodRequest] = []
+        for position in group.arrived:
+            request = self.submissions[position].request
+            if isinstance(request, PodRejected):
+                return False
+            requests.append(request)
+        if not self._group_fits(requests):
+            return False
+        placement = place_group(self.fleet, group.key, requests)
+        if not placement.placed:
+            return False
+        by_key = {request.key: position
+                  for request, position in zip(requests, group.arrived, strict=True)}
+        for decision in placement.decisions:
+            position = by_key[decision.pod]
+            if decision.allocation is not None and decision.node is not None:
+                self.fleet.allocate(str(position), decision.allocation)
+                self.fragmentation.update(self.layout.node_position[decision.node])
+            submission = self.submissions[position]
+            self.waits.append(now - submission.arrival)
+            self.placed_in[submission.namespace] += 1
+            group.placed.append(position)
+        self.peak_allocation = max(self.peak_allocation, self._allocation())
+        self._start(group, now)
+        return True
+
+    def _group_fits(self, requests: list[PodRequest]) -> bool:
+        """Whether ``place_group`` would place these members: the same decisions in the same
+        order on a copy of the fleet, stopped at the first member that fits nowhere and
+        without wording why (``place_group`` tries every member and words the refusal,
+        which a group waiting through hundreds of departures would pay each time)."""
+        ordered = member_order(requests)
+        if not decide(self.fleet, ordered[0]).scheduled:
+            return False  # the common case under load, without copying the fleet
+        trial = self.fleet.copy()
+        for member in ordered:
+            decision = decide(trial, member)
+            if not decision.scheduled:
+                return False
+            if decision.allocation is not None:
+                trial.allocate(member.key, decision.allocation)
+        return True
+
+    def _member_placed(self, position: int, now: float) -> None:
+        """One at a time: a member of a group placed; the group starts when it is the
+        last, else its cards are held idle until then."""
+        submission = self.submissions[position]
+        group = self.groups[str(submission.group)]
+        group.placed.append(position)
+        if len(group.placed) == group.count:
+            self._start(group, now)
+        else:
+            self.partial_demand += submission.demand
+
+    def _start(self, group: _Group, now: float) -> None:
+        """Every member of ``group`` placed: their durations run from ``now``."""
+        group.started = True
+        for position in group.placed:
+            submission = self.submissions[position]
+            if not self.all_or_nothing and position != group.placed[-1]:
+                self.partial_demand -= submission.demand
+            if submission.duration is not None:
+                heapq.heappush(self.departures, (now + submission.duration, position))
+        if self.partial_demand < _SHARE_TOLERANCE:
+            self.partial_demand = 0.0  # no float residue left from the sums
 
     def _try(self, position: int, now: float, nodes: frozenset[str] | None) -> bool:
         """Decide one pod and place it if it fits; whether it was placed."""
@@ -365,7 +537,9 @@ class _Replay:
         self.peak_allocation = max(self.peak_allocation, self._allocation())
         self.waits.append(now - submission.arrival)
         self.placed_in[submission.namespace] += 1
-        if submission.duration is not None:
+        if submission.group is not None:
+            self._member_placed(position, now)
+        elif submission.duration is not None:
             heapq.heappush(self.departures, (now + submission.duration, position))
         return True
 
@@ -373,6 +547,7 @@ class _Replay:
         """Every departure at the earliest departure time, then the waiting pods retried
         on the nodes they freed."""
         now = self.departures[0][0]
+        self._advance(now)
         freed: set[int] = set()
         refunded: set[str] = set()
         while self.departures and self.departures[0][0] == now:
@@ -385,8 +560,19 @@ class _Replay:
                 namespace = self.submissions[position].namespace
                 if namespace in self.quota_namespaces:
                     refunded.add(namespace)
+        if freed and self.waiting_groups:
+            self._retry_groups(now)
         if freed and self.waiting:
             self._retry(sorted(freed), now, refunded)
+
+    def _retry_groups(self, now: float) -> None:
+        """Try the waiting whole groups again, highest priority first, then in the order
+        they became whole; one that does not fit stops none behind it."""
+        still: list[tuple[int, int, str]] = []
+        for entry in sorted(self.waiting_groups):
+            if not self._try_group(self.groups[entry[2]], now):
+                still.append(entry)
+        self.waiting_groups = still  # sorted, so still a heap
 
     def _retry(self, freed: list[int], now: float, refunded: set[str]) -> None:
         """Try the waiting pods again after departures freed ``freed`` nodes and refunded
@@ -423,6 +609,23 @@ class _Replay:
                           else self.refused_otherwise_in)
             refused_in[request.subject.namespace] += len(queue)
         self.waiting.clear()
+
+    def _refuse_waiting_groups(self) -> None:
+        """All or nothing: the members of groups never placed, for want of room or of
+        members."""
+        if not self.all_or_nothing:
+            return
+        for group in self.groups.values():
+            if group.started:
+                continue
+            reason = GROUP_NOT_FIT if group.whole_at >= 0 else GROUP_INCOMPLETE
+            for position in group.arrived:
+                submission = self.submissions[position]
+                if isinstance(submission.request, PodRejected):
+                    continue  # already counted, by its own error
+                self.refused[reason] += 1
+                self.refused_otherwise_in[submission.namespace] += 1
+        self.waiting_groups.clear()
 
     def by_namespace(self) -> dict[str, NamespaceTally]:
         return {namespace: NamespaceTally(

@@ -14,8 +14,21 @@ from typing import Any
 
 import msgspec
 
-from common.core import ClusterFile, ClusterFileError, PodManifest, fleet_from_cluster
+from common.core import (
+    ClusterFile,
+    ClusterFileError,
+    PodManifest,
+    PodRejected,
+    fleet_from_cluster,
+)
 from common.core.deviceconfig import DeviceConfig, ResourceNames
+from common.core.groups import (
+    KUEUE_COUNT_ANNOTATION,
+    KUEUE_GROUP_LABEL,
+    GroupRef,
+    GroupSource,
+    group_of,
+)
 from common.core.model import CARDS_PER_NODE_MAX, Card, Node
 from common.core.pod import (
     DEFAULT_DEVICE,
@@ -166,6 +179,7 @@ def _own_pods(path: Path, text: str, names: ResourceNames) -> tuple[list[SimPod]
     pods: list[SimPod] = []
     cpu_only = 0
     places: dict[str, str] = {}
+    groups = _Groups()
     for position, entry in enumerate(entries):
         where = f"{path}: {prefix}[{position}]"
         if not (math.isfinite(entry.arrival) and entry.arrival >= 0):
@@ -180,11 +194,51 @@ def _own_pods(path: Path, text: str, names: ResourceNames) -> tuple[list[SimPod]
             raise InputFileError(f"{where}.pod: {manifest.key} is listed twice "
                                  f"(first at {places[manifest.key]})")
         places[manifest.key] = f"{prefix}[{position}]"
-        if not manifest.asks_for_gpu(names):
+        group = groups.member(manifest, f"{where}.pod")
+        # A group's member that asks for no GPU stays: its group is whole only with it.
+        if group is None and not manifest.asks_for_gpu(names):
             cpu_only += 1
             continue
-        pods.append(SimPod(manifest, entry.arrival, entry.duration))
+        pods.append(SimPod(manifest, entry.arrival, entry.duration, group))
     return pods, cpu_only
+
+
+class _Groups:
+    """The groups a workload file declares, checked member by member as they are read: one
+    declaration, Kueue's (the only one that carries its count on the pod), one count for
+    all members, no more members than the count."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[str, int]] = {}
+        """Per group key: its first member's key and the count it gave."""
+        self.members: dict[str, int] = {}
+
+    def member(self, manifest: PodManifest, where: str) -> GroupRef | None:
+        """The group ``manifest`` declares; raises ``InputFileError`` naming the pod and
+        the field for a declaration the simulation cannot use."""
+        try:
+            group = group_of(manifest)
+        except PodRejected as error:
+            raise InputFileError(f"{where}: {manifest.key}: {error}") from None
+        if group is None:
+            return None
+        if group.source is not GroupSource.KUEUE or group.count is None:
+            raise InputFileError(
+                f"{where}: {manifest.key}: {group.source.field}: a workload file declares "
+                f"groups with Kueue's label {KUEUE_GROUP_LABEL} and annotation "
+                f"{KUEUE_COUNT_ANNOTATION}, which carry the member count on the pod")
+        field = f"metadata.annotations[{KUEUE_COUNT_ANNOTATION}]"
+        first = self.first.setdefault(group.key, (manifest.key, group.count))
+        if first[1] != group.count:
+            raise InputFileError(
+                f"{where}: {manifest.key}: {field}: {group.count} members, but {first[0]} "
+                f"of the same group {group.name} says {first[1]}")
+        self.members[group.key] = self.members.get(group.key, 0) + 1
+        if self.members[group.key] > group.count:
+            raise InputFileError(
+                f"{where}: {manifest.key}: {field}: group {group.name} counts "
+                f"{group.count} members, and this is member {self.members[group.key]}")
+        return group
 
 
 def _manifest(pod: dict[str, Any], source: str) -> PodManifest:

@@ -29,6 +29,8 @@ ProgressCallback = Callable[[int, int], None]
 SHOWN_REASONS = 3
 # The counts of the by-namespace table (and of the HTML page's), in order.
 NAMESPACE_COUNTS = ("pods", "placed", "refused for quota", "refused otherwise")
+# The table's columns for a workload with groups, after "groups placed".
+GROUP_COUNTS = ("jobs", "jobs started", "jobs waiting", "idle GPU-hours")
 
 # The plot: two panels side by side, each PANEL_WIDTH x PANEL_HEIGHT including its margins,
 # then the legend, one row per policy.
@@ -72,15 +74,30 @@ def summary_table(runs: Sequence[PolicyRun]) -> Table:
     for column in ("peak allocation", "allocation at 100% arrived", "fragmented at end",
                    "wait p50", "wait p95"):
         table.add_column(column, justify="right", no_wrap=True)
+    groups = shows_groups(runs)
+    if groups:
+        table.add_column("groups placed", no_wrap=True)
+        for column in GROUP_COUNTS:
+            table.add_column(column, justify="right", no_wrap=True)
     for run in runs:
         at_capacity = allocation_at_arrived(run.samples, 1.0)
-        table.add_row(
+        cells: list[str | Text] = [
             Text(run.policy), Text(run.node_policy), str(run.pods), str(run.placed),
             str(run.refused), Text(top_reasons(run.refused_by_reason)),
             share(run.peak_allocation), share(at_capacity),
             share(run.samples[-1].fragmentation if run.samples else None),
-            duration(percentile(run.waits, 0.5)), duration(percentile(run.waits, 0.95)))
+            duration(percentile(run.waits, 0.5)), duration(percentile(run.waits, 0.95))]
+        if groups:
+            tally = run.groups
+            cells += [tally.placement.replace("-", " "), str(tally.jobs), str(tally.started),
+                      str(tally.waiting), f"{tally.idle_gpu_hours:.1f}"]
+        table.add_row(*cells)
     return table
+
+
+def shows_groups(runs: Sequence[PolicyRun]) -> bool:
+    """Whether the workload declares groups: the table then counts the jobs."""
+    return any(run.groups.jobs for run in runs)
 
 
 def shows_namespaces(runs: Sequence[PolicyRun], quotas: int) -> bool:

@@ -58,6 +58,33 @@ class NamespaceTally:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupTally:
+    """A run's groups (distributed jobs): how many started, how many did not, and the card
+    time members held while their job could not run."""
+
+    placement: str = "all-or-nothing"
+    """``all-or-nothing``: a group's members placed together or none; ``one-at-a-time``:
+    each member on its own as it arrives, as kube-scheduler alone places them."""
+    jobs: int = 0
+    started: int = 0
+    """Groups whose members were all placed."""
+    waiting: int = 0
+    """Groups not all placed at the end (``jobs - started``)."""
+    holding: int = 0
+    """Of the waiting groups, those whose placed members hold cards at the end (none all
+    or nothing)."""
+    idle_gpu_hours: float = 0.0
+    """Card-hours held by placed members of groups not yet whole, up to the run's last
+    event: each such member's demand (cards, a share of one for a sharing pod) times how
+    long it held them before its group was whole. 0 all or nothing, by construction."""
+
+    def document(self) -> dict[str, object]:
+        return {"placement": self.placement, "jobs": self.jobs, "started": self.started,
+                "waiting": self.waiting, "holding_cards": self.holding,
+                "idle_gpu_hours": round(self.idle_gpu_hours, 3)}
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyRun:
     policy: str
     node_policy: str
@@ -74,6 +101,7 @@ class PolicyRun:
     """Seconds each placed pod waited, in the order they were placed."""
     by_namespace: dict[str, NamespaceTally] = field(default_factory=dict)
     """Per namespace of the workload, sorted by name."""
+    groups: GroupTally = field(default_factory=GroupTally)
 
     def document(self) -> dict[str, object]:
         """The run as ``--output json`` prints it."""
@@ -87,6 +115,7 @@ class PolicyRun:
             "refused_by_reason": dict(sorted(self.refused_by_reason.items())),
             "by_namespace": {namespace: tally.document()
                              for namespace, tally in self.by_namespace.items()},
+            "groups": self.groups.document(),
             "peak_allocation": self.peak_allocation,
             "allocation_at_arrived": [[round(s.arrived, SHARE_DIGITS),
                                        round(s.allocation, SHARE_DIGITS)] for s in points],

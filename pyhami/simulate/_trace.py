@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.core import PodManifest
+from common.core.groups import GroupRef
 from common.core.model import Node
 from common.core.quota import Quota
 
@@ -20,7 +21,10 @@ class SimPod:
     arrival: float
     """Seconds from the workload's start."""
     duration: float | None = None
-    """How long it runs once placed; None: until the end of the simulation."""
+    """How long it runs once placed; None: until the end of the simulation. A group's
+    member runs it from the moment its whole group is placed."""
+    group: GroupRef | None = None
+    """The group it declares (Kueue's label and count), None for a pod on its own."""
 
 
 @dataclass(frozen=True, slots=True)

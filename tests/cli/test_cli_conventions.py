@@ -156,7 +156,8 @@ class TestEnvironmentRule:
     def test_required_options_may_come_from_variables(
             self, capsys: pytest.CaptureFixture[str]) -> None:
         args = parse({"PYHAMI_CLUSTER": str(LAB), "PYHAMI_POD": "pod.yaml"}, "decide")
-        assert (args.cluster, args.pod) == (LAB, Path("pod.yaml"))
+        # --pod may be repeated (several pods, groups): a list, from the variable too.
+        assert (args.cluster, args.pod) == (LAB, [Path("pod.yaml")])
         assert refusal(capsys, {}, "decide", "--pod", "p") == (
             "pyhami decide: error: the following arguments are required: "
             "--cluster (or PYHAMI_CLUSTER)")

@@ -75,6 +75,9 @@ class TestDocument:
             "refused": 1, "refused_by_reason": {"NodeInsufficientDevice": 1},
             "by_namespace": {"default": {"pods": 4, "placed": 3, "refused_for_quota": 0,
                                          "refused_otherwise": 1}},
+            # A workload without groups: no job, all or nothing by default.
+            "groups": {"placement": "all-or-nothing", "jobs": 0, "started": 0, "waiting": 0,
+                       "holding_cards": 0, "idle_gpu_hours": 0.0},
             "peak_allocation": 0.75,
             "allocation_at_arrived": [[0.25, 0.25], [0.5, 0.5], [1.0, 0.75]],
             "fragmentation_at_arrived": [[0.25, 0.0], [0.5, 0.1], [1.0, 0.2]],
