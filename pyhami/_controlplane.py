@@ -532,6 +532,10 @@ class ApiServerPlane:
             f"--service-account-key-file={public}",
             f"--service-account-signing-key-file={key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            # Kubernetes' own pod groups (spec.schedulingGroup, scheduling.k8s.io/v1alpha2
+            # PodGroups), which pyhami reads (docs/scheduler.md, "Groups").
+            "--feature-gates=GenericWorkload=true",
+            "--runtime-config=scheduling.k8s.io/v1alpha2=true",
             "--v=1",
         ])
         self.admin_kubeconfig = write_kubeconfig(

@@ -90,6 +90,8 @@ class Reactions(ServicePart):
         quotas = await self.cluster.list_quotas()
         restored = []
         for pod in pods:
+            if not pod.finished:
+                self._note_member(pod)  # a group counts its members again, bound or not
             try:
                 allocation = pod.allocation(self.settings.defaults.device.resources)
             except AnnotationError as error:
