@@ -78,6 +78,9 @@ class Preemptions(ServicePart):
         """Pods kube-scheduler sent to the preempt verb, and when."""
         self._under_way: dict[str, UnderWay] = {}
         """Preemptors whose victims are being deleted."""
+        self._weighing: set[str] = set()
+        """Preemptors whose preemption waits for its grace or is being chosen: one at a
+        time per pod, or two /filter refusals within the grace would evict twice."""
 
     # kube-scheduler's preempt verb ------------------------------------------------------
 
@@ -127,13 +130,21 @@ class Preemptions(ServicePart):
         about it, preempt for it once the grace is over."""
         # /filter parsed the pod already; this runs on its path, so only cheap checks here.
         if (not self.shared.leadership.leading() or pod.spec.preemption_policy == NEVER
-                or self._awaiting_victims(request.key)):
+                or request.key in self._weighing or self._awaiting_victims(request.key)):
             return
+        self._weighing.add(request.key)
         self.shared.in_background(self._preempt_unless_asked(pod, request, list(nodes),
                                                              self._clock()))
 
     async def _preempt_unless_asked(self, pod: PodManifest, request: PodRequest,
                                     nodes: list[str], refused_at: float) -> None:
+        try:
+            await self._weigh(pod, request, nodes, refused_at)
+        finally:
+            self._weighing.discard(request.key)
+
+    async def _weigh(self, pod: PodManifest, request: PodRequest, nodes: list[str],
+                     refused_at: float) -> None:
         await asyncio.sleep(PREEMPT_GRACE_S)
         key = request.key
         if (self._asked.get(key, float("-inf")) >= refused_at

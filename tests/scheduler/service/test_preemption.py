@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 
 from agent.simulated import uuid_for
 from tests.harness import Lab
@@ -76,6 +77,34 @@ async def test_a_high_priority_mutex_pod_evicts_exactly_the_tenants_of_one_card(
     exposition = lab.daemon.service.metrics.exposition().decode()
     assert 'pyhami_preemptions_total{by="daemon",result="evicted"} 1.0' in exposition
     assert "pyhami_preemption_victims_total 2.0" in exposition
+
+
+async def test_refusals_of_the_preemptor_within_the_grace_evict_once(
+        lab: Lab, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-scheduler may filter a pod again before the grace is over: the refusals lead to
+    one preemption, not one each (seen once on the real control plane: two evictions
+    16 ms apart, card 3's tenants and card 0's). The budgets are read as slowly as from an
+    API server, so that the preemptions, were there several, would overlap."""
+    service = lab.daemon.service
+    assert service is not None
+
+    async def budgets_over_the_network() -> list[object]:
+        await asyncio.sleep(0.3)
+        return []
+
+    monkeypatch.setattr(service.shared.cluster, "disruption_budgets", budgets_over_the_network)
+    tenants = await fill_the_node(lab)
+    urgent = pod("urgent", priority=HIGH, policy="mutex")
+    await lab.pods.submit(urgent)
+    for _ in range(3):
+        async with http.post(f"{lab.daemon.url}/filter",
+                             json={"Pod": urgent, "NodeNames": [NODE]}) as answer:
+            assert answer.status == 200
+    placed = await lab.pods.placed("urgent")
+    await asyncio.sleep(QUIET_S)  # room for a second eviction, were there one
+    victims = {name for name, card in tenants.items() if card == 3}
+    assert await names(lab) == (tenants.keys() - victims) | {"urgent"}
+    assert len([e for e in placed["events"] if e["reason"] == "Preempting"]) == 1
 
 
 async def test_of_cards_with_as_few_tenants_the_lowest_priorities_go(lab: Lab) -> None:
