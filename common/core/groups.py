@@ -110,7 +110,7 @@ def group_of(manifest: PodManifest) -> GroupRef | None:
                               f"metadata.labels[{KUEUE_GROUP_LABEL}] names no group")
         return None
     if len(declared) > 1:
-        first, second = list(declared)
+        first, second = list(declared)[:2]
         raise PodRejected(
             f"the pod declares two groups, {shown(declared[first])} in {first.field} and "
             f"{shown(declared[second])} in {second.field}: a pod belongs to one group, "

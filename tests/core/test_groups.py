@@ -20,6 +20,7 @@ from common.core.groups import (
     place_group,
 )
 from common.core.pod import ObjectMeta, PodManifest, PodRequest, PodSpec, SchedulingGroup
+from common.core.quota import Quota
 from pyhami.sandbox import DEFAULTS
 from tests.builders import fleet_of, gpu_limits, hold, manifest, node
 
@@ -88,6 +89,11 @@ def test_a_pods_group_is_read_from_where_its_users_declare_it(
                  f"the pod declares two groups, 'a' in metadata.labels[{COSCHEDULING_GROUP_LABEL}]"
                  " and 'b' in spec.schedulingGroup.podGroupName: a pod belongs to one group, "
                  "declared one way", id="label-and-workload-api"),
+    pytest.param(declared({KUEUE_GROUP_LABEL: "a", COSCHEDULING_GROUP_LABEL: "b"},
+                          {KUEUE_COUNT_ANNOTATION: "4"}, pod_group="c"),
+                 f"the pod declares two groups, 'a' in metadata.labels[{KUEUE_GROUP_LABEL}] and "
+                 f"'b' in metadata.labels[{COSCHEDULING_GROUP_LABEL}]: a pod belongs to one "
+                 "group, declared one way", id="three-declarations-found-by-the-fuzzer"),
 ])
 def test_a_bad_declaration_is_refused_naming_the_field(pod: PodManifest, message: str) -> None:
     with pytest.raises(PodRejected) as refused:
@@ -149,3 +155,15 @@ def test_the_largest_first_fits_a_group_smallest_first_would_not() -> None:
     assert placement.placed
     assert [d.pod for d in placement.decisions] == ["default/two", "default/one-a",
                                                     "default/one-b"]
+
+
+def test_a_namespace_quota_is_charged_the_groups_sum() -> None:
+    """Each member alone is within the quota; the four together are not: none is placed."""
+    fleet = two_t4_nodes()
+    fleet.quotas.set_quota(Quota("default", "gpu-quota", memory=3 * 2 * 14000))
+    four = [member(f"w{i}") for i in range(4)]
+    placement = place_group(fleet, "train-a", four)
+    assert not placement.placed
+    assert placement.fitting == 3
+    assert placement.message is not None and "quota" in placement.message.lower()
+    assert place_group(fleet, "train-a", four[:3]).placed
