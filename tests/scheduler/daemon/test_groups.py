@@ -216,3 +216,46 @@ async def test_a_bad_group_declaration_is_a_400_naming_the_field(
         text = await answer.text()
     assert answer.status == 400
     assert text.startswith(f"request body: {refusal}"), text
+
+
+async def test_fifty_groups_on_room_for_ten_start_ten_at_a_time_whole(
+        jetstream_server: LocalNatsServer, http: aiohttp.ClientSession) -> None:
+    """Five nodes of four cards hold ten 2-member groups: of fifty queued, ten start at
+    once (not one or two), each whole; when they end, the next ten start."""
+    nodes = [SimulatedAgent.start(f"gpu-node-{n}", jetstream_server.url) for n in range(1, 6)]
+    daemon = await RunningDaemon(standalone_config(jetstream_server.url)).start()
+    pods = PodClient(http, daemon.url)
+    groups = {f"job-{g:02d}": [f"job-{g:02d}-{m}" for m in range(2)] for g in range(50)}
+    try:
+        for group, members in groups.items():
+            for name in members:
+                await pods.submit(member(name, group, count=2))
+
+        async def started() -> dict[str, int]:
+            bound = {pod["name"] for pod in await pods.pods() if pod["node"] is not None}
+            return {group: sum(name in bound for name in members)
+                    for group, members in groups.items()}
+
+        async def wave_started() -> bool:
+            counts = await started()
+            return sum(1 for count in counts.values() if count == 2) == 10
+
+        await eventually(wave_started, "ten groups started", timeout=60)
+        first = await started()
+        assert sorted(set(first.values())) == [0, 2]  # whole, or not at all
+        for group, count in first.items():
+            if count:
+                for name in groups[group]:
+                    await pods.delete(name)
+
+        async def next_wave() -> bool:
+            counts = await started()
+            return sum(1 for group, count in counts.items()
+                       if count == 2 and not first[group]) == 10
+
+        await eventually(next_wave, "the next ten groups started", timeout=60)
+        assert sorted(set((await started()).values())) == [0, 2]
+    finally:
+        await daemon.stop()
+        for node in nodes:
+            await node.halt()
