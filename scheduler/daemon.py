@@ -298,9 +298,18 @@ class Daemon:
         if self._lease is None:
             return
         lease = self._lease
+
+        async def open_lease() -> None:
+            try:
+                await lease.open(client)
+            except (nats.js.errors.ServiceUnavailableError,
+                    nats.errors.NoRespondersError) as error:
+                _unless_jetstream_is_starting(client, error)
+                raise
+
         try:
             await self._unless_stopped(_while_the_bus_times_out(
-                "the lease bucket", lambda: lease.open(client)))
+                "the lease bucket", open_lease))
         except (LeaseSettingsError, BucketReplicasError) as error:
             raise StartupError(str(error)) from None
 
@@ -439,9 +448,15 @@ class Daemon:
             return
         try:
             await self._standalone.reload()
+            # Before deciding: a bind the predecessor sent can no longer land on a pod
+            # this daemon may place elsewhere (docs/reliability.md, the fault test).
+            late = await self._standalone.fence()
         except (nats.errors.Error, TimeoutError, OSError, ClusterError) as error:
-            raise TakeOverFailed(f"the pod store could not be read ({describe_error(error)})"
-                                 ) from None
+            raise TakeOverFailed(f"the pod store could not be read and fenced "
+                                 f"({describe_error(error)})") from None
+        if late:
+            logger.warning("%d pod(s) bound by the previous lease holder after this daemon "
+                           "read the pod store: read now", late)
         await service.reactions.rebuild()
         self._stop_catching_up()
         self._catching_up = asyncio.create_task(self._catch_up(self._standalone))
@@ -655,12 +670,23 @@ async def _open_bucket(client: Client, refusal: Callable[[], str | None],
         return await StandaloneCluster.open(client, refusal, replicas=replicas)
     except BucketReplicasError as error:
         raise StartupError(str(error)) from None
-    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as error:
+        _unless_jetstream_is_starting(client, error)
         url = client.connected_url
         raise StartupError(
             f"--standalone keeps pods in JetStream, which the nats-server at "
             f"{url.netloc if url else '?'} does not offer: start nats-server with -js "
             "(and -sd DIR to keep the pods on disk)") from None
+
+
+def _unless_jetstream_is_starting(client: Client, error: Exception) -> None:
+    """A JetStream question nobody answered: where the server says it runs JetStream (its
+    INFO), JetStream is only not ready (a cluster without a majority yet, a server just
+    restarted): raise ``TimeoutError``, which the start asks again on. Else return."""
+    info = getattr(client, "_server_info", None) or {}
+    if info.get("jetstream"):
+        raise TimeoutError(f"JetStream is not ready on its server yet "
+                           f"({describe_error(error)})")
 
 
 def _webhook_files(config: WebhookConfig) -> CertificateFiles | None:

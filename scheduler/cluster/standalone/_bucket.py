@@ -42,6 +42,8 @@ logger = logging.getLogger("scheduler.cluster.standalone")
 BUCKET = "pyhami-pods"
 SETTLE_ATTEMPTS = 3
 SETTLE_PERIOD_S = 1.0
+FENCE_AT_ONCE = 32
+"""Entries fenced at once when a daemon takes the lease (``fence``)."""
 # Failures after which the write surely did not reach the bucket: the server answered
 # (APIError, no responders), or nats-py refused it before sending.
 _NOT_SENT = (APIError, NoRespondersError, OutboundBufferLimitError, ConnectionClosedError,
@@ -175,6 +177,37 @@ class FencedBucket(abc.ABC, Generic[V]):
                     self._adopt(key, stored, revision)
                     taken += 1
         return taken
+
+    async def fence(self, which: Callable[[V], bool]) -> int:
+        """Write every entry ``which`` keeps again, unchanged, over the revision this daemon
+        read; returns how many had changed meanwhile (those are read instead).
+
+        For a daemon that has just taken the lease, before it decides: its predecessor's
+        writes are compare-and-sets over the revisions it read, so one it sent while it
+        still decided and that lands after this (it waited in a NATS server during a
+        stream election) now fails, instead of binding a pod on cards this daemon may
+        give another; one that landed first is read and booked. Raises what the bucket
+        raises when it does not answer (the daemon then does not lead)."""
+        keys = [key for key, value in self._values.items()
+                if key not in self._unsettled and which(value)]
+        changed = 0
+
+        async def one(key: str) -> None:
+            nonlocal changed
+            async with self._writing.hold(key):
+                value = self._values.get(key)
+                if value is None or not which(value):
+                    return
+                try:
+                    self._revisions[key] = await self._kv.update(
+                        key, _encoder.encode(value), last=self._revisions.get(key, 0))
+                except KeyWrongLastSequenceError:
+                    self._adopt(key, *await self._read(key))
+                    changed += 1
+
+        for start in range(0, len(keys), FENCE_AT_ONCE):
+            await asyncio.gather(*(one(key) for key in keys[start:start + FENCE_AT_ONCE]))
+        return changed
 
     async def keep_settled(self, period: float = SETTLE_PERIOD_S) -> None:
         """Undo the writes that got no answer, once the bucket answers; runs forever."""

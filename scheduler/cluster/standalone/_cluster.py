@@ -80,6 +80,12 @@ class StandaloneCluster:
         await self._bucket.reload()
         await self._quotas.reload()
 
+    async def fence(self) -> int:
+        """Write every pod no node holds again, unchanged, so that a bind the previous
+        lease holder sent can no longer land (``FencedBucket.fence``); returns how many had
+        been bound meanwhile. Raises what the bucket raises when it does not answer."""
+        return await self._bucket.fence(lambda pod: pod.node is None)
+
     async def catch_up(self) -> int:
         """Take the pods written in a newer version than this daemon read (a predecessor's
         write that landed after this daemon's ``reload``), each told as a change, so that
