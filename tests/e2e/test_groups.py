@@ -29,9 +29,9 @@ pytestmark = pytest.mark.usefixtures("clean_namespace")
 
 MEMBER = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "12000"}
 SMALL_MEMBER = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}
-GROUP_START_BOUND_S = 30.0
-"""A 16-member group is bound this soon after its last member is created (measured: a few
-seconds; kube-scheduler's backoff of members it tried before is most of it)."""
+GROUP_START_BOUND_S = 10.0
+"""A 16-member group is bound this soon after its last member is created (measured: 0.51
+and 0.52 s on the development machine, docs/scheduler.md, "Groups")."""
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 COSCHEDULING_GROUPS = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{TEST_NAMESPACE}/podgroups"
 WORKLOAD_GROUPS = f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{TEST_NAMESPACE}/podgroups"
@@ -100,7 +100,7 @@ def test_a_16_member_group_binds_soon_after_its_last_member_is_created(
     for name in names[:-1]:
         lab.create_manifest(kueue(name, "big", 16, limits=SMALL_MEMBER))
     lab.wait_event(names[0], "FilteringFailed", "group big: waiting for its members")
-    assert bound(lab, names) == []
+    assert bound(lab, names[:-1]) == []
     created = time.monotonic()
     lab.create_manifest(kueue(names[-1], "big", 16, limits=SMALL_MEMBER))
     wait_for(lambda: len(bound(lab, names)) == 16, "the 16 members bound",
