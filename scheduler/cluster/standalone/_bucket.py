@@ -26,7 +26,6 @@ from nats.js.errors import (
     InvalidKeyError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
 )
 from nats.js.kv import KeyValue
 
@@ -43,6 +42,8 @@ BUCKET = "pyhami-pods"
 SETTLE_ATTEMPTS = 3
 SETTLE_PERIOD_S = 1.0
 FENCE_AT_ONCE = 32
+LISTING_ATTEMPTS = 5
+LISTING_TIMEOUT_S = 10.0
 """Entries fenced at once when a daemon takes the lease (``fence``)."""
 # Failures after which the write surely did not reach the bucket: the server answered
 # (APIError, no responders), or nats-py refused it before sending.
@@ -160,10 +161,7 @@ class FencedBucket(abc.ABC, Generic[V]):
         lease: a write its predecessor sent while it still decided may land after this
         daemon's ``reload`` (it waited in a NATS server during a stream election); its
         compare-and-set succeeds, as nobody else wrote the entry."""
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            keys = []
+        keys = await self._all_keys()
         taken = 0
         for key in keys:
             if not self._owns(key) or key in self._unsettled:
@@ -235,14 +233,44 @@ class FencedBucket(abc.ABC, Generic[V]):
     async def _load(self) -> None:
         self._values, self._revisions = await self._read_all()
 
+    async def _all_keys(self) -> list[str]:
+        """Every key the bucket holds now, checked whole: a listing can come back short
+        while the stream's leader changes (seen in the NATS cluster fault test: a daemon
+        that took the lease read 101 pods fewer than the bucket held, and gave their cards
+        again). The bucket keeps one message per key (history 1, a deleted key's marker
+        included), so a listing of every key, deleted ones too, that saw fewer than the
+        stream held before it started is read again. Raises ``TimeoutError`` when it stays
+        short or the listing does not end."""
+        for _ in range(LISTING_ATTEMPTS):
+            held = (await self._kv.status()).stream_info.state.messages
+            live, seen = await asyncio.wait_for(self._listing(), LISTING_TIMEOUT_S)
+            if seen >= held:
+                return live
+            logger.warning("bucket %s: a listing saw %d keys of the %d held; read again",
+                           self._name, seen, held)
+        raise TimeoutError(f"bucket {self._name}: every listing came back short")
+
+    async def _listing(self) -> tuple[list[str], int]:
+        """The live keys, and how many keys the listing saw, deleted ones included."""
+        watcher = await self._kv.watchall(meta_only=True)
+        live: list[str] = []
+        seen = 0
+        try:
+            async for entry in watcher:
+                if entry is None:  # the marker: every key delivered
+                    break
+                seen += 1
+                if entry.operation is None:  # a value, not a deletion's marker
+                    live.append(entry.key)
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
+        return live, seen
+
     async def _read_all(self) -> tuple[dict[str, V], dict[str, int]]:
         """Every entry of the bucket's kind and its revision, as the bucket holds them now."""
         values: dict[str, V] = {}
         revisions: dict[str, int] = {}
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            keys = []
+        keys = await self._all_keys()
         for key in keys:
             if not self._owns(key):
                 continue
