@@ -9,6 +9,7 @@ change.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import overload
@@ -170,6 +171,11 @@ class CachedChecks:
     seen: int
 
 
+_DYNAMIC_ARRAYS = ("tenants", "usedmem", "usedcores", "used", "node_used", "node_usedmem",
+                   "node_usedcores", "healthy", "cordoned", "processes")
+"""The arrays of a ``Layout`` that change after it is built (usage, health, cordons)."""
+
+
 class Layout:
     """Flat per-card arrays for a fixed set of nodes and cards.
 
@@ -256,6 +262,20 @@ class Layout:
                                                   dtype=np.bool_)
         self.irregular_links: BoolArray = np.array(
             [t.known and t.cliques is None for t in self.topology], dtype=np.bool_)
+
+    def copy(self) -> Layout:
+        """A layout of the same cards whose usage and health change apart from this one's:
+        the arrays that change are copied, the rest (names, capacities, topology) shared
+        and never written. Building a layout of 5,000 nodes of 8 cards takes about 260 ms;
+        this, a few."""
+        other = copy.copy(self)
+        for name in _DYNAMIC_ARRAYS:
+            setattr(other, name, getattr(self, name).copy())
+        other._node_score = None if self._node_score is None else self._node_score.copy()
+        other._stale_scores = set(self._stale_scores)
+        other.changed = []
+        other.check_cache = {}
+        return other
 
     def node_slice(self, node: int) -> slice:
         return slice(int(self.start[node]), int(self.start[node + 1]))
@@ -401,11 +421,12 @@ class Fleet:
 
     def copy(self) -> Fleet:
         """A fleet of the same nodes, ledger and quota charges, booked apart from this one
-        (a trial placement of several pods); it builds its own layout when first asked."""
+        (a trial placement of several pods); its layout a copy of this one's arrays."""
         other = Fleet(self._quotas.copy())
         other._nodes = dict(self._nodes)
         other._allocations = dict(self._allocations)
         other._usage = dict(self._usage)
+        other._layout = self._layout.copy() if self._layout is not None else None
         return other
 
     def release(self, key: str) -> Allocation | None:
