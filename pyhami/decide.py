@@ -57,13 +57,18 @@ def command(args: argparse.Namespace) -> int:
     return run(args.cluster, args.pod[0], defaults, args.explain, args.output)
 
 
+def _fleet_from_file(cluster_path: Path, defaults: Defaults) -> Fleet:
+    """The cluster file's fleet; raises ``InputFileError`` naming the file."""
+    try:
+        return fleet_from_cluster(load_cluster(cluster_path), defaults.device)
+    except ClusterFileError as error:
+        raise InputFileError(f"{cluster_path}: {error}") from None
+
+
 def decide_files(cluster_path: Path, pod_path: Path, defaults: Defaults,
                  explain: bool) -> dict[str, Any]:
     """Raises ``InputFileError`` for a file that cannot be used."""
-    try:
-        fleet = fleet_from_cluster(load_cluster(cluster_path), defaults.device)
-    except ClusterFileError as error:
-        raise InputFileError(f"{cluster_path}: {error}") from None
+    fleet = _fleet_from_file(cluster_path, defaults)
     manifest = load_pod(pod_path)
     try:
         request = parse_pod(manifest, defaults)
@@ -91,10 +96,7 @@ def decide_several(cluster_path: Path, pod_paths: list[Path], defaults: Defaults
     left it; the members of a group (the pods declaring the same group) decided together
     with ``place_group`` where the first of them comes, all placed or none. Raises
     ``InputFileError`` for a file that cannot be used."""
-    try:
-        fleet = fleet_from_cluster(load_cluster(cluster_path), defaults.device)
-    except ClusterFileError as error:
-        raise InputFileError(f"{cluster_path}: {error}") from None
+    fleet = _fleet_from_file(cluster_path, defaults)
     manifests = [load_pod(path) for path in pod_paths]
     groups: dict[str, list[PodManifest]] = {}
     declared: dict[str, GroupRef | str | None] = {}

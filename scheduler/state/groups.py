@@ -66,9 +66,6 @@ class Groups:
         self._groups: dict[str, _Group] = {}
         self._group_of: dict[str, str] = {}
 
-    def __len__(self) -> int:
-        return len(self._groups)
-
     def note(self, ref: GroupRef, key: str, manifest: PodManifest,
              request: PodRequest | None, *, bound: bool) -> None:
         """A member as last seen (a pod moved to another group leaves its old one)."""
@@ -189,8 +186,11 @@ class Groups:
         found: list[Starving] = []
         for group in self._groups.values():
             since = group.blocked_since
+            # Asked on every /filter: a group not blocked long enough costs one comparison.
+            if since is None or now - since < patience:
+                continue
             waiting = self._waiting(group)
-            if since is None or now - since < patience or not waiting:
+            if not waiting:
                 continue
             priority = max(member.manifest.spec.priority or 0 for member in waiting)
             found.append(Starving(group.ref, priority, since, tuple(waiting)))
