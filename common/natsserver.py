@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from common.core.errors import ExternalFailure
 
@@ -49,11 +52,47 @@ def nats_server_binary() -> Path:
     return Path(found)
 
 
+# Ports below the kernel's ephemeral range: a port bind(0) hands out is one the kernel
+# may give an outgoing connection's local end a moment later, before the server that
+# was to listen on it starts (seen once in CI as nats-server exiting at start).
+_LISTEN_PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
+    """A loopback port free now, outside the kernel's ephemeral range where the machine
+    allows, and not handed out before by this process."""
+    floor = min(_ephemeral_floor(), _LISTEN_PORTS.stop)
+    for _ in range(200):
+        port = random.randrange(_LISTEN_PORTS.start, floor) if floor > _LISTEN_PORTS.start \
+            else 0
+        if port == 0:
+            break
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+        chosen: int = probe.getsockname()[1]
+    _handed_out.add(chosen)
+    return chosen
 
 
 class LocalNatsServer:
@@ -63,19 +102,40 @@ class LocalNatsServer:
                  scheme: str = "nats") -> None:
         self.port = port if port is not None else free_port()
         self.extra_args = tuple(extra_args)
+        self._scheme = scheme
         self.url = f"{scheme}://127.0.0.1:{self.port}"
+        # A port this class chose may be moved once, before the first start, if another
+        # process took it meanwhile; a port given, or one a server listened on, stays.
+        self._port_movable = port is None
         # Other processes on the machine may take a port free_port() chose: the name tells
         # this server's INFO from another's on the same port.
         self.name = f"pyhami-test-{uuid.uuid4().hex[:12]}"
         self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
 
     def start(self) -> None:
         if self._process is not None:
             raise NatsServerError("nats-server is already running")
+        for attempt in range(3):
+            try:
+                self._start_once()
+                break
+            except NatsServerError:
+                if not self._port_movable or attempt == 2:
+                    raise
+                self.port = free_port()
+                self.url = f"{self._scheme}://127.0.0.1:{self.port}"
+        self._port_movable = False
+
+    def _start_once(self) -> None:
         command = [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port),
                    "-n", self.name, *self.extra_args]
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL)
+        # The log goes to a file so that a server refusing to start says why; the file
+        # lives as long as the server, closed by the next start.
+        if self._log is not None:
+            self._log.close()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115
+        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self._log)
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -85,13 +145,22 @@ class LocalNatsServer:
             if self._process.poll() is not None:
                 code = self._process.returncode
                 self._process = None
-                raise NatsServerError(f"nats-server exited with code {code} at start")
+                raise NatsServerError(f"nats-server exited with code {code} at start"
+                                      f"{self._last_log_line()}")
             if self._answering_info() == self.name:
                 return
             time.sleep(0.02)
         self.kill()
         raise NatsServerError(f"nats-server did not listen on port {self.port} "
                               f"within {READY_TIMEOUT_S:g} s")
+
+    def _last_log_line(self) -> str:
+        """``: <the server's last log line>``, or nothing when it wrote none."""
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        lines = self._log.read()[-4096:].decode(errors="replace").strip().splitlines()
+        return f": {lines[-1]}" if lines else ""
 
     def _answering_info(self) -> str | None:
         """The server_name in the INFO of whatever listens on the port, if anything does."""
@@ -175,17 +244,26 @@ class LocalNatsCluster:
 
     def __init__(self, store: Path, size: int = 3, name: str = "pyhami-test") -> None:
         self.name = name
-        self._route_ports = [free_port() for _ in range(size)]
-        self._monitor_ports = [free_port() for _ in range(size)]
+        self._store = store
+        self._size = size
+        self._started = False
+        self._route_ports: list[int] = []
+        self._monitor_ports: list[int] = []
+        self.servers: list[LocalNatsServer] = []
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        self._route_ports = [free_port() for _ in range(self._size)]
+        self._monitor_ports = [free_port() for _ in range(self._size)]
         routes = [f"nats://127.0.0.1:{port}" for port in self._route_ports]
         self.servers = [
             LocalNatsServer(extra_args=[
-                "-js", "-sd", str(store / f"server-{index}"),
-                "--cluster_name", name, "--cluster", routes[index],
+                "-js", "-sd", str(self._store / f"server-{index}"),
+                "--cluster_name", self.name, "--cluster", routes[index],
                 "--routes", ",".join(route for other, route in enumerate(routes)
                                      if other != index),
                 "-m", str(self._monitor_ports[index])])
-            for index in range(size)]
+            for index in range(self._size)]
 
     @property
     def urls(self) -> list[str]:
@@ -200,9 +278,28 @@ class LocalNatsCluster:
     def start(self, index: int | None = None) -> None:
         """Start one server (``index``) or all of them, then wait until the cluster has
         formed: every running server routed to the others and one JetStream meta leader."""
-        for server in self.servers if index is None else [self.servers[index]]:
-            server.start()
+        if index is None and not self._started:
+            self._start_first_time()
+        else:
+            for server in self.servers if index is None else [self.servers[index]]:
+                server.start()
+        self._started = True
         self.wait_formed()
+
+    def _start_first_time(self, attempts: int = 3) -> None:
+        """Start every server; where one refuses to start (another process took a port
+        between choosing it and listening on it), start over on new ports. Later starts
+        keep their ports: a restarted server is the same peer."""
+        for attempt in range(attempts):
+            try:
+                for server in self.servers:
+                    server.start()
+                return
+            except NatsServerError:
+                self.stop()
+                if attempt == attempts - 1:
+                    raise
+                self._choose_ports()
 
     def kill(self, index: int) -> None:
         """SIGKILL one server, as a crashed machine."""
