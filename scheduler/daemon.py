@@ -79,7 +79,8 @@ from scheduler.tls.webhook import (
     self_managed,
     service_names,
 )
-from scheduler.web.extender import extender_app, metrics_app
+from scheduler.web.extender import extender_app, extender_verbs, metrics_app
+from scheduler.web.fastpath import VerbsServer
 from scheduler.web.pods import PodApi
 from scheduler.web.probes import serve, starting_app
 from scheduler.web.quotas import QuotaApi
@@ -347,7 +348,8 @@ class Daemon:
         """The extender (and in standalone mode the pod API) and the metrics, in place of
         the probes."""
         config = self._config
-        app = extender_app(service, url_prefix=config.url_prefix, noop=config.noop_endpoint)
+        verbs = extender_verbs(service, url_prefix=config.url_prefix, noop=config.noop_endpoint)
+        app = extender_app(service, verbs, url_prefix=config.url_prefix)
         if self._standalone is not None:
             self._pending = PendingLoop(service, self._standalone, config.retry_period,
                                         config.scheduler_name)
@@ -356,7 +358,8 @@ class Daemon:
                                     self._config.service.defaults.device).routes())
         await probes.aclose()
         tls = _context_of(self._extender_files)
-        undo.push_async_callback((await serve(app, config.listen, tls)).cleanup)
+        undo.push_async_callback(
+            (await VerbsServer.start(app, verbs, config.listen, tls)).cleanup)
         if config.metrics is not None:
             undo.push_async_callback((await serve(metrics_app(service), config.metrics)).cleanup)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 from aiohttp import hdrs, web
@@ -32,10 +32,23 @@ _binding_args = msgspec.json.Decoder(ExtenderBindingArgs)
 _preemption_args = msgspec.json.Decoder(ExtenderPreemptionArgs)
 _encoder = msgspec.json.Encoder()
 JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
 
 
-def _bad_request(what: str, error: Exception) -> web.Response:
-    return web.Response(status=400, text=f"malformed {what}: {error}\n")
+class Answer(NamedTuple):
+    """An HTTP answer as the verbs make it, for either HTTP layer to write."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+
+BodyVerb = Callable[[bytes], Awaitable[Answer]]
+"""A POST verb from its whole body to its answer."""
+
+
+def _text(status: int, text: str) -> Answer:
+    return Answer(status, TEXT, f"{text}\n".encode())
 
 
 def _json(value: object) -> web.Response:
@@ -48,34 +61,75 @@ class Decoder(Protocol[Args_co]):
 
 def _verb(decoder: Decoder[Args], what: str, check: Callable[[Args], None],
           answer: Callable[[Args], Awaitable[object]],
-          refusal: Callable[[], str | None]) -> Handler:
-    """A POST handler: decode the body as ``what`` and ``check`` its names, answer as JSON;
-    400 naming the problem when the body does not decode or a name is refused, 413 when
-    it is over the limit, 503 while this daemon may not decide (``refusal``)."""
+          refusal: Callable[[], str | None]) -> BodyVerb:
+    """A POST verb: decode the body as ``what`` and ``check`` its names, answer as JSON;
+    400 naming the problem when the body does not decode or a name is refused, 503 while
+    this daemon may not decide (``refusal``)."""
 
-    async def handle(request: web.Request) -> web.Response:
+    async def handle(body: bytes) -> Answer:
         if (standby := refusal()) is not None:
-            return web.Response(status=503, text=f"{standby}\n")
-        body = await read_body(request, EXTENDER_BODY_LIMIT)
+            return _text(503, standby)
         try:
             args = decoder.decode(body)
             check(args)
         except (msgspec.DecodeError, InvalidName) as error:
-            return _bad_request(what, error)
+            return _text(400, f"malformed {what}: {error}")
         except RecursionError:  # msgspec's depth bound: Python's recursion limit
-            return _bad_request(what, ValueError("JSON nested too deeply"))
-        return _json(await answer(args))
+            return _text(400, f"malformed {what}: JSON nested too deeply")
+        return Answer(200, JSON, _encoder.encode(await answer(args)))
 
     return handle
 
 
-def extender_app(service: SchedulerService, *, url_prefix: str = "",
-                 noop: bool = False) -> web.Application:
-    """The extender under ``url_prefix`` (as kube-scheduler's ``urlPrefix`` ends)."""
+def extender_verbs(service: SchedulerService, *, url_prefix: str = "",
+                   noop: bool = False) -> dict[str, BodyVerb]:
+    """The POST verbs kube-scheduler calls, by path (``url_prefix`` as its ``urlPrefix``
+    ends); with ``noop``, ``/noop`` decodes like /filter and answers at once (the HTTP
+    floor for benchmarks)."""
+
+    prefix = url_prefix.rstrip("/")
+    args = ExtenderArgsDecoder()
+    verbs = {
+        f"{prefix}/filter": _verb(args, "ExtenderArgs", check_extender_args,
+                                  service.verbs.filter, service.refusal),
+        f"{prefix}/prioritize": _verb(args, "ExtenderArgs", check_extender_args,
+                                      service.verbs.prioritize, service.refusal),
+        f"{prefix}/bind": _verb(_binding_args, "ExtenderBindingArgs", check_binding_args,
+                                service.verbs.bind, service.refusal),
+        f"{prefix}/preempt": _verb(_preemption_args, "ExtenderPreemptionArgs",
+                                   check_preemption_args, service.preemptions.answer,
+                                   service.refusal),
+    }
+    if noop:
+        verbs[f"{prefix}/noop"] = noop_verb()
+    return verbs
+
+
+def noop_verb() -> BodyVerb:
+    """Decodes and checks ExtenderArgs as /filter does and answers at once with the first
+    node: what the HTTP layer and the decoding cost, without a decision."""
 
     async def answer_at_once(args: ExtenderArgs) -> ExtenderFilterResult:
-        """Decodes like /filter and answers at once: the HTTP floor for benchmarks."""
         return ExtenderFilterResult(node_names=list((args.node_names or ())[:1]))
+
+    return _verb(ExtenderArgsDecoder(), "ExtenderArgs", check_extender_args, answer_at_once,
+                 lambda: None)
+
+
+def _aiohttp_handler(verb: BodyVerb) -> Handler:
+    """The verb behind aiohttp: the body read with the extender's bound (413 past it)."""
+
+    async def handle(request: web.Request) -> web.Response:
+        status, content_type, body = await verb(await read_body(request, EXTENDER_BODY_LIMIT))
+        return web.Response(status=status, body=body, headers={hdrs.CONTENT_TYPE: content_type})
+
+    return handle
+
+
+def extender_app(service: SchedulerService, verbs: Mapping[str, BodyVerb], *,
+                 url_prefix: str = "") -> web.Application:
+    """The extender's listener as aiohttp serves it: the ``verbs`` (``extender_verbs``),
+    /explain under ``url_prefix``, health, status and the ledger."""
 
     async def explain(request: web.Request) -> web.Response:
         # ?node=NAME (repeated) offers only those nodes, as a /filter with NodeNames would.
@@ -92,31 +146,15 @@ def extender_app(service: SchedulerService, *, url_prefix: str = "",
         return _json(service.reporting.status())
 
     prefix = url_prefix.rstrip("/")
-    args = ExtenderArgsDecoder()
     # Handlers read through read_body with their own limit; this bounds any other reader.
     app = web.Application(client_max_size=EXTENDER_BODY_LIMIT)
     app.add_routes([
-        web.post(f"{prefix}/filter",
-                 _verb(args, "ExtenderArgs", check_extender_args, service.verbs.filter,
-                       service.refusal)),
-        web.post(f"{prefix}/prioritize",
-                 _verb(args, "ExtenderArgs", check_extender_args, service.verbs.prioritize,
-                       service.refusal)),
-        web.post(f"{prefix}/bind",
-                 _verb(_binding_args, "ExtenderBindingArgs", check_binding_args, service.verbs.bind,
-                       service.refusal)),
-        web.post(f"{prefix}/preempt",
-                 _verb(_preemption_args, "ExtenderPreemptionArgs", check_preemption_args,
-                       service.preemptions.answer, service.refusal)),
+        *(web.post(path, _aiohttp_handler(verb)) for path, verb in verbs.items()),
         web.post(f"{prefix}/explain", explain),
         *health_routes(service),
         web.get("/statusz", statusz),
         web.get("/ledgerz", ledgerz_handler(service)),
     ])
-    if noop:
-        app.add_routes([web.post(f"{prefix}/noop",
-                                 _verb(args, "ExtenderArgs", check_extender_args,
-                                       answer_at_once, lambda: None))])
     return app
 
 

@@ -19,7 +19,12 @@ from kubernetes import client, config
 
 from common.core.quota import ResourceQuotaManifest
 from scheduler.cluster.kube._requests import Json, JsonObject
-from scheduler.cluster.kube._transport import WATCH_TIMEOUT_SECONDS, ApiTransport, Endpoint
+from scheduler.cluster.kube._transport import (
+    WATCH_TIMEOUT_SECONDS,
+    ApiTransport,
+    CachedAuthorization,
+    Endpoint,
+)
 from scheduler.cluster.kube._wire import RawList, Unreadable, pod_and_version, quota_and_version
 from scheduler.cluster.port import ClusterError, ClusterPod, PodChange, QuotaChange
 
@@ -66,16 +71,18 @@ def _endpoint(configuration: client.Configuration) -> Endpoint:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
 
-    def authorization() -> str | None:
+    def read_authorization() -> str | None:
         # Runs the configuration's refresh hook: in a pod, the rotated token file is read
         # again; from a kubeconfig, an expired exec or OIDC token is fetched anew.
         key: str | None = configuration.get_api_key_with_prefix(
             "BearerToken", alias="authorization")
         return key
 
+    authorization = CachedAuthorization(read_authorization)
     return Endpoint(base_url=host, ssl_context=context,
                     server_name=getattr(configuration, "tls_server_name", None) or None,
-                    proxy=configuration.proxy or None, authorization=authorization)
+                    proxy=configuration.proxy or None, authorization=authorization,
+                    forget_authorization=authorization.forget)
 
 
 def _part(name: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ POOL_SIZE = 16  # connections open to the API server at most, the watch's includ
 GONE = 410
 NOT_FOUND = 404
 CONFLICT = 409
+UNAUTHORIZED = 401
+TOKEN_READ_INTERVAL_S = 1.0
 
 Query = Mapping[str, str]
 
@@ -71,6 +74,37 @@ def describe_failure(error: BaseException) -> str:
     return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
 
 
+class CachedAuthorization:
+    """The Authorization header asked of ``read`` at most once every ``interval`` seconds.
+
+    ``read`` runs the kubernetes package's refresh hook: in a pod it reads the rotated
+    token file again, from a kubeconfig it rewrites the whole Configuration (0.38 ms a
+    call, measured), and it ran before every API call. A token rotates in minutes, and a
+    401 makes the transport ``forget`` the header and ask once more, so a second's reuse
+    costs at most one refused call at a rotation.
+    """
+
+    def __init__(self, read: Callable[[], str | None],
+                 interval: float = TOKEN_READ_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read = read
+        self._interval = interval
+        self._clock = clock
+        self._header: str | None = None
+        self._read_at: float | None = None
+
+    def __call__(self) -> str | None:
+        now = self._clock()
+        if self._read_at is None or now - self._read_at >= self._interval:
+            self._header = self._read()
+            self._read_at = now
+        return self._header
+
+    def forget(self) -> None:
+        """The next call reads the header again (the API server refused the last one)."""
+        self._read_at = None
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """Where the API server is and how to be let in."""
@@ -81,6 +115,8 @@ class Endpoint:
     proxy: str | None
     authorization: Callable[[], str | None]
     """The Authorization header, asked before every request: a token can rotate."""
+    forget_authorization: Callable[[], None] = lambda: None
+    """Called on a 401 before the one retry: a cached header is read again."""
 
 
 class ApiTransport:
@@ -133,7 +169,18 @@ class ApiTransport:
 
     async def call(self, method: str, path: str, *, query: Query | None = None,
                    body: bytes | None = None, content_type: str | None = None) -> bytes:
-        """The answer's body; raises one of ``API_FAILURES``."""
+        """The answer's body; raises one of ``API_FAILURES``. A 401 is tried once more
+        with the Authorization header read again (a token rotated since it was read)."""
+        try:
+            return await self._call(method, path, query, body, content_type)
+        except ApiStatusError as error:
+            if error.status != UNAUTHORIZED:
+                raise
+            self._endpoint.forget_authorization()
+        return await self._call(method, path, query, body, content_type)
+
+    async def _call(self, method: str, path: str, query: Query | None, body: bytes | None,
+                    content_type: str | None) -> bytes:
         async with self._response(method, path, query=query, body=body,
                                   content_type=content_type,
                                   timeout=REQUEST_TIMEOUT) as response:
@@ -143,9 +190,14 @@ class ApiTransport:
     async def stream(self, path: str, query: Query) -> AsyncIterator[AsyncIterator[bytes]]:
         """The body of a GET as it arrives, in chunks; raises one of ``API_FAILURES``.
         The connection is dropped on leaving: an unfinished stream must not be reused."""
-        async with self._response("GET", path, query=query, body=None, content_type=None,
-                                  timeout=WATCH_REQUEST_TIMEOUT) as response:
-            try:
-                yield response.content.iter_any()
-            finally:
-                response.close()
+        try:
+            async with self._response("GET", path, query=query, body=None, content_type=None,
+                                      timeout=WATCH_REQUEST_TIMEOUT) as response:
+                try:
+                    yield response.content.iter_any()
+                finally:
+                    response.close()
+        except ApiStatusError as error:
+            if error.status == UNAUTHORIZED:  # the watch's next start reads the token again
+                self._endpoint.forget_authorization()
+            raise

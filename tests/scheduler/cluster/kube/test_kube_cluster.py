@@ -895,26 +895,40 @@ def configuration(port: int, token: str) -> kubernetes_client.Configuration:
     return loaded
 
 
-async def test_the_token_is_asked_for_before_every_request(tmp_path: Path) -> None:
+async def test_a_token_rotated_within_the_second_is_read_again_on_the_401() -> None:
     api = StubApiServer()
     api.pods["ml/p"] = pod_json("p", namespace="ml")
     async with serve(api) as port:
         loaded = configuration(port, "expired")
         tokens = iter(["expired", TOKEN])
+        hook_runs = []
 
         def rotate(rotated: kubernetes_client.Configuration) -> None:
             # As the in-cluster loader's hook does: the token file read again.
+            hook_runs.append(1)
             rotated.api_key["BearerToken"] = f"Bearer {next(tokens)}"
 
         loaded.refresh_api_key_hook = rotate
         transport = _transport.ApiTransport(_client._endpoint(loaded))
         try:
-            with pytest.raises(ApiStatusError) as refused:
-                await _client.read_pod(transport, "ml", "p")
-            assert refused.value.status == 401
+            assert decode_pod(await _client.read_pod(transport, "ml", "p")).key == "ml/p"
             assert decode_pod(await _client.read_pod(transport, "ml", "p")).key == "ml/p"
         finally:
             await transport.close()
+    # Read for the first call, again after its 401; the third call reuses the header.
+    assert len(hook_runs) == 2
+
+
+async def test_a_token_refused_twice_is_a_401(tmp_path: Path) -> None:
+    api = StubApiServer()
+    async with serve(api) as port:
+        transport = _transport.ApiTransport(_client._endpoint(configuration(port, "wrong")))
+        try:
+            with pytest.raises(ApiStatusError) as refused:
+                await _client.read_pod(transport, "ml", "p")
+        finally:
+            await transport.close()
+    assert refused.value.status == 401
 
 
 async def test_an_error_status_is_raised_with_the_api_message(harness: Harness) -> None:
