@@ -250,8 +250,11 @@ def decide(
         wanted = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
         if not wanted.issuperset(layout.name_set):
             considered[:] = False
-            positions = layout.node_position
-            considered[[positions[n] for n in wanted if n in positions]] = True
+            # The intersection and the lookups in C: a Python loop over the ~420 names
+            # kube-scheduler sends at 1,000 nodes cost more than the rest of the choice.
+            known = wanted & layout.name_set
+            considered[np.fromiter(map(layout.node_position.__getitem__, known),
+                                   dtype=np.intp, count=len(known))] = True
 
     first = pod.gpu_containers[0]
     codes, by_node = view.first_checks()

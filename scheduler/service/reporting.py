@@ -20,6 +20,11 @@ logger = logging.getLogger(__name__)
 Publish = Callable[[DecisionEvent | UsageEvent], Awaitable[None]]
 Check = Callable[[], str | None]
 
+TELEMETRY_BATCH_S = 0.02
+"""Decisions and usage go out together at most this long after the first of them: under
+a burst one usage message covers every pod placed on a node meanwhile, and one write to
+NATS carries them all, where each pod cost a usage message and a write of its own."""
+
 
 class Reporting:
     """The ``Reports`` the other parts use, and the views of the daemon's health."""
@@ -46,6 +51,9 @@ class Reporting:
         self.status_parts: dict[str, Callable[[], object]] = dict(status_parts or {})
         self._changed_nodes: set[str] = set()
         self._retry_signals: list[asyncio.Event] = []
+        self._outbox: list[DecisionEvent] = []
+        self._sending: asyncio.TimerHandle | None = None
+        shared.before_settle(self._send_now)
 
     # What the other parts tell ----------------------------------------------------
 
@@ -54,17 +62,17 @@ class Reporting:
 
     async def capacity_changed(self, *nodes: str, retry_waiting: bool = True) -> None:
         self._changed_nodes.update(nodes)
-        await self._publish_usage()
+        self._send_soon()
         if retry_waiting:
             self.retry_waiting()
 
     async def decided(self, decision: Decision, verb: Literal["filter", "bind"],
                       duration_ms: float, decided_at: float) -> None:
         leadership = self.shared.leadership
-        await self._publish(DecisionEvent.of(decision, verb, decided_at, duration_ms,
+        self._outbox.append(DecisionEvent.of(decision, verb, decided_at, duration_ms,
                                              decider=leadership.identity,
                                              term=leadership.term))
-        await self._publish_usage()
+        self._send_soon()
 
     def retry_waiting(self) -> None:
         for event in self._retry_signals:
@@ -87,6 +95,26 @@ class Reporting:
         return event
 
     # Telemetry --------------------------------------------------------------------
+
+    def _send_soon(self) -> None:
+        if self._sending is None:
+            self._sending = asyncio.get_running_loop().call_later(TELEMETRY_BATCH_S,
+                                                                  self._send_now)
+
+    def _send_now(self) -> None:
+        """The decisions waiting, in the order taken, then the usage of every node changed
+        since the last send (one message a node)."""
+        if self._sending is not None:
+            self._sending.cancel()
+            self._sending = None
+        decisions, self._outbox = self._outbox, []
+        if decisions or self._changed_nodes:
+            self.shared.in_background(self._send(decisions))
+
+    async def _send(self, decisions: list[DecisionEvent]) -> None:
+        for decision in decisions:
+            await self._publish(decision)
+        await self._publish_usage()
 
     async def _publish_usage(self) -> None:
         changed, self._changed_nodes = self._changed_nodes, set()

@@ -102,6 +102,7 @@ class Shared:
         self.pods = PodsInFlight()
         """What the daemon remembers of pods beyond their cards."""
         self._reporting: set[asyncio.Task[None]] = set()
+        self._before_settle: list[Callable[[], None]] = []
 
     def in_background(self, report: Coroutine[None, None, None]) -> None:
         """Events and telemetry go out after the answer, never delaying kube-scheduler."""
@@ -109,8 +110,15 @@ class Shared:
         self._reporting.add(task)
         task.add_done_callback(self._reported)
 
+    def before_settle(self, send: Callable[[], None]) -> None:
+        """``send`` starts what a part holds back to report in a batch, when settling."""
+        self._before_settle.append(send)
+
     async def settle(self, timeout: float = 5.0) -> None:
-        """Let the reports already under way go out (before shutting down)."""
+        """Let the reports held back and those already under way go out (before shutting
+        down)."""
+        for send in self._before_settle:
+            send()
         if self._reporting:
             await asyncio.wait(self._reporting, timeout=timeout)
 
