@@ -117,10 +117,17 @@ class Shared:
     async def settle(self, timeout: float = 5.0) -> None:
         """Let the reports held back and those already under way go out (before shutting
         down)."""
-        for send in self._before_settle:
-            send()
-        if self._reporting:
-            await asyncio.wait(self._reporting, timeout=timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            # Again after each wait: a report under way may hold back more (a decision's
+            # report adds the decision to the telemetry batch).
+            for send in self._before_settle:
+                send()
+            left = deadline - loop.time()
+            if not self._reporting or left <= 0:
+                return
+            await asyncio.wait(set(self._reporting), timeout=left)
 
     def _reported(self, task: asyncio.Task[None]) -> None:
         self._reporting.discard(task)

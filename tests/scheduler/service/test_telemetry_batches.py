@@ -1,0 +1,75 @@
+"""Decisions and usage go out in batches: the decisions in order, then one usage message
+per node changed, at most ``TELEMETRY_BATCH_S`` after the first; settling sends at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from common.telemetry import DecisionEvent, UsageEvent
+from pyhami.sandbox import DEFAULTS
+from scheduler.service import SchedulerService, ServiceSettings
+from scheduler.service.reporting import TELEMETRY_BATCH_S
+from scheduler.web.protocol import ExtenderArgs
+from tests.builders import manifest
+from tests.fakes.node_list import NodeList, inventory_message
+
+NODES = ("n1", "n2")
+
+
+async def service_recording(published: list[DecisionEvent | UsageEvent]) -> SchedulerService:
+    async def publish(event: DecisionEvent | UsageEvent) -> None:
+        published.append(event)
+
+    service = SchedulerService(ServiceSettings(DEFAULTS), NodeList(set(NODES)), publish)
+    service.shared.ready = True
+    for node in NODES:
+        await service.reactions.receive_inventory(*inventory_message(node, 1))
+    await service.shared.settle()
+    published.clear()
+    return service
+
+
+async def filter_pods(service: SchedulerService, names: list[str], node: str) -> None:
+    for name in names:
+        answer = await service.verbs.filter(
+            ExtenderArgs(pod=manifest(name, policy="binpack"), node_names=(node,)))
+        assert answer.node_names == [node]
+
+
+async def test_decisions_of_one_burst_go_out_in_order_with_one_usage_message_a_node() -> None:
+    published: list[DecisionEvent | UsageEvent] = []
+    service = await service_recording(published)
+    await filter_pods(service, ["a", "b"], "n1")
+    await filter_pods(service, ["c"], "n2")
+    await asyncio.sleep(0)
+    assert published == []  # held for the batch
+    await asyncio.sleep(TELEMETRY_BATCH_S * 3)
+    decisions = [event for event in published if isinstance(event, DecisionEvent)]
+    usage = [event for event in published if isinstance(event, UsageEvent)]
+    assert [event.pod for event in decisions] == ["default/a", "default/b", "default/c"]
+    assert published[:3] == decisions  # the decisions first, the usage after them
+    assert sorted(event.node for event in usage) == ["n1", "n2"]
+    n1 = next(event for event in usage if event.node == "n1")
+    assert sum(card.tenants for card in n1.cards) == 2  # both pods, in one message
+
+
+async def test_settling_sends_what_is_held_at_once() -> None:
+    published: list[DecisionEvent | UsageEvent] = []
+    service = await service_recording(published)
+    await filter_pods(service, ["a"], "n1")
+    await service.shared.settle()
+    # The usage may lead: the filter marks the node at once, its decision's report follows.
+    assert sorted(type(event).__name__ for event in published) == ["DecisionEvent",
+                                                                    "UsageEvent"]
+
+
+async def test_a_later_burst_is_a_batch_of_its_own() -> None:
+    published: list[DecisionEvent | UsageEvent] = []
+    service = await service_recording(published)
+    await filter_pods(service, ["a"], "n1")
+    await asyncio.sleep(TELEMETRY_BATCH_S * 3)
+    await filter_pods(service, ["b"], "n1")
+    await asyncio.sleep(TELEMETRY_BATCH_S * 3)
+    assert [(type(event).__name__, getattr(event, "pod", None)) for event in published] == [
+        ("DecisionEvent", "default/a"), ("UsageEvent", None),
+        ("DecisionEvent", "default/b"), ("UsageEvent", None)]
