@@ -129,22 +129,30 @@ class VerbsProtocol(asyncio.Protocol):
         self._wait_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # A verb under way goes on to its end, its answer dropped, as aiohttp lets a
+        # handler finish (its handler_cancellation is off): a /bind stopped between its
+        # Binding and its booking would leave the ledger behind the cluster.
         self._connections.discard(self)
         self._transport = None
         if self._idle is not None:
             self._idle.cancel()
-        if self._answering is not None:
-            self._answering.cancel()
+
+    @property
+    def answering(self) -> asyncio.Task[None] | None:
+        """The verb under way on this connection, if any."""
+        return self._answering
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
-        if self._answering is None:
-            self._next()
-        elif len(self._buffer) > EXTENDER_BODY_LIMIT + HEAD_LIMIT and not self._paused:
-            # A client sending ahead of its answers waits for them.
+        if len(self._buffer) > EXTENDER_BODY_LIMIT + HEAD_LIMIT and not self._paused:
+            # A client sending ahead of its answers waits for them. The buffer then holds
+            # a whole request (one within the bounds is shorter), so reading resumes once
+            # it is answered.
             assert self._transport is not None
             self._transport.pause_reading()
             self._paused = True
+        if self._answering is None:
+            self._next()
 
     def pause_writing(self) -> None:
         self._writable = False
@@ -155,7 +163,7 @@ class VerbsProtocol(asyncio.Protocol):
             self._next()
 
     def close(self) -> None:
-        """Close the connection (the daemon stops): an answer under way is dropped."""
+        """Close the connection: an answer under way is dropped, its verb goes on."""
         if self._transport is not None:
             self._transport.close()
 
@@ -202,12 +210,12 @@ class VerbsProtocol(asyncio.Protocol):
         if close:
             transport.close()
             return
-        if self._paused:
-            self._paused = False
-            transport.resume_reading()
         self._wait_idle()
         if self._buffer:
             self._next()
+        if self._paused and len(self._buffer) <= EXTENDER_BODY_LIMIT + HEAD_LIMIT:
+            self._paused = False
+            transport.resume_reading()
 
     def _wait_idle(self) -> None:
         self._idle = asyncio.get_running_loop().call_later(IDLE_TIMEOUT_S, self.close)
@@ -258,7 +266,13 @@ class VerbsServer:
         return cls(runner, server, connections)
 
     async def cleanup(self) -> None:
+        """Stop listening, let the verbs under way answer (for up to ``HTTP_SHUTDOWN_S``,
+        as aiohttp's shutdown does), then close every connection."""
         self._server.close()
+        under_way = [task for connection in self._connections
+                     if (task := connection.answering) is not None]
+        if under_way:
+            await asyncio.wait(under_way, timeout=HTTP_SHUTDOWN_S)
         for connection in list(self._connections):
             connection.close()
         with contextlib.suppress(asyncio.TimeoutError):

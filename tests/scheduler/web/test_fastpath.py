@@ -37,9 +37,11 @@ async def broken(_: bytes) -> Answer:
 class Slow:
     def __init__(self) -> None:
         self.release = asyncio.Event()
+        self.finished: list[bytes] = []
 
     async def __call__(self, body: bytes) -> Answer:
         await self.release.wait()
+        self.finished.append(body)
         return Answer(200, "text/plain; charset=utf-8", body)
 
 
@@ -140,6 +142,22 @@ async def test_what_the_reader_does_not_take_is_aiohttps_to_answer(
     writer.close()
 
 
+async def test_a_client_sending_far_ahead_of_its_answers_gets_them_all(
+        listener: tuple[Connect, Slow]) -> None:
+    connect, slow = listener
+    reader, writer = await connect()
+    big = b"x" * (5 * 1024 * 1024)
+    # The first verb waits: the two requests after it pass the buffer's bound, and the
+    # reader stops reading until the answers go out.
+    writer.write(post("/slow", b"first") + post("/filter", big) + post("/filter", big))
+    await asyncio.sleep(0.2)
+    slow.release.set()
+    await writer.drain()
+    bodies = [(await answer(reader))[2] for _ in range(3)]
+    assert bodies == [b"first", b'{"echo":5242880}', b'{"echo":5242880}']
+    writer.close()
+
+
 async def test_a_verb_that_fails_is_a_500_and_the_connection_ends(
         listener: tuple[Connect, Slow]) -> None:
     reader, writer = await listener[0]()
@@ -170,6 +188,25 @@ async def test_a_client_gone_before_its_answer_leaves_the_listener_serving(
     writer.write(post("/slow", b"next"))
     assert (await answer(reader))[2] == b"next"
     writer.close()
+    # The verb of the client that left ran to its end, as aiohttp lets a handler finish.
+    assert slow.finished == [b"late", b"next"]
+
+
+async def test_stopping_lets_the_verb_under_way_answer_first() -> None:
+    slow = Slow()
+    port = free_port()
+    server = await VerbsServer.start(web.Application(), {"/slow": slow}, ("127.0.0.1", port),
+                                     None)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/slow", b"last"))
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    stopping = asyncio.ensure_future(server.cleanup())
+    await asyncio.sleep(0.05)
+    slow.release.set()
+    assert (await answer(reader))[2] == b"last"
+    await stopping
+    assert await asyncio.wait_for(reader.read(), 5) == b""
 
 
 async def test_stopping_closes_kept_alive_connections() -> None:
