@@ -98,10 +98,13 @@ async def lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
         yield last
 
 
+_events = msgspec.json.Decoder(WatchEvent)
+
+
 def seen(line: bytes, collection: Collection[Item, Change]) -> Seen[Item]:
     """The watch event a line is. Raises ``Expired`` or ``WatchFailed`` on an ERROR event,
     ``msgspec.DecodeError`` on a line that is none."""
-    event = msgspec.json.decode(line, type=WatchEvent)
+    event = _events.decode(line)
     if event.type == "ERROR":
         status = msgspec.json.decode(event.object, type=Status)
         if status.code == GONE:

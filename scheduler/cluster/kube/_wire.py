@@ -234,15 +234,18 @@ def cluster_pod(pod: Pod) -> ClusterPod:
                       started=started.timestamp() if started is not None else 0.0)
 
 
+_pods = msgspec.json.Decoder(Pod)  # kept: every pod of a watch or a list goes through it
+
+
 def decode_pod(data: bytes | str) -> ClusterPod:
     """A pod from the API's JSON (a v1.Pod). Raises ``msgspec.DecodeError``."""
-    return cluster_pod(msgspec.json.decode(data, type=Pod))
+    return cluster_pod(_pods.decode(data))
 
 
 def pod_and_version(data: bytes) -> tuple[ClusterPod, str | None]:
     """A pod of a list or a watch event, and its resourceVersion. Raises
     ``msgspec.DecodeError``."""
-    pod = msgspec.json.decode(data, type=Pod)
+    pod = _pods.decode(data)
     return cluster_pod(pod), pod.metadata.resource_version
 
 
