@@ -254,6 +254,7 @@ class Clients:
             self.book.unbound.append(f"{name}: not submitted ({submitted})")
             return
         self.book.acknowledged.add(name)
+        last_filter: object = None  # said when the pod is not bound: why no node came
         for attempt in itertools.count():
             if time.monotonic() > deadline:
                 break
@@ -267,6 +268,8 @@ class Clients:
                                          {"Pod": manifest, "NodeNames": list(NODES)}, deadline)
             if answer is None or not isinstance(answer[1], dict) or \
                     not answer[1].get("NodeNames"):
+                last_filter = answer if answer is None or not isinstance(answer[1], dict) \
+                    else {key: answer[1].get(key) for key in ("Error", "FailedNodes")}
                 await asyncio.sleep(0.1)
                 continue
             node = str(answer[1]["NodeNames"][0])
@@ -278,7 +281,8 @@ class Clients:
                 self.book.bound[name] = node
                 self.book.binds.append((asked, time.monotonic()))
                 return await self._admit(name, node)
-        self.book.unbound.append(f"{name}: not bound within {POD_TIMEOUT_S:g} s")
+        self.book.unbound.append(f"{name}: not bound within {POD_TIMEOUT_S:g} s; "
+                                 f"the last /filter: {str(last_filter)[:300]}")
 
     async def _admit(self, name: str, node: str) -> None:
         """The kubelet starting the pod's container: one Allocate on its node, as the
