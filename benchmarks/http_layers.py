@@ -17,17 +17,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import uvloop
 from aiohttp import web
 
+from common.natsserver import free_port
+from pyhami.bench_extender import cpu_seconds, daemon_memory
 from scheduler.web.extender import noop_verb
 from scheduler.web.fastpath import VerbsServer
 from scheduler.web.limits import EXTENDER_BODY_LIMIT, read_body
@@ -76,18 +76,6 @@ def _body(names: int) -> bytes:
                       separators=(",", ":")).encode()
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _read_answer(stream: socket.socket, pending: bytearray) -> None:
     while b"\r\n\r\n" not in pending:
         pending += stream.recv(65536)
@@ -100,10 +88,8 @@ def _read_answer(stream: socket.socket, pending: bytearray) -> None:
     pending[:] = rest[length:]
 
 
-def measure(layer: str, names: int, requests: int) -> dict[str, float | str | int]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def measure(layer: str, names: int, requests: int) -> dict[str, float | str | int | None]:
+    port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "serve", layer, str(port)],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -118,19 +104,21 @@ def measure(layer: str, names: int, requests: int) -> dict[str, float | str | in
             for _ in range(200):  # warm up
                 stream.sendall(request)
                 _read_answer(stream, pending)
-            cpu_before = _cpu_s(server.pid)
+            cpu_before = cpu_seconds(server.pid)
             for _ in range(requests):
                 started = time.perf_counter()
                 stream.sendall(request)
                 _read_answer(stream, pending)
                 samples.append((time.perf_counter() - started) * 1e3)
-            cpu = _cpu_s(server.pid) - cpu_before
+            cpu_after = cpu_seconds(server.pid)
         samples.sort()
         return {"layer": layer, "names": names,
                 "p50_ms": round(statistics.median(samples), 3),
                 "p99_ms": round(samples[int(len(samples) * 0.99)], 3),
-                "server_cpu_ms_per_request": round(cpu / requests * 1e3, 3),
-                "server_rss_mib": round(_rss_mib(server.pid), 1)}
+                "server_cpu_ms_per_request":
+                    None if cpu_before is None or cpu_after is None
+                    else round((cpu_after - cpu_before) / requests * 1e3, 3),
+                "server_rss_mb": daemon_memory(server.pid)["daemon_rss_mb"]}
     finally:
         server.kill()
         server.wait()

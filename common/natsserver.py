@@ -79,12 +79,9 @@ def _bindable(port: int) -> bool:
 def free_port() -> int:
     """A loopback port free now, outside the kernel's ephemeral range where the machine
     allows, and not handed out before by this process."""
-    floor = min(_ephemeral_floor(), _LISTEN_PORTS.stop)
-    for _ in range(200):
-        port = random.randrange(_LISTEN_PORTS.start, floor) if floor > _LISTEN_PORTS.start \
-            else 0
-        if port == 0:
-            break
+    below_ephemeral = range(_LISTEN_PORTS.start, min(_ephemeral_floor(), _LISTEN_PORTS.stop))
+    for _ in range(200 if below_ephemeral else 0):
+        port = random.choice(below_ephemeral)
         if port not in _handed_out and _bindable(port):
             _handed_out.add(port)
             return port

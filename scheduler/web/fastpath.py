@@ -25,9 +25,9 @@ from typing import cast
 
 from aiohttp import web
 
-from scheduler.web.extender import Answer, BodyVerb
+from scheduler.web.extender import TEXT, Answer, BodyVerb
 from scheduler.web.limits import EXTENDER_BODY_LIMIT
-from scheduler.web.probes import HTTP_SHUTDOWN_S, LINGER_S
+from scheduler.web.probes import HTTP_SHUTDOWN_S, set_up
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class VerbsProtocol(asyncio.Protocol):
         except Exception:
             # What aiohttp does with a handler's exception: a 500 and the traceback logged.
             logger.exception("extender verb failed")
-            answer = Answer(500, "text/plain; charset=utf-8", b"500 Internal Server Error\n")
+            answer = Answer(500, TEXT, b"500 Internal Server Error\n")
             close = True
         transport = self._transport
         self._answering = None
@@ -254,9 +254,7 @@ class VerbsServer:
     async def start(cls, app: web.Application, verbs: Mapping[str, BodyVerb],
                     address: tuple[str, int], tls: ssl.SSLContext | None) -> VerbsServer:
         """Listen on ``address`` (over TLS with ``tls``)."""
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=HTTP_SHUTDOWN_S,
-                               lingering_time=LINGER_S)
-        await runner.setup()
+        runner = await set_up(app)
         handlers = runner.server
         assert handlers is not None, "the runner is set up"
         connections: set[VerbsProtocol] = set()

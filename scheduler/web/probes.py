@@ -17,12 +17,19 @@ HTTP_SHUTDOWN_S = 2.0
 LINGER_S = 1.0
 
 
-async def serve(app: web.Application, address: tuple[str, int],
-                tls: ssl.SSLContext | None = None) -> web.AppRunner:
-    """``app`` listening on ``address`` (over TLS with ``tls``); ``cleanup()`` stops it."""
+async def set_up(app: web.Application) -> web.AppRunner:
+    """``app``'s runner, set up, with no listener yet: how every listener of the daemon
+    serves aiohttp (no access log, the bounded shutdown and linger)."""
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=HTTP_SHUTDOWN_S,
                            lingering_time=LINGER_S)
     await runner.setup()
+    return runner
+
+
+async def serve(app: web.Application, address: tuple[str, int],
+                tls: ssl.SSLContext | None = None) -> web.AppRunner:
+    """``app`` listening on ``address`` (over TLS with ``tls``); ``cleanup()`` stops it."""
+    runner = await set_up(app)
     await web.TCPSite(runner, address[0], address[1], ssl_context=tls).start()
     return runner
 
