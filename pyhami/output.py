@@ -188,11 +188,19 @@ def print_decision(document: dict[str, Any], console: Console) -> None:
     if document.get("explain"):
         console.print(selection_path(document))
     if document["node"] is not None:
-        cards = ", ".join(f"GPU {c['index']}" for cs in document["devices"] for c in cs)
+        cards = ", ".join(_card_words(c) for cs in document["devices"] for c in cs)
         console.print(Text.assemble("-> ", (f"{cards} on {document['node']}", "green")))
         return
     # The sentence of the pod's FilteringFailed Event, word for word.
     console.print(Text.assemble("-> ", ("Pending", "yellow"), ": ", document["message"]))
+
+
+def _card_words(device: dict[str, Any]) -> str:
+    """``GPU 0``, or on a MIG card ``GPU 0 (MIG 1g.10gb at slice 6)``."""
+    mig = device.get("mig")
+    if mig is None:
+        return f"GPU {device['index']}"
+    return f"GPU {device['index']} (MIG {mig['profile']} at slice {mig['placement']['start']})"
 
 
 def selection_path(document: dict[str, Any]) -> Table:

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.migtables import (
+    A100_80GB,
+    MigCardTable,
+    allowed_profiles,
+    register_profiles,
+    slot_count,
+)
 from common.core import (
     Allocation,
     Card,
@@ -18,6 +25,8 @@ from common.core import (
     parse_pod,
     rejected,
 )
+from common.core.deviceconfig import CHART_MIG_PROFILE_ALLOWLIST, MigProfiles
+from common.core.mig import MigProfile
 from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
 from pyhami.sandbox import DEFAULTS
 
@@ -140,3 +149,24 @@ def node_with(name: str, *overrides: dict[str, Any],
     return Node(name=name, devices=[card(**{"index": i, "node": name, **extra})
                                     for i, extra in enumerate(overrides)],
                 annotations=annotations or {})
+
+
+def mig_profiles_of(table: MigCardTable, *models: str) -> tuple[MigProfile, ...]:
+    """The profiles a card of ``table`` registers under HAMi's default allowlist, plus an
+    entry for ``models`` (NVML's own name for an H100 SXM5 matches no default entry)."""
+    allowlist = (*((MigProfiles(models, ("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb")),)
+                   if models else ()), *CHART_MIG_PROFILE_ALLOWLIST)
+    allowed = allowed_profiles(table.name, allowlist)
+    assert allowed is not None, f"no allowlist entry for {table.name}"
+    return register_profiles(table.profiles, allowed)
+
+
+def mig_node(name: str = "n", cards: int = 1, table: MigCardTable = A100_80GB,
+             **fields: Any) -> Node:
+    """A node whose cards are in MIG mode, with NVML's profiles for ``table``."""
+    profiles = mig_profiles_of(table, "H100 80GB HBM3")
+    values: dict[str, Any] = {"type": table.name, "memory": table.memory_mib,
+                              "count": slot_count(profiles), "mode": "mig",
+                              "mig_profiles": profiles}
+    values.update(fields)
+    return Node(name=name, devices=[card(i, name, **values) for i in range(cards)])

@@ -6,6 +6,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from common.core.errors import InvalidInput
+from common.core.mig import (
+    MIG_ALLOCATIONS_ANNOTATION,
+    MigInstance,
+    MigReservation,
+    MigReservationError,
+    decode_reservations,
+)
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB
 from common.core.names import shown
 
@@ -39,11 +46,14 @@ def cordoned_uuids(annotations: Mapping[str, str]) -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True)
 class CardGrant:
-    """One card given to one container: its memory slice (MiB) and core share (%)."""
+    """One card given to one container: its memory slice (MiB) and core share (%); on a
+    MIG card, the instance reserved (its profile's memory and compute share are the
+    grant's)."""
 
     uuid: str
     memory: int
     cores: int
+    instance: MigInstance | None = None
 
 
 Containers = tuple[tuple[CardGrant, ...], ...]
@@ -91,3 +101,53 @@ def _amount(text: str, bound: int) -> int | None:
         return None
     value = int(text)
     return value if value <= bound else None
+
+
+def mig_reservations(containers: Containers) -> list[MigReservation]:
+    """``hami.io/vgpu-mig-allocations``'s entries for the MIG instances among ``containers``
+    (init containers first, as the allocation lists them)."""
+    return [MigReservation(container_index=position, device_index=index,
+                           gpu_uuid=grant.uuid, profile=grant.instance.profile,
+                           placement=grant.instance.placement)
+            for position, grants in enumerate(containers)
+            for index, grant in enumerate(grants) if grant.instance is not None]
+
+
+def with_reservations(containers: Containers,
+                      reservations: Sequence[MigReservation]) -> Containers:
+    """``containers`` read from the allocation annotation with the MIG instances of the
+    reservation annotation put on their grants.
+
+    Raises ``MigReservationError`` for a reservation naming a container or card the
+    allocation does not have, or another card's UUID than the allocation's."""
+    placed = [list(grants) for grants in containers]
+    for reservation in reservations:
+        where = (f"{MIG_ALLOCATIONS_ANNOTATION}: container {reservation.container_index} "
+                 f"device {reservation.device_index}")
+        if (reservation.container_index >= len(placed)
+                or reservation.device_index >= len(placed[reservation.container_index])):
+            raise MigReservationError(f"{where} is not in {ALLOCATED_ANNOTATION}")
+        grant = placed[reservation.container_index][reservation.device_index]
+        if grant.uuid != reservation.gpu_uuid:
+            raise MigReservationError(
+                f"{where} names card {shown(reservation.gpu_uuid)}, the allocation "
+                f"{shown(grant.uuid)}")
+        placed[reservation.container_index][reservation.device_index] = CardGrant(
+            grant.uuid, grant.memory, grant.cores,
+            MigInstance(reservation.profile, reservation.placement))
+    return tuple(tuple(grants) for grants in placed)
+
+
+def decode_allocation(devices: str, reservations: str = "") -> Containers:
+    """A pod's cards from its allocation annotation, with the MIG instances of its
+    ``hami.io/vgpu-mig-allocations`` (``reservations``) on their grants.
+
+    Raises ``AnnotationError`` naming the annotation and the entry that does not
+    decode."""
+    containers = decode_devices(devices)
+    if not reservations:
+        return containers
+    try:
+        return with_reservations(containers, decode_reservations(reservations))
+    except MigReservationError as error:
+        raise AnnotationError(str(error)) from None

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import msgspec
 
-from common.core.annotations import ALLOCATED_ANNOTATION, AnnotationError, decode_devices
+from common.core.annotations import ALLOCATED_ANNOTATION, AnnotationError, decode_allocation
 from common.core.deviceconfig import DeviceConfig
 from common.core.errors import InvalidInput
 from common.core.fleet import Fleet
 from common.core.ledger import Allocation
+from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
 from common.core.model import Node, PodRecord, repeated_card
 from common.core.names import shown
 from common.core.pod import DEFAULT_DEVICE, QuotaSubject
@@ -71,7 +72,8 @@ def _book(fleet: Fleet, pod: PodRecord, where: str) -> None:
     if host is None:
         raise ClusterFileError(f"{where}: node {pod.node!r} is not among the cluster's nodes")
     try:
-        containers = decode_devices(pod.annotations.get(ALLOCATED_ANNOTATION, ""))
+        containers = decode_allocation(pod.annotations.get(ALLOCATED_ANNOTATION, ""),
+                                       pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))
     except AnnotationError as error:
         raise ClusterFileError(f"{where}: {error}") from None
     known = {d.uuid for d in host.devices}

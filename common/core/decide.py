@@ -15,15 +15,18 @@ from common.core.annotations import (
     TO_ALLOCATE_ANNOTATION,
     CardGrant,
     encode_devices,
+    mig_reservations,
 )
 from common.core.fleet import BoolArray, Fleet, FloatArray, IntArray
 from common.core.ledger import Allocation
+from common.core.mig import MIG_ALLOCATIONS_ANNOTATION, MigInstance, encode_reservations
 from common.core.placement import (
     CodeArray,
     NodeFailure,
     Placement,
     PodView,
     card_reason_counts,
+    instance_grants,
     node_level_failure,
     place_pod,
 )
@@ -50,6 +53,8 @@ class PlacedCard:
     index: int
     memory: int
     cores: int
+    instance: MigInstance | None = None
+    """On a MIG card: the GPU instance reserved for the container."""
 
 
 class ExplainRow(msgspec.Struct, frozen=True):
@@ -100,11 +105,15 @@ class Decision:
         if self.allocation is None or self.node is None:
             return {}
         devices = encode_devices(self.allocation.containers)
-        return {
+        annotations = {
             ALLOCATED_ANNOTATION: devices,
             TO_ALLOCATE_ANNOTATION: devices,
             NODE_ANNOTATION: self.node,
         }
+        reservations = mig_reservations(self.allocation.containers)
+        if reservations:
+            annotations[MIG_ALLOCATIONS_ANNOTATION] = encode_reservations(reservations)
+        return annotations
 
 
 def rejected(key: str, reason: str) -> Decision:
@@ -121,7 +130,8 @@ def _counted_failure(request: ContainerRequest, view: PodView, node: int,
     """
     layout = view.layout
     failure = node_level_failure(request, int(layout.node_cards[node]), layout.topology[node],
-                                 view.pod.chain.topology_aware)
+                                 view.pod.chain.topology_aware,
+                                 view.takes_mig and bool(layout.node_has_mig[node]))
     if failure is not None:
         return failure
     eligible = by_code[CardCheck.ELIGIBLE]
@@ -274,6 +284,13 @@ def decide(
         if pod.numa_bind and first.cards > 1:
             placed_in_full |= counted & (by_node[:, CardCheck.ELIGIBLE] > 0)
             counted &= ~placed_in_full
+        if view.takes_mig:
+            # Several instances of one MIG card may serve one container: counts of
+            # eligible cards do not tell whether a node holds the set.
+            on_mig = considered & layout.node_has_mig
+            placed_in_full |= on_mig
+            fits &= ~on_mig
+            counted &= ~on_mig
 
     if placed_in_full.any():
         view.scores()
@@ -324,20 +341,20 @@ def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[s
                *, rows: tuple[ExplainRow, ...] | None, quota: QuotaRefusal | None) -> Decision:
     layout, pod = view.layout, view.pod
     start = int(layout.start[node])
-    per_container = iter(placement)
+    per_container = iter(zip(placement, instance_grants(view, node, placement), strict=True))
     grants: list[tuple[CardGrant, ...]] = []
     placed: list[tuple[PlacedCard, ...]] = []
     for request in pod.containers:
         if request.cards == 0:
             grants.append(())
             continue
+        chosen, charged = next(per_container)
         cards = []
-        for local in next(per_container):
+        for local, (memory, cores, instance) in zip(chosen, charged, strict=True):
             device = layout.devices[start + local]
-            cards.append(PlacedCard(device.uuid, device.index,
-                                    request.memory_slice(device.memory), request.cores))
+            cards.append(PlacedCard(device.uuid, device.index, memory, cores, instance))
         placed.append(tuple(cards))
-        grants.append(tuple(CardGrant(c.uuid, c.memory, c.cores) for c in cards))
+        grants.append(tuple(CardGrant(c.uuid, c.memory, c.cores, c.instance) for c in cards))
     init_count = sum(1 for c in pod.containers if c.is_init)
     name = layout.node_names[node]
     return Decision(

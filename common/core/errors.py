@@ -10,6 +10,7 @@ raises it, and the agent and the scheduler each add a package root
     ├── InvalidInput (ValueError)        input refused; the message names the field
     │   ├── InvalidName                  common.core.names
     │   ├── AnnotationError              common.core.annotations
+    │   ├── MigReservationError          common.core.mig (hami.io/vgpu-mig-allocations)
     │   ├── PodRejected                  common.core.policy
     │   ├── ClusterFileError             common.core.cluster (a cluster description)
     │   ├── InputFileError               common.files

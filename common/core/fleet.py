@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from common.core.annotations import cordoned_uuids
 from common.core.ledger import Allocation, Usage
+from common.core.mig import MIG_MODE, MigPlacement, MigProfile
 from common.core.model import Card, Node
 from common.core.policy import Weights
 from common.core.quota import QuotaBook
@@ -81,7 +82,7 @@ def occupied_slots(tenants: int | IntArray, processes: int | IntArray) -> int | 
 def _static_signature(device: Card) -> tuple[object, ...]:
     links = None if device.links is None else tuple(sorted(device.links.items()))
     return (device.uuid, device.index, device.type, device.memory, device.cores,
-            device.count, device.numa, links)
+            device.count, device.numa, links, device.mode, device.mig_profiles)
 
 
 def _same_static(old: list[Card], new: list[Card]) -> bool:
@@ -92,6 +93,7 @@ def _same_static(old: list[Card], new: list[Card]) -> bool:
     if len(old) == len(new) and all(
         a.uuid == b.uuid and a.index == b.index and a.type == b.type and a.memory == b.memory
         and a.cores == b.cores and a.count == b.count and a.numa == b.numa and a.links == b.links
+        and a.mode == b.mode and a.mig_profiles == b.mig_profiles
         for a, b in zip(old, new, strict=True)
     ):
         return True
@@ -213,6 +215,13 @@ class Layout:
         self.healthy: BoolArray = np.array([d.health for d in devs], dtype=np.bool_)
         self.cordoned: BoolArray = np.array(cordoned, dtype=np.bool_)
         self.processes: IntArray = np.array([d.processes for d in devs], dtype=np.int64)
+        self.mig: BoolArray = np.array([d.mode == MIG_MODE for d in devs], dtype=np.bool_)
+        """The cards in MIG mode: each container gets an instance of one of its profiles."""
+        self.mig_profiles: dict[int, tuple[MigProfile, ...]] = {
+            i: d.mig_profiles for i, d in enumerate(devs) if d.mode == MIG_MODE}
+        self.instances: dict[int, tuple[MigPlacement, ...]] = {}
+        """Per MIG card, the placements its pods' instances occupy (cards without any are
+        left out)."""
         self.types: list[str] = sorted({d.type for d in devs})
         type_ids = {t: i for i, t in enumerate(self.types)}
         self.type_id: IntArray = np.array([type_ids[d.type] for d in devs], dtype=np.int64)
@@ -262,6 +271,9 @@ class Layout:
                                                   dtype=np.bool_)
         self.irregular_links: BoolArray = np.array(
             [t.known and t.cliques is None for t in self.topology], dtype=np.bool_)
+        self.node_has_mig: BoolArray = (
+            np.bincount(self.node_of[self.mig], minlength=node_total) > 0)
+        self.has_mig = bool(self.mig.any())
 
     def copy(self) -> Layout:
         """A layout of the same cards whose usage and health change apart from this one's:
@@ -273,6 +285,7 @@ class Layout:
             setattr(other, name, getattr(self, name).copy())
         other._node_score = None if self._node_score is None else self._node_score.copy()
         other._stale_scores = set(self._stale_scores)
+        other.instances = dict(self.instances)
         other.changed = []
         other.check_cache = {}
         return other
@@ -301,6 +314,14 @@ class Layout:
         self.usedmem[card] = usage.memory
         self.usedcores[card] = usage.cores
         self._set_used(card, occupied_slots(usage.tenants, int(self.processes[card])))
+        self._touched(card)
+
+    def set_instances(self, card: int, placements: tuple[MigPlacement, ...]) -> None:
+        """The placements the MIG instances of pods occupy on one card, now."""
+        if placements:
+            self.instances[card] = placements
+        else:
+            self.instances.pop(card, None)
         self._touched(card)
 
     def set_dynamic(self, card: int, device: Card, cordoned: bool) -> None:
@@ -341,6 +362,7 @@ class Fleet:
         self._nodes: dict[str, Node] = {}
         self._allocations: dict[str, Allocation] = {}
         self._usage: dict[tuple[str, str], Usage] = {}
+        self._instances: dict[tuple[str, str], tuple[MigPlacement, ...]] = {}
         self._layout: Layout | None = None
         self._quotas = quotas if quotas is not None else QuotaBook()
 
@@ -357,6 +379,10 @@ class Fleet:
                 card = layout.card_position.get((node, uuid))
                 if card is not None:
                     layout.set_usage(card, usage)
+            for (node, uuid), placements in self._instances.items():
+                card = layout.card_position.get((node, uuid))
+                if card is not None and layout.mig[card]:
+                    layout.set_instances(card, placements)
             self._layout = layout
         return self._layout
 
@@ -400,6 +426,8 @@ class Fleet:
         self._allocations[key] = allocation
         for uuid, usage in allocation.footprint().items():
             self._add_usage(allocation.node, uuid, usage)
+        for uuid, placement in allocation.instances():
+            self._move_instance(allocation.node, uuid, placement, add=True)
         self._quotas.charge(key, allocation)
 
     def without(self, key: str) -> Fleet:
@@ -426,6 +454,7 @@ class Fleet:
         other._nodes = dict(self._nodes)
         other._allocations = dict(self._allocations)
         other._usage = dict(self._usage)
+        other._instances = dict(self._instances)
         other._layout = self._layout.copy() if self._layout is not None else None
         return other
 
@@ -434,6 +463,8 @@ class Fleet:
         if allocation is not None:
             for uuid, usage in allocation.footprint().items():
                 self._add_usage(allocation.node, uuid, Usage() - usage)
+            for uuid, placement in allocation.instances():
+                self._move_instance(allocation.node, uuid, placement, add=False)
             self._quotas.refund(key)
         return allocation
 
@@ -456,3 +487,24 @@ class Fleet:
             card = self._layout.card_position.get(key)
             if card is not None:
                 self._layout.set_usage(card, usage)
+
+    def instances(self, node: str, uuid: str) -> tuple[MigPlacement, ...]:
+        """The placements the ledger's MIG instances occupy on one card."""
+        return self._instances.get((node, uuid), ())
+
+    def _move_instance(self, node: str, uuid: str, placement: MigPlacement, *,
+                       add: bool) -> None:
+        key = (node, uuid)
+        held = list(self._instances.get(key, ()))
+        if add:
+            held.append(placement)
+        elif placement in held:
+            held.remove(placement)
+        if held:
+            self._instances[key] = tuple(held)
+        else:
+            self._instances.pop(key, None)
+        if self._layout is not None:
+            card = self._layout.card_position.get(key)
+            if card is not None and self._layout.mig[card]:
+                self._layout.set_instances(card, tuple(held))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.core.annotations import Containers
+from common.core.mig import MigPlacement
 from common.core.pod import QuotaSubject
 
 
@@ -59,6 +60,11 @@ class Allocation:
         for uuid, usage in init.items():
             app[uuid] = app.get(uuid, Usage()).peak(usage)
         return app
+
+    def instances(self) -> list[tuple[str, MigPlacement]]:
+        """The MIG instances the pod holds: each card's UUID and its placement."""
+        return [(grant.uuid, grant.instance.placement) for grants in self.containers
+                for grant in grants if grant.instance is not None]
 
     def charge(self) -> Usage:
         """What the pod is charged under its namespace's quotas: its footprint summed over

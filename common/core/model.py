@@ -17,6 +17,8 @@ from typing import Annotated
 
 import msgspec
 
+from common.core.mig import CardMode, MigProfiles
+
 CARD_MEMORY_MAX_MIB = 2**24
 """16 TiB a card; the largest card sold holds under 2^19 MiB."""
 CARD_COUNT_MAX = 2**16
@@ -70,6 +72,12 @@ class Card(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     physical_cores: SmallCount | None = None
     """The card's own cores (100) where ``cores`` registers another figure (HAMi's
     ``deviceCoreScaling``); None: ``cores`` is it."""
+    mode: CardMode = "hami-core"
+    """``hami-core``: shared under HAMi-core's limits; ``mig``: cut into MIG instances,
+    one per card a container asks for, sized from ``mig_profiles``."""
+    mig_profiles: MigProfiles = ()
+    """The GPU-instance profiles the node allows on a card in MIG mode, with NVML's
+    figures and placements; none on a card in ``hami-core`` mode."""
 
     @property
     def own_memory(self) -> int:

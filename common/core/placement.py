@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,15 @@ from common.core.fleet import (
     occupied_slots,
     ratio,
     utilization_score,
+)
+from common.core.mig import (
+    HAMI_CORE_MODE,
+    MIG_MODE,
+    MigInstance,
+    MigPlacement,
+    instances_that_fit,
+    memory_asked,
+    select_instance,
 )
 from common.core.pod import ContainerRequest, PodRequest
 from common.core.policy import SortKey
@@ -124,6 +134,16 @@ class PodView:
         if pod.use_types is not None or pod.nouse_types:
             per_type = np.array([_type_passes(t, pod) for t in layout.types], dtype=np.bool_)
             self.type_ok = per_type[layout.type_id] if len(per_type) else per_type
+        if pod.modes is not None:
+            # nvidia.com/vgpu-mode: HAMi counts a card of a mode not named as a type
+            # mismatch.
+            mode_ok = (layout.mig if MIG_MODE in pod.modes else np.zeros_like(layout.mig))
+            if HAMI_CORE_MODE in pod.modes:
+                mode_ok = mode_ok | ~layout.mig
+            self.type_ok = mode_ok if self.type_ok is None else self.type_ok & mode_ok
+        self.takes_mig = layout.has_mig and pod.takes_mode(MIG_MODE)
+        """Whether MIG cards may serve the pod: then a container may take several
+        instances of one card, and MIG cards are checked for a free placement."""
         if pod.use_uuids is not None or pod.nouse_uuids:
             ok = np.full(len(layout.devices), pod.use_uuids is None, dtype=np.bool_)
             for uuid in pod.use_uuids or ():
@@ -161,13 +181,14 @@ class PodView:
 
     def card_codes(
         self, request: ContainerRequest, where: slice | IntArray, extra: Extra | None = None,
-        own: OwnCharge | None = None,
+        own: OwnCharge | None = None, held: HeldInstances | None = None,
     ) -> CodeArray:
         """Per card, the first failing check of ``CardCheck`` (0 when the card is eligible).
 
         ``extra``: what the pod's earlier app containers put on the cards; ``own``: what its
-        earlier containers are charged on them (both node-local, ``where`` a node's run)."""
-        codes = self._capacity_codes(request, where, extra)
+        earlier containers are charged on them; ``held``: the MIG instances its earlier
+        containers took (all node-local, ``where`` a node's run)."""
+        codes = self._capacity_codes(request, where, extra, held)
         if self.quota is not None:
             fails = self.quota_fails(request, where, own)
             codes[fails & _past_quota(codes)] = CardCheck.QUOTA_NOT_FIT
@@ -201,7 +222,7 @@ class PodView:
         return fails
 
     def _capacity_codes(self, request: ContainerRequest, where: slice | IntArray,
-                        extra: Extra | None) -> CodeArray:
+                        extra: Extra | None, held: HeldInstances | None = None) -> CodeArray:
         lay = self.layout
         memory, cores = lay.memory[where], lay.cores[where]
         used, usedmem, usedcores = lay.used[where], lay.usedmem[where], lay.usedcores[where]
@@ -230,7 +251,39 @@ class PodView:
             codes[~self.type_ok[where]] = CardCheck.TYPE_MISMATCH
         codes[lay.cordoned[where]] = CardCheck.CORDONED
         codes[~lay.healthy[where]] = CardCheck.NOT_HEALTHY
+        if self.takes_mig:
+            self._mig_codes(request, where, codes, held)
         return codes
+
+    def _mig_codes(self, request: ContainerRequest, where: slice | IntArray, codes: CodeArray,
+                   held: HeldInstances | None) -> None:
+        """HAMi's last card check, on the MIG cards every other check passed: a profile
+        that covers the memory asked for, with a placement free of the card's instances."""
+        lay = self.layout
+        open_mig = np.flatnonzero(lay.mig[where] & (codes == CardCheck.ELIGIBLE))
+        if not len(open_mig):
+            return
+        cards = np.arange(len(lay.devices))[where][open_mig]
+        for local, card in zip(open_mig.tolist(), cards.tolist(), strict=True):
+            occupied = self.occupied(card, held.get(local, ()) if held else ())
+            if select_instance(lay.mig_profiles[card], occupied,
+                               self.mig_memory(card, request)) is None:
+                codes[local] = CardCheck.MIG_INFEASIBLE
+
+    def occupied(self, card: int, mine: Iterable[MigPlacement] = ()) -> list[MigPlacement]:
+        """The placements taken on a MIG card: the ledger's instances, and ``mine``."""
+        return [*self.layout.instances.get(card, ()), *mine]
+
+    def mig_instances(self, card: int, request: ContainerRequest,
+                      mine: Iterable[MigPlacement], most: int) -> list[MigInstance]:
+        """The instances one container may take of a MIG card, one after the other."""
+        return instances_that_fit(self.layout.mig_profiles[card], self.occupied(card, mine),
+                                  self.mig_memory(card, request), most)
+
+    def mig_memory(self, card: int, request: ContainerRequest) -> int:
+        lay = self.layout
+        return memory_asked(request.memory_mib, request.memory_percent, int(lay.memory[card]),
+                            lay.mig_profiles[card])
 
     def first_checks(self) -> tuple[CodeArray, IntArray]:
         """Every card's check code for the pod's first GPU container, and per node the
@@ -240,7 +293,7 @@ class PodView:
         lay, pod = self.layout, self.pod
         request = pod.gpu_containers[0]
         key = (request.cores, request.memory_mib, request.memory_percent, pod.chain.mutex,
-               pod.use_types, pod.nouse_types, pod.use_uuids, pod.nouse_uuids)
+               pod.use_types, pod.nouse_types, pod.use_uuids, pod.nouse_uuids, pod.modes)
         cache = lay.check_cache
         cached = cache.pop(key, None)  # popped and put back: the dict keeps LRU order
         behind = len(lay.changed) - cached.seen if cached is not None else 0
@@ -341,10 +394,13 @@ def card_reason_counts(code_counts: list[int]) -> Counter[str]:
 
 
 def node_level_failure(
-    request: ContainerRequest, cards: int, topology: NodeTopology, topology_aware: bool
+    request: ContainerRequest, cards: int, topology: NodeTopology, topology_aware: bool,
+    mig: bool = False,
 ) -> Counter[str] | None:
-    """Reasons that fail the whole node before any card is looked at."""
-    if request.cards > cards:
+    """Reasons that fail the whole node before any card is looked at. ``mig``: the node
+    has MIG cards the pod may take, several instances a card, so asking more cards than
+    the node has fails no node here (HAMi's ``isMIGRequest``)."""
+    if request.cards > cards and not mig:
         return Counter({NODE_INSUFFICIENT_DEVICE: cards})
     if topology_aware and request.cards > 1 and not topology.known:
         return Counter({TOPOLOGY_UNKNOWN: cards})
@@ -413,7 +469,28 @@ def choose_cards(
 
 
 Placement = list[list[int]]
-"""The node-local card positions chosen for each GPU container, in order."""
+"""The node-local card positions chosen for each GPU container, in order; a MIG card
+is listed once for each instance a container takes of it."""
+HeldInstances = dict[int, list[MigPlacement]]
+"""Node-local MIG card -> the placements of the instances the pod's earlier containers
+took there."""
+
+
+def _expand_mig(view: PodView, node: int, ranked: list[int], request: ContainerRequest,
+                held: HeldInstances) -> list[int]:
+    """The ranked cards with each MIG card repeated once for every instance the container
+    could take of it, one after the other: HAMi visits a MIG card again after taking an
+    instance of it, before the next card."""
+    layout = view.layout
+    start = int(layout.start[node])
+    expanded: list[int] = []
+    for card in ranked:
+        if layout.mig[start + card]:
+            fit = view.mig_instances(start + card, request, held.get(card, ()), request.cards)
+            expanded.extend([card] * len(fit))
+        else:
+            expanded.append(card)
+    return expanded
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +510,7 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
     """Place every GPU container on one node in order, or return why the node fails."""
     layout, pod = view.layout, view.pod
     where = layout.node_slice(node)
-    cards = where.stop - where.start
+    start, cards = where.start, where.stop - where.start
     topology = layout.topology[node]
     numa = layout.numa[where].tolist()
     memory = layout.memory[where]
@@ -441,28 +518,72 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
     # What earlier containers are charged matters to later ones only.
     own = (OwnCharge.none(cards) if view.quota is not None and len(pod.gpu_containers) > 1
            else None)
+    mig_node = view.takes_mig and bool(layout.node_has_mig[node])
+    held: HeldInstances = {}
     placement: Placement = []
     for position, request in enumerate(pod.gpu_containers):
-        failure = node_level_failure(request, cards, topology, pod.chain.topology_aware)
+        failure = node_level_failure(request, cards, topology, pod.chain.topology_aware,
+                                     mig_node)
         if failure is not None:
             return NodeFailure(failure, position, None, None)
         extra = None if position == 0 or request.is_init else taken
-        codes = first_codes if position == 0 else view.card_codes(request, where, extra, own)
+        codes = (first_codes if position == 0
+                 else view.card_codes(request, where, extra, own, held if mig_node else None))
         eligible = np.flatnonzero(codes == CardCheck.ELIGIBLE).tolist()
         ranked = view.rank(node, eligible)
         aware = pod.chain.topology_aware and request.cards > 1
+        if mig_node and not aware:
+            ranked = _expand_mig(view, node, ranked, request, held)
         chosen = choose_cards(ranked, request.cards, numa, topology if aware else None,
                               pod.numa_bind)
         if isinstance(chosen, Counter):
             by_code = np.bincount(codes, minlength=CHECK_COUNT).tolist()
             return NodeFailure(card_reason_counts(by_code) + chosen, position, codes, extra)
         placement.append(chosen)
+        grants = [_grant(view, start + card, request, held.setdefault(card, []))
+                  if mig_node and layout.mig[start + card]
+                  else (request.memory_slice(int(memory[card])), request.cores, None)
+                  for card in chosen]
         if own is not None:
-            for card in chosen:
-                own.add(request, card, request.memory_slice(int(memory[card])))
+            for card, (card_memory, _, _) in zip(chosen, grants, strict=True):
+                own.add(request, card, card_memory)
         if not request.is_init:
-            for card in chosen:
+            for card, (card_memory, card_cores, _) in zip(chosen, grants, strict=True):
                 taken.tenants[card] += 1
-                taken.memory[card] += request.memory_slice(int(memory[card]))
-                taken.cores[card] += request.cores
+                taken.memory[card] += card_memory
+                taken.cores[card] += card_cores
     return placement
+
+
+def _grant(view: PodView, card: int, request: ContainerRequest,
+           mine: list[MigPlacement]) -> tuple[int, int, MigInstance]:
+    """The instance a container takes of a MIG card, after the pod's earlier ones (added
+    to ``mine``), as memory, cores and the instance: the profile's figures are what the
+    card is charged (HAMi's ``AddResourceUsage``)."""
+    found = view.mig_instances(card, request, mine, 1)
+    assert found, "a MIG card chosen for a container has an instance for it"
+    instance = found[0]
+    mine.append(instance.placement)
+    profile = next(p for p in view.layout.mig_profiles[card] if p.name == instance.profile)
+    return profile.memory, profile.cores, instance
+
+
+def instance_grants(view: PodView, node: int, placement: Placement
+                    ) -> list[list[tuple[int, int, MigInstance | None]]]:
+    """Per GPU container and chosen card: the memory and cores it is charged and its MIG
+    instance (None on a card not in MIG mode), worked out in the order ``place_pod``
+    took them."""
+    layout, pod = view.layout, view.pod
+    start = int(layout.start[node])
+    held: HeldInstances = {}
+    out: list[list[tuple[int, int, MigInstance | None]]] = []
+    for request, chosen in zip(pod.gpu_containers, placement, strict=True):
+        row: list[tuple[int, int, MigInstance | None]] = []
+        for card in chosen:
+            if layout.mig[start + card]:
+                row.append(_grant(view, start + card, request, held.setdefault(card, [])))
+            else:
+                row.append((request.memory_slice(int(layout.memory[start + card])),
+                            request.cores, None))
+        out.append(row)
+    return out

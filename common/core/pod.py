@@ -13,6 +13,7 @@ import msgspec
 
 from common.core.annotations import comma_list
 from common.core.deviceconfig import INT32_MAX, DeviceConfig, ResourceNames
+from common.core.mig import POD_MODES, VGPU_MODE_ANNOTATION
 from common.core.names import shown
 from common.core.policy import (
     WEIGHTS_ANNOTATION,
@@ -247,6 +248,12 @@ class PodRequest:
     numa_bind: bool
     subject: QuotaSubject
     """The pod as its namespace's ResourceQuotas see it."""
+    modes: frozenset[str] | None = None
+    """The card modes ``nvidia.com/vgpu-mode`` allows (``hami-core``, ``mig``); None
+    without the annotation: a card of either mode."""
+
+    def takes_mode(self, mode: str) -> bool:
+        return self.modes is None or mode in self.modes
 
     @property
     def gpu_containers(self) -> tuple[ContainerRequest, ...]:
@@ -459,6 +466,10 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
             )
         numa_bind = flag in _TRUE
 
+    modes = None
+    if VGPU_MODE_ANNOTATION in annotations:
+        modes = parse_pod_modes(annotations[VGPU_MODE_ANNOTATION])
+
     use_uuids = comma_list(annotations.get(USE_UUID_ANNOTATION, ""))
     use_types = comma_list(annotations.get(USE_TYPE_ANNOTATION, ""))
     return PodRequest(
@@ -476,4 +487,21 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
         ),
         numa_bind=numa_bind,
         subject=QuotaSubject.of(manifest),
+        modes=modes,
     )
+
+
+def parse_pod_modes(text: str) -> frozenset[str]:
+    """The card modes ``nvidia.com/vgpu-mode`` lets a pod use (``mig``, ``hami-core``,
+    or both, comma-separated).
+
+    HAMi tests whether the annotation's text contains a card's mode, so any text is
+    taken there and a misspelt one matches no card (the pod waits, every card
+    ``CardTypeMismatch``); here a value that names no mode HAMi knows is refused
+    (``PodRejected``), naming it."""
+    modes = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(mode not in POD_MODES for mode in modes):
+        raise PodRejected(
+            f"{VGPU_MODE_ANNOTATION}: {shown(text)} must name hami-core, mig or mps, "
+            "comma-separated")
+    return frozenset(modes)

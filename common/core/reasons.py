@@ -28,6 +28,9 @@ class CardCheck(IntEnum):
     INSUFFICIENT_CORE = 9
     WHOLE_CARD_BUSY = 10
     COMPUTE_EXHAUSTED = 11
+    MIG_INFEASIBLE = 12
+    """A MIG card with no allowed profile that covers the memory asked for and has a
+    placement free of the card's instances."""
 
 
 CARD_REASON: dict[CardCheck, str] = {
@@ -42,6 +45,7 @@ CARD_REASON: dict[CardCheck, str] = {
     CardCheck.INSUFFICIENT_CORE: "CardInsufficientCore",
     CardCheck.WHOLE_CARD_BUSY: "ExclusiveDeviceAllocateConflict",
     CardCheck.COMPUTE_EXHAUSTED: "CardComputeUnitsExhausted",
+    CardCheck.MIG_INFEASIBLE: "CardMigTopologyInfeasible",
 }
 
 CHECK_COUNT = len(CardCheck)

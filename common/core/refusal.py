@@ -188,6 +188,8 @@ def _what_is_there(reason: str, facts: _Facts, count: int) -> str:
         return _largest(facts.cards.free_cores, facts.removed_by(reason), "% cores")
     if reason == CARD_REASON[CardCheck.COMPUTE_EXHAUSTED]:
         return "all cores booked"
+    if reason == CARD_REASON[CardCheck.MIG_INFEASIBLE]:
+        return "no allowed MIG profile that large with a free placement"
     if reason == INSUFFICIENT_CARDS:
         return _fitting(facts, count)
     if reason == NUMA_NOT_FIT:

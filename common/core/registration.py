@@ -19,13 +19,14 @@ from dataclasses import dataclass
 import msgspec
 
 from common.core.annotations import AnnotationError
+from common.core.mig import MIG_MODE, MigProfile
 from common.core.model import Card, Node
 from common.core.names import shown
 
 REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 OPERATING_MODE = "hami-core"
-"""The node's ``operatingmode`` as HAMi names it: the only one pyhami's agent runs (it
-refuses ``mig``)."""
+"""The node's ``operatingmode`` as HAMi names it for a shared card (a card in MIG mode
+registers ``mig``)."""
 TYPE_PREFIX = "NVIDIA"
 # pyhami's agent names every card "NVIDIA-" + its NVML name (HAMi's older rule); HAMi
 # v2.10 registers the NVML name, prefixed only when it does not start with "NVIDIA".
@@ -54,6 +55,8 @@ class RegisteredCard:
     numa: int
     mode: str
     health: bool
+    mig_profiles: tuple[MigProfile, ...] = ()
+    """A MIG card's profiles (HAMi's ``migProfiles``), none on a shared card."""
 
 
 def registered_type(card_type: str) -> str:
@@ -64,11 +67,14 @@ def registered_type(card_type: str) -> str:
 
 def registered_card(card: Card, mode: str = OPERATING_MODE) -> RegisteredCard:
     """What HAMi's device plugin would register for ``card``: the registered (scaled)
-    figures, a NUMA node of -1 (unknown) as 0."""
+    figures, a NUMA node of -1 (unknown) as 0; a card in MIG mode with ``mig`` and its
+    profiles, whatever ``mode``."""
+    mig = card.mode == MIG_MODE
     return RegisteredCard(id=card.uuid, index=card.index, count=card.count,
                           devmem=card.memory, devcore=card.cores,
                           type=registered_type(card.type), numa=max(card.numa, 0),
-                          mode=mode, health=card.health)
+                          mode=MIG_MODE if mig else mode, health=card.health,
+                          mig_profiles=card.mig_profiles if mig else ())
 
 
 def node_register(node: Node, mode: str = OPERATING_MODE) -> str | None:
@@ -91,7 +97,8 @@ def _go_string(text: str) -> str:
 def encode_register(cards: Iterable[RegisteredCard]) -> str:
     """The JSON list byte for byte as HAMi's ``MarshalNodeDevices``: keys in the order
     id, index, count, devmem, devcore, type, numa, mode, migProfiles, health; each left
-    out at its zero value (``migProfiles`` always: pyhami registers no MIG profile)."""
+    out at its zero value (``migProfiles`` on a shared card). A MIG profile's keys are all
+    written: name, memoryMB, core, sliceCount, placements (start, size)."""
     entries = []
     for card in cards:
         fields = [f'"id":{_go_string(card.id)}'] if card.id else []
@@ -104,6 +111,13 @@ def encode_register(cards: Iterable[RegisteredCard]) -> str:
             fields.append(f'"numa":{card.numa}')
         if card.mode:
             fields.append(f'"mode":{_go_string(card.mode)}')
+        if card.mig_profiles:
+            profiles = ",".join(
+                f'{{"name":{_go_string(p.name)},"memoryMB":{p.memory},"core":{p.cores},'
+                f'"sliceCount":{p.slices},"placements":['
+                + ",".join(f'{{"start":{q.start},"size":{q.size}}}' for q in p.placements)
+                + "]}" for p in card.mig_profiles)
+            fields.append(f'"migProfiles":[{profiles}]')
         if card.health:
             fields.append('"health":true')
         entries.append("{" + ",".join(fields) + "}")

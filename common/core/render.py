@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.core.annotations import VENDOR
-from common.core.decide import Decision
+from common.core.decide import Decision, PlacedCard
 
 NO_GPU_NOTE = ("the pod asks for no GPU: pyhami passes every node and leaves the choice to "
                "kube-scheduler")
@@ -16,14 +16,7 @@ def decision_document(decision: Decision) -> dict[str, Any]:
         "scheduled": decision.scheduled,
         "gpu": decision.asks_for_gpu,
         "node": decision.node,
-        "devices": [
-            [
-                {"uuid": c.uuid, "index": c.index, "type": VENDOR,
-                 "usedmem": c.memory, "usedcores": c.cores}
-                for c in cards
-            ]
-            for cards in decision.cards
-        ],
+        "devices": [[_device(c) for c in cards] for cards in decision.cards],
         "annotations": decision.annotations(),
         "failed_nodes": dict(decision.failed_nodes or {}),
         "ignored_policies": list(decision.ignored_policies),
@@ -42,3 +35,15 @@ def decision_document(decision: Decision) -> dict[str, Any]:
             for r in decision.explain
         ]
     return document
+
+
+def _device(card: PlacedCard) -> dict[str, Any]:
+    """One card given to a container; on a MIG card, the instance's profile and where it
+    sits (``{"start": slice, "size": slices}``)."""
+    device: dict[str, Any] = {"uuid": card.uuid, "index": card.index, "type": VENDOR,
+                              "usedmem": card.memory, "usedcores": card.cores}
+    if card.instance is not None:
+        placement = card.instance.placement
+        device["mig"] = {"profile": card.instance.profile,
+                         "placement": {"start": placement.start, "size": placement.size}}
+    return device

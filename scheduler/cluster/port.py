@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from common.core import Allocation, AnnotationError, PodManifest, decode_devices
-from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION
+from common.core import Allocation, AnnotationError, PodManifest
+from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION, decode_allocation
 from common.core.deviceconfig import ResourceNames
 from common.core.errors import ExternalFailure
 from common.core.groups import GroupRef
+from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
 from common.core.pod import DEFAULT_NAMES, QuotaSubject
 from common.core.quota import ResourceQuotaManifest
 from scheduler.errors import SchedulerError
@@ -86,7 +87,7 @@ class ClusterPod:
         if (not text or self.node is None or node is None or self.finished
                 or not self.manifest.asks_for_gpu(names)):
             return None
-        containers = decode_devices(text)
+        containers = decode_allocation(text, self.annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))
         init_count = len(self.manifest.spec.init_containers or ())
         return Allocation(node, containers, min(init_count, len(containers)),
                           QuotaSubject.of(self.manifest))

@@ -31,6 +31,7 @@ from common.core.annotations import (
 )
 from common.core.fleet import NODE_WEIGHTS, score_max
 from common.core.groups import GroupRef, check_count, group_of
+from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
 from common.core.pod import DEFAULT_NAMESPACE
 from common.core.quota import admission_refusal
 from common.core.reasons import NodeRefusal, removed_most
@@ -404,9 +405,13 @@ class Verbs(ServicePart):
         loses any allocation annotation its author wrote: the pod's annotations are the
         ledger's durable record."""
         if allocation is None:
-            return {ALLOCATED_ANNOTATION: None, TO_ALLOCATE_ANNOTATION: None}
+            return {ALLOCATED_ANNOTATION: None, TO_ALLOCATE_ANNOTATION: None,
+                    MIG_ALLOCATIONS_ANNOTATION: None}
         now = str(int(self._wall_clock()))
-        annotations: dict[str, str | None] = dict(Decision(
+        # A reservation annotation the pod's author wrote goes unless the pod holds MIG
+        # instances: the agent would create what it names.
+        annotations: dict[str, str | None] = {MIG_ALLOCATIONS_ANNOTATION: None}
+        annotations.update(Decision(
             pod=key, scheduled=True, node=node, allocation=allocation).annotations())
         annotations.update({TIME_ANNOTATION: now, BIND_PHASE_ANNOTATION: "allocating",
                             BIND_TIME_ANNOTATION: now})

@@ -39,6 +39,18 @@ def write(path: Path, content: object) -> Path:
     return path
 
 
+class TestMigExample:
+    def test_a_mig_pod_gets_the_smallest_profile_at_the_highest_free_slice(self) -> None:
+        document = decide(EXAMPLES / "mig-cluster.json", EXAMPLES / "mig-pod.yaml")
+        assert document["devices"] == [[{
+            "uuid": "GPU-gpu-a100-0", "index": 0, "type": "NVIDIA", "usedmem": 9728,
+            "usedcores": 15,
+            "mig": {"profile": "1g.10gb", "placement": {"start": 6, "size": 1}}}]]
+        assert json.loads(document["annotations"]["hami.io/vgpu-mig-allocations"]) == [{
+            "containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-gpu-a100-0",
+            "profile": "1g.10gb", "placement": {"start": 6, "size": 1}}]
+
+
 class TestWorkedExample:
     def test_mutex_binpack_picks_gpu_2_and_explains_why(self) -> None:
         document = decide(EXAMPLES / "lab-cluster.json", EXAMPLES / "mutex-binpack-pod.yaml",

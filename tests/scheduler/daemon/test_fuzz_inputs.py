@@ -150,12 +150,16 @@ ANNOTATION_KEYS = ["hami.io/gpu-scheduler-policy", "hami.io/node-scheduler-polic
                    "hami.io/device-scoring-weights", "nvidia.com/use-gpuuuid",
                    "nvidia.com/nouse-gpuuuid", "nvidia.com/use-gputype",
                    "nvidia.com/nouse-gputype", "nvidia.com/numa-bind",
-                   "hami.io/vgpu-devices-allocated", "hami.io/vgpu-node"]
+                   "hami.io/vgpu-devices-allocated", "hami.io/vgpu-node",
+                   "nvidia.com/vgpu-mode", "hami.io/vgpu-mig-allocations"]
 annotation_values = st.one_of(
     st.sampled_from(["binpack", "spread", "mutex", "numa", "topology-aware", "mutex,binpack",
                      "slot=1,core=1,memory=1", "slot=0,core=0,memory=0", "slot=-1",
                      "slot=" + "9" * 5000, "true", "false", "GPU-node-a-0", "T4",
-                     "GPU-node-a-0,NVIDIA,1000,0:;", ",,,", " , "]),
+                     "GPU-node-a-0,NVIDIA,1000,0:;", ",,,", " , ", "mig", "hami-core",
+                     "mig,hami-core", "mps", '[{"containerIndex":0,"deviceIndex":0,'
+                     '"gpuUUID":"GPU-node-a-0","profile":"1g.10gb","placement":'
+                     '{"start":6,"size":1}}]']),
     st.text(max_size=30), pick(ODD_NAMES))
 annotations = st.dictionaries(st.one_of(st.sampled_from(ANNOTATION_KEYS), st.text(max_size=20)),
                               mostly(annotation_values), max_size=4)
