@@ -15,11 +15,12 @@ from typing import Literal
 from agent.deviceplugin.hamicore import hami_core_settings
 from agent.deviceplugin.plugin import PluginSettings
 from agent.inventory import InventoryError
+from agent.mig.setup import MigNode, nvml_mig_node, simulated_mig_node
 from agent.monitor.containers import CacheSettings
 from agent.monitor.monitor import MonitorSettings
 from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
 from agent.service import Agent, AgentSettings
-from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
+from agent.simulated import MIG_PROFILES, PROFILES, SimulatedSource, file_cards, profile_cards
 from common.arguments import Subcommands, positive_int, variable_for
 from common.core.deviceconfig import NodeDeviceConfig, effective_for
 from common.core.errors import SettingsError
@@ -40,6 +41,11 @@ NODE_NAME_ENV = "NODE_NAME"
 class InventorySpec:
     kind: Literal["nvml", "profile", "file"]
     value: str = ""
+
+    @property
+    def text(self) -> str:
+        """As the flag takes it."""
+        return "nvml" if self.kind == "nvml" else f"sim:{self.value}"
 
 
 def inventory_spec(text: str) -> InventorySpec:
@@ -121,10 +127,30 @@ def inventory_source(spec: InventorySpec, node: str) -> NvmlSource | SimulatedSo
     return SimulatedSource(file_cards(Path(spec.value), node))
 
 
+def mig_for(spec: InventorySpec, device: NodeDeviceConfig,
+            source: NvmlSource | SimulatedSource) -> MigNode | None:
+    """The node's MIG parts when it is in MIG mode: its ``operatingmode`` is ``mig``, or
+    its simulated profile is one of the ``-mig`` ones; None otherwise. Raises
+    ``SettingsError`` for MIG mode over a simulation that has no MIG GPU."""
+    table = MIG_PROFILES.get(spec.value) if spec.kind == "profile" else None
+    if device.operating_mode != "mig" and table is None:
+        return None
+    allowlist = device.device.mig_profile_allowlist
+    if spec.kind == "nvml":
+        return nvml_mig_node(source, allowlist)
+    if table is None:
+        raise SettingsError(f"the node's operatingmode is mig, but --inventory {spec.text} "
+                            "simulates no MIG GPU: use nvml, sim:a100x8-mig or "
+                            "sim:h100x8-mig")
+    cards = source.read()
+    return simulated_mig_node(source, [table] * len(cards), [card.uuid for card in cards],
+                              allowlist)
+
+
 def node_device_config(args: argparse.Namespace, node: str) -> NodeDeviceConfig:
     """``--device-config`` with ``node``'s ``--node-config`` entry applied, the split count
     from ``--device-split-count`` where no file is given; raises ``SettingsError`` for a
-    file that cannot be used, for a split count given in both places, and for MIG mode."""
+    file that cannot be used, and for a split count given in both places."""
     split: int | None = args.device_split_count
     files = [flag for flag, path in (("--device-config", args.device_config),
                                      ("--node-config", args.node_config)) if path is not None]
@@ -134,10 +160,6 @@ def node_device_config(args: argparse.Namespace, node: str) -> NodeDeviceConfig:
                             "count in one place (deviceSplitCount, or a node's "
                             "devicesplitcount), not both")
     config = effective_for(device_config_from(args), node_config_from(args), node)
-    if config.operating_mode == "mig":
-        raise SettingsError(f"--node-config {args.node_config}: node {node}'s operatingmode "
-                            "is 'mig': MIG mode is not served yet (it comes with the MIG "
-                            "issue); use hami-core, or leave the node out of pyhami")
     if split is None:
         return config
     node_settings = replace(config.settings, device_split_count=split)
@@ -161,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         nats = nats_settings(args)
         device = node_device_config(args, node)
         source = inventory_source(args.inventory, node)
+        mig = mig_for(args.inventory, device, source)
     except SettingsError as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
         return 2
@@ -171,8 +194,9 @@ def run(args: argparse.Namespace) -> int:
     plugin = plugin_settings(args, device) if args.device_plugin else None
     monitor = settings_from(MonitorSettings, args, caches=settings_from(CacheSettings, args))
     try:
-        asyncio.run(serve(Agent(settings, source, nats, device_plugin=plugin,
-                                monitor=monitor, probe=source)))
+        asyncio.run(serve(Agent(settings, source if mig is None else mig.source, nats,
+                                device_plugin=plugin, monitor=monitor, probe=source,
+                                mig=None if mig is None else mig.manager)))
     except InventoryError as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
         return 1

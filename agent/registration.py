@@ -24,6 +24,7 @@ import msgspec
 
 from agent.inventory import InventorySource
 from common.core.deviceconfig import NodeDeviceConfig
+from common.core.mig import MIG_MODE
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB
 from common.wire import ReportedCard
 
@@ -31,8 +32,12 @@ logger = logging.getLogger(__name__)
 
 
 def registered_card(card: ReportedCard, config: NodeDeviceConfig) -> ReportedCard:
-    """``card`` as the node registers it under ``config`` (filters aside)."""
+    """``card`` as the node registers it under ``config`` (filters aside). A card in MIG
+    mode registers its own memory and 100 cores, and as many slots as its largest profile
+    has instances: HAMi applies neither scaling nor the split count to it."""
     settings = config.settings
+    if card.mode == MIG_MODE:
+        return card
     physical_memory = card.memory or settings.preconfigured_device_memory
     physical_cores = card.cores
     # int() truncates toward zero as Go's int32(float64) does; the bounds are the wire's.

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from agent.deviceplugin.plugin import DevicePlugin, PluginSettings
 from agent.deviceplugin.source import ASK_PATIENCE_S, NatsAllocationSource
 from agent.inventory import InventorySource
+from agent.mig.manager import MigManager
 from agent.monitor.model import HostProbe
 from agent.monitor.monitor import MonitorSettings, NodeMonitor
 from agent.monitor.server import serve_monitor
@@ -95,7 +96,10 @@ class Agent:
                  device_plugin: PluginSettings | None = None,
                  usage: UsageSnapshot | None = None,
                  monitor: MonitorSettings | None = None,
-                 probe: HostProbe | None = None) -> None:
+                 probe: HostProbe | None = None,
+                 mig: MigManager | None = None) -> None:
+        """``mig``: the node's MIG instances, for a node in MIG mode (``source`` then reports
+        its cards in MIG mode: ``agent.mig.inventory.MigSource``)."""
         self._settings = settings
         self._source = ConfiguredSource(source, settings.device)
         self._nats = nats
@@ -122,7 +126,7 @@ class Agent:
         measured = usage if usage is not None else self._monitor
         self._usage = measured if settings.usage_interval > 0 else None
         self._device_plugin = None if device_plugin is None else DevicePlugin(
-            settings.node, device_plugin, self._allocations)
+            settings.node, device_plugin, self._allocations, mig)
         if self._device_plugin is not None:
             self._report.slices_enforced = self._device_plugin.slices_enforced
 
@@ -170,6 +174,10 @@ class Agent:
                     self._device_plugin.sweep_folders, self._allocations), restart=False)
                 supervisor.start("outcomes", self._device_plugin.confirm_outcomes,
                                  restart=False)
+                if self._device_plugin.serves_mig:
+                    supervisor.start("mig-instances", functools.partial(
+                        self._device_plugin.keep_mig_instances, self._allocations),
+                        restart=False)
             await supervisor.until_stopped(stop)
         finally:
             stopping.cancel()

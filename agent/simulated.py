@@ -13,6 +13,7 @@ import msgspec
 import yaml
 
 from agent.inventory import InventoryError
+from agent.mig.tables import A100_80GB, H100_80GB, MigCardTable
 from agent.monitor.model import GpuProcess, HostCard
 from common.core.model import NonNegative, NumaId
 from common.wire import ReportedCard
@@ -59,7 +60,12 @@ PROFILES: dict[str, Callable[[str], list[ReportedCard]]] = {
     "t4x4": _t4x4,
     "a100x8-nvswitch": _a100x8_nvswitch,
     "h100x8-islands": _h100x8_islands,
+    "a100x8-mig": _a100x8_nvswitch,
+    "h100x8-mig": _h100x8_islands,
 }
+MIG_PROFILES: dict[str, MigCardTable] = {"a100x8-mig": A100_80GB, "h100x8-mig": H100_80GB}
+"""The profiles whose node is in MIG mode, and the NVML tables their simulated GPUs answer
+(``agent.mig.simulated``): the same cards as their namesakes, cut into instances."""
 
 
 def profile_cards(profile: str, node: str) -> list[ReportedCard]:

@@ -262,6 +262,9 @@ class PendingPod(msgspec.Struct, frozen=True, kw_only=True):
     containers: PendingContainers = ()
     """The pod's containers in the annotation's order (init containers first); empty from
     a daemon that predates them."""
+    mig_allocations: AnnotationValue = ""
+    """The pod's ``hami.io/vgpu-mig-allocations``: the MIG instances its containers are to
+    get (empty: none)."""
 
 
 PendingPods = Annotated[list[PendingPod], msgspec.Meta(max_length=PENDING_PODS_MAX)]
@@ -291,6 +294,9 @@ class HoldingPod(msgspec.Struct, frozen=True, kw_only=True):
     containers: HoldingContainers = ()
     """Init containers first, then app containers, as the allocation annotation lists
     them; empty from a daemon that predates them."""
+    mig_allocations: AnnotationValue = ""
+    """The pod's ``hami.io/vgpu-mig-allocations``: the MIG instances it holds, which the
+    node keeps while the pod holds them (empty: none)."""
 
 
 HoldingPods = Annotated[list[HoldingPod], msgspec.Meta(max_length=PENDING_PODS_MAX)]
@@ -309,15 +315,29 @@ class PendingAllocations(msgspec.Struct, frozen=True, kw_only=True):
     predates it (nothing is swept then: an empty list would sweep every folder)."""
 
 
+class MigRuntime(msgspec.Struct, frozen=True, kw_only=True):
+    """The MIG instance the node made for one reservation of a pod: the entry of
+    ``hami.io/vgpu-mig-allocations`` it belongs to and the instance's runtime identity."""
+
+    container_index: Annotated[int, msgspec.Meta(ge=0, le=PENDING_CONTAINERS_MAX)]
+    device_index: Annotated[int, msgspec.Meta(ge=0, le=CARDS_PER_NODE_MAX * 8)]
+    mig_uuid: Annotated[str, msgspec.Meta(min_length=1, max_length=128,
+                                          pattern=f"^[{UUID_CHARACTERS}]+$")]
+    gpu_instance_id: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+    compute_instance_id: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+
+
 class AllocationOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """How the kubelet's Allocate went for one pod: its bind-phase becomes ``success``,
-    or ``failed`` with ``reason``."""
+    or ``failed`` with ``reason``; with ``success``, the MIG instances made for it."""
 
     namespace: str
     name: str
     uid: PodUid
     ok: bool
     reason: Detail = ""
+    mig_instances: Annotated[tuple[MigRuntime, ...],
+                             msgspec.Meta(max_length=CARDS_PER_NODE_MAX * 8)] = ()
 
 
 class _Envelope(msgspec.Struct):

@@ -12,8 +12,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from agent.mig.setup import simulated_mig_node
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.simulated import MIG_PROFILES, SimulatedSource, profile_cards
 from common.core import Defaults, NodePolicy, parse_default_chain
 from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer, free_port
@@ -97,8 +98,18 @@ class SimulatedAgent:
     def start(cls, name: str, nats_url: str, profile: str = "t4x4",
               poll_interval: float = 0.2) -> SimulatedAgent:
         source = SimulatedSource(profile_cards(profile, name))
-        agent = Agent(AgentSettings(name, poll_interval=poll_interval, heartbeat_interval=0.5),
-                      source, NatsSettings(servers=servers_of(nats_url)))
+        settings = AgentSettings(name, poll_interval=poll_interval, heartbeat_interval=0.5)
+        nats = NatsSettings(servers=servers_of(nats_url))
+        table = MIG_PROFILES.get(profile)
+        if table is None:
+            agent = Agent(settings, source, nats)
+        else:
+            # A node in MIG mode: its cards report their profiles (the chart's allowlist).
+            cards = source.read()
+            mig = simulated_mig_node(source, [table] * len(cards),
+                                     [card.uuid for card in cards],
+                                     settings.device.device.mig_profile_allowlist)
+            agent = Agent(settings, mig.source, nats, mig=mig.manager)
         node = cls(name, source, agent)
         node.task = asyncio.create_task(agent.run(node.stop))
         return node

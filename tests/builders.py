@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.migtables import (
+from agent.mig.tables import (
     A100_80GB,
     MigCardTable,
     allowed_profiles,
@@ -151,12 +151,14 @@ def node_with(name: str, *overrides: dict[str, Any],
                 annotations=annotations or {})
 
 
-def mig_profiles_of(table: MigCardTable, *models: str) -> tuple[MigProfile, ...]:
-    """The profiles a card of ``table`` registers under HAMi's default allowlist, plus an
-    entry for ``models`` (NVML's own name for an H100 SXM5 matches no default entry)."""
-    allowlist = (*((MigProfiles(models, ("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb")),)
-                   if models else ()), *CHART_MIG_PROFILE_ALLOWLIST)
-    allowed = allowed_profiles(table.name, allowlist)
+H100_NVML_NAMES = MigProfiles(("H100 80GB HBM3",), ("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"))
+"""The allowlist entry an H100 SXM5 node needs: HAMi's chart names no H100 as NVML does."""
+
+
+def mig_profiles_of(table: MigCardTable) -> tuple[MigProfile, ...]:
+    """The profiles a card of ``table`` registers under HAMi's chart allowlist, with the
+    entry for the H100's NVML name."""
+    allowed = allowed_profiles(table.name, (*CHART_MIG_PROFILE_ALLOWLIST, H100_NVML_NAMES))
     assert allowed is not None, f"no allowlist entry for {table.name}"
     return register_profiles(table.profiles, allowed)
 
@@ -164,7 +166,7 @@ def mig_profiles_of(table: MigCardTable, *models: str) -> tuple[MigProfile, ...]
 def mig_node(name: str = "n", cards: int = 1, table: MigCardTable = A100_80GB,
              **fields: Any) -> Node:
     """A node whose cards are in MIG mode, with NVML's profiles for ``table``."""
-    profiles = mig_profiles_of(table, "H100 80GB HBM3")
+    profiles = mig_profiles_of(table)
     values: dict[str, Any] = {"type": table.name, "memory": table.memory_mib,
                               "count": slot_count(profiles), "mode": "mig",
                               "mig_profiles": profiles}

@@ -21,7 +21,8 @@ from agent.deviceplugin.hamicore import (
     UnsafeFolderName,
     container_folder,
 )
-from common.core.annotations import AnnotationError, CardGrant, decode_devices
+from agent.errors import AgentError
+from common.core.annotations import AnnotationError, CardGrant, decode_allocation
 from common.wire import AllocationOutcome, PendingPod, ReportedCard
 
 DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
@@ -94,7 +95,8 @@ class Mount:
 
 @dataclass(frozen=True, slots=True)
 class ContainerAllocation:
-    """What one container gets: its pod's cards for that container, as HAMi-core reads them."""
+    """What one container gets: its pod's cards for that container, as HAMi-core reads them,
+    or the MIG instances reserved for it."""
 
     pod: PendingPod
     position: int
@@ -105,6 +107,12 @@ class ContainerAllocation:
     folder: str | None = None
     """The host folder to make (empty, 0777) before the container starts; None without
     HAMi-core."""
+
+    @property
+    def on_mig(self) -> bool:
+        """The container's cards are MIG instances: the plugin makes them and names them in
+        ``NVIDIA_VISIBLE_DEVICES``; no HAMi-core."""
+        return any(grant.instance is not None for grant in self.grants)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +137,10 @@ class _Candidate:
     grants: tuple[CardGrant, ...]
 
 
+class MixedCards(AgentError):
+    """A container given MIG instances and shared cards at once: no node serves both."""
+
+
 def outcome(pod: PendingPod, reason: str = "") -> AllocationOutcome:
     """Ok without a reason, failed with one."""
     return AllocationOutcome(namespace=pod.namespace, name=pod.name, uid=pod.uid,
@@ -148,7 +160,7 @@ def _decoded(pending: Sequence[PendingPod]
     malformed = []
     for pod in sorted(pending, key=lambda p: (p.bind_time, p.namespace, p.name)):
         try:
-            readable.append((pod, decode_devices(pod.devices)))
+            readable.append((pod, decode_allocation(pod.devices, pod.mig_allocations)))
         except AnnotationError as error:
             malformed.append(outcome(pod, f"pod {_pod_name(pod)}: {error}"))
     return readable, malformed
@@ -185,13 +197,21 @@ def new_cache_id() -> str:
 def container_allocation(candidate: _Candidate, hami_core: HamiCore | None,
                          cache_id: Callable[[], str] = new_cache_id) -> ContainerAllocation:
     """Raises ``UnsafeFolderName`` when, with HAMi-core, the pod's uid or the container's
-    name cannot name its host folder (or the daemon sent no name for it)."""
+    name cannot name its host folder (or the daemon sent no name for it), and
+    ``MixedCards`` for a container given both MIG instances and shared cards."""
     grants = candidate.grants
+    pod = candidate.pod
+    mig = [grant.instance is not None for grant in grants]
+    if any(mig):
+        if not all(mig):
+            raise MixedCards(f"container #{candidate.position} is given both MIG instances "
+                             "and shared cards")
+        # The instances' UUIDs are known once they are made: the plugin names them.
+        return ContainerAllocation(pod, candidate.position, grants, {}, ())
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(grant.uuid for grant in grants)}
     envs.update({f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{grant.memory}m"
                  for i, grant in enumerate(grants)})
     envs["CUDA_DEVICE_SM_LIMIT"] = str(grants[0].cores)
-    pod = candidate.pod
     if hami_core is None:
         envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{SHARED_CACHE_DIR}/{pod.uid}.cache"
         return ContainerAllocation(pod, candidate.position, grants, envs, ())
@@ -242,7 +262,7 @@ def allocate(pending: Sequence[PendingPod], progress: Progress,
             return Refused(reason, (*malformed, outcome(chosen.pod, reason)))
         try:
             allocations.append(container_allocation(chosen, hami_core, cache_id))
-        except UnsafeFolderName as error:
+        except (UnsafeFolderName, MixedCards) as error:
             reason = f"pod {_pod_name(chosen.pod)}: {error}"
             return Refused(reason, (*malformed, outcome(chosen.pod, reason)))
         working[chosen.pod.uid] = chosen.position + 1

@@ -14,12 +14,13 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
+import msgspec
 
 from agent.deviceplugin._v1beta1 import api_pb2, api_pb2_grpc
 from agent.deviceplugin.allocation import (
@@ -45,11 +46,16 @@ from agent.deviceplugin.source import (
     ASK_PATIENCE_S,
     AllocationSource,
     AllocationSourceError,
+    HoldingPods,
     LivePods,
 )
+from agent.mig.manager import InstanceKey, MigManager
+from agent.mig.port import MigError
 from common.arguments import positive_seconds
+from common.core.annotations import AnnotationError
+from common.core.mig import MigReservation, MigReservationError, decode_reservations
 from common.settings import setting
-from common.wire import AllocationOutcome, PendingPod, ReportedCard
+from common.wire import AllocationOutcome, HoldingPod, MigRuntime, PendingPod, ReportedCard
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +74,8 @@ PLUGIN_SOCKET = "pyhami-nvidia-gpu.sock"
 WATCH_INTERVAL_S = 1.0
 REGISTER_TIMEOUT_S = 10.0
 STOP_GRACE_S = 0.5
+MIG_RECONCILE_S = 5.0
+"""How often MIG instances no pod references are destroyed (HAMi's reconciler's period)."""
 
 
 def library_path(directory: Path, version: str) -> Path:
@@ -155,6 +163,12 @@ async def _abort(context: grpc.aio.ServicerContext, code: Any, message: str) -> 
     raise AssertionError("grpc.aio's abort raises")  # for the type checker: abort never returns
 
 
+def _refused_all(granted: Granted, reason: str) -> Granted | Refused:
+    """Nothing of ``granted`` committed: each pod it served failed with ``reason``."""
+    failed = {a.pod.uid: outcome(a.pod, reason) for a in granted.allocations}
+    return Refused(reason, (*(o for o in granted.outcomes if not o.ok), *failed.values()))
+
+
 def _with_folders(granted: Granted) -> Granted | Refused:
     """``granted`` once each container's HAMi-core folder is made; refused (the pods
     served failed, nothing committed) when one cannot be."""
@@ -164,11 +178,8 @@ def _with_folders(granted: Granted) -> Granted | Refused:
         try:
             make_open_folder(Path(allocation.folder), fresh=True)
         except OSError as error:
-            reason = (f"cannot make HAMi-core's folder {allocation.folder} "
-                      f"({error.strerror or error})")
-            failed = {a.pod.uid: outcome(a.pod, reason) for a in granted.allocations}
-            return Refused(reason, (*(o for o in granted.outcomes if not o.ok),
-                                    *failed.values()))
+            return _refused_all(granted, f"cannot make HAMi-core's folder "
+                                         f"{allocation.folder} ({error.strerror or error})")
     return granted
 
 
@@ -177,13 +188,18 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     def __init__(self, node: str, feed: DeviceFeed, source: AllocationSource,
                  hami: HamiCore | None, options: api_pb2.DevicePluginOptions, *,
-                 resource: str = DEFAULT_RESOURCE_NAME) -> None:
+                 resource: str = DEFAULT_RESOURCE_NAME, mig: MigManager | None = None) -> None:
         self._node = node
         self._resource = resource
         self._options = options
         self._feed = feed
         self._source = source
         self._hami = hami
+        self._mig = mig
+        # Per pod uid: the MIG instances made for its containers so far, sent with its
+        # outcome once every container is served.
+        self._made: dict[str, dict[tuple[int, int], MigRuntime]] = {}
+        self._mig_started = asyncio.Event()
         self._progress: dict[str, int] = {}
         self._owed = OwedOutcomes()
         self._allocating = asyncio.Lock()
@@ -244,6 +260,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                                   node_cards=self._feed.cards, hami_core=self._hami,
                                   resource=self._resource)
             if isinstance(result, Granted):
+                result = await self._with_instances(result)
+            if isinstance(result, Granted):
                 result = _with_folders(result)
             self._owe(result.outcomes)
             if isinstance(result, Granted):
@@ -278,6 +296,50 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         async with self._allocating:
             self._reconcile(pending, asked_at)
             await self._send_owed()
+
+    async def mig_ready(self) -> None:
+        """The MIG start-up is done: instances may be made."""
+        self._mig_started.set()
+
+    async def _with_instances(self, granted: Granted) -> Granted | Refused:
+        """``granted`` with the MIG instances of its MIG containers made (all of them, or
+        none: ``MigManager.ensure``) and named in their ``NVIDIA_VISIBLE_DEVICES``; the
+        outcome of a pod now served carries the instances made for it."""
+        on_mig = [allocation for allocation in granted.allocations if allocation.on_mig]
+        if not on_mig:
+            return granted
+        if self._mig is None:
+            return _refused_all(granted, f"node {self._node} serves no MIG (its operatingmode "
+                                         "is not mig), and the pod holds MIG instances")
+        keys = [InstanceKey(grant.uuid, grant.instance.profile, grant.instance.placement.start,
+                            grant.instance.placement.size)
+                for allocation in on_mig for grant in allocation.grants
+                if grant.instance is not None]
+        # Not before the start-up has reset the idle GPUs and adopted the live instances.
+        await self._mig_started.wait()
+        try:
+            instances = iter(await asyncio.to_thread(self._mig.ensure, keys))
+        except MigError as error:
+            return _refused_all(granted, f"MIG instances not made: {error}")
+        allocations = []
+        for allocation in granted.allocations:
+            if not allocation.on_mig:
+                allocations.append(allocation)
+                continue
+            made = [next(instances) for _ in allocation.grants]
+            allocations.append(replace(allocation, envs={
+                "NVIDIA_VISIBLE_DEVICES": ",".join(i.mig_uuid for i in made)}))
+            runtime = self._made.setdefault(allocation.pod.uid, {})
+            for device, instance in enumerate(made):
+                runtime[(allocation.position, device)] = MigRuntime(
+                    container_index=allocation.position, device_index=device,
+                    mig_uuid=instance.mig_uuid, gpu_instance_id=instance.gpu_instance_id,
+                    compute_instance_id=instance.compute_instance_ids[0])
+        outcomes = tuple(
+            msgspec.structs.replace(o, mig_instances=tuple(self._made.pop(o.uid).values()))
+            if o.ok and o.uid in self._made else o
+            for o in granted.outcomes)
+        return Granted(tuple(allocations), granted.progress, outcomes)
 
     def _owe(self, outcomes: Sequence[AllocationOutcome]) -> None:
         for dropped in self._owed.owe(outcomes):
@@ -357,21 +419,29 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
 class DevicePlugin:
     """Serves and registers for as long as ``run`` runs; ``observe`` feeds the inventory."""
 
-    def __init__(self, node: str, settings: PluginSettings, source: AllocationSource) -> None:
+    def __init__(self, node: str, settings: PluginSettings, source: AllocationSource,
+                 mig: MigManager | None = None) -> None:
         self._node = node
         self._settings = settings
         self._source = source
+        self._mig = mig
         self._feed = DeviceFeed(numa_topology=settings.numa_topology)
         self._hami = hami_core(settings.hami_core_dir, settings.hami_core, settings.lock_dir)
         self._options = api_pb2.DevicePluginOptions(
             get_preferred_allocation_available=settings.preferred_allocation)
         self._servicer = DevicePluginServicer(node, self._feed, source, self._hami,
-                                              self._options, resource=settings.resource_name)
+                                              self._options, resource=settings.resource_name,
+                                              mig=mig)
         self.folders = ContainerFolders(settings.hami_core_dir / CONTAINERS_FOLDER,
                                         settings.folder_grace)
         """HAMi-core's container folders, swept by ``sweep_folders``."""
         self.registrations = 0
         """Times the kubelet accepted the registration (once per kubelet start)."""
+
+    @property
+    def serves_mig(self) -> bool:
+        """Whether the node is in MIG mode: its pods' instances are made here."""
+        return self._mig is not None
 
     @property
     def slices_enforced(self) -> bool:
@@ -420,6 +490,38 @@ class DevicePlugin:
                 continue
             await asyncio.to_thread(self.folders.sweep, uids)
 
+    async def keep_mig_instances(self, holding: HoldingPods) -> None:
+        """The node's MIG instances, HAMi's way: at start, the idle GPUs reset into MIG mode
+        and the live instances the pods' reservations account for adopted (every GPU kept
+        as it is when the pods cannot be learned); then, every ``MIG_RECONCILE_S``, each
+        instance no pod holding cards references destroyed. A round whose pods or
+        reservations cannot be read destroys nothing. Until cancelled (only for a node in
+        MIG mode)."""
+        assert self._mig is not None, "keep_mig_instances runs on a node in MIG mode"
+        mig = self._mig
+        try:
+            pods = await holding.holding_pods(self._node)
+            reservations = [r for pod in pods for r in _reservations(pod)]
+            busy: Collection[str] = ()
+        except (AllocationSourceError, AnnotationError) as error:
+            logger.warning("MIG start-up keeps every GPU as it is: the pods holding cards "
+                           "are unknown (%s)", error)
+            reservations, busy = [], await asyncio.to_thread(mig.gpus)
+        await asyncio.to_thread(mig.open)
+        started = await asyncio.to_thread(mig.start_up, reservations, busy)
+        logger.info("MIG start-up: %d GPUs reset into MIG mode, %d instances adopted",
+                    len(started.reset), len(started.adopted))
+        await self._servicer.mig_ready()
+        while True:
+            await asyncio.sleep(MIG_RECONCILE_S)
+            try:
+                pods = await holding.holding_pods(self._node)
+                referenced = {InstanceKey.of(r) for pod in pods for r in _reservations(pod)}
+            except (AllocationSourceError, AnnotationError) as error:
+                logger.warning("MIG instances not reconciled this round: %s", error)
+                continue
+            await asyncio.to_thread(mig.reconcile, referenced)
+
     async def confirm_outcomes(self) -> None:
         """Every ``CONFIRM_INTERVAL_S`` while outcomes wait to be confirmed, send again
         those the daemon has not written. Until cancelled."""
@@ -467,6 +569,14 @@ class DevicePlugin:
                         self.kubelet_socket, self.socket)
             return True
         return False
+
+
+def _reservations(pod: HoldingPod) -> tuple[MigReservation, ...]:
+    """The pod's MIG reservations; raises ``AnnotationError`` naming the pod."""
+    try:
+        return decode_reservations(pod.mig_allocations)
+    except MigReservationError as error:
+        raise AnnotationError(f"pod {pod.namespace}/{pod.name}: {error}") from None
 
 
 def _nobody_waits(result: Granted | Refused) -> bool:

@@ -57,6 +57,12 @@ class LivePods(Protocol):
         live containers' folders removed); raises ``AllocationSourceError``."""
 
 
+class HoldingPods(Protocol):
+    async def holding_pods(self, node: str) -> list[HoldingPod]:
+        """Every pod holding cards on ``node``, with its containers' cards and MIG
+        reservations; raises ``AllocationSourceError``."""
+
+
 class NatsAllocationSource:
     """Asks the daemon on ``allocations_subject(node)``, for the pods waiting for their
     cards and for those holding cards (one answer carries both); reports on

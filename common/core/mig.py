@@ -277,3 +277,20 @@ def decode_reservations(text: str) -> tuple[MigReservation, ...]:
             compute_instance_id=entry.compute_instance_id))
     return tuple(out)
 
+
+def with_runtime(reservations: Sequence[MigReservation],
+                 made: Iterable[tuple[int, int, str, int, int]]) -> tuple[MigReservation, ...]:
+    """``reservations`` with the runtime identity of the instances a node made: per
+    instance its (container index, device index, MIG UUID, GPU instance id, compute
+    instance id). Raises ``MigReservationError`` for an instance no reservation has."""
+    by_position = {(r.container_index, r.device_index): r for r in reservations}
+    for container, device, mig_uuid, gpu_instance, compute_instance in made:
+        known = by_position.get((container, device))
+        if known is None:
+            raise MigReservationError(
+                f"{MIG_ALLOCATIONS_ANNOTATION}: the node made an instance for container "
+                f"{container} device {device}, which no reservation names")
+        by_position[(container, device)] = msgspec.structs.replace(
+            known, mig_uuid=mig_uuid, gpu_instance_id=gpu_instance,
+            compute_instance_id=compute_instance)
+    return tuple(by_position.values())

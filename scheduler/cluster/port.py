@@ -168,8 +168,11 @@ class Cluster(Protocol):
         ...
 
     async def set_bind_phase(self, namespace: str, name: str, uid: str,
-                             phase: AllocationPhase) -> None:
-        """Write ``hami.io/bind-phase: phase`` on the pod, only if it is still uid ``uid``.
+                             phase: AllocationPhase,
+                             annotations: Mapping[str, str] | None = None) -> None:
+        """Write ``hami.io/bind-phase: phase`` on the pod, only if it is still uid ``uid``,
+        and ``annotations`` with it in the same write (the MIG reservations completed with
+        the instances the node made).
 
         Raises ``ClusterError`` when the pod is gone, re-created, or the write fails.
         """

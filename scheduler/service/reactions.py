@@ -17,6 +17,13 @@ from common.core.annotations import (
     TO_ALLOCATE_ANNOTATION,
 )
 from common.core.groups import GroupRef, group_of
+from common.core.mig import (
+    MIG_ALLOCATIONS_ANNOTATION,
+    MigReservationError,
+    decode_reservations,
+    encode_reservations,
+    with_runtime,
+)
 from common.core.pod import control_disabled
 from common.core.quota import Quota, QuotaRejected, ResourceQuotaManifest, parse_quota
 from common.messaging import RateLimitedLog
@@ -269,7 +276,8 @@ class Reactions(ServicePart):
                 # Sent again by a plugin that had not yet seen it written: taken once.
                 self.shared.pods.allocate_answered(key)
                 return
-            await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase)
+            await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase,
+                                              self._runtime_identity(pod, outcome))
         except StoreUnavailable as error:
             self._write_later(node, outcome, phase, error)
             return
@@ -278,6 +286,24 @@ class Reactions(ServicePart):
                                    "written: %s", key, error)
             return
         await self._outcome_written(node, outcome, phase)
+
+    def _runtime_identity(self, pod: ClusterPod, outcome: AllocationOutcome
+                          ) -> dict[str, str] | None:
+        """The pod's MIG reservations completed with the instances its node made, to write
+        with the bind-phase; None where the outcome carries none. Instances that match no
+        reservation of the pod are refused (counted, logged) and nothing is written of
+        them: the phase still is."""
+        if not outcome.mig_instances:
+            return None
+        try:
+            completed = with_runtime(
+                decode_reservations(pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")),
+                [(r.container_index, r.device_index, r.mig_uuid, r.gpu_instance_id,
+                  r.compute_instance_id) for r in outcome.mig_instances])
+        except MigReservationError as error:
+            self._refuse_allocation(f"MIG instances of pod {pod.key} not recorded: {error}")
+            return None
+        return {MIG_ALLOCATIONS_ANNOTATION: encode_reservations(completed)}
 
     def keep_outcome(self, subject: str, data: bytes) -> None:
         """A standby's part: keep the outcome, written should this daemon decide within
@@ -319,7 +345,8 @@ class Reactions(ServicePart):
                         pod.annotations.get(BIND_PHASE_ANNOTATION) in ANSWERED_PHASES:
                     return
                 await self.cluster.set_bind_phase(outcome.namespace, outcome.name,
-                                                  outcome.uid, phase)
+                                                  outcome.uid, phase,
+                                                  self._runtime_identity(pod, outcome))
             except StoreUnavailable as error:
                 last = str(error)
                 continue
@@ -601,7 +628,8 @@ def _holding_pod(pod: ClusterPod, allocation: Allocation) -> HoldingPod:
         containers.append(HoldingContainer(name=container.name, init=position < len(init),
                                            cards=tuple(grant.uuid for grant in grants)))
     return HoldingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid,
-                      containers=tuple(containers))
+                      containers=tuple(containers),
+                      mig_allocations=pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))
 
 
 def _pending(pod: ClusterPod, node: str) -> PendingPod | None:
@@ -618,4 +646,5 @@ def _pending(pod: ClusterPod, node: str) -> PendingPod | None:
                                         control_disabled=control_disabled(container))
                        for container in [*(spec.init_containers or ()), *spec.containers])
     return PendingPod(namespace=pod.namespace, name=pod.name, uid=pod.uid, devices=devices,
-                      bind_time=int(bind_time) if readable else 0, containers=containers)
+                      bind_time=int(bind_time) if readable else 0, containers=containers,
+                      mig_allocations=annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))

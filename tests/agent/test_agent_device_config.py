@@ -130,14 +130,14 @@ def test_the_split_count_variable_with_a_file_exits_2_with_one_line(tmp_path: Pa
     assert "Traceback" not in done.stderr
 
 
-def test_mig_mode_is_refused_at_start_with_one_line(tmp_path: Path) -> None:
+def test_mig_mode_over_a_simulation_without_mig_gpus_exits_2_with_one_line(
+        tmp_path: Path) -> None:
     _, nodes = _files(tmp_path, mode="mig")
     done = _agent("--node-config", str(nodes))
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == (
-        f"pyhami agent: --node-config {nodes}: node gpu-1's operatingmode is 'mig': MIG mode "
-        "is not served yet (it comes with the MIG issue); use hami-core, or leave the node "
-        "out of pyhami")
+        "pyhami agent: the node's operatingmode is mig, but --inventory sim:t4x4 simulates "
+        "no MIG GPU: use nvml, sim:a100x8-mig or sim:h100x8-mig")
 
 
 @pytest.mark.parametrize(("config", "expected"), [

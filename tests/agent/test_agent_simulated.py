@@ -52,7 +52,8 @@ def test_uuids_are_unique_per_node_and_differ_between_nodes() -> None:
 
 def test_an_unknown_profile_names_itself_and_the_known_ones() -> None:
     with pytest.raises(InventoryError, match=r"unknown simulated profile 'v100x2' \(known: "
-                                             r"a100x8-nvswitch, h100x8-islands, t4x4\)"):
+                                             r"a100x8-mig, a100x8-nvswitch, h100x8-islands, "
+                                             r"h100x8-mig, t4x4\)"):
         profile_cards("v100x2", "n")
 
 

@@ -41,7 +41,6 @@ from common.core.deviceconfig import (
     NodeDeviceConfig,
     effective_for,
 )
-from common.core.errors import SettingsError
 from common.core.pod import Container, PodManifest, PodSpec, ResourceRequirements
 from common.core.quota import quota_keys
 from common.deviceconfig import load_device_config, load_node_config
@@ -243,8 +242,7 @@ def test_the_node_table_covers_every_key_of_the_changed_entry() -> None:
     assert sorted(entry) == sorted(["name", *(row[0] for row in NODE_KEYS)])
 
 
-def test_the_agent_refuses_the_mig_mode_the_changed_entry_sets() -> None:
+def test_the_agent_takes_the_mig_mode_the_changed_entry_sets() -> None:
     args = _agent_args("--device-config", str(HAMI / "device-config.yaml"),
                        "--node-config", str(HAMI / "config-changed.json"))
-    with pytest.raises(SettingsError, match="node gpu-1's operatingmode is 'mig'"):
-        node_device_config(args, NODE)
+    assert node_device_config(args, NODE).operating_mode == "mig"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.migtables import A100_80GB, H100_80GB, MigCardTable, register_profiles
+from agent.mig.tables import A100_80GB, H100_80GB, MigCardTable, register_profiles
 from common.core import Decision, Fleet
 from common.core.annotations import (
     AnnotationError,
@@ -300,7 +300,7 @@ class TestLedger:
 def test_no_two_instances_on_a_card_overlap_and_each_is_a_placement_nvml_offers(
         steps: list[tuple[int, int, bool]], table: MigCardTable) -> None:
     fleet = fleet_of(mig_node(cards=2, table=table))
-    offered = {(p.name, q) for p in mig_profiles_of(table, "H100 80GB HBM3")
+    offered = {(p.name, q) for p in mig_profiles_of(table)
                for q in p.placements}
     placed: list[str] = []
     for i, (memory, cards, release_one) in enumerate(steps):

@@ -200,10 +200,12 @@ class KubernetesCluster:
             stamp, pod.metadata.uid or "", pod.metadata.resource_version))
 
     async def set_bind_phase(self, namespace: str, name: str, uid: str,
-                             phase: AllocationPhase) -> None:
+                             phase: AllocationPhase,
+                             annotations: Mapping[str, str] | None = None) -> None:
         what = f"setting the bind-phase of pod {namespace}/{name} to {phase}"
         try:
-            await _client.patch_pod(self._api, namespace, name, bind_phase_patch(uid, phase))
+            await _client.patch_pod(self._api, namespace, name,
+                                    bind_phase_patch(uid, phase, annotations))
         except API_FAILURES as error:
             if answered_with(error, NOT_FOUND):
                 raise ClusterError(f"{what}: the pod no longer exists") from error

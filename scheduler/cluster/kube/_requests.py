@@ -49,9 +49,12 @@ def annotation_patch(uid: str, resource_version: str | None,
     return {"metadata": _guarded({"annotations": dict(annotations)}, uid, resource_version)}
 
 
-def bind_phase_patch(uid: str, phase: str) -> JsonObject:
-    """The merge patch that sets ``hami.io/bind-phase``, only on the pod of that uid."""
-    return {"metadata": _with_uid({"annotations": {BIND_PHASE_ANNOTATION: phase}}, uid)}
+def bind_phase_patch(uid: str, phase: str,
+                     annotations: Mapping[str, str] | None = None) -> JsonObject:
+    """The merge patch that sets ``hami.io/bind-phase`` (and ``annotations``), only on the
+    pod of that uid."""
+    return {"metadata": _with_uid(
+        {"annotations": {**(annotations or {}), BIND_PHASE_ANNOTATION: phase}}, uid)}
 
 
 def bind_refusal(pod: PodToBind, uid: str, scheduler_name: str) -> str | None:

@@ -135,7 +135,8 @@ class StandaloneCluster:
             await self._bucket.replace(key, bound, what)
 
     async def set_bind_phase(self, namespace: str, name: str, uid: str,
-                             phase: AllocationPhase) -> None:
+                             phase: AllocationPhase,
+                             annotations: Mapping[str, str] | None = None) -> None:
         key = pod_key(namespace, name)
         what = f"setting the bind-phase of pod {namespace}/{name} to {phase}"
         async with self._bucket.writing(key) as pod:
@@ -144,7 +145,8 @@ class StandaloneCluster:
             if pod.uid != uid:
                 raise ClusterError(f"{what}: uid {uid} is not the pod's ({pod.uid})")
             await self._bucket.replace(key, msgspec.structs.replace(
-                pod, annotations={**pod.annotations, BIND_PHASE_ANNOTATION: phase}), what)
+                pod, annotations={**pod.annotations, **(annotations or {}),
+                                  BIND_PHASE_ANNOTATION: phase}), what)
 
     async def record_event(self, namespace: str, name: str, kind: EventType, reason: str,
                            message: str) -> None:

@@ -4,7 +4,7 @@ asks which pods wait for their cards and reports how the kubelet's Allocate went
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import nats
@@ -238,12 +238,13 @@ async def test_an_outcome_the_store_cannot_take_yet_is_written_once_it_can(
     write = cluster.set_bind_phase
     refused = 0
 
-    async def away_twice(namespace: str, name: str, uid: str, phase: AllocationPhase) -> None:
+    async def away_twice(namespace: str, name: str, uid: str, phase: AllocationPhase,
+                         annotations: Mapping[str, str] | None = None) -> None:
         nonlocal refused
         if refused < 2:
             refused += 1
             raise StoreUnavailable("no answer from the pod store (test); nothing was written")
-        await write(namespace, name, uid, phase)
+        await write(namespace, name, uid, phase, annotations)
 
     monkeypatch.setattr(cluster, "set_bind_phase", away_twice)
     await report(bus, pod, ok=True)
@@ -268,9 +269,10 @@ async def test_an_outcome_heard_while_standing_by_is_written_once_this_daemon_de
     writes: list[str] = []
     write = reactions.cluster.set_bind_phase
 
-    async def counted(namespace: str, name: str, uid: str, phase: AllocationPhase) -> None:
+    async def counted(namespace: str, name: str, uid: str, phase: AllocationPhase,
+                      annotations: Mapping[str, str] | None = None) -> None:
         writes.append(name)
-        await write(namespace, name, uid, phase)
+        await write(namespace, name, uid, phase, annotations)
 
     monkeypatch.setattr(reactions.cluster, "set_bind_phase", counted)
     monkeypatch.setattr(reactions.shared.leadership, "refusal",
