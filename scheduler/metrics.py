@@ -103,7 +103,30 @@ class HamiCollector(Collector):
                               HAMI_ZONE]
                     memory.add_metric(series, grant.memory * MIB)
                     cores.add_metric(series, grant.cores)
-        yield from (memory, cores)
+        yield from (memory, cores, HamiCollector._mig_instances(fleet))
+
+    @staticmethod
+    def _mig_instances(fleet: Fleet) -> Metric:
+        """HAMi's ``hami_node_gpu_mig_instance_info``: one series per MIG instance its node
+        made (the runtime identity recorded on the pod), none before."""
+        info = _gauge("hami_node_gpu_mig_instance_info", "MIG instance information",
+                      ["node", "device_uuid", "device_index", "mig_uuid", "profile",
+                       "gpu_instance_id", "compute_instance_id", "placement_start",
+                       "placement_size"])
+        for _, allocation in sorted(fleet.allocations().items()):
+            node = fleet.node(allocation.node)
+            index = {d.uuid: d.index for d in node.devices} if node is not None else {}
+            for grants in allocation.containers:
+                for grant in grants:
+                    made = grant.instance
+                    if made is None or not made.mig_uuid:
+                        continue
+                    info.add_metric([allocation.node, grant.uuid,
+                                     str(index.get(grant.uuid, "")), made.mig_uuid,
+                                     made.profile, str(made.gpu_instance_id),
+                                     str(made.compute_instance_id),
+                                     str(made.placement.start), str(made.placement.size)], 1)
+        return info
 
 
 CARD_FAMILIES = (

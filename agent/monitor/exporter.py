@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent.monitor.model import ContainerUsage, HostCard
+from common.core.mig import MigReservationError, decode_reservations
 from common.wire import HoldingPod
 
 ZONE = "vGPU"
@@ -62,6 +63,7 @@ class MonitorCollector(Collector):
         yield from _host_gauges(self._node, self._host())
         snapshot = self._snapshot()
         yield from _container_gauges(snapshot, self._clock())
+        yield _mig_devices(snapshot.pods)
         skipped = CounterMetricFamily(
             "pyhami_monitor_skipped", "Cache files, folders and processes the node's monitor "
             "skipped, by reason", labels=["reason"])
@@ -122,6 +124,32 @@ def _container_gauges(snapshot: MonitorSnapshot, now: float) -> Iterable[Metric]
             if usage.last_kernel_time:
                 elapsed.add_metric(labels, max(now - usage.last_kernel_time, 0.0))
     return used, limit, memory, utilization, context, module, buffer, elapsed
+
+
+MIG_DEVICE_LABELS = ["namespace", "pod", "container", "vdevice_index", "device_uuid",
+                     "mig_uuid", "profile", "gpu_instance_id", "compute_instance_id"]
+
+
+def _mig_devices(pods: Mapping[str, HoldingPod]) -> Metric:
+    """HAMi's ``hami_mig_device_info``: the MIG instances of the pods holding cards, from
+    their ``hami.io/vgpu-mig-allocations``, those with a runtime identity only; a pod whose
+    annotation does not read is left out."""
+    info = GaugeMetricFamily("hami_mig_device_info", "MIG device information",
+                             labels=MIG_DEVICE_LABELS)
+    for pod in sorted(pods.values(), key=lambda p: (p.namespace, p.name)):
+        try:
+            reservations = decode_reservations(pod.mig_allocations)
+        except MigReservationError:
+            continue
+        for entry in reservations:
+            if not entry.live:
+                continue
+            container = (pod.containers[entry.container_index].name
+                         if entry.container_index < len(pod.containers) else "")
+            info.add_metric([pod.namespace, pod.name, container, str(entry.device_index),
+                             entry.gpu_uuid, entry.mig_uuid, entry.profile,
+                             str(entry.gpu_instance_id), str(entry.compute_instance_id)], 1)
+    return info
 
 
 def _names(pods: Mapping[str, HoldingPod], usage: ContainerUsage) -> list[str] | None:

@@ -108,7 +108,10 @@ def mig_reservations(containers: Containers) -> list[MigReservation]:
     (init containers first, as the allocation lists them)."""
     return [MigReservation(container_index=position, device_index=index,
                            gpu_uuid=grant.uuid, profile=grant.instance.profile,
-                           placement=grant.instance.placement)
+                           placement=grant.instance.placement,
+                           mig_uuid=grant.instance.mig_uuid,
+                           gpu_instance_id=grant.instance.gpu_instance_id,
+                           compute_instance_id=grant.instance.compute_instance_id)
             for position, grants in enumerate(containers)
             for index, grant in enumerate(grants) if grant.instance is not None]
 
@@ -134,7 +137,8 @@ def with_reservations(containers: Containers,
                 f"{shown(grant.uuid)}")
         placed[reservation.container_index][reservation.device_index] = CardGrant(
             grant.uuid, grant.memory, grant.cores,
-            MigInstance(reservation.profile, reservation.placement))
+            MigInstance(reservation.profile, reservation.placement, reservation.mig_uuid,
+                        reservation.gpu_instance_id, reservation.compute_instance_id))
     return tuple(tuple(grants) for grants in placed)
 
 

@@ -174,7 +174,7 @@ class CachedChecks:
 
 
 _DYNAMIC_ARRAYS = ("tenants", "usedmem", "usedcores", "used", "node_used", "node_usedmem",
-                   "node_usedcores", "healthy", "cordoned", "processes")
+                   "node_usedcores", "healthy", "cordoned", "processes", "inconsistent")
 """The arrays of a ``Layout`` that change after it is built (usage, health, cordons)."""
 
 
@@ -213,6 +213,9 @@ class Layout:
         self.count: IntArray = np.array([d.count for d in devs], dtype=np.int64)
         self.numa: IntArray = np.array([d.numa for d in devs], dtype=np.int64)
         self.healthy: BoolArray = np.array([d.health for d in devs], dtype=np.bool_)
+        self.inconsistent: BoolArray = np.zeros(len(devs), dtype=np.bool_)
+        """Cards the ledger's MIG reservations contradict (``Fleet.inconsistencies``):
+        judged as unhealthy, as HAMi marks them."""
         self.cordoned: BoolArray = np.array(cordoned, dtype=np.bool_)
         self.processes: IntArray = np.array([d.processes for d in devs], dtype=np.int64)
         self.mig: BoolArray = np.array([d.mode == MIG_MODE for d in devs], dtype=np.bool_)
@@ -316,6 +319,11 @@ class Layout:
         self._set_used(card, occupied_slots(usage.tenants, int(self.processes[card])))
         self._touched(card)
 
+    def set_inconsistent(self, card: int, inconsistent: bool) -> None:
+        if bool(self.inconsistent[card]) != inconsistent:
+            self.inconsistent[card] = inconsistent
+            self._touched(card)
+
     def set_instances(self, card: int, placements: tuple[MigPlacement, ...]) -> None:
         """The placements the MIG instances of pods occupy on one card, now."""
         if placements:
@@ -363,6 +371,8 @@ class Fleet:
         self._allocations: dict[str, Allocation] = {}
         self._usage: dict[tuple[str, str], Usage] = {}
         self._instances: dict[tuple[str, str], tuple[MigPlacement, ...]] = {}
+        # Per card, the grants booked on it without a MIG instance and with one.
+        self._grant_kinds: dict[tuple[str, str], tuple[int, int]] = {}
         self._layout: Layout | None = None
         self._quotas = quotas if quotas is not None else QuotaBook()
 
@@ -383,6 +393,10 @@ class Fleet:
                 card = layout.card_position.get((node, uuid))
                 if card is not None and layout.mig[card]:
                     layout.set_instances(card, placements)
+            for key in self._grant_kinds:
+                card = layout.card_position.get(key)
+                if card is not None:
+                    layout.set_inconsistent(card, self._contradiction(key, layout) is not None)
             self._layout = layout
         return self._layout
 
@@ -428,6 +442,7 @@ class Fleet:
             self._add_usage(allocation.node, uuid, usage)
         for uuid, placement in allocation.instances():
             self._move_instance(allocation.node, uuid, placement, add=True)
+        self._count_grants(allocation, 1)
         self._quotas.charge(key, allocation)
 
     def without(self, key: str) -> Fleet:
@@ -455,6 +470,7 @@ class Fleet:
         other._allocations = dict(self._allocations)
         other._usage = dict(self._usage)
         other._instances = dict(self._instances)
+        other._grant_kinds = dict(self._grant_kinds)
         other._layout = self._layout.copy() if self._layout is not None else None
         return other
 
@@ -465,6 +481,7 @@ class Fleet:
                 self._add_usage(allocation.node, uuid, Usage() - usage)
             for uuid, placement in allocation.instances():
                 self._move_instance(allocation.node, uuid, placement, add=False)
+            self._count_grants(allocation, -1)
             self._quotas.refund(key)
         return allocation
 
@@ -508,3 +525,49 @@ class Fleet:
             card = self._layout.card_position.get(key)
             if card is not None and self._layout.mig[card]:
                 self._layout.set_instances(card, tuple(held))
+
+    def inconsistencies(self) -> dict[tuple[str, str], str]:
+        """Cards the ledger's MIG reservations contradict, with why: they are judged
+        unhealthy until the pods that contradict them are gone (HAMi's checks): a shared
+        card holding a MIG instance, a MIG card held without one."""
+        layout = self.layout
+        found = {}
+        for key in self._grant_kinds:
+            why = self._contradiction(key, layout)
+            if why is not None:
+                found[key] = why
+        return found
+
+    def _contradiction(self, key: tuple[str, str], layout: Layout) -> str | None:
+        card = layout.card_position.get(key)
+        if card is None:
+            return None  # a card no node reports: an orphan (``orphans``)
+        plain, with_instance = self._grant_kinds.get(key, (0, 0))
+        if layout.mig[card] and plain:
+            return "a pod holds this MIG card without a MIG reservation"
+        if not layout.mig[card] and with_instance:
+            return "a MIG reservation names this card, which is not in MIG mode"
+        return None
+
+    def _count_grants(self, allocation: Allocation, sign: int) -> None:
+        changed = set()
+        for grants in allocation.containers:
+            for grant in grants:
+                key = (allocation.node, grant.uuid)
+                plain, with_instance = self._grant_kinds.get(key, (0, 0))
+                if grant.instance is None:
+                    plain += sign
+                else:
+                    with_instance += sign
+                if plain or with_instance:
+                    self._grant_kinds[key] = (plain, with_instance)
+                else:
+                    self._grant_kinds.pop(key, None)
+                changed.add(key)
+        layout = self._layout
+        if layout is None:
+            return
+        for key in changed:
+            card = layout.card_position.get(key)
+            if card is not None:
+                layout.set_inconsistent(card, self._contradiction(key, layout) is not None)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import msgspec
@@ -90,10 +90,14 @@ MigProfiles = Annotated[tuple[MigProfile, ...], msgspec.Meta(max_length=PROFILES
 
 @dataclass(frozen=True, slots=True)
 class MigInstance:
-    """The GPU instance chosen for one card of one container: its profile and where."""
+    """The GPU instance chosen for one card of one container: its profile and where; once
+    the node made it, its runtime identity (which does not make it another instance)."""
 
     profile: str
     placement: MigPlacement
+    mig_uuid: str = field(default="", compare=False)
+    gpu_instance_id: int | None = field(default=None, compare=False)
+    compute_instance_id: int | None = field(default=None, compare=False)
 
 
 def prefers_high_start(profile: str) -> bool:

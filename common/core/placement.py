@@ -250,7 +250,7 @@ class PodView:
         if self.type_ok is not None:
             codes[~self.type_ok[where]] = CardCheck.TYPE_MISMATCH
         codes[lay.cordoned[where]] = CardCheck.CORDONED
-        codes[~lay.healthy[where]] = CardCheck.NOT_HEALTHY
+        codes[~lay.healthy[where] | lay.inconsistent[where]] = CardCheck.NOT_HEALTHY
         if self.takes_mig:
             self._mig_codes(request, where, codes, held)
         return codes

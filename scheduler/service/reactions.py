@@ -7,6 +7,7 @@ confirmed in time."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -15,6 +16,7 @@ from common.core.annotations import (
     BIND_PHASE_ANNOTATION,
     BIND_TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
+    with_reservations,
 )
 from common.core.groups import GroupRef, group_of
 from common.core.mig import (
@@ -276,8 +278,9 @@ class Reactions(ServicePart):
                 # Sent again by a plugin that had not yet seen it written: taken once.
                 self.shared.pods.allocate_answered(key)
                 return
-            await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase,
-                                              self._runtime_identity(pod, outcome))
+            runtime = self._runtime_identity(pod, outcome)
+            await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase, runtime)
+            self._record_instances(key, runtime)
         except StoreUnavailable as error:
             self._write_later(node, outcome, phase, error)
             return
@@ -304,6 +307,19 @@ class Reactions(ServicePart):
             self._refuse_allocation(f"MIG instances of pod {pod.key} not recorded: {error}")
             return None
         return {MIG_ALLOCATIONS_ANNOTATION: encode_reservations(completed)}
+
+    def _record_instances(self, key: str, written: dict[str, str] | None) -> None:
+        """The ledger's allocation of the pod with the runtime identity just written on it
+        (``hami_node_gpu_mig_instance_info`` reads it there)."""
+        held = self.state.fleet.allocation(key)
+        if not written or held is None:
+            return
+        try:
+            containers = with_reservations(
+                held.containers, decode_reservations(written[MIG_ALLOCATIONS_ANNOTATION]))
+        except MigReservationError:
+            return  # the annotation was built from the ledger's own: not expected
+        self.state.bookings.confirm(key, dataclasses.replace(held, containers=containers))
 
     def keep_outcome(self, subject: str, data: bytes) -> None:
         """A standby's part: keep the outcome, written should this daemon decide within
@@ -344,9 +360,10 @@ class Reactions(ServicePart):
                 if pod is None or pod.uid != outcome.uid or pod.node != node or \
                         pod.annotations.get(BIND_PHASE_ANNOTATION) in ANSWERED_PHASES:
                     return
+                runtime = self._runtime_identity(pod, outcome)
                 await self.cluster.set_bind_phase(outcome.namespace, outcome.name,
-                                                  outcome.uid, phase,
-                                                  self._runtime_identity(pod, outcome))
+                                                  outcome.uid, phase, runtime)
+                self._record_instances(key, runtime)
             except StoreUnavailable as error:
                 last = str(error)
                 continue

@@ -228,6 +228,9 @@ class Reporting:
         orphans = [{"node": node, "uuid": uuid, "tenants": usage.tenants,
                     "usedmem": usage.memory, "usedcores": usage.cores}
                    for (node, uuid), usage in fleet.orphans().items()]
+        # Cards the MIG reservations contradict: judged unhealthy while they do.
+        contradicted = [{"node": node, "uuid": uuid, "why": why}
+                        for (node, uuid), why in sorted(fleet.inconsistencies().items())]
         return {"reservation_ttl_s": bookings.reservation_ttl, "bound": sorted(bookings.bound),
                 "pods": pods, "reservations": reservations, "cards": cards,
-                "orphans": orphans}
+                "orphans": orphans, "mig_contradicted": contradicted}

@@ -3,6 +3,7 @@ fixed measurement (the sources are tested on their own)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -103,3 +104,21 @@ def test_an_empty_node_scrapes_the_host_alone() -> None:
     series = scrape(MonitorSnapshot())
     assert "hami_vgpu_memory_used_bytes" not in series
     assert len(series["hami_host_gpu_utilization_ratio"]) == 1
+
+
+def test_the_mig_instances_of_the_pods_are_listed_once_made() -> None:
+    reservations = (
+        '[{"containerIndex":1,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.10gb",'
+        '"placement":{"start":6,"size":1},"migUUID":"MIG-1","gpuInstanceID":13,'
+        '"computeInstanceID":0},'
+        '{"containerIndex":1,"deviceIndex":1,"gpuUUID":"GPU-a","profile":"1g.10gb",'
+        '"placement":{"start":5,"size":1}}]')
+    pods = {"uid-1": msgspec.structs.replace(POD, mig_allocations=reservations),
+            "uid-2": HoldingPod(namespace="lab", name="broken", uid="uid-2",
+                                mig_allocations="{")}
+    series = scrape(MonitorSnapshot(pods=pods))
+    # The second instance has no runtime identity yet; the broken annotation is skipped.
+    assert series["hami_mig_device_info"] == {tuple(sorted({
+        "namespace": "lab", "pod": "train", "container": "main", "vdevice_index": "0",
+        "device_uuid": "GPU-a", "mig_uuid": "MIG-1", "profile": "1g.10gb",
+        "gpu_instance_id": "13", "compute_instance_id": "0"}.items())): 1.0}

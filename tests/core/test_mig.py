@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.mig.tables import A100_80GB, H100_80GB, MigCardTable, register_profiles
-from common.core import Decision, Fleet
+from common.core import Allocation, CardGrant, Decision, Fleet
 from common.core.annotations import (
     AnnotationError,
     decode_allocation,
@@ -19,6 +19,7 @@ from common.core.annotations import (
 )
 from common.core.mig import (
     MIG_ALLOCATIONS_ANNOTATION,
+    MigInstance,
     MigPlacement,
     MigReservationError,
     decode_reservations,
@@ -360,3 +361,28 @@ def test_fuzzed_reservation_annotations_are_read_or_refused_with_one_line(
         for grant in grants:
             if grant.instance is not None:
                 assert 0 < grant.instance.placement.size <= 64
+
+
+class TestConsistency:
+    """HAMi's checks: a card the ledger's MIG reservations contradict is unhealthy while
+    they do."""
+
+    def test_a_mig_card_held_without_a_reservation_is_judged_unhealthy(self) -> None:
+        fleet = fleet_of(mig_node(cards=2))
+        fleet.allocate("default/odd", Allocation("n", ((CardGrant("GPU-n-0", 9728, 15),),)))
+        assert fleet.inconsistencies() == {
+            ("n", "GPU-n-0"): "a pod holds this MIG card without a MIG reservation"}
+        decision = run(fleet, manifest(gpumem=8000, policy="binpack"))
+        assert chosen(decision) == [[(1, "1g.10gb", 6)]]
+        fleet.release("default/odd")
+        assert fleet.inconsistencies() == {}
+        assert chosen(run(fleet, manifest(gpumem=8000, policy="binpack"))) == [
+            [(0, "1g.10gb", 6)]]
+
+    def test_a_reservation_on_a_shared_card_makes_it_unhealthy(self) -> None:
+        fleet = fleet_of(node("n", 1))
+        fleet.allocate("default/odd", Allocation("n", ((CardGrant(
+            "GPU-n-0", 1000, 0, MigInstance("1g.10gb", MigPlacement(6, 1))),),)))
+        assert fleet.inconsistencies() == {
+            ("n", "GPU-n-0"): "a MIG reservation names this card, which is not in MIG mode"}
+        assert run(fleet, manifest(gpumem=1000)).failed_nodes == {"n": "1/1 CardNotHealth"}

@@ -81,6 +81,16 @@ async def test_the_reservation_is_written_listed_and_completed_by_the_nodes_outc
             MIG_ALLOCATIONS_ANNOTATION, "")
 
     await eventually(recorded, "the runtime identity written with the bind-phase")
+    assert mig_lab.daemon.service is not None
+    registry = mig_lab.daemon.service.metrics.registry
+    labels = {"node": NODE, "device_uuid": reserved.gpu_uuid, "device_index": "0",
+              "mig_uuid": "MIG-one", "profile": "1g.10gb", "gpu_instance_id": "13",
+              "compute_instance_id": "0", "placement_start": "6", "placement_size": "1"}
+
+    async def exported() -> bool:
+        return registry.get_sample_value("hami_node_gpu_mig_instance_info", labels) == 1
+
+    await eventually(exported, "hami_node_gpu_mig_instance_info for the instance")
     notes = (await mig_lab.pods.get("first"))["annotations"]
     assert json.loads(notes[MIG_ALLOCATIONS_ANNOTATION]) == [{
         "containerIndex": 0, "deviceIndex": 0, "gpuUUID": reserved.gpu_uuid,
