@@ -19,6 +19,7 @@ from pyhami.output import add_output_argument, print_json, stderr_console, stdou
 from pyhami.simulate._engine import simulate
 from pyhami.simulate._formats import load_trace
 from pyhami.simulate._report import (
+    mig_lines,
     namespace_table,
     plot_html,
     plot_svg,
@@ -135,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(Text(f"{nodes} nodes, {cards} cards{under}; {len(trace.pods)} pods"
                            f"{in_groups}"))
         console.print(summary_table(runs))
+        for line in mig_lines(runs):
+            console.print(Text(line))
         if namespaces:
             console.print(Text("\nPods by namespace"))
             console.print(namespace_table(runs))

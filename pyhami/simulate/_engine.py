@@ -58,6 +58,7 @@ import numpy as np
 
 from common.core import (
     ClusterFile,
+    Decision,
     Defaults,
     Fleet,
     NodePolicy,
@@ -172,6 +173,7 @@ def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
             waiting=sum(not group.started for group in groups),
             holding=sum(bool(group.placed) and not group.started for group in groups),
             idle_gpu_hours=replay.idle_gpu_seconds / SECONDS_PER_HOUR),
+        mig_instances=dict(replay.mig_instances),
     )
 
 
@@ -385,6 +387,7 @@ class _Replay:
         self.refused_otherwise_in: Counter[str] = Counter()
         self.peak_allocation = 0.0
         self.arrived = 0.0
+        self.mig_instances: Counter[str] = Counter()
 
     def run(self, submissions: list[_Submission],
             progress: Callable[[int, int], None] | None) -> None:
@@ -474,6 +477,7 @@ class _Replay:
         for decision in placement.decisions:
             position = by_key[decision.pod]
             if decision.allocation is not None and decision.node is not None:
+                self._count_instances(decision)
                 self.fleet.allocate(str(position), decision.allocation)
                 self.fragmentation.update(self.layout.node_position[decision.node])
             submission = self.submissions[position]
@@ -532,6 +536,7 @@ class _Replay:
         decision = decide(self.fleet, request, nodes=nodes)
         if decision.allocation is None or decision.node is None:
             return False
+        self._count_instances(decision)
         self.fleet.allocate(str(position), decision.allocation)
         self.fragmentation.update(self.layout.node_position[decision.node])
         self.peak_allocation = max(self.peak_allocation, self._allocation())
@@ -542,6 +547,12 @@ class _Replay:
         elif submission.duration is not None:
             heapq.heappush(self.departures, (now + submission.duration, position))
         return True
+
+    def _count_instances(self, decision: Decision) -> None:
+        for cards in decision.cards:
+            for card in cards:
+                if card.instance is not None:
+                    self.mig_instances[card.instance.profile] += 1
 
     def _depart_next(self) -> None:
         """Every departure at the earliest departure time, then the waiting pods retried

@@ -60,6 +60,17 @@ def simulation_document(nodes: int, cards: int, pods: int, runs: Sequence[Policy
             "workload": {"pods": pods}, "policies": [run.document() for run in runs]}
 
 
+def mig_lines(runs: Sequence[PolicyRun]) -> list[str]:
+    """Under the table, for a cluster with MIG cards: the instances each run gave, by
+    profile (``spread: 1g.10gb x 120, 3g.40gb x 8``)."""
+    if not any(run.mig_instances for run in runs):
+        return []
+    return ["MIG instances given:", *(
+        f"  {run.policy}: " + (", ".join(f"{profile} x {count}" for profile, count
+                                         in sorted(run.mig_instances.items())) or "none")
+        for run in runs)]
+
+
 # The table.
 
 def summary_table(runs: Sequence[PolicyRun]) -> Table:

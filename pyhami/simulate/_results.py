@@ -102,6 +102,9 @@ class PolicyRun:
     by_namespace: dict[str, NamespaceTally] = field(default_factory=dict)
     """Per namespace of the workload, sorted by name."""
     groups: GroupTally = field(default_factory=GroupTally)
+    mig_instances: dict[str, int] = field(default_factory=dict)
+    """MIG instances the placed pods were given, by profile (none on a cluster without MIG
+    cards)."""
 
     def document(self) -> dict[str, object]:
         """The run as ``--output json`` prints it."""
@@ -116,6 +119,7 @@ class PolicyRun:
             "by_namespace": {namespace: tally.document()
                              for namespace, tally in self.by_namespace.items()},
             "groups": self.groups.document(),
+            "mig_instances": dict(sorted(self.mig_instances.items())),
             "peak_allocation": self.peak_allocation,
             "allocation_at_arrived": [[round(s.arrived, SHARE_DIGITS),
                                        round(s.allocation, SHARE_DIGITS)] for s in points],

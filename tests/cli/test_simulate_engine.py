@@ -32,8 +32,10 @@ from common.core.pod import (
 from common.core.quota import Quota
 from common.files import InputFileError
 from pyhami.simulate._engine import PolicyRun, simulate
+from pyhami.simulate._report import mig_lines
 from pyhami.simulate._results import NamespaceTally
 from pyhami.simulate._trace import SimPod, Trace
+from tests.builders import mig_node
 
 MIB = 1000
 
@@ -406,3 +408,17 @@ def test_progress_reports_the_end() -> None:
              progress=lambda done, total: seen.append((done, total)))
     assert seen[-1] == (80, 80)
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+
+
+def test_mig_cards_count_the_instances_each_policy_gives() -> None:
+    """One A100 in MIG mode: three pods of 20 % (16,384 MiB: a 2g.20gb each, slices 0 to
+    5), then one of 10 % (8,192 MiB: the 1g.10gb left at slice 6)."""
+    pods = [SimPod(manifest(f"p{i}", percent=20), float(i)) for i in range(3)]
+    pods.append(SimPod(manifest("small", percent=10), 3.0))
+    result = run([mig_node("m", 1)], pods)
+    assert result.mig_instances == {"2g.20gb": 3, "1g.10gb": 1}
+    assert result.refused == 0
+    assert result.document()["mig_instances"] == {"1g.10gb": 1, "2g.20gb": 3}
+    assert mig_lines([result]) == ["MIG instances given:",
+                                   "  binpack: 1g.10gb x 1, 2g.20gb x 3"]
+    assert mig_lines([run([node("t", 1)], pods[:1])]) == []

@@ -78,6 +78,7 @@ class TestDocument:
             # A workload without groups: no job, all or nothing by default.
             "groups": {"placement": "all-or-nothing", "jobs": 0, "started": 0, "waiting": 0,
                        "holding_cards": 0, "idle_gpu_hours": 0.0},
+            "mig_instances": {},  # no MIG card
             "peak_allocation": 0.75,
             "allocation_at_arrived": [[0.25, 0.25], [0.5, 0.5], [1.0, 0.75]],
             "fragmentation_at_arrived": [[0.25, 0.0], [0.5, 0.1], [1.0, 0.2]],
