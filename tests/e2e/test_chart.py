@@ -290,6 +290,19 @@ def test_no_disruption_budget_for_one_replica_or_when_off(helm: Path,
     assert "Deployment" in {doc["kind"] for doc in documents}
 
 
+@pytest.mark.parametrize(("settings", "expected"), [
+    ([], {"runAsUser": 0, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+          "capabilities": {"drop": ["ALL"]}}),
+    (["agent.migPrivileged=true"], {"runAsUser": 0, "privileged": True,
+                                    "readOnlyRootFilesystem": True}),
+])
+def test_the_agent_is_privileged_only_for_mig(helm: Path, settings: list[str],
+                                              expected: dict[str, Any]) -> None:
+    (daemonset,) = [d for d in helm_template_set(helm, *settings) if d["kind"] == "DaemonSet"]
+    (agent,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert agent["securityContext"] == expected
+
+
 def _daemon_rules_and_command(documents: list[dict[str, Any]],
                               ) -> tuple[list[dict[str, Any]], list[str]]:
     role = next(doc for doc in documents
