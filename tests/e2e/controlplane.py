@@ -597,6 +597,23 @@ class ControlPlane(ApiServerPlane):
                 self.processes[name].stop()
         self._unmount_kubelet_root()
 
+    def retire_kubelet(self, agent: Process, forgotten_within: float) -> None:
+        """Stop the kubelet's node and its agent, delete the Node, and wait until the daemon
+        has forgotten it (``forgotten_within``: its cordon refresh, a few times): the next
+        tests see one node again."""
+        agent.stop()
+        self.stop_kubelet()
+        with contextlib.suppress(ApiError):
+            self.api.delete(f"/api/v1/nodes/{KUBELET_NODE}")
+        wait_for(lambda: self.statusz()["nodes"] == 1, f"the daemon forgetting {KUBELET_NODE}",
+                 timeout=forgotten_within)
+
+    def allocatable_gpus(self) -> int | None:
+        """The kubelet's Node's allocatable ``nvidia.com/gpu``, None until it has any."""
+        node = self.api.get(f"/api/v1/nodes/{KUBELET_NODE}")
+        value = node["status"].get("allocatable", {}).get("nvidia.com/gpu")
+        return int(value) if value is not None else None
+
     def _unmount_kubelet_root(self) -> None:
         """The kubelet bind-mounts its root dir onto itself (to make it rshared); a stopped
         kubelet leaves that mount, which would keep the folder from being removed."""

@@ -22,7 +22,6 @@ The agent runs in HAMi-core mode (a stand-in ``libvgpu.so``) with its node monit
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -46,7 +45,7 @@ from common.core.registration import (
     decode_register_json,
 )
 from common.natsserver import free_port
-from pyhami._controlplane import ApiError, Process, http_get, wait_for
+from pyhami._controlplane import Process, http_get, wait_for
 from scheduler.service.reactions import CORDON_REFRESH_S
 from tests.e2e.controlplane import KUBELET_NODE, TEST_NAMESPACE, ControlPlane, recorded_env
 from tests.e2e.pods import PODS, lab_pod
@@ -104,31 +103,19 @@ def gpu_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
     try:
         yield node
     finally:
-        agent.stop()
-        plane.stop_kubelet()
-        with contextlib.suppress(ApiError):
-            plane.api.delete(f"/api/v1/nodes/{KUBELET_NODE}")
-        # The other tests see one node again once the daemon has forgotten this one (it
-        # reads the Nodes again every CORDON_REFRESH_S).
-        wait_for(lambda: plane.statusz()["nodes"] == 1, f"the daemon forgetting {KUBELET_NODE}",
-                 timeout=CORDON_REFRESH_S * 3)
-
-
-def allocatable_gpus(plane: ControlPlane) -> int | None:
-    node = plane.api.get(f"/api/v1/nodes/{KUBELET_NODE}")
-    value = node["status"].get("allocatable", {}).get("nvidia.com/gpu")
-    return int(value) if value is not None else None
+        # The daemon reads the Nodes again every CORDON_REFRESH_S.
+        plane.retire_kubelet(agent, CORDON_REFRESH_S * 3)
 
 
 def test_the_kubelet_advertises_the_devices_of_the_agents_plugin(gpu_node: GpuNode) -> None:
-    wait_for(lambda: allocatable_gpus(gpu_node.plane) == CARDS * SPLIT,
+    wait_for(lambda: gpu_node.plane.allocatable_gpus() == CARDS * SPLIT,
              "the kubelet's Node advertising the plugin's nvidia.com/gpu devices")
 
 
 def test_a_lab_pod_runs_with_the_cards_pyhami_chose(gpu_node: GpuNode,
                                                     clean_namespace: None) -> None:
     plane = gpu_node.plane
-    wait_for(lambda: allocatable_gpus(plane) == CARDS * SPLIT, "the plugin's devices")
+    wait_for(lambda: plane.allocatable_gpus() == CARDS * SPLIT, "the plugin's devices")
     pod = lab_pod("on-a-real-kubelet")
     pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": KUBELET_NODE}
     plane.api.create(PODS, pod)
@@ -159,7 +146,7 @@ def test_a_lab_pod_starts_while_the_agents_nats_server_is_killed(
     plugin's question to the daemon (the kubelet's Allocate) goes through it, and the pod
     reaches Running with the card pyhami chose."""
     plane = gpu_node.plane
-    wait_for(lambda: allocatable_gpus(plane) == CARDS * SPLIT, "the plugin's devices")
+    wait_for(lambda: plane.allocatable_gpus() == CARDS * SPLIT, "the plugin's devices")
     client = f"pyhami-agent {KUBELET_NODE}"
     victim = wait_for(lambda: plane.nats_server_of(client), "the agent's NATS server")
     name = "through-a-server-loss"
@@ -199,7 +186,7 @@ def running_pod(plane: ControlPlane, name: str) -> dict[str, Any]:
 def test_a_cache_file_in_the_pods_folder_reaches_metrics_and_the_daemon(
         gpu_node: GpuNode, clean_namespace: None) -> None:
     plane = gpu_node.plane
-    wait_for(lambda: allocatable_gpus(plane) == CARDS * SPLIT, "the plugin's devices")
+    wait_for(lambda: plane.allocatable_gpus() == CARDS * SPLIT, "the plugin's devices")
     pod = lab_pod("monitored")
     pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": KUBELET_NODE}
     plane.api.create(PODS, pod)

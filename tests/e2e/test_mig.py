@@ -12,7 +12,6 @@ with ``CardTypeMismatch``.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION, decode_reservations
-from pyhami._controlplane import ApiError, Process, wait_for
+from pyhami._controlplane import Process, wait_for
 from scheduler.service.reactions import CORDON_REFRESH_S
 from tests.e2e.controlplane import KUBELET_NODE, ControlPlane, recorded_env
 from tests.e2e.pods import Lab, lab_pod
@@ -47,18 +46,7 @@ def mig_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
     try:
         yield plane, log
     finally:
-        agent.stop()
-        plane.stop_kubelet()
-        with contextlib.suppress(ApiError):
-            plane.api.delete(f"/api/v1/nodes/{KUBELET_NODE}")
-        wait_for(lambda: plane.statusz()["nodes"] == 1, f"the daemon forgetting {KUBELET_NODE}",
-                 timeout=CORDON_REFRESH_S * 3)
-
-
-def allocatable(plane: ControlPlane) -> int | None:
-    node = plane.api.get(f"/api/v1/nodes/{KUBELET_NODE}")
-    value = node["status"].get("allocatable", {}).get("nvidia.com/gpu")
-    return int(value) if value is not None else None
+        plane.retire_kubelet(agent, CORDON_REFRESH_S * 3)
 
 
 def on_the_node(name: str, annotations: dict[str, str], mib: int) -> dict[str, Any]:
@@ -72,7 +60,7 @@ def on_the_node(name: str, annotations: dict[str, str], mib: int) -> dict[str, A
 def test_a_mig_pod_gets_its_instance_and_loses_it_when_deleted(
         mig_node: tuple[ControlPlane, Path], clean_namespace: None) -> None:
     plane, log = mig_node
-    wait_for(lambda: allocatable(plane) == CARDS * INSTANCES, "the MIG node's devices")
+    wait_for(lambda: plane.allocatable_gpus() == CARDS * INSTANCES, "the MIG node's devices")
     lab = Lab(plane)
     lab.create_manifest(on_the_node("mig-small", MIG_POD, 8000))
     placed = lab.wait_placed("mig-small")
@@ -100,7 +88,7 @@ def test_a_mig_pod_gets_its_instance_and_loses_it_when_deleted(
 def test_a_hami_core_pod_is_refused_on_the_mig_node(
         mig_node: tuple[ControlPlane, Path], clean_namespace: None) -> None:
     plane, _ = mig_node
-    wait_for(lambda: allocatable(plane) == CARDS * INSTANCES, "the MIG node's devices")
+    wait_for(lambda: plane.allocatable_gpus() == CARDS * INSTANCES, "the MIG node's devices")
     lab = Lab(plane)
     lab.create_manifest(on_the_node("shared", {"nvidia.com/vgpu-mode": "hami-core"}, 1000))
     lab.wait_event("shared", "FailedScheduling", "CardTypeMismatch")
