@@ -15,7 +15,9 @@ from typing import Literal
 from agent.deviceplugin.hamicore import hami_core_settings
 from agent.deviceplugin.plugin import PluginSettings
 from agent.inventory import InventoryError
+from agent.mig.nvml import NvmlMigDevices, pynvml_library
 from agent.mig.setup import MigNode, nvml_mig_node, simulated_mig_node
+from agent.mig.static import MigStrategy, StaticMigSource
 from agent.monitor.containers import CacheSettings
 from agent.monitor.monitor import MonitorSettings
 from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
@@ -97,7 +99,7 @@ def register(commands: Subcommands) -> None:
                              "resourceCountName (nvidia.com/gpu by default) and give "
                              "containers the cards pyhami chose")
     add_settings(plugin, PluginSettings, "kubelet_dir", "hami_core_dir", "folder_grace",
-                 "folder_sweep_interval", "allocate_patience")
+                 "folder_sweep_interval", "allocate_patience", "mig_strategy")
     monitor = parser.add_argument_group("node monitor (HAMi's vGPUmonitor)")
     add_settings(monitor, MonitorSettings, "metrics", "monitor_interval", "scrape_timeout")
     add_settings(monitor, CacheSettings)
@@ -147,6 +149,24 @@ def mig_for(spec: InventorySpec, device: NodeDeviceConfig,
                               allowlist)
 
 
+def static_mig_for(strategy: MigStrategy, spec: InventorySpec, dynamic: MigNode | None,
+                   source: NvmlSource | SimulatedSource) -> StaticMigSource | None:
+    """The node's MIG devices an operator made, served as ``--mig-strategy`` says; None
+    for ``none``. Raises ``SettingsError`` for a node in MIG mode (pyhami makes its
+    instances: the two do not mix) and for a simulated inventory (the devices are read
+    through NVML)."""
+    if strategy == "none":
+        return None
+    if dynamic is not None:
+        raise SettingsError(f"--mig-strategy {strategy} serves MIG devices an operator made, "
+                            "but this node is in MIG mode (operatingmode mig or a -mig "
+                            "profile), whose instances pyhami makes: use one or the other")
+    if spec.kind != "nvml":
+        raise SettingsError(f"--mig-strategy {strategy} reads the MIG devices through NVML: "
+                            f"use --inventory nvml, not {spec.text}")
+    return StaticMigSource(source, NvmlMigDevices(pynvml_library()), strategy)
+
+
 def node_device_config(args: argparse.Namespace, node: str) -> NodeDeviceConfig:
     """``--device-config`` with ``node``'s ``--node-config`` entry applied, the split count
     from ``--device-split-count`` where no file is given; raises ``SettingsError`` for a
@@ -184,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         device = node_device_config(args, node)
         source = inventory_source(args.inventory, node)
         mig = mig_for(args.inventory, device, source)
+        static = static_mig_for(args.mig_strategy, args.inventory, mig, source)
     except SettingsError as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
         return 2
@@ -194,9 +215,11 @@ def run(args: argparse.Namespace) -> int:
     plugin = plugin_settings(args, device) if args.device_plugin else None
     monitor = settings_from(MonitorSettings, args, caches=settings_from(CacheSettings, args))
     try:
-        asyncio.run(serve(Agent(settings, source if mig is None else mig.source, nats,
-                                device_plugin=plugin, monitor=monitor, probe=source,
-                                mig=None if mig is None else mig.manager)))
+        inventory = static or (mig.source if mig is not None else source)
+        asyncio.run(serve(Agent(settings, inventory, nats, device_plugin=plugin,
+                                monitor=monitor, probe=source,
+                                mig=None if mig is None else mig.manager,
+                                static_mig=static if args.mig_strategy == "mixed" else None)))
     except InventoryError as error:
         print(f"pyhami agent: {error}", file=sys.stderr)
         return 1

@@ -23,6 +23,7 @@ import logging
 import msgspec
 
 from agent.inventory import InventorySource
+from agent.mig.static import is_mig_device
 from common.core.deviceconfig import NodeDeviceConfig
 from common.core.mig import MIG_MODE
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB
@@ -34,9 +35,11 @@ logger = logging.getLogger(__name__)
 def registered_card(card: ReportedCard, config: NodeDeviceConfig) -> ReportedCard:
     """``card`` as the node registers it under ``config`` (filters aside). A card in MIG
     mode registers its own memory and 100 cores, and as many slots as its largest profile
-    has instances: HAMi applies neither scaling nor the split count to it."""
+    has instances: HAMi applies neither scaling nor the split count to it; nor to a static
+    MIG device, one whole card."""
     settings = config.settings
-    if card.mode == MIG_MODE:
+    if card.mode == MIG_MODE or is_mig_device(card.uuid):
+        # A static MIG device is a whole card of its own (``agent.mig.static``).
         return card
     physical_memory = card.memory or settings.preconfigured_device_memory
     physical_cores = card.cores

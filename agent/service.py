@@ -25,6 +25,7 @@ from agent.deviceplugin.plugin import DevicePlugin, PluginSettings
 from agent.deviceplugin.source import ASK_PATIENCE_S, NatsAllocationSource
 from agent.inventory import InventorySource
 from agent.mig.manager import MigManager
+from agent.mig.static import StaticMigSource
 from agent.monitor.model import HostProbe
 from agent.monitor.monitor import MonitorSettings, NodeMonitor
 from agent.monitor.server import serve_monitor
@@ -97,9 +98,12 @@ class Agent:
                  usage: UsageSnapshot | None = None,
                  monitor: MonitorSettings | None = None,
                  probe: HostProbe | None = None,
-                 mig: MigManager | None = None) -> None:
+                 mig: MigManager | None = None,
+                 static_mig: StaticMigSource | None = None) -> None:
         """``mig``: the node's MIG instances, for a node in MIG mode (``source`` then reports
-        its cards in MIG mode: ``agent.mig.inventory.MigSource``)."""
+        its cards in MIG mode: ``agent.mig.inventory.MigSource``); ``static_mig``: the
+        source, when it serves MIG devices an operator made (``--mig-strategy mixed``: the
+        device plugin serves their resources)."""
         self._settings = settings
         self._source = ConfiguredSource(source, settings.device)
         self._nats = nats
@@ -127,6 +131,7 @@ class Agent:
         self._usage = measured if settings.usage_interval > 0 else None
         self._device_plugin = None if device_plugin is None else DevicePlugin(
             settings.node, device_plugin, self._allocations, mig)
+        self._static_mig = static_mig
         if self._device_plugin is not None:
             self._report.slices_enforced = self._device_plugin.slices_enforced
 
@@ -204,6 +209,8 @@ class Agent:
         """Record a read for the report and the device plugin; returns what changed."""
         if self._device_plugin is not None:
             await self._device_plugin.observe(cards)
+            if self._static_mig is not None:
+                await self._device_plugin.observe_mig_devices(self._static_mig.mig_devices)
         return self._report.observe(cards)
 
     async def _on_up(self, client: Client, new_client: bool) -> None:

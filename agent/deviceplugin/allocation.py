@@ -22,6 +22,7 @@ from agent.deviceplugin.hamicore import (
     container_folder,
 )
 from agent.errors import AgentError
+from agent.mig.static import is_mig_device
 from common.core.annotations import AnnotationError, CardGrant, decode_allocation
 from common.wire import AllocationOutcome, PendingPod, ReportedCard
 
@@ -209,6 +210,9 @@ def container_allocation(candidate: _Candidate, hami_core: HamiCore | None,
         # The instances' UUIDs are known once they are made: the plugin names them.
         return ContainerAllocation(pod, candidate.position, grants, {}, ())
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(grant.uuid for grant in grants)}
+    if all(is_mig_device(grant.uuid) for grant in grants):
+        # Static MIG devices, each whole: the hardware isolates them, HAMi-core has no part.
+        return ContainerAllocation(pod, candidate.position, grants, envs, ())
     envs.update({f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{grant.memory}m"
                  for i, grant in enumerate(grants)})
     envs["CUDA_DEVICE_SM_LIMIT"] = str(grants[0].cores)

@@ -51,6 +51,7 @@ from agent.deviceplugin.source import (
 )
 from agent.mig.manager import InstanceKey, MigManager
 from agent.mig.port import MigError
+from agent.mig.static import MigDevice, MigStrategy, mig_strategy
 from common.arguments import positive_seconds
 from common.core.annotations import AnnotationError
 from common.core.mig import MigReservation, MigReservationError, decode_reservations
@@ -391,6 +392,12 @@ class PluginSettings:
              "answer (a NATS server lost, the daemon restarting) before refusing the "
              "container; the kubelet gives Allocate no deadline and holds the node's pod "
              "admissions meanwhile (default: {default})")
+    mig_strategy: MigStrategy = setting(
+        "none", parse=mig_strategy, metavar="none|single|mixed",
+        help="GPUs an operator cut into MIG devices beforehand (not a node in MIG mode, whose "
+             "instances pyhami makes): single serves each MIG device as a whole card under "
+             "the node's resource; mixed serves each profile as a resource of its own, "
+             "nvidia.com/mig-<profile>, which pyhami does not schedule (default: {default})")
     hami_core: HamiCoreSettings = HAMI_DEFAULTS
     """HAMi's device configuration for HAMi-core (no flags: HAMi's device-config.yaml)."""
     resource_name: str = DEFAULT_RESOURCE_NAME
@@ -421,10 +428,14 @@ class DevicePlugin:
 
     def __init__(self, node: str, settings: PluginSettings, source: AllocationSource,
                  mig: MigManager | None = None) -> None:
+        """``mig``: the node's dynamic MIG instances (a node in MIG mode). The static MIG
+        profiles' resources (``--mig-strategy mixed``) come with ``observe_mig_devices``."""
         self._node = node
         self._settings = settings
         self._source = source
         self._mig = mig
+        self._mig_servicers: dict[str, tuple[str, MigPassThroughServicer]] = {}
+        self._group: asyncio.TaskGroup | None = None
         self._feed = DeviceFeed(numa_topology=settings.numa_topology)
         self._hami = hami_core(settings.hami_core_dir, settings.hami_core, settings.lock_dir)
         self._options = api_pb2.DevicePluginOptions(
@@ -460,23 +471,54 @@ class DevicePlugin:
         await self._feed.observe(cards)
 
     async def run(self) -> None:
-        """Serve, register, and start again whenever the kubelet does; until cancelled."""
+        """Serve, register, and start again whenever the kubelet does; until cancelled. With
+        ``--mig-strategy mixed``, each MIG profile's resource is served beside the node's
+        own, on a socket of its own."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._keep_registered(_Endpoint(
+                PLUGIN_SOCKET, self._settings.resource_name, self._servicer, self._options)))
+            for suffix in sorted(self._mig_servicers):
+                self._serve_mig_resource(group, suffix)
+            self._group = group
+        self._group = None
+
+    def _serve_mig_resource(self, group: asyncio.TaskGroup, suffix: str) -> None:
+        resource, servicer = self._mig_servicers[suffix]
+        group.create_task(self._keep_registered(
+            _Endpoint(f"pyhami-{suffix}.sock", resource, servicer, _PLAIN)))
+
+    async def _keep_registered(self, endpoint: _Endpoint) -> None:
+        socket = self._settings.kubelet_dir / endpoint.socket
         while True:
             kubelet = await self._kubelet_up()
-            server = await self._serve(self._servicer)
+            server = await self._serve(endpoint.servicer, socket)
             try:
-                served = _identity(self.socket)
-                if await self._register(kubelet):
+                served = _identity(socket)
+                if await self._register(kubelet, endpoint):
                     while (_identity(self.kubelet_socket) == kubelet
-                           and _identity(self.socket) == served):
+                           and _identity(socket) == served):
                         await asyncio.sleep(self._settings.watch_interval)
                     logger.info("the kubelet restarted (%s or %s changed): serving and "
-                                "registering again", self.kubelet_socket, self.socket)
+                                "registering again", self.kubelet_socket, socket)
             finally:
                 await server.stop(STOP_GRACE_S)
-                if _identity(self.socket) == served:  # ours, not one a new start made
+                if _identity(socket) == served:  # ours, not one a new start made
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self.socket)
+                        os.unlink(socket)
+
+    async def observe_mig_devices(self, devices: Sequence[MigDevice]) -> None:
+        """The static MIG devices the inventory found now (``--mig-strategy mixed``): each
+        profile's resource lists its devices, one first seen is served from now on (a
+        profile no longer found keeps its resource, with no device)."""
+        prefix = self._settings.resource_name.partition("/")[0]
+        for suffix in sorted({device.resource_suffix for device in devices}):
+            if suffix not in self._mig_servicers:
+                resource = f"{prefix}/{suffix}"
+                self._mig_servicers[suffix] = (resource, MigPassThroughServicer(resource))
+                if self._group is not None:
+                    self._serve_mig_resource(self._group, suffix)
+        for suffix, (_, servicer) in self._mig_servicers.items():
+            await servicer.observe([d for d in devices if d.resource_suffix == suffix])
 
     async def sweep_folders(self, live: LivePods) -> None:
         """Every ``folder_sweep_interval``, remove HAMi-core's folders of pods that are
@@ -538,21 +580,22 @@ class DevicePlugin:
             await asyncio.sleep(self._settings.watch_interval)
         return kubelet
 
-    async def _serve(self, servicer: DevicePluginServicer) -> grpc.aio.Server:
+    async def _serve(self, servicer: api_pb2_grpc.DevicePluginServicer,
+                     socket: Path) -> grpc.aio.Server:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket)
+            os.unlink(socket)
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
-        server.add_insecure_port(f"unix://{self.socket}")
+        server.add_insecure_port(f"unix://{socket}")
         await server.start()
         return server
 
-    async def _register(self, kubelet: tuple[int, int, int]) -> bool:
+    async def _register(self, kubelet: tuple[int, int, int], endpoint: _Endpoint) -> bool:
         """Register until the kubelet accepts; False when its socket changed meanwhile."""
-        resource = self._settings.resource_name
+        resource = endpoint.resource
         request = api_pb2.RegisterRequest(
-            version=API_VERSION, endpoint=PLUGIN_SOCKET, resource_name=resource,
-            options=self._options)
+            version=API_VERSION, endpoint=endpoint.socket, resource_name=resource,
+            options=endpoint.options)
         while _identity(self.kubelet_socket) == kubelet:
             try:
                 async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
@@ -564,11 +607,97 @@ class DevicePlugin:
                                error.code().name, error.details())
                 await asyncio.sleep(self._settings.watch_interval)
                 continue
-            self.registrations += 1
+            if endpoint.socket == PLUGIN_SOCKET:
+                self.registrations += 1
             logger.info("registered %s with the kubelet at %s (socket %s)", resource,
-                        self.kubelet_socket, self.socket)
+                        self.kubelet_socket, endpoint.socket)
             return True
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    """One resource the plugin registers: its socket in the kubelet's folder, its servicer."""
+
+    socket: str
+    resource: str
+    servicer: api_pb2_grpc.DevicePluginServicer
+    options: api_pb2.DevicePluginOptions
+
+
+_PLAIN = api_pb2.DevicePluginOptions()
+
+
+class MigPassThroughServicer(api_pb2_grpc.DevicePluginServicer):
+    """One static MIG profile's resource (``nvidia.com/mig-<profile>``, ``--mig-strategy
+    mixed``): its devices as the inventory finds them, and HAMi's pass-through Allocate:
+    the devices the kubelet chose, each one of this resource's, named in
+    ``NVIDIA_VISIBLE_DEVICES``; no pod looked up, nothing written. The kubelet counts the
+    resource; pyhami does not schedule it."""
+
+    def __init__(self, resource: str) -> None:
+        self._resource = resource
+        self._devices: tuple[str, ...] = ()
+        self._version = 0
+        self._changed = asyncio.Condition()
+
+    async def observe(self, devices: Sequence[MigDevice]) -> None:
+        found = tuple(device.uuid for device in devices)
+        if found == self._devices and self._version:
+            return
+        async with self._changed:
+            self._devices = found
+            self._version += 1
+            self._changed.notify_all()
+
+    async def GetDevicePluginOptions(self, request: api_pb2.Empty,
+                                     context: grpc.aio.ServicerContext
+                                     ) -> api_pb2.DevicePluginOptions:
+        return _PLAIN
+
+    async def ListAndWatch(self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        version = 0
+        while True:
+            version, devices = await self._after(version)
+            yield api_pb2.ListAndWatchResponse(
+                devices=[api_pb2.Device(ID=uuid, health=HEALTHY) for uuid in devices])
+
+    async def _after(self, version: int) -> tuple[int, tuple[str, ...]]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._version > version)
+            return self._version, self._devices
+
+    async def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest,
+                                     context: grpc.aio.ServicerContext
+                                     ) -> api_pb2.PreferredAllocationResponse:
+        return api_pb2.PreferredAllocationResponse(container_responses=[
+            api_pb2.ContainerPreferredAllocationResponse(deviceIDs=list(dict.fromkeys(
+                [*c.must_include_deviceIDs, *c.available_deviceIDs]))[:c.allocation_size])
+            for c in request.container_requests])
+
+    async def Allocate(self, request: api_pb2.AllocateRequest,
+                       context: grpc.aio.ServicerContext) -> api_pb2.AllocateResponse:
+        known = set(self._devices)
+        responses = []
+        for container in request.container_requests:
+            ids = list(container.devices_ids)
+            unknown = next((device for device in ids if device not in known), None)
+            if unknown is not None or not ids:
+                reason = (f"invalid allocation request for {self._resource}: unknown device "
+                          f"{unknown}" if unknown is not None
+                          else f"an allocation request for {self._resource} names no device")
+                logger.warning("Allocate refused: %s", reason)
+                await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, reason)
+            responses.append(api_pb2.ContainerAllocateResponse(
+                envs={"NVIDIA_VISIBLE_DEVICES": ",".join(ids)}))
+            logger.info("allocated %s %s (pass-through)", self._resource, ",".join(ids))
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(self, request: api_pb2.PreStartContainerRequest,
+                                context: grpc.aio.ServicerContext
+                                ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
 
 
 def _reservations(pod: HoldingPod) -> tuple[MigReservation, ...]:

@@ -129,3 +129,13 @@ def register_profiles(table: Sequence[GpuInstanceProfileInfo], allowed: Iterable
 def slot_count(profiles: Iterable[MigProfile]) -> int:
     """A MIG card's registered slot count: the most instances of any of its profiles."""
     return max((profile.instances for profile in profiles), default=0)
+
+
+def profile_name(info: GpuInstanceProfileInfo, card_memory_mib: int) -> str:
+    """The name NVIDIA gives a profile (``1g.10gb``): its slices, and its memory as a share
+    of the card's in eighths, rounded up, times the card's GiB rounded up (an A100 80GB's
+    3g instance of 40,192 MiB is ``3g.40gb``)."""
+    if card_memory_mib <= 0:
+        return f"{info.slices}g.{round(info.memory_mib / 1024)}gb"
+    eighths = math.ceil(info.memory_mib * 8 / card_memory_mib)
+    return f"{info.slices}g.{round(eighths / 8 * math.ceil(card_memory_mib / 1024))}gb"

@@ -303,6 +303,17 @@ def test_the_agent_is_privileged_only_for_mig(helm: Path, settings: list[str],
     assert agent["securityContext"] == expected
 
 
+@pytest.mark.parametrize(("settings", "expected"), [
+    ([], []),
+    (["devicePlugin.migStrategy=mixed"], ["--mig-strategy=mixed"]),
+])
+def test_the_mig_strategy_reaches_the_agent(helm: Path, settings: list[str],
+                                            expected: list[str]) -> None:
+    (daemonset,) = [d for d in helm_template_set(helm, *settings) if d["kind"] == "DaemonSet"]
+    (agent,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert [arg for arg in agent["command"] if arg.startswith("--mig")] == expected
+
+
 def _daemon_rules_and_command(documents: list[dict[str, Any]],
                               ) -> tuple[list[dict[str, Any]], list[str]]:
     role = next(doc for doc in documents
