@@ -6,6 +6,8 @@ import re
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common.core import Card, Node
 from common.wire import (
@@ -269,3 +271,30 @@ def test_allocation_messages_with_bad_names_or_fields_are_refused() -> None:
                                                "uid": "u", "ok": True, "reason": "x" * 1025}))
     with pytest.raises(WireError, match="malformed pending allocations"):
         decode_pending(b"\xc1")
+
+
+_INT64 = st.integers(-(2**63), 2**63 - 1)
+_runtime_fields = st.fixed_dictionaries({}, optional={
+    "container_index": st.one_of(st.integers(-2, 3), _INT64, st.text(max_size=3)),
+    "device_index": st.one_of(st.integers(-2, 3), _INT64),
+    "mig_uuid": st.one_of(st.just("MIG-1"), st.text(max_size=12), st.just("x" * 200)),
+    "gpu_instance_id": st.one_of(st.integers(-1, 14), _INT64, st.none()),
+    "compute_instance_id": st.one_of(st.integers(-1, 3), st.floats()),
+})
+
+
+@settings(max_examples=200, deadline=None)
+@given(instances=st.one_of(st.lists(_runtime_fields, max_size=4), st.text(max_size=8),
+                           _INT64))
+def test_fuzzed_mig_runtime_in_an_outcome_is_read_whole_or_refused(instances: object) -> None:
+    raw = msgspec.msgpack.encode({"namespace": "default", "name": "a", "uid": "u",
+                                  "ok": True, "mig_instances": instances})
+    try:
+        outcome = decode_outcome(raw)
+    except WireError as error:
+        assert "\n" not in str(error)
+        assert str(error).startswith(("malformed allocation outcome", "allocation outcome"))
+        return
+    for made in outcome.mig_instances:
+        assert made.mig_uuid and made.container_index >= 0 and made.device_index >= 0
+        assert made.gpu_instance_id >= 0 and made.compute_instance_id >= 0
