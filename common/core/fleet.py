@@ -565,8 +565,8 @@ class Fleet:
                     self._grant_kinds.pop(key, None)
                 changed.add(key)
         layout = self._layout
-        if layout is None:
-            return
+        if layout is None or (not layout.has_mig and not allocation.instances()):
+            return  # no MIG card, no reservation: nothing to contradict
         for key in changed:
             card = layout.card_position.get(key)
             if card is not None:
