@@ -199,7 +199,8 @@ class Reporting:
         ``pods``: every allocation (bound or reserved) with its cards per container;
         ``reservations``: unconfirmed ones with their age; ``cards``: each reported
         card's booked usage beside its registered capacity and its own (``physical_*``,
-        before HAMi's scaling); ``orphans``: usage on cards no node reports any more.
+        before HAMi's scaling); ``orphans``: usage on cards no node reports any more;
+        ``mig_contradicted``: cards the MIG reservations contradict, judged unhealthy.
         """
         now = self._clock()
         fleet, bookings = self.state.fleet, self.state.bookings
