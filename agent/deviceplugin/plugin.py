@@ -556,13 +556,16 @@ class DevicePlugin:
         await self._servicer.mig_ready()
         while True:
             await asyncio.sleep(MIG_RECONCILE_S)
+            # Judged: the instances held before the pods are asked for. One an Allocate
+            # makes meanwhile is for a pod the answer may not list yet.
+            held_before = set(mig.held())
             try:
                 pods = await holding.holding_pods(self._node)
                 referenced = {InstanceKey.of(r) for pod in pods for r in _reservations(pod)}
             except (AllocationSourceError, AnnotationError) as error:
                 logger.warning("MIG instances not reconciled this round: %s", error)
                 continue
-            await asyncio.to_thread(mig.reconcile, referenced)
+            await asyncio.to_thread(mig.reconcile, referenced, held_before)
 
     async def confirm_outcomes(self) -> None:
         """Every ``CONFIRM_INTERVAL_S`` while outcomes wait to be confirmed, send again

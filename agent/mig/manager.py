@@ -210,13 +210,16 @@ class MigManager:
 
     # Release ----------------------------------------------------------------------------
 
-    def reconcile(self, referenced: Collection[InstanceKey]) -> list[InstanceKey]:
+    def reconcile(self, referenced: Collection[InstanceKey],
+                  among: Collection[InstanceKey] | None = None) -> list[InstanceKey]:
         """Destroy every held instance no active pod references; the keys destroyed. One
         that NVML refuses to destroy (a process still runs in it) stays held, tried again
-        next time."""
+        next time. ``among``: only these held instances are judged (those held before the
+        references were read: one made since, for a pod bound since, is not in them)."""
         destroyed = []
         with self._lock:
-            for key in sorted(set(self._held) - set(referenced)):
+            candidates = set(self._held) if among is None else set(self._held) & set(among)
+            for key in sorted(candidates - set(referenced)):
                 instance = self._held[key]
                 try:
                     self._devices.destroy(self._gpu(key), instance.gpu_instance_id)

@@ -123,6 +123,15 @@ class TestReconcile:
         assert manager.reconcile(set()) == [key("1g.10gb", 6)]
         assert live(devices) == []
 
+    def test_an_instance_made_after_the_references_were_read_is_not_judged(self) -> None:
+        _, devices, manager = node()
+        manager.ensure([key("1g.10gb", 6)])
+        held_before = set(manager.held())
+        # An Allocate makes an instance for a pod bound after the daemon's answer.
+        manager.ensure([key("1g.10gb", 5)])
+        assert manager.reconcile(set(), held_before) == [key("1g.10gb", 6)]
+        assert live(devices) == [(5, 1)]
+
     def test_never_touches_an_instance_it_did_not_make_or_adopt(self) -> None:
         _, devices, manager = node()
         info = profiles_by_name(A100_80GB)["1g.10gb"]
