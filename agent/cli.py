@@ -144,9 +144,7 @@ def mig_for(spec: InventorySpec, device: NodeDeviceConfig,
         raise SettingsError(f"the node's operatingmode is mig, but --inventory {spec.text} "
                             "simulates no MIG GPU: use nvml, sim:a100x8-mig or "
                             "sim:h100x8-mig")
-    cards = source.read()
-    return simulated_mig_node(source, [table] * len(cards), [card.uuid for card in cards],
-                              allowlist)
+    return simulated_mig_node(source, table, allowlist)
 
 
 def static_mig_for(strategy: MigStrategy, spec: InventorySpec, dynamic: MigNode | None,

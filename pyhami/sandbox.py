@@ -105,9 +105,7 @@ class SimulatedAgent:
             agent = Agent(settings, source, nats)
         else:
             # A node in MIG mode: its cards report their profiles (the chart's allowlist).
-            cards = source.read()
-            mig = simulated_mig_node(source, [table] * len(cards),
-                                     [card.uuid for card in cards],
+            mig = simulated_mig_node(source, table,
                                      settings.device.device.mig_profile_allowlist)
             agent = Agent(settings, mig.source, nats, mig=mig.manager)
         node = cls(name, source, agent)

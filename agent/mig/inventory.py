@@ -11,7 +11,13 @@ import msgspec
 
 from agent.inventory import InventoryError, InventorySource
 from agent.mig.port import MigDevices, MigError
-from agent.mig.tables import GpuInstanceProfileInfo, allowed_profiles, register_profiles, slot_count
+from agent.mig.tables import (
+    GpuInstanceProfileInfo,
+    allowed_profiles,
+    nvml_profile,
+    register_profiles,
+    slot_count,
+)
 from common.core.deviceconfig import MigProfiles as AllowedProfiles
 from common.core.mig import MIG_MODE, MigProfile
 from common.wire import ReportedCard
@@ -43,11 +49,11 @@ class MigSource:
     def open(self) -> None:
         """Open the source and discover each card's profiles; raises ``InventoryError``
         when NVML cannot answer, or no card can serve MIG."""
-        self._source.open()
+        open_with(self._source, self._devices, "MIG profiles not discovered")
         try:
-            self._devices.open()
+            cards = {card.uuid: card for card in self._source.read()}
             for gpu in range(self._devices.gpu_count()):
-                self._discover(gpu)
+                self._discover(gpu, cards)
         except MigError as error:
             raise InventoryError(f"MIG profiles not discovered: {error}") from None
         if not self._profiles:
@@ -56,9 +62,9 @@ class MigSource:
                                  "offers, or a GPU not in MIG mode (each card's reason is "
                                  "logged above)")
 
-    def _discover(self, gpu: int) -> None:
+    def _discover(self, gpu: int, cards: Mapping[str, ReportedCard]) -> None:
         uuid = self._devices.gpu_uuid(gpu)
-        card = next((c for c in self._source.read() if c.uuid == uuid), None)
+        card = cards.get(uuid)
         if card is None:
             return
         name = card.type.removeprefix("NVIDIA-")
@@ -75,13 +81,9 @@ class MigSource:
             logger.warning("card %d (%s) left out: NVML offers none of the allowed MIG "
                            "profiles %s", card.index, uuid, ", ".join(allowed))
             return
-        by_slices = {info.constant: info for info in table}
         self._profiles[uuid] = profiles
-        self._nvml[uuid] = {
-            profile.name: next(info for info in by_slices.values()
-                               if info.slices == profile.slices
-                               and info.memory_mib == profile.memory)
-            for profile in profiles}
+        self._nvml[uuid] = {profile.name: info for profile in profiles
+                            if (info := nvml_profile(table, profile.name)) is not None}
 
     def _in_mig_mode(self, gpu: int, index: int, uuid: str) -> bool:
         """Whether the GPU is in MIG mode, an idle one put in it first (NVML lists no
@@ -110,8 +112,25 @@ class MigSource:
                 if (profiles := self._profiles.get(card.uuid)) is not None]
 
     def close(self) -> None:
-        try:
-            self._devices.close()
-        except MigError as error:
-            logger.warning("NVML did not stop cleanly: %s", error)
-        self._source.close()
+        close_with(self._source, self._devices)
+
+
+def open_with(source: InventorySource, devices: MigDevices, what: str) -> None:
+    """Open the inventory source, then NVML's MIG calls; the source closed again when NVML
+    cannot start. Raises ``InventoryError`` beginning with ``what``."""
+    source.open()
+    try:
+        devices.open()
+    except MigError as error:
+        source.close()
+        raise InventoryError(f"{what}: {error}") from None
+
+
+def close_with(source: InventorySource, devices: MigDevices) -> None:
+    """Stop NVML's MIG calls (a failure logged: nothing is left to do about it), then the
+    source."""
+    try:
+        devices.close()
+    except MigError as error:
+        logger.warning("NVML did not stop cleanly: %s", error)
+    source.close()

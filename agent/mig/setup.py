@@ -5,7 +5,7 @@ simulated profile."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agent.inventory import InventorySource
@@ -39,8 +39,10 @@ def nvml_mig_node(source: InventorySource, allowlist: Iterable[AllowedProfiles])
     return mig_node(source, NvmlMigDevices(pynvml_library()), allowlist)
 
 
-def simulated_mig_node(source: InventorySource, tables: Sequence[MigCardTable],
-                       uuids: Sequence[str], allowlist: Iterable[AllowedProfiles]) -> MigNode:
-    """Simulated GPUs answering NVML's MIG calls from ``tables`` (one per GPU, named
-    ``uuids``), placements enforced as the driver enforces them."""
-    return mig_node(source, NvmlMigDevices(SimulatedMigLibrary(tables, uuids)), allowlist)
+def simulated_mig_node(source: InventorySource, table: MigCardTable,
+                       allowlist: Iterable[AllowedProfiles]) -> MigNode:
+    """The source's cards as simulated GPUs of ``table``, answering NVML's MIG calls with
+    placements enforced as the driver enforces them."""
+    uuids = [card.uuid for card in source.read()]
+    return mig_node(source, NvmlMigDevices(SimulatedMigLibrary([table] * len(uuids), uuids)),
+                    allowlist)

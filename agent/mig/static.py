@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from agent.inventory import InventoryError, InventorySource
+from agent.inventory import InventorySource
+from agent.mig.inventory import close_with, open_with
 from agent.mig.port import MigDevices, MigError
 from agent.mig.tables import profile_name
 from common.wire import ReportedCard
@@ -87,19 +88,10 @@ class StaticMigSource:
             return self._found
 
     def open(self) -> None:
-        self._source.open()
-        try:
-            self._devices.open()
-        except MigError as error:
-            self._source.close()
-            raise InventoryError(f"--mig-strategy {self._strategy}: {error}") from None
+        open_with(self._source, self._devices, f"--mig-strategy {self._strategy}")
 
     def close(self) -> None:
-        try:
-            self._devices.close()
-        except MigError as error:
-            logger.warning("NVML did not stop cleanly: %s", error)
-        self._source.close()
+        close_with(self._source, self._devices)
 
     def read(self) -> list[ReportedCard]:
         cards = self._source.read()

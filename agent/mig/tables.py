@@ -105,6 +105,14 @@ def slices_of(profile_name: str) -> int:
     return int(profile_name.split("g.", 1)[0])
 
 
+def nvml_profile(table: Sequence[GpuInstanceProfileInfo], name: str
+                 ) -> GpuInstanceProfileInfo | None:
+    """NVML's answer for the profile ``name`` names: the one of its ``<n>g`` slice count
+    (HAMi's ``profileNameToGIProfileID``), None when NVML has none."""
+    constant = GI_PROFILE_BY_SLICES.get(slices_of(name), -1)
+    return next((info for info in table if info.constant == constant), None)
+
+
 def register_profiles(table: Sequence[GpuInstanceProfileInfo], allowed: Iterable[str]
                       ) -> tuple[MigProfile, ...]:
     """The profiles a MIG card registers, from NVML's answers, as HAMi's
@@ -112,10 +120,9 @@ def register_profiles(table: Sequence[GpuInstanceProfileInfo], allowed: Iterable
     its slice count; its compute share is its multiprocessors over the largest profile's
     (of all NVML answered), rounded up; a name NVML has no profile for is left out."""
     largest = max((info.multiprocessors for info in table), default=0)
-    by_constant = {info.constant: info for info in table}
     profiles: list[MigProfile] = []
     for name in allowed:
-        info = by_constant.get(GI_PROFILE_BY_SLICES.get(slices_of(name), -1))
+        info = nvml_profile(table, name)
         if info is None or largest == 0:
             continue
         profiles.append(MigProfile(

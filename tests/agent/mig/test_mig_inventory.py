@@ -24,15 +24,13 @@ from common.core.deviceconfig import (
 from common.core.errors import SettingsError
 from common.core.model import Node
 from common.core.registration import node_register
-
-H100_ENTRY = MigProfiles(("H100 80GB HBM3",), ("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"))
+from tests.builders import H100_NVML_NAMES
 
 
 def mig_cards(profile: str, allowlist: tuple[MigProfiles, ...] = CHART_MIG_PROFILE_ALLOWLIST):
     source = SimulatedSource(profile_cards(profile, "n"))
     table = A100_80GB if profile.startswith("a100") else H100_80GB
-    cards = source.read()
-    node = simulated_mig_node(source, [table] * len(cards), [c.uuid for c in cards], allowlist)
+    node = simulated_mig_node(source, table, allowlist)
     node.source.open()
     return node, node.source.read()
 
@@ -63,7 +61,7 @@ def test_the_node_registers_them_unscaled_and_with_its_own_slot_count() -> None:
 def test_an_h100_needs_an_allowlist_entry_naming_it_as_nvml_does() -> None:
     with pytest.raises(InventoryError, match="no card can serve MIG"):
         mig_cards("h100x8-mig")
-    _, cards = mig_cards("h100x8-mig", (*CHART_MIG_PROFILE_ALLOWLIST, H100_ENTRY))
+    _, cards = mig_cards("h100x8-mig", (*CHART_MIG_PROFILE_ALLOWLIST, H100_NVML_NAMES))
     assert [(p.name, p.memory, p.cores) for p in cards[0].mig_profiles] == [
         ("1g.10gb", 9984, 13), ("2g.20gb", 20096, 25), ("3g.40gb", 40448, 46),
         ("7g.80gb", 81152, 100)]
