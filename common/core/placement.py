@@ -474,6 +474,8 @@ is listed once for each instance a container takes of it."""
 HeldInstances = dict[int, list[MigPlacement]]
 """Node-local MIG card -> the placements of the instances the pod's earlier containers
 took there."""
+Charge = tuple[int, int, MigInstance | None]
+"""A card's charge for one container: MiB, cores, and its MIG instance (None: not MIG)."""
 
 
 def _expand_mig(view: PodView, node: int, ranked: list[int], request: ContainerRequest,
@@ -513,7 +515,6 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
     start, cards = where.start, where.stop - where.start
     topology = layout.topology[node]
     numa = layout.numa[where].tolist()
-    memory = layout.memory[where]
     taken = Extra(*(np.zeros(cards, dtype=np.int64) for _ in range(3)))
     # What earlier containers are charged matters to later ones only.
     own = (OwnCharge.none(cards) if view.quota is not None and len(pod.gpu_containers) > 1
@@ -540,10 +541,7 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
             by_code = np.bincount(codes, minlength=CHECK_COUNT).tolist()
             return NodeFailure(card_reason_counts(by_code) + chosen, position, codes, extra)
         placement.append(chosen)
-        grants = [_grant(view, start + card, request, held.setdefault(card, []))
-                  if mig_node and layout.mig[start + card]
-                  else (request.memory_slice(int(memory[card])), request.cores, None)
-                  for card in chosen]
+        grants = _charges(view, start, chosen, request, held if mig_node else None)
         if own is not None:
             for card, (card_memory, _, _) in zip(chosen, grants, strict=True):
                 own.add(request, card, card_memory)
@@ -568,22 +566,25 @@ def _grant(view: PodView, card: int, request: ContainerRequest,
     return profile.memory, profile.cores, instance
 
 
-def instance_grants(view: PodView, node: int, placement: Placement
-                    ) -> list[list[tuple[int, int, MigInstance | None]]]:
+def _charges(view: PodView, start: int, chosen: list[int], request: ContainerRequest,
+             held: HeldInstances | None) -> list[Charge]:
+    """What each chosen card is charged for the container: its memory slice and cores, or
+    on a MIG card (``held``: the node has MIG cards the pod may take) the instance taken
+    after the pod's earlier ones, with its profile's figures."""
+    layout = view.layout
+    return [_grant(view, start + card, request, held.setdefault(card, []))
+            if held is not None and layout.mig[start + card]
+            else (request.memory_slice(int(layout.memory[start + card])), request.cores, None)
+            for card in chosen]
+
+
+def instance_grants(view: PodView, node: int, placement: Placement) -> list[list[Charge]]:
     """Per GPU container and chosen card: the memory and cores it is charged and its MIG
     instance (None on a card not in MIG mode), worked out in the order ``place_pod``
     took them."""
-    layout, pod = view.layout, view.pod
+    layout = view.layout
     start = int(layout.start[node])
-    held: HeldInstances = {}
-    out: list[list[tuple[int, int, MigInstance | None]]] = []
-    for request, chosen in zip(pod.gpu_containers, placement, strict=True):
-        row: list[tuple[int, int, MigInstance | None]] = []
-        for card in chosen:
-            if layout.mig[start + card]:
-                row.append(_grant(view, start + card, request, held.setdefault(card, [])))
-            else:
-                row.append((request.memory_slice(int(layout.memory[start + card])),
-                            request.cores, None))
-        out.append(row)
-    return out
+    held: HeldInstances | None = (
+        {} if view.takes_mig and layout.node_has_mig[node] else None)
+    return [_charges(view, start, chosen, request, held)
+            for request, chosen in zip(view.pod.gpu_containers, placement, strict=True)]
