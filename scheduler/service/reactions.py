@@ -21,6 +21,7 @@ from common.core.annotations import (
 from common.core.groups import GroupRef, group_of
 from common.core.mig import (
     MIG_ALLOCATIONS_ANNOTATION,
+    MigReservation,
     MigReservationError,
     decode_reservations,
     encode_reservations,
@@ -278,9 +279,7 @@ class Reactions(ServicePart):
                 # Sent again by a plugin that had not yet seen it written: taken once.
                 self.shared.pods.allocate_answered(key)
                 return
-            runtime = self._runtime_identity(pod, outcome)
-            await self.cluster.set_bind_phase(namespace, name, outcome.uid, phase, runtime)
-            self._record_instances(key, runtime)
+            await self._write_phase(key, pod, outcome, phase)
         except StoreUnavailable as error:
             self._write_later(node, outcome, phase, error)
             return
@@ -290,36 +289,40 @@ class Reactions(ServicePart):
             return
         await self._outcome_written(node, outcome, phase)
 
+    async def _write_phase(self, key: str, pod: ClusterPod, outcome: AllocationOutcome,
+                           phase: AllocationPhase) -> None:
+        """Write the pod's bind-phase; with it, in the same write, its MIG reservations
+        completed with the instances its node made, which the ledger then holds too
+        (``hami_node_gpu_mig_instance_info`` reads them there)."""
+        completed = self._runtime_identity(pod, outcome)
+        written = (None if completed is None
+                   else {MIG_ALLOCATIONS_ANNOTATION: encode_reservations(completed)})
+        await self.cluster.set_bind_phase(pod.namespace, pod.name, outcome.uid, phase,
+                                          written)
+        held = self.state.fleet.allocation(key)
+        if completed is None or held is None:
+            return
+        try:
+            containers = with_reservations(held.containers, completed)
+        except MigReservationError:
+            return  # reservations not the ledger's own: the ledger keeps what it has
+        self.state.bookings.confirm(key, dataclasses.replace(held, containers=containers))
+
     def _runtime_identity(self, pod: ClusterPod, outcome: AllocationOutcome
-                          ) -> dict[str, str] | None:
-        """The pod's MIG reservations completed with the instances its node made, to write
-        with the bind-phase; None where the outcome carries none. Instances that match no
-        reservation of the pod are refused (counted, logged) and nothing is written of
-        them: the phase still is."""
+                          ) -> tuple[MigReservation, ...] | None:
+        """The pod's MIG reservations completed with the instances its node made; None
+        where the outcome carries none. Instances that match no reservation of the pod are
+        refused (counted, logged) and nothing is written of them: the phase still is."""
         if not outcome.mig_instances:
             return None
         try:
-            completed = with_runtime(
+            return with_runtime(
                 decode_reservations(pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")),
                 [(r.container_index, r.device_index, r.mig_uuid, r.gpu_instance_id,
                   r.compute_instance_id) for r in outcome.mig_instances])
         except MigReservationError as error:
             self._refuse_allocation(f"MIG instances of pod {pod.key} not recorded: {error}")
             return None
-        return {MIG_ALLOCATIONS_ANNOTATION: encode_reservations(completed)}
-
-    def _record_instances(self, key: str, written: dict[str, str] | None) -> None:
-        """The ledger's allocation of the pod with the runtime identity just written on it
-        (``hami_node_gpu_mig_instance_info`` reads it there)."""
-        held = self.state.fleet.allocation(key)
-        if not written or held is None:
-            return
-        try:
-            containers = with_reservations(
-                held.containers, decode_reservations(written[MIG_ALLOCATIONS_ANNOTATION]))
-        except MigReservationError:
-            return  # the annotation was built from the ledger's own: not expected
-        self.state.bookings.confirm(key, dataclasses.replace(held, containers=containers))
 
     def keep_outcome(self, subject: str, data: bytes) -> None:
         """A standby's part: keep the outcome, written should this daemon decide within
@@ -360,10 +363,7 @@ class Reactions(ServicePart):
                 if pod is None or pod.uid != outcome.uid or pod.node != node or \
                         pod.annotations.get(BIND_PHASE_ANNOTATION) in ANSWERED_PHASES:
                     return
-                runtime = self._runtime_identity(pod, outcome)
-                await self.cluster.set_bind_phase(outcome.namespace, outcome.name,
-                                                  outcome.uid, phase, runtime)
-                self._record_instances(key, runtime)
+                await self._write_phase(key, pod, outcome, phase)
             except StoreUnavailable as error:
                 last = str(error)
                 continue
