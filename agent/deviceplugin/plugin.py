@@ -127,9 +127,17 @@ class DeviceFeed:
     def cards(self) -> frozenset[str]:
         return self._cards
 
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        return self._devices
+
     async def observe(self, cards: Sequence[ReportedCard]) -> None:
-        devices = advertised_devices(cards, numa_topology=self._numa_topology)
         self._cards = frozenset(card.uuid for card in cards)
+        await self.show(advertised_devices(cards, numa_topology=self._numa_topology))
+
+    async def show(self, devices: tuple[Device, ...]) -> None:
+        """Advertise ``devices`` from now on (a ListAndWatch waiting is woken when they
+        changed)."""
         if devices == self._devices and self._version:
             return
         async with self._changed:
@@ -640,18 +648,10 @@ class MigPassThroughServicer(api_pb2_grpc.DevicePluginServicer):
 
     def __init__(self, resource: str) -> None:
         self._resource = resource
-        self._devices: tuple[str, ...] = ()
-        self._version = 0
-        self._changed = asyncio.Condition()
+        self._feed = DeviceFeed(numa_topology=False)
 
     async def observe(self, devices: Sequence[MigDevice]) -> None:
-        found = tuple(device.uuid for device in devices)
-        if found == self._devices and self._version:
-            return
-        async with self._changed:
-            self._devices = found
-            self._version += 1
-            self._changed.notify_all()
+        await self._feed.show(tuple(Device(device.uuid, True, None) for device in devices))
 
     async def GetDevicePluginOptions(self, request: api_pb2.Empty,
                                      context: grpc.aio.ServicerContext
@@ -662,14 +662,8 @@ class MigPassThroughServicer(api_pb2_grpc.DevicePluginServicer):
                            ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         version = 0
         while True:
-            version, devices = await self._after(version)
-            yield api_pb2.ListAndWatchResponse(
-                devices=[api_pb2.Device(ID=uuid, health=HEALTHY) for uuid in devices])
-
-    async def _after(self, version: int) -> tuple[int, tuple[str, ...]]:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._version > version)
-            return self._version, self._devices
+            version, devices = await self._feed.after(version)
+            yield api_pb2.ListAndWatchResponse(devices=[_device_message(d) for d in devices])
 
     async def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest,
                                      context: grpc.aio.ServicerContext
@@ -681,7 +675,7 @@ class MigPassThroughServicer(api_pb2_grpc.DevicePluginServicer):
 
     async def Allocate(self, request: api_pb2.AllocateRequest,
                        context: grpc.aio.ServicerContext) -> api_pb2.AllocateResponse:
-        known = set(self._devices)
+        known = {device.id for device in self._feed.devices}
         responses = []
         for container in request.container_requests:
             ids = list(container.devices_ids)

@@ -24,7 +24,7 @@ from typing import Literal
 from agent.inventory import InventorySource
 from agent.mig.inventory import close_with, open_with
 from agent.mig.port import MigDevices, MigError
-from agent.mig.tables import profile_name
+from agent.mig.tables import GpuInstanceProfileInfo, profile_name
 from common.wire import ReportedCard
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class StaticMigSource:
         self._found: tuple[MigDevice, ...] = ()
         self._lock = threading.Lock()
         self._unreadable: set[str] = set()
+        self._profiles: dict[int, dict[int, GpuInstanceProfileInfo]] = {}
 
     @property
     def mig_devices(self) -> tuple[MigDevice, ...]:
@@ -127,7 +128,12 @@ class StaticMigSource:
         return sorted(served, key=lambda card: card.index)
 
     def _read_gpu(self, gpu: int, card: ReportedCard) -> list[MigDevice]:
-        profiles = {info.id: info for info in self._devices.profiles(gpu)}
+        profiles = self._profiles.get(gpu)
+        if profiles is None:
+            # A GPU's profiles are fixed while its driver is loaded: asked once (each with
+            # its placements, several NVML calls), not at every read.
+            profiles = self._profiles[gpu] = {
+                info.id: info for info in self._devices.profiles(gpu)}
         devices = []
         for instance in sorted(self._devices.instances(gpu), key=lambda i: i.placement.start):
             info = profiles.get(instance.profile_id)
