@@ -79,7 +79,7 @@ class StaticMigSource:
         self._strategy = strategy
         self._found: tuple[MigDevice, ...] = ()
         self._lock = threading.Lock()
-        self._unreadable: set[str] = set()
+        self._unreadable: set[int] = set()
         self._profiles: dict[int, dict[int, GpuInstanceProfileInfo]] = {}
 
     @property
@@ -112,13 +112,12 @@ class StaticMigSource:
                     continue
                 partitioned.add(uuid)
                 found.extend(self._read_gpu(gpu, card))
-                self._unreadable.discard(str(gpu))
+                self._unreadable.discard(gpu)
             except MigError as error:
-                key = str(gpu)
-                if key not in self._unreadable:
+                if gpu not in self._unreadable:  # one line until it reads again
                     logger.warning("GPU %d left out: its MIG devices cannot be read: %s",
                                    gpu, error)
-                    self._unreadable.add(key)
+                    self._unreadable.add(gpu)
         with self._lock:
             self._found = tuple(found)
         served = [card for card in cards if card.uuid not in partitioned]
