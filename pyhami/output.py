@@ -182,6 +182,10 @@ def print_decision(document: dict[str, Any], console: Console) -> None:
     if document.get("reason"):
         console.print(Text.assemble(("not schedulable", "yellow"), f": {document['reason']}"))
         return
+    # Figures read otherwise than written (a share above 100 read as 100): said first,
+    # as the RequestAdjusted Event says them.
+    for warning in document.get("warnings", ()):
+        console.print(Text.assemble(("warning", "yellow"), f": {warning}"))
     if not document.get("gpu", True):
         console.print(Text(document["note"]))
         return

@@ -25,6 +25,7 @@ from common.core.pod import (
     Container,
     ObjectMeta,
     names_gpu_resource,
+    share_value,
     whole_quantity,
 )
 from common.core.policy import PodRejected
@@ -109,7 +110,8 @@ def admit(pod: AdmittedPod, scheduler_name: str,
           device: DeviceConfig = DEFAULT_DEVICE) -> Admission:
     """What the webhook does with a new pod for pyhami's scheduler (``scheduler_name``)
     under the device configuration ``device``, in HAMi v2.10's order: the scheduler-name
-    gate; each init container then container gets its env; the runtime class; a
+    gate; each init container then container has its memory share checked and gets its
+    env; the runtime class; a
     privileged container in a GPU pod refused; the scheduler name, and a GPU pod already
     on a node refused. The quota check, HAMi's last step, is the caller's (``ours``)."""
     spec = pod.spec
@@ -122,6 +124,9 @@ def admit(pod: AdmittedPod, scheduler_name: str,
     gpu_pod = False
     for field, containers in lists:
         for index, container in enumerate(containers):
+            invalid = invalid_share(container, device)
+            if invalid is not None:
+                return Admission(False, invalid, denial=invalid)
             has_gpu = names_gpu_resource([container], names)
             gpu_pod = gpu_pod or has_gpu
             variables = container_env(container, has_gpu, device)
@@ -148,6 +153,28 @@ def admit(pod: AdmittedPod, scheduler_name: str,
                          runtime_class_name=runtime_class)
     return Admission(True, f"asks for a GPU: schedulerName set to {scheduler_name}",
                      ours=True, env=added, runtime_class_name=runtime_class)
+
+
+def invalid_share(container: Container, device: DeviceConfig) -> str | None:
+    """HAMi's first step for each container (``validateMemoryPercentage``): a memory share
+    outside 0..100, from the limits, else the requests, refuses the pod with HAMi's
+    sentence. (HAMi's scheduler would clamp it; pods the webhook never saw are read so.)"""
+    resources = container.resources
+    if resources is None:
+        return None
+    name = device.resources.memory_percentage
+    table = resources.limits if resources.limits and name in resources.limits \
+        else resources.requests
+    if not table or name not in table:
+        return None
+    try:
+        value = share_value(table[name])
+    except PodRejected:
+        return None  # not a quantity: the API server refuses the pod itself
+    if 0 <= value <= 100:
+        return None
+    return (f"invalid {name} value {value} in container {container.name}: must be an "
+            "integer between 0 and 100")
 
 
 def container_env(container: Container, has_gpu: bool,

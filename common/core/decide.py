@@ -80,6 +80,9 @@ class Decision:
     failures: Mapping[str, FailedNode] | None = None
     """Why each node refused fails the pod, as data (``failed_nodes`` writes it out)."""
     ignored_policies: tuple[str, ...] = ()
+    adjusted: tuple[str, ...] = ()
+    """The pod's figures read otherwise than written, as HAMi reads them
+    (``PodRequest.adjusted``): warnings, not refusals."""
     reason: str | None = None
     message: str | None = None
     """For a pod placed nowhere: one sentence on what it asked for and what the nodes have
@@ -251,7 +254,8 @@ def decide(
     """
     if not pod.wants_gpu:
         return Decision(pod=pod.key, scheduled=True, failures={},
-                        ignored_policies=pod.ignored_policies, asks_for_gpu=False)
+                        ignored_policies=pod.ignored_policies, adjusted=pod.adjusted,
+                        asks_for_gpu=False)
     layout = fleet.layout
     view = PodView(layout, pod, fleet.quotas.left(pod.subject))
     node_count = len(layout.node_names)
@@ -332,8 +336,8 @@ def decide(
     if chosen_node is None:
         message = refusal_message(fleet, pod, failures) if describe else None
         return Decision(pod=pod.key, scheduled=False, failures=failures,
-                        ignored_policies=pod.ignored_policies, message=message, explain=rows,
-                        quota=quota)
+                        ignored_policies=pod.ignored_policies, adjusted=pod.adjusted,
+                        message=message, explain=rows, quota=quota)
     return _scheduled(view, chosen_node, placement, failures, rows=rows, quota=quota)
 
 
@@ -365,6 +369,7 @@ def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[s
         allocation=Allocation(name, tuple(grants), init_count, pod.subject),
         failures=failed,
         ignored_policies=pod.ignored_policies,
+        adjusted=pod.adjusted,
         explain=rows,
         quota=quota,
     )

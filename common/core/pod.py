@@ -251,6 +251,10 @@ class PodRequest:
     modes: frozenset[str] | None = None
     """The card modes ``nvidia.com/vgpu-mode`` allows (``hami-core``, ``mig``); None
     without the annotation: a card of either mode."""
+    adjusted: tuple[str, ...] = ()
+    """Figures read otherwise than written, as HAMi's scheduler reads them (a share above
+    100 read as 100, ...): one sentence each, shown as warnings by ``decide``, ``explain``
+    and the daemon's ``RequestAdjusted`` Event."""
 
     def takes_mode(self, mode: str) -> bool:
         return self.modes is None or mode in self.modes
@@ -364,11 +368,30 @@ def _memory_mib(raw: Quantity, where: str, container: str, factor: int) -> int:
     return value * factor
 
 
+PERCENT_MAX = 100
+"""The largest memory share, in percent: HAMi's scheduler reads a larger one as this."""
+
+
+def share_value(value: Quantity, where: str = "memory share") -> int:
+    """A whole-number quantity that may be negative (a memory share, which HAMi reads
+    whatever its sign); the magnitude is bounded as ``whole_quantity`` bounds it."""
+    negative = (isinstance(value, int | float) and not isinstance(value, bool) and value < 0) \
+        or (isinstance(value, str) and value.strip().startswith("-"))
+    if not negative:
+        return whole_quantity(value, where)
+    flipped: Quantity = (value.strip()[1:] if isinstance(value, str) else -value)
+    return -whole_quantity(flipped, where)
+
+
 def _container_request(container: Container, is_init: bool, position: str,
-                       device: DeviceConfig) -> ContainerRequest:
-    """One container's request as HAMi v2.10 reads it under ``device``: each resource
-    from the limits first, then the requests; the defaults of the configuration, and the
-    webhook's defaults (the card count, the exclusive cores), applied here."""
+                       device: DeviceConfig, adjusted: list[str]) -> ContainerRequest:
+    """One container's request as HAMi v2.10 reads it under ``device``, its webhook's
+    defaults included (``MutateAdmission``, then ``GenerateResourceRequests`` and
+    ``Fit``'s clamps): each resource from the limits first, then the requests.
+
+    Where HAMi's scheduler reads a figure as something else than written (a share above
+    100 or not above 0, ``gpumem: 0``, cores above 100), the pod is read the same way and
+    a sentence saying so is appended to ``adjusted``: a warning, not a refusal."""
     names = device.resources
     resources = container.resources or ResourceRequirements()
     limits = resources.limits or {}
@@ -385,31 +408,48 @@ def _container_request(container: Container, is_init: bool, position: str,
         where = places[resource] = f"{position}.resources.{source}[{resource}]"
         if resource == names.memory:
             values[resource] = _memory_mib(raw, where, container.name, device.memory_factor)
+        elif resource == names.memory_percentage:
+            values[resource] = share_value(raw, where)
         else:
             values[resource] = whole_quantity(raw, where)
-    memory = values.get(names.memory)
-    percent = values.get(names.memory_percentage)
-    cores = values.get(names.cores)
-    if percent is not None and percent > 100:
-        # HAMi's webhook refuses it (HTTP 500); its scheduler would clamp it to 100.
-        raise PodRejected(f"{places[names.memory_percentage]}: {percent} is outside 0..100 "
-                          f"(a share of the card's memory, in percent)")
-    if percent == 0 and memory is None:
-        raise PodRejected(f"{position}.resources[{names.memory_percentage}]: 0 is outside "
-                          "1..100")
-    # The webhook's defaultGPUNum: a container naming memory or cores but no count gets
-    # that many cards; 0 leaves it no GPU container.
+    # The webhook's defaultGPUNum: a container naming memory, a share or cores but no
+    # count gets that many cards; 0 leaves it no GPU container.
     cards = values.get(names.count, device.default_gpu_num if values else 0)
+    written_percent = values.get(names.memory_percentage)
+    written_cores = values.get(names.cores)
     if cards == 0:
-        # No GPU container: nothing to default (the figures are never used).
+        # No GPU container: nothing to default or to warn about (the figures are unused).
         return ContainerRequest(name=container.name, is_init=is_init, cards=0,
-                                memory_mib=memory, memory_percent=percent or 100,
-                                cores=min(cores or 0, 100))
+                                memory_mib=None, memory_percent=PERCENT_MAX,
+                                cores=min(written_cores or 0, 100))
+    percent = written_percent
+    if percent is not None and percent > PERCENT_MAX:
+        adjusted.append(f"{places[names.memory_percentage]}: {percent} is above "
+                        f"{PERCENT_MAX}: read as {PERCENT_MAX} (HAMi's scheduler clamps it)")
+        percent = PERCENT_MAX
+    elif percent is not None and percent <= 0:
+        adjusted.append(f"{places[names.memory_percentage]}: {percent} is not above 0: "
+                        "ignored, the default memory applies (as HAMi's scheduler reads it)")
+        percent = None
+    memory = values.get(names.memory)
+    if memory == 0:
+        # HAMi reads gpumem 0 as no figure: the share, else the default, applies.
+        adjusted.append(f"{places[names.memory]}: 0 is read as unset: "
+                        f"{'the share' if percent is not None else 'the default memory'} "
+                        "applies (as HAMi's scheduler reads it)")
+        memory = None
+    cores = written_cores
     if cores is None:
-        # The webhook's exclusive default: a container asking for whole cards' memory
-        # (100 % of it, or no memory figure at all) gets whole cards' cores.
-        whole_memory = percent == 100 if percent is not None else memory is None
-        cores = 100 if whole_memory else device.default_cores
+        # The webhook's exclusive default (defaultExclusiveCoreIfNeeded), judged on the
+        # figures as written: a share of exactly 100, or, without a share, no memory
+        # figure at all (gpumem: 0 is a figure), gives whole cards' cores.
+        exclusive = (written_percent == PERCENT_MAX if written_percent is not None
+                     else names.memory not in places)
+        cores = 100 if exclusive else device.default_cores
+    elif cores > 100:
+        adjusted.append(f"{places[names.cores]}: {cores} is above 100: read as 100 "
+                        "(HAMi's scheduler clamps it)")
+        cores = 100
     if memory is None and percent is None and device.default_memory > 0:
         memory = device.default_memory
     return ContainerRequest(
@@ -417,8 +457,8 @@ def _container_request(container: Container, is_init: bool, position: str,
         is_init=is_init,
         cards=cards,
         memory_mib=memory,
-        memory_percent=100 if percent is None else percent,
-        cores=min(cores, 100),
+        memory_percent=PERCENT_MAX if percent is None else percent,
+        cores=cores,
     )
 
 
@@ -432,11 +472,12 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
     Raises ``PodRejected`` naming the annotation or resource that is malformed.
     """
     annotations: Mapping[str, str] = manifest.metadata.annotations or {}
+    adjusted: list[str] = []
     containers = [
-        _container_request(c, True, f"spec.initContainers[{i}]", defaults.device)
+        _container_request(c, True, f"spec.initContainers[{i}]", defaults.device, adjusted)
         for i, c in enumerate(manifest.spec.init_containers or ())
     ] + [
-        _container_request(c, False, f"spec.containers[{i}]", defaults.device)
+        _container_request(c, False, f"spec.containers[{i}]", defaults.device, adjusted)
         for i, c in enumerate(manifest.spec.containers)
     ]
 
@@ -488,6 +529,7 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
         numa_bind=numa_bind,
         subject=QuotaSubject.of(manifest),
         modes=modes,
+        adjusted=tuple(adjusted),
     )
 
 

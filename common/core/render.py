@@ -20,6 +20,7 @@ def decision_document(decision: Decision) -> dict[str, Any]:
         "annotations": decision.annotations(),
         "failed_nodes": dict(decision.failed_nodes or {}),
         "ignored_policies": list(decision.ignored_policies),
+        "warnings": list(decision.adjusted),
     }
     if not decision.asks_for_gpu:
         document["note"] = NO_GPU_NOTE

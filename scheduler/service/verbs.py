@@ -52,6 +52,9 @@ from scheduler.web.protocol import (
 logger = logging.getLogger(__name__)
 
 MAX_PRIORITY = 10
+ADJUSTED_EVENT = "RequestAdjusted"
+"""The Warning Event naming the figures of a pod read otherwise than written
+(``PodRequest.adjusted``: a share above 100 read as 100, ...)."""
 NODE_SCORE_MAX = score_max(NODE_WEIGHTS)
 """/prioritize scales a node's score from 0..NODE_SCORE_MAX to 0..MAX_PRIORITY."""
 
@@ -287,6 +290,13 @@ class Verbs(ServicePart):
                        f"; evaluating {request.chain if request else 'the default'}")
             logger.warning("pod %s: %s", decision.pod, message)
             await self.cluster.record_event(namespace, name, "Warning", "PolicyIgnored", message)
+        adjusted = request.adjusted if request is not None else decision.adjusted
+        if adjusted:
+            # HAMi reads these figures so without a word (a log line at most): say it where
+            # the pod's owner looks.
+            message = "request read as HAMi reads it: " + "; ".join(adjusted)
+            logger.warning("pod %s: %s", decision.pod, message)
+            await self.cluster.record_event(namespace, name, "Warning", ADJUSTED_EVENT, message)
         if decision.node is None and decision.message is not None:
             await self.cluster.record_event(namespace, name, "Warning", "FilteringFailed",
                                             decision.message)
@@ -311,7 +321,9 @@ class Verbs(ServicePart):
         decision = self.state.bookings.preview(request, node_names, self._clock(),
                                                explain=True, describe=True,
                                                holding_nothing=True)
-        return decision_document(decision)
+        document = decision_document(decision)
+        document["warnings"] = list(request.adjusted)
+        return document
 
     def admission_refusal(self, pod: PodManifest) -> str | None:
         """Why the webhook denies a new pod: its fixed GPU requests alone exceed what its

@@ -303,7 +303,7 @@ class TestNoGpu:
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == {
             "scheduled": True, "gpu": False, "node": None, "devices": [], "annotations": {},
-            "failed_nodes": {}, "ignored_policies": [],
+            "failed_nodes": {}, "ignored_policies": [], "warnings": [],
             "note": "the pod asks for no GPU: pyhami passes every node and leaves the choice "
                     "to kube-scheduler"}
         gpu_pod = pyhami("decide", "--cluster", LAB, "--pod", pods["scheduled"])

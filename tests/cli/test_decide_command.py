@@ -91,6 +91,7 @@ class TestWorkedExample:
             "failed_nodes": {"gpu-node-1": "2/4 AllocatedCardsInsufficientRequest, "
                                            "2/4 ExclusiveDeviceAllocateConflict"},
             "ignored_policies": [],
+            "warnings": [],
             "message": "asked for 3 cards with 1000 MiB each; gpu-node-1: "
                        "2/4 AllocatedCardsInsufficientRequest (2 cards fit, 3 needed), "
                        "2/4 ExclusiveDeviceAllocateConflict (in use)",
@@ -452,6 +453,7 @@ class TestQuotas:
             "scheduled": False, "gpu": True, "node": None, "devices": [], "annotations": {},
             "failed_nodes": {"gpu-node-1": f"2/2 ResourceQuotaNotFit ({refusal})"},
             "ignored_policies": [],
+            "warnings": [],
             "message": f"{refusal}; asked for 1 card with 4001 MiB; gpu-node-1: "
                        "2/2 ResourceQuotaNotFit",
         }

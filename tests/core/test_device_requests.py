@@ -58,15 +58,15 @@ def read(limits: dict[str, int | str], device: DeviceConfig = DEFAULT_DEVICE,
     (CUSTOM, {"example.com/vmem": 3}, (2, 3072, 100, 30)),
     (CUSTOM, {"example.com/vcores": 20}, (2, 2000, 100, 20)),
     (CUSTOM, {"example.com/vgpu": 1, "example.com/vmem-pct": 50}, (1, None, 50, 30)),
-    (CUSTOM, {"example.com/vgpu": 1, "example.com/vmem": 0}, (1, 0, 100, 30)),
+    (CUSTOM, {"example.com/vgpu": 1, "example.com/vmem": 0}, (1, 2000, 100, 30)),
     # The default names mean nothing under custom ones.
     (CUSTOM, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, (0, None, 100, 0)),
     # defaultGPUNum 0: a container naming memory but no count is no GPU container.
-    (replace(CUSTOM, default_gpu_num=0), {"example.com/vmem": 3}, (0, 3072, 100, 0)),
+    (replace(CUSTOM, default_gpu_num=0), {"example.com/vmem": 3}, (0, None, 100, 0)),
 ], ids=["default-memory-only-gets-one-card", "default-cores-only",
         "default-percentage-with-default-cores", "default-gpumem-as-written",
         "custom-gpunum-factor-cores", "custom-default-memory",
-        "custom-percentage-wins-over-default-memory", "custom-gpumem-0-is-0-mib",
+        "custom-percentage-wins-over-default-memory", "custom-gpumem-0-takes-default-memory",
         "custom-ignores-default-names", "custom-gpunum-0-no-gpu"])
 def test_each_key_shapes_the_request(device: DeviceConfig, limits: dict[str, int | str],
                                      expected: tuple[int, int | None, int, int]) -> None:
@@ -106,22 +106,65 @@ def test_the_exclusive_default_gives_whole_cards_their_cores(
      "spec.containers[0].resources.limits[example.com/vmem]: 2097152 is 2097152 MiB, above "
      "2097151 (2^31-1 / memoryFactor 1024): gpumem is MiB as a plain integer, such as 4096; "
      "HAMi would drop container c's GPU request without a word"),
-    (DeviceConfig(), {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 101},
-     "spec.containers[0].resources.limits[nvidia.com/gpumem-percentage]: 101 is outside "
-     "0..100 (a share of the card's memory, in percent)"),
-    (CUSTOM, {"example.com/vmem-pct": 250},
-     "spec.containers[0].resources.limits[example.com/vmem-pct]: 250 is outside 0..100 (a "
-     "share of the card's memory, in percent)"),
-    (DeviceConfig(), {"nvidia.com/gpumem-percentage": -1},
-     "spec.containers[0].resources.limits[nvidia.com/gpumem-percentage]: -1 is a negative "
-     "number"),
-], ids=["gpumem-4Gi", "gpumem-fraction", "gpumem-negative", "gpumem-over-int32-by-factor",
-        "percentage-101", "custom-percentage-250", "percentage-negative"])
+], ids=["gpumem-4Gi", "gpumem-fraction", "gpumem-negative", "gpumem-over-int32-by-factor"])
 def test_requests_hami_drops_or_refuses_are_refused_with_the_reason(
         device: DeviceConfig, limits: dict[str, int | str], message: str) -> None:
     with pytest.raises(PodRejected) as raised:
         read(limits, device)
     assert str(raised.value) == message
+
+
+def adjusted(limits: dict[str, int | str], device: DeviceConfig = DEFAULT_DEVICE,
+             ) -> tuple[str, ...]:
+    pod = PodManifest(spec=PodSpec(containers=[Container(
+        name="c", resources=ResourceRequirements(limits=dict(limits)))]))
+    return parse_pod(pod, under(device)).adjusted
+
+
+LIMITS = "spec.containers[0].resources.limits"
+
+
+@pytest.mark.parametrize(("device", "limits", "expected", "warning"), [
+    # HAMi's scheduler clamps a share above 100 (its webhook refuses it: pyhami's too).
+    (DeviceConfig(), {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 101},
+     (1, None, 100, 0),
+     f"{LIMITS}[nvidia.com/gpumem-percentage]: 101 is above 100: read as 100 (HAMi's "
+     "scheduler clamps it)"),
+    (CUSTOM, {"example.com/vmem-pct": 250}, (2, None, 100, 30),
+     f"{LIMITS}[example.com/vmem-pct]: 250 is above 100: read as 100 (HAMi's scheduler "
+     "clamps it)"),
+    # A share not above 0 is ignored: defaultMemory, else the whole card.
+    (DeviceConfig(), {"nvidia.com/gpumem-percentage": -1}, (1, None, 100, 0),
+     f"{LIMITS}[nvidia.com/gpumem-percentage]: -1 is not above 0: ignored, the default "
+     "memory applies (as HAMi's scheduler reads it)"),
+    (CUSTOM, {"example.com/vgpu": 1, "example.com/vmem-pct": 0}, (1, 2000, 100, 30),
+     f"{LIMITS}[example.com/vmem-pct]: 0 is not above 0: ignored, the default memory "
+     "applies (as HAMi's scheduler reads it)"),
+    # gpumem 0 is no figure: the share wins, else the default.
+    (DeviceConfig(), {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 0,
+                      "nvidia.com/gpumem-percentage": 40}, (1, None, 40, 0),
+     f"{LIMITS}[nvidia.com/gpumem]: 0 is read as unset: the share applies (as HAMi's "
+     "scheduler reads it)"),
+    (DeviceConfig(), {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 0}, (1, None, 100, 0),
+     f"{LIMITS}[nvidia.com/gpumem]: 0 is read as unset: the default memory applies (as "
+     "HAMi's scheduler reads it)"),
+    # Cores above 100 are clamped by HAMi's Fit.
+    (DeviceConfig(), {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150}, (1, None, 100, 100),
+     f"{LIMITS}[nvidia.com/gpucores]: 150 is above 100: read as 100 (HAMi's scheduler "
+     "clamps it)"),
+], ids=["percentage-101", "custom-percentage-250", "percentage-negative",
+        "custom-percentage-0-default-memory", "gpumem-0-share-wins", "gpumem-0-whole-card",
+        "cores-150"])
+def test_figures_hami_reads_otherwise_are_read_so_with_a_warning(
+        device: DeviceConfig, limits: dict[str, int | str],
+        expected: tuple[int, int | None, int, int], warning: str) -> None:
+    assert read(limits, device) == expected
+    assert adjusted(limits, device) == (warning,)
+
+
+def test_figures_read_as_written_warn_of_nothing() -> None:
+    assert adjusted({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 100,
+                     "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 100}) == ()
 
 
 def test_the_largest_gpumem_under_the_factor_is_read_scaled() -> None:
