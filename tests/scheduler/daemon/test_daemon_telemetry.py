@@ -71,6 +71,19 @@ async def test_ignored_policies_become_an_event(lab: Lab) -> None:
     assert ignored[0]["type"] == "Warning"
 
 
+async def test_a_clamped_share_is_placed_and_becomes_an_event(lab: Lab) -> None:
+    # HAMi's scheduler reads a share of 150 as 100: placed, with a Warning saying so.
+    await lab.pods.submit_and_place(lab_pod("p", limits={
+        "nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 150}))
+    pod = await lab.pods.get("p")
+    adjusted = [e for e in pod["events"] if e["reason"] == "RequestAdjusted"]
+    assert adjusted and adjusted[0]["type"] == "Warning"
+    assert adjusted[0]["message"] == (
+        "request read as HAMi reads it: spec.containers[0].resources.limits"
+        "[nvidia.com/gpumem-percentage]: 150 is above 100: read as 100 (HAMi's scheduler "
+        "clamps it)")
+
+
 async def test_computer_score_lines_are_logged_at_debug(lab: Lab,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="scheduler.service"):
