@@ -105,8 +105,11 @@ class Report:
 
     def summary(self) -> str:
         """The report for a person: one line per check, then what each one saw differ."""
+        counts = self.as_dict()["counts"]
+        told = ", ".join(f"{counts[outcome]} {outcome}" for outcome in
+                         ("passed", "failed", "error", "skipped") if outcome in counts)
         lines = [f"pyhami GPU check: {'PASSED' if self.passed else 'FAILED'} "
-                 f"in {self.seconds:.1f} s"]
+                 f"in {self.seconds:.1f} s ({told or 'no check ran'})"]
         for key in ("gpus", "driver", "cuda_driver", "kernel", "python"):
             if key in self.machine:
                 lines.append(f"  {key}: {self.machine[key]}")

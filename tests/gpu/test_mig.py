@@ -20,6 +20,7 @@ import dataclasses
 import os
 from typing import Any
 
+import msgspec
 import pynvml
 import pytest
 
@@ -57,6 +58,11 @@ def _placements(handle: object, profile_id: int) -> tuple[tuple[int, int], ...]:
     return tuple((array[i].start, array[i].size) for i in range(min(count.value, len(array))))
 
 
+def _why(error: Exception) -> str:
+    """NVML's error as the report keeps it: its class, its words and its code."""
+    return f"{type(error).__name__}: {error} ({getattr(error, 'value', '?')})"
+
+
 def read_profiles(handle: object) -> list[Profile]:
     """Every constant the installed pynvml knows, answered or not."""
     found = []
@@ -66,12 +72,12 @@ def read_profiles(handle: object) -> list[Profile]:
         try:
             raw = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, constant)
         except pynvml.NVMLError as error:
-            profile.error = type(error).__name__
+            profile.error = _why(error)
             continue
         try:
             placements = _placements(handle, raw.id)
         except pynvml.NVMLError as error:
-            placements, profile.placements_error = (), type(error).__name__
+            placements, profile.placements_error = (), _why(error)
         profile.info = GpuInstanceProfileInfo(
             constant=constant, id=raw.id, memory_mib=raw.memorySizeMB, slices=raw.sliceCount,
             instances=raw.instanceCount, multiprocessors=raw.multiprocessorCount,
@@ -227,7 +233,7 @@ def _discover(seen: CheckLog) -> None:
         node.source.close()
     registered: list[dict[str, Any]] = [
         {"uuid": card.uuid, "count": card.count, "memory": card.memory, "mode": card.mode,
-         "profiles": [dataclasses.asdict(p) for p in card.mig_profiles]} for card in cards]
+         "profiles": msgspec.to_builtins(card.mig_profiles)} for card in cards]
     seen.saw("registered", registered)
     if not cards:
         seen.differs("the agent's MIG discovery registers no card")

@@ -89,7 +89,8 @@ def test_the_report_is_written_as_json_and_as_a_summary(tmp_path: Path) -> None:
     assert (written["passed"], written["counts"]) == (False, {"failed": 1, "skipped": 1})
     assert written["checks"][0]["observations"] == {"nvidia_smi": [{"uuid": "GPU-a"}]}
     summary = text.read_text()
-    assert summary.startswith("pyhami GPU check: FAILED in 3.5 s\n  driver: 580.159.04\n")
+    assert summary.startswith("pyhami GPU check: FAILED in 3.5 s (1 failed, 1 skipped)\n"
+                              "  driver: 580.159.04\n")
     assert "\nFAILED   inventory::test_x    1.2 s  memory differs\n" in summary
     assert "\nSKIPPED  mig::test_y          0.0 s  read-only\n" in summary
     assert summary.endswith("inventory::test_x differs:\n"
