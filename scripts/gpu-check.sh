@@ -132,7 +132,7 @@ commit="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
 status=0
 (cd "$ROOT" && PYHAMI_GPU_REPORT="$OUT_DIR" PYHAMI_GPU_MIG_WRITE="$MIG_WRITE" \
     PYHAMI_GPU_COMMIT="$commit" GRPC_ENABLE_FORK_SUPPORT=false \
-    "$PY" -m pytest -p no:cacheprovider -q -m gpu --timeout "$TIMEOUT_S" "${CHECKS[@]}") \
+    "$PY" -m pytest -p no:cacheprovider -q -m gpu -W ignore::pytest.PytestConfigWarning --timeout "$TIMEOUT_S" "${CHECKS[@]}") \
     2>&1 | tee "$OUT_DIR/gpu-check.log" || status=$? # pipefail: pytest's status
 
 echo
