@@ -142,8 +142,8 @@ def mig_for(spec: InventorySpec, device: NodeDeviceConfig,
         return nvml_mig_node(source, allowlist)
     if table is None:
         raise SettingsError(f"the node's operatingmode is mig, but --inventory {spec.text} "
-                            "simulates no MIG GPU: use nvml, sim:a100x8-mig or "
-                            "sim:h100x8-mig")
+                            "simulates no MIG GPU: use nvml, sim:a100x8-mig, "
+                            "sim:h100x8-mig or sim:h200x8-mig")
     return simulated_mig_node(source, table, allowlist)
 
 

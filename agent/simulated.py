@@ -13,7 +13,7 @@ import msgspec
 import yaml
 
 from agent.inventory import InventoryError
-from agent.mig.tables import A100_80GB, H100_80GB, MigCardTable
+from agent.mig.tables import A100_80GB, H100_80GB, H200_141GB, MigCardTable
 from agent.monitor.model import GpuProcess, HostCard
 from common.core.model import NonNegative, NumaId
 from common.wire import ReportedCard
@@ -56,14 +56,25 @@ def _h100x8_islands(node: str) -> list[ReportedCard]:
                                       if peer != i})
 
 
+def _h200x8_nvswitch(node: str) -> list[ReportedCard]:
+    """An HGX H200: every card reaches every other through the NVSwitches (18 links each).
+    Name, memory and multiprocessors as NVML reports them on an H200 SXM (docs/gpu-check.md)."""
+    return _cards(node, 8, model="NVIDIA-NVIDIA H200", memory=143771, sm_count=132,
+                  numa_of=lambda i: i // 4,
+                  peers_of=lambda i: {peer: 18 for peer in range(8) if peer != i})
+
+
 PROFILES: dict[str, Callable[[str], list[ReportedCard]]] = {
     "t4x4": _t4x4,
     "a100x8-nvswitch": _a100x8_nvswitch,
     "h100x8-islands": _h100x8_islands,
+    "h200x8-nvswitch": _h200x8_nvswitch,
     "a100x8-mig": _a100x8_nvswitch,
     "h100x8-mig": _h100x8_islands,
+    "h200x8-mig": _h200x8_nvswitch,
 }
-MIG_PROFILES: dict[str, MigCardTable] = {"a100x8-mig": A100_80GB, "h100x8-mig": H100_80GB}
+MIG_PROFILES: dict[str, MigCardTable] = {"a100x8-mig": A100_80GB, "h100x8-mig": H100_80GB,
+                                         "h200x8-mig": H200_141GB}
 """The profiles whose node is in MIG mode, and the NVML tables their simulated GPUs answer
 (``agent.mig.simulated``): the same cards as their namesakes, cut into instances."""
 

@@ -153,12 +153,18 @@ def node_with(name: str, *overrides: dict[str, Any],
 
 H100_NVML_NAMES = MigProfiles(("H100 80GB HBM3",), ("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"))
 """The allowlist entry an H100 SXM5 node needs: HAMi's chart names no H100 as NVML does."""
+H200_NVML_NAMES = MigProfiles(("NVIDIA H200",), ("1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"))
+"""The allowlist entry an H200 SXM node needs, before the chart's items: HAMi's chart lists
+``H200-SXM5``, NVML calls the card plainly ``NVIDIA H200``, and that name contains the
+chart's ``H20``, whose profile names it would otherwise take."""
 
 
 def mig_profiles_of(table: MigCardTable) -> tuple[MigProfile, ...]:
     """The profiles a card of ``table`` registers under HAMi's chart allowlist, with the
-    entry for the H100's NVML name."""
-    allowed = allowed_profiles(table.name, (*CHART_MIG_PROFILE_ALLOWLIST, H100_NVML_NAMES))
+    entries for the H100's and the H200's NVML names (the H200's first: its name contains
+    the chart's "H20")."""
+    allowed = allowed_profiles(table.name, (H200_NVML_NAMES, *CHART_MIG_PROFILE_ALLOWLIST,
+                                            H100_NVML_NAMES))
     assert allowed is not None, f"no allowlist entry for {table.name}"
     return register_profiles(table.profiles, allowed)
 

@@ -4,9 +4,11 @@ the agent turns what NVML reports into the profiles a card registers.
 The figures are NVML's (``nvmlDeviceGetGpuInstanceProfileInfo`` and
 ``nvmlDeviceGetGpuInstancePossiblePlacements``) on an A100 80GB and an H100 80GB HBM3 with
 a current driver (R535 and later): memory in MiB as ``memorySizeMB`` gives it, ``slices``
-NVML's ``sliceCount`` (compute slices), placements in memory slices out of 8. The
-simulated inventory and the fake NVML serve them, so the whole MIG path runs without a
-GPU; on a GPU node the agent reads the same fields from the driver.
+NVML's ``sliceCount`` (compute slices), placements in memory slices out of 8. The H200's
+are estimates until a GPU check reads them (``H200_141GB``). The simulated inventory and
+the fake NVML serve them, so the whole MIG path runs without a GPU; on a GPU node the
+agent reads the same fields from the driver, and ``scripts/gpu-check.sh`` compares the two
+(``docs/gpu-check.md``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ GI_PROFILE_4_SLICE = 3
 GI_PROFILE_7_SLICE = 4
 GI_PROFILE_8_SLICE = 5
 GI_PROFILE_6_SLICE = 6
+GI_PROFILE_1_SLICE_REV1 = 7
+"""A one-slice instance with the media engines (NVIDIA's ``1g.<n>gb+me``)."""
+GI_PROFILE_1_SLICE_REV2 = 9
+"""A one-slice instance with two memory slices (an H100's ``1g.20gb``)."""
 GI_PROFILE_BY_SLICES = {1: GI_PROFILE_1_SLICE, 2: GI_PROFILE_2_SLICE, 3: GI_PROFILE_3_SLICE,
                         4: GI_PROFILE_4_SLICE, 6: GI_PROFILE_6_SLICE, 7: GI_PROFILE_7_SLICE,
                         8: GI_PROFILE_8_SLICE}
@@ -88,6 +94,33 @@ H100_80GB = MigCardTable("NVIDIA H100 80GB HBM3", 81559, (
 ))
 """NVIDIA H100 80GB HBM3 (SXM5)."""
 
+H200_141GB = MigCardTable("NVIDIA H200", 143771, (
+    GpuInstanceProfileInfo(GI_PROFILE_1_SLICE, 19, 17664, 1, 7, 16, _ones(7)),
+    GpuInstanceProfileInfo(GI_PROFILE_2_SLICE, 14, 35456, 2, 3, 32, _TWO_SLICE),
+    GpuInstanceProfileInfo(GI_PROFILE_3_SLICE, 9, 71168, 3, 2, 60, _THREE_SLICE),
+    GpuInstanceProfileInfo(GI_PROFILE_4_SLICE, 5, 71168, 4, 1, 64, ((0, 4),)),
+    GpuInstanceProfileInfo(GI_PROFILE_7_SLICE, 0, 142592, 7, 1, 132, ((0, 8),)),
+    GpuInstanceProfileInfo(GI_PROFILE_1_SLICE_REV1, 20, 17664, 1, 1, 16, _ones(7)),
+    GpuInstanceProfileInfo(GI_PROFILE_1_SLICE_REV2, 15, 35456, 1, 4, 26,
+                           ((0, 2), (2, 2), (4, 2), (6, 2))),
+))
+"""NVIDIA H200 141GB HBM3e (SXM; NVML names it plainly ``NVIDIA H200``): 1g.18gb (7),
+2g.35gb (3), 3g.71gb (2), 4g.71gb (1), 7g.141gb (1), and, as NVML also lists them,
+1g.18gb+me (1) and 1g.35gb (4). The card's 143,771 MiB is what nvidia-smi printed on an
+H200 lent to this project; the profile ids, instance counts, multiprocessors and
+placements are the H100's, whose chip it shares. TO BE CONFIRMED by the GPU check: the
+memory figures are the H100's layout scaled to this card (a slice of 17,664 MiB; two
+slices and 128 MiB; four and 512; eight and 1,280), not yet read from a driver. The
+check's report prints NVML's own table in this form, to paste here."""
+
+TABLES = (A100_80GB, H100_80GB, H200_141GB)
+"""Every model whose NVML answers are known here, by ``MigCardTable.name``."""
+
+
+def table_for(card_name: str) -> MigCardTable | None:
+    """The table of the model NVML names ``card_name`` exactly; None for any other."""
+    return next((table for table in TABLES if table.name == card_name), None)
+
 
 def allowed_profiles(card_name: str, allowlist: Iterable[AllowedProfiles]
                      ) -> tuple[str, ...] | None:
@@ -141,8 +174,13 @@ def slot_count(profiles: Iterable[MigProfile]) -> int:
 def profile_name(info: GpuInstanceProfileInfo, card_memory_mib: int) -> str:
     """The name NVIDIA gives a profile (``1g.10gb``): its slices, and its memory as a share
     of the card's in eighths, rounded up, times the card's GiB rounded up (an A100 80GB's
-    3g instance of 40,192 MiB is ``3g.40gb``)."""
+    3g instance of 40,192 MiB is ``3g.40gb``). A half rounds up, as NVIDIA names an
+    H200's half (70.5 GiB) ``3g.71gb``; Python's ``round`` would make it 70."""
     if card_memory_mib <= 0:
-        return f"{info.slices}g.{round(info.memory_mib / 1024)}gb"
+        return f"{info.slices}g.{_half_up(info.memory_mib / 1024)}gb"
     eighths = math.ceil(info.memory_mib * 8 / card_memory_mib)
-    return f"{info.slices}g.{round(eighths / 8 * math.ceil(card_memory_mib / 1024))}gb"
+    return f"{info.slices}g.{_half_up(eighths / 8 * math.ceil(card_memory_mib / 1024))}gb"
+
+
+def _half_up(value: float) -> int:
+    return math.floor(value + 0.5)

@@ -34,7 +34,8 @@ def _agent(*args: str,
 @pytest.mark.parametrize(("args", "message"), [
     (["--node", "n", "--inventory", "sim:v100x2"],
      "pyhami agent: error: argument --inventory: unknown simulated profile 'v100x2' "
-     "(known: a100x8-mig, a100x8-nvswitch, h100x8-islands, h100x8-mig, t4x4; or "
+     "(known: a100x8-mig, a100x8-nvswitch, h100x8-islands, h100x8-mig, h200x8-mig, "
+     "h200x8-nvswitch, t4x4; or "
      "sim:FILE.yaml)"),
     (["--node", "n", "--inventory", "gpu"],
      "pyhami agent: error: argument --inventory: 'gpu': expected nvml, sim:PROFILE "

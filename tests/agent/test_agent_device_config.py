@@ -137,7 +137,7 @@ def test_mig_mode_over_a_simulation_without_mig_gpus_exits_2_with_one_line(
     assert done.returncode == 2
     assert done.stderr.splitlines()[-1] == (
         "pyhami agent: the node's operatingmode is mig, but --inventory sim:t4x4 simulates "
-        "no MIG GPU: use nvml, sim:a100x8-mig or sim:h100x8-mig")
+        "no MIG GPU: use nvml, sim:a100x8-mig, sim:h100x8-mig or sim:h200x8-mig")
 
 
 @pytest.mark.parametrize(("config", "expected"), [

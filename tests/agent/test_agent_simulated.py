@@ -23,14 +23,22 @@ def test_t4x4_is_the_articles_lab_node() -> None:
         assert card.health and card.processes == 0
 
 
-def test_a100x8_nvswitch_links_every_pair_across_two_numa_nodes() -> None:
-    cards = profile_cards("a100x8-nvswitch", "n")
+@pytest.mark.parametrize(("profile", "model", "memory", "sm_count", "lanes"), [
+    ("a100x8-nvswitch", "NVIDIA-NVIDIA A100-SXM4-80GB", 81920, 108, 12),
+    # NVML's name, memory and multiprocessors of an H200 SXM (docs/gpu-check.md).
+    ("h200x8-nvswitch", "NVIDIA-NVIDIA H200", 143771, 132, 18),
+    ("h200x8-mig", "NVIDIA-NVIDIA H200", 143771, 132, 18),
+])
+def test_nvswitch_nodes_link_every_pair_across_two_numa_nodes(
+        profile: str, model: str, memory: int, sm_count: int, lanes: int) -> None:
+    cards = profile_cards(profile, "n")
     assert len(cards) == 8
     assert [c.numa for c in cards] == [0, 0, 0, 0, 1, 1, 1, 1]
     for card in cards:
+        assert (card.type, card.memory, card.sm_count) == (model, memory, sm_count)
         assert card.links is not None
         assert set(card.links) == {c.uuid for c in cards} - {card.uuid}
-        assert all(lanes > 0 for lanes in card.links.values())
+        assert set(card.links.values()) == {lanes}
 
 
 def test_h100x8_islands_links_only_within_each_island_of_four() -> None:
@@ -53,7 +61,8 @@ def test_uuids_are_unique_per_node_and_differ_between_nodes() -> None:
 def test_an_unknown_profile_names_itself_and_the_known_ones() -> None:
     with pytest.raises(InventoryError, match=r"unknown simulated profile 'v100x2' \(known: "
                                              r"a100x8-mig, a100x8-nvswitch, h100x8-islands, "
-                                             r"h100x8-mig, t4x4\)"):
+                                             r"h100x8-mig, h200x8-mig, h200x8-nvswitch, "
+                                             r"t4x4\)"):
         profile_cards("v100x2", "n")
 
 

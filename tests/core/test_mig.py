@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.mig.tables import A100_80GB, H100_80GB, MigCardTable, register_profiles
+from agent.mig.tables import A100_80GB, H100_80GB, H200_141GB, MigCardTable, register_profiles
 from common.core import Allocation, CardGrant, Decision, Fleet
 from common.core.annotations import (
     AnnotationError,
@@ -81,6 +81,13 @@ class TestProfileAndPlacement:
         (H100_80GB, (), 40449, ("7g.80gb", 0)),
         (H100_80GB, (40000,), 40000, ("3g.40gb", 0)),
         (H100_80GB, (10000,), 10000, ("2g.20gb", 2)),
+        # H200 (estimates until the GPU check reads them): 1g.18gb 17,664 MiB, 2g.35gb
+        # 35,456, 3g.71gb 71,168, 7g.141gb 142,592.
+        (H200_141GB, (), 17664, ("1g.18gb", 6)),
+        (H200_141GB, (), 17665, ("2g.35gb", 0)),
+        (H200_141GB, (), 71168, ("3g.71gb", 4)),
+        (H200_141GB, (), 71169, ("7g.141gb", 0)),
+        (H200_141GB, (35000,), 35000, ("2g.35gb", 2)),
     ])
     def test_the_instance_chosen_for_one_container(
             self, table: MigCardTable, held: tuple[int, ...], memory: int,
@@ -297,7 +304,7 @@ class TestLedger:
                                                  40448, 60000]),
                                 st.integers(1, 3), st.booleans()),
                       min_size=1, max_size=25),
-       table=st.sampled_from([A100_80GB, H100_80GB]))
+       table=st.sampled_from([A100_80GB, H100_80GB, H200_141GB]))
 def test_no_two_instances_on_a_card_overlap_and_each_is_a_placement_nvml_offers(
         steps: list[tuple[int, int, bool]], table: MigCardTable) -> None:
     fleet = fleet_of(mig_node(cards=2, table=table))

@@ -12,9 +12,9 @@ from agent.inventory import InventoryError
 from agent.mig.nvml import NvmlMigDevices
 from agent.mig.setup import mig_node, simulated_mig_node
 from agent.mig.simulated import SimulatedMigLibrary
-from agent.mig.tables import A100_80GB, H100_80GB
+from agent.mig.tables import A100_80GB
 from agent.registration import registered_cards
-from agent.simulated import SimulatedSource, profile_cards
+from agent.simulated import MIG_PROFILES, SimulatedSource, profile_cards
 from common.core.deviceconfig import (
     CHART_MIG_PROFILE_ALLOWLIST,
     DeviceConfig,
@@ -24,13 +24,12 @@ from common.core.deviceconfig import (
 from common.core.errors import SettingsError
 from common.core.model import Node
 from common.core.registration import node_register
-from tests.builders import H100_NVML_NAMES
+from tests.builders import H100_NVML_NAMES, H200_NVML_NAMES
 
 
 def mig_cards(profile: str, allowlist: tuple[MigProfiles, ...] = CHART_MIG_PROFILE_ALLOWLIST):
     source = SimulatedSource(profile_cards(profile, "n"))
-    table = A100_80GB if profile.startswith("a100") else H100_80GB
-    node = simulated_mig_node(source, table, allowlist)
+    node = simulated_mig_node(source, MIG_PROFILES[profile], allowlist)
     node.source.open()
     return node, node.source.read()
 
@@ -58,19 +57,47 @@ def test_the_node_registers_them_unscaled_and_with_its_own_slot_count() -> None:
     assert text is not None and '"mode":"mig","migProfiles":[{"name":"1g.10gb"' in text
 
 
-def test_an_h100_needs_an_allowlist_entry_naming_it_as_nvml_does() -> None:
-    with pytest.raises(InventoryError, match="no card can serve MIG"):
-        mig_cards("h100x8-mig")
-    _, cards = mig_cards("h100x8-mig", (*CHART_MIG_PROFILE_ALLOWLIST, H100_NVML_NAMES))
-    assert [(p.name, p.memory, p.cores) for p in cards[0].mig_profiles] == [
-        ("1g.10gb", 9984, 13), ("2g.20gb", 20096, 25), ("3g.40gb", 40448, 46),
-        ("7g.80gb", 81152, 100)]
+H100_PROFILES = [("1g.10gb", 9984, 13, 7), ("2g.20gb", 20096, 25, 3),
+                 ("3g.40gb", 40448, 46, 2), ("7g.80gb", 81152, 100, 1)]
+# The H200's memory figures are estimates until the GPU check reads them (agent/mig/tables.py).
+H200_PROFILES = [("1g.18gb", 17664, 13, 7), ("2g.35gb", 35456, 25, 3),
+                 ("3g.71gb", 71168, 46, 2), ("7g.141gb", 142592, 100, 1)]
+
+
+@pytest.mark.parametrize(("profile", "allowlist", "expected"), [
+    # HAMi's chart names the H100 SXM5 "H100-SXM5-80GB"; NVML calls it "NVIDIA H100 80GB HBM3".
+    ("h100x8-mig", CHART_MIG_PROFILE_ALLOWLIST, None),
+    ("h100x8-mig", (*CHART_MIG_PROFILE_ALLOWLIST, H100_NVML_NAMES), H100_PROFILES),
+    # NVML calls an H200 SXM "NVIDIA H200", which contains the chart's "H20": matched by
+    # substring, as HAMi matches, it takes the H20's names over the H200's figures.
+    ("h200x8-mig", CHART_MIG_PROFILE_ALLOWLIST,
+     [("1g.12gb", 17664, 13, 7), ("2g.24gb", 35456, 25, 3), ("3g.48gb", 71168, 46, 2),
+      ("7g.96gb", 142592, 100, 1)]),
+    # The first entry that matches wins: the H200's own entry must come before the H20's.
+    ("h200x8-mig", (*CHART_MIG_PROFILE_ALLOWLIST, H200_NVML_NAMES),
+     [("1g.12gb", 17664, 13, 7), ("2g.24gb", 35456, 25, 3), ("3g.48gb", 71168, 46, 2),
+      ("7g.96gb", 142592, 100, 1)]),
+    ("h200x8-mig", (H200_NVML_NAMES, *CHART_MIG_PROFILE_ALLOWLIST), H200_PROFILES),
+])
+def test_a_hopper_is_matched_by_its_nvml_name(
+        profile: str, allowlist: tuple[MigProfiles, ...],
+        expected: list[tuple[str, int, int, int]] | None) -> None:
+    if expected is None:
+        with pytest.raises(InventoryError, match="no card can serve MIG"):
+            mig_cards(profile, allowlist)
+        return
+    _, cards = mig_cards(profile, allowlist)
+    assert len(cards) == 8
+    assert (cards[0].mode, cards[0].count) == ("mig", 7)
+    assert [(p.name, p.memory, p.cores, p.instances) for p in cards[0].mig_profiles] == expected
 
 
 @pytest.mark.parametrize(("inventory", "mode", "serves_mig"), [
     ("sim:a100x8-mig", "hami-core", True),
     ("sim:a100x8-nvswitch", "hami-core", False),
     ("sim:a100x8-mig", "mig", True),
+    ("sim:h200x8-mig", "hami-core", True),
+    ("sim:h200x8-nvswitch", "hami-core", False),
 ])
 def test_the_agent_is_in_mig_mode_by_its_profile_or_its_operating_mode(
         inventory: str, mode: str, serves_mig: bool) -> None:
@@ -89,6 +116,7 @@ def test_mig_mode_over_a_simulation_without_mig_gpus_is_refused_at_start() -> No
 
 def test_inventory_spec_knows_the_mig_profiles() -> None:
     assert inventory_spec("sim:h100x8-mig").value == "h100x8-mig"
+    assert inventory_spec("sim:h200x8-mig").value == "h200x8-mig"
     with pytest.raises(argparse.ArgumentTypeError):
         inventory_spec("sim:a100x8-mog")
 

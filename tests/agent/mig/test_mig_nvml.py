@@ -19,16 +19,19 @@ from agent.mig.simulated import SimulatedMigLibrary
 from agent.mig.tables import (
     A100_80GB,
     GI_PROFILE_1_SLICE,
+    GI_PROFILE_BY_SLICES,
     H100_80GB,
+    H200_141GB,
+    TABLES,
     GpuInstanceProfileInfo,
     MigCardTable,
+    profile_name,
 )
 from common.core.mig import MigPlacement
 
-TABLES = (A100_80GB, H100_80GB)
 GPU_UUIDS = ("GPU-8a3e6b1c-0000-4000-8000-000000000000", "GPU-8a3e6b1c-0000-4000-8000-000000000001")
 ONE_SLICE, TWO_SLICE, THREE_SLICE, FOUR_SLICE, SEVEN_SLICE = 19, 14, 9, 5, 0
-"""The profile ids NVML answers on both cards (``nvidia-smi mig -lgip``'s IDs)."""
+"""The profile ids NVML answers on every card (``nvidia-smi mig -lgip``'s IDs)."""
 CREATE = "nvmlDeviceCreateGpuInstanceWithPlacement"
 
 
@@ -54,8 +57,10 @@ EVERY_OFFERED = [pytest.param(table, profile, placement,
 
 @pytest.mark.parametrize("table", TABLES, ids=lambda table: table.name)
 def test_profiles_read_from_nvml_are_the_cards_table(table: MigCardTable) -> None:
+    """Those HAMi asks for, one per slice count: not the H200's ``+me`` or ``1g.35gb``."""
     _, devices = on(table)
-    assert devices.profiles(0) == list(table.profiles)
+    asked = set(GI_PROFILE_BY_SLICES.values())
+    assert devices.profiles(0) == [p for p in table.profiles if p.constant in asked]
     assert devices.gpu_count() == 2
     assert devices.gpu_uuid(1) == GPU_UUIDS[1]
 
@@ -114,14 +119,20 @@ def test_a_placement_overlapping_an_instance_is_refused(
 
 
 @pytest.mark.parametrize("table", TABLES, ids=lambda table: table.name)
-def test_every_placement_of_a_profile_at_once_fills_its_instance_count(
+def test_a_profiles_placements_fill_its_instance_count_and_no_more(
         table: MigCardTable) -> None:
+    """Most profiles offer as many placements as instances; a ``+me`` one offers every
+    1g placement for its one instance."""
     for profile in table.profiles:
         _, devices = on(table)
-        made = [devices.create(0, profile.id, MigPlacement(start, size))
-                for start, size in profile.placements]
+        placements = [MigPlacement(start, size) for start, size in profile.placements]
+        made = [devices.create(0, profile.id, placement)
+                for placement in placements[:profile.instances]]
         assert len(devices.instances(0)) == profile.instances == len(made)
         assert len({instance.gpu_instance_id for instance in made}) == len(made)
+        for placement in placements[profile.instances:]:
+            with pytest.raises(MigError, match=CREATE):
+                devices.create(0, profile.id, placement)
 
 
 def test_no_more_instances_of_a_profile_than_its_instance_count() -> None:
@@ -438,3 +449,14 @@ def test_random_creates_and_destroys_never_overlap_and_refusals_change_nothing(
 
 def _by_id(instance: LiveInstance) -> int:
     return instance.gpu_instance_id
+
+
+@pytest.mark.parametrize(("table", "names"), [
+    (A100_80GB, ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+    (H100_80GB, ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+    # A half (70.5 GiB) rounds up, as NVIDIA names it; +me and 1g.35gb by their memory.
+    (H200_141GB, ["1g.18gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb", "1g.18gb",
+                 "1g.35gb"]),
+], ids=lambda value: value.name if isinstance(value, MigCardTable) else "")
+def test_profile_names_are_nvidias(table: MigCardTable, names: list[str]) -> None:
+    assert [profile_name(info, table.memory_mib) for info in table.profiles] == names
