@@ -471,7 +471,10 @@ class NvmlSource:
             raise CardReadError(f"nvmlDeviceGetMemoryInfo: {error}") from None
 
     def _numa(self, handle: object, bus_id: str) -> int:
-        """NVML's NUMA id where the driver has it, else the PCI device's in sysfs, else -1."""
+        """NVML's NUMA id where the driver has it, else the PCI device's in sysfs; else 0
+        on a host of one NUMA node (a virtual machine's PCI devices often carry -1 there,
+        where ``nvidia-smi topo -m`` and HAMi both say 0: seen on an H200 by the GPU
+        check); else -1, unknown."""
         nvml = self._nvml
         try:
             numa = nvml.nvmlDeviceGetNumaNodeId(handle)
@@ -481,9 +484,21 @@ class NvmlSource:
             return numa
         path = self._sysfs_root / "bus" / "pci" / "devices" / bus_id / "numa_node"
         try:
-            return max(-1, int(path.read_text().strip()))
+            numa = max(-1, int(path.read_text().strip()))
         except (OSError, ValueError):
-            return -1
+            numa = -1
+        if numa < 0 and self._numa_nodes() == 1:
+            return 0
+        return numa
+
+    def _numa_nodes(self) -> int:
+        """How many NUMA nodes the host has (``<sysfs>/devices/system/node/node<N>``); 0
+        when sysfs does not say."""
+        try:
+            return sum(1 for entry in (self._sysfs_root / "devices" / "system" / "node").iterdir()
+                       if entry.name.startswith("node") and entry.name[4:].isdigit())
+        except OSError:
+            return 0
 
     def _sm_count(self, handle: object) -> int | None:
         nvml = self._nvml

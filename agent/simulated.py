@@ -25,7 +25,7 @@ def uuid_for(node: str, index: int) -> str:
     return f"GPU-{node}-{index}"
 
 
-def _cards(node: str, count: int, *, model: str, memory: int, sm_count: int,
+def _cards(node: str, count: int, *, model: str, memory: int, sm_count: int | None,
            numa_of: Callable[[int], int],
            peers_of: Callable[[int], dict[int, int]]) -> list[ReportedCard]:
     return [ReportedCard(uuid=uuid_for(node, index), index=index, type=model, memory=memory,
@@ -58,8 +58,9 @@ def _h100x8_islands(node: str) -> list[ReportedCard]:
 
 def _h200x8_nvswitch(node: str) -> list[ReportedCard]:
     """An HGX H200: every card reaches every other through the NVSwitches (18 links each).
-    Name, memory and multiprocessors as NVML reports them on an H200 SXM (docs/gpu-check.md)."""
-    return _cards(node, 8, model="NVIDIA-NVIDIA H200", memory=143771, sm_count=132,
+    Name and memory as NVML reports them on an H200 SXM, and no multiprocessor count: the
+    driver answers ``nvmlDeviceGetAttributes`` only for MIG devices (docs/gpu-check.md)."""
+    return _cards(node, 8, model="NVIDIA-NVIDIA H200", memory=143771, sm_count=None,
                   numa_of=lambda i: i // 4,
                   peers_of=lambda i: {peer: 18 for peer in range(8) if peer != i})
 

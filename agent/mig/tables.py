@@ -4,8 +4,8 @@ the agent turns what NVML reports into the profiles a card registers.
 The figures are NVML's (``nvmlDeviceGetGpuInstanceProfileInfo`` and
 ``nvmlDeviceGetGpuInstancePossiblePlacements``) on an A100 80GB and an H100 80GB HBM3 with
 a current driver (R535 and later): memory in MiB as ``memorySizeMB`` gives it, ``slices``
-NVML's ``sliceCount`` (compute slices), placements in memory slices out of 8. The H200's
-are estimates until a GPU check reads them (``H200_141GB``). The simulated inventory and
+NVML's ``sliceCount`` (compute slices), placements in memory slices out of 8; the H200's
+were read from a driver by the GPU check (``H200_141GB``). The simulated inventory and
 the fake NVML serve them, so the whole MIG path runs without a GPU; on a GPU node the
 agent reads the same fields from the driver, and ``scripts/gpu-check.sh`` compares the two
 (``docs/gpu-check.md``).
@@ -95,23 +95,23 @@ H100_80GB = MigCardTable("NVIDIA H100 80GB HBM3", 81559, (
 """NVIDIA H100 80GB HBM3 (SXM5)."""
 
 H200_141GB = MigCardTable("NVIDIA H200", 143771, (
-    GpuInstanceProfileInfo(GI_PROFILE_1_SLICE, 19, 17664, 1, 7, 16, _ones(7)),
-    GpuInstanceProfileInfo(GI_PROFILE_2_SLICE, 14, 35456, 2, 3, 32, _TWO_SLICE),
-    GpuInstanceProfileInfo(GI_PROFILE_3_SLICE, 9, 71168, 3, 2, 60, _THREE_SLICE),
-    GpuInstanceProfileInfo(GI_PROFILE_4_SLICE, 5, 71168, 4, 1, 64, ((0, 4),)),
-    GpuInstanceProfileInfo(GI_PROFILE_7_SLICE, 0, 142592, 7, 1, 132, ((0, 8),)),
-    GpuInstanceProfileInfo(GI_PROFILE_1_SLICE_REV1, 20, 17664, 1, 1, 16, _ones(7)),
-    GpuInstanceProfileInfo(GI_PROFILE_1_SLICE_REV2, 15, 35456, 1, 4, 26,
+    GpuInstanceProfileInfo(GI_PROFILE_1_SLICE, 19, 16384, 1, 7, 16, _ones(7)),
+    GpuInstanceProfileInfo(GI_PROFILE_2_SLICE, 14, 33280, 2, 3, 32, _TWO_SLICE),
+    GpuInstanceProfileInfo(GI_PROFILE_3_SLICE, 9, 71424, 3, 2, 60, _THREE_SLICE),
+    GpuInstanceProfileInfo(GI_PROFILE_4_SLICE, 5, 71424, 4, 1, 64, ((0, 4),)),
+    GpuInstanceProfileInfo(GI_PROFILE_7_SLICE, 0, 143360, 7, 1, 132, ((0, 8),)),
+    GpuInstanceProfileInfo(GI_PROFILE_1_SLICE_REV1, 20, 16384, 1, 1, 16, _ones(7)),
+    GpuInstanceProfileInfo(GI_PROFILE_1_SLICE_REV2, 15, 33280, 1, 4, 26,
                            ((0, 2), (2, 2), (4, 2), (6, 2))),
 ))
 """NVIDIA H200 141GB HBM3e (SXM; NVML names it plainly ``NVIDIA H200``): 1g.18gb (7),
 2g.35gb (3), 3g.71gb (2), 4g.71gb (1), 7g.141gb (1), and, as NVML also lists them,
-1g.18gb+me (1) and 1g.35gb (4). The card's 143,771 MiB is what nvidia-smi printed on an
-H200 lent to this project; the profile ids, instance counts, multiprocessors and
-placements are the H100's, whose chip it shares. TO BE CONFIRMED by the GPU check: the
-memory figures are the H100's layout scaled to this card (a slice of 17,664 MiB; two
-slices and 128 MiB; four and 512; eight and 1,280), not yet read from a driver. The
-check's report prints NVML's own table in this form, to paste here."""
+1g.18gb+me (1) and 1g.35gb (4). Every figure is NVML's own, read by
+``scripts/gpu-check.sh`` on an H200 lent to this project (driver 580.159.04, MIG mode
+off: NVML answers the profiles all the same): the card's 143,771 MiB, a slice of 16,384
+MiB (two 33,280; four 71,424; eight 143,360), and the H100's ids, instance counts,
+multiprocessors and placements. The check's report prints NVML's table in this form: a
+new driver's figures are pasted here."""
 
 TABLES = (A100_80GB, H100_80GB, H200_141GB)
 """Every model whose NVML answers are known here, by ``MigCardTable.name``."""

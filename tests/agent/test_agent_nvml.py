@@ -109,15 +109,25 @@ def test_unreadable_nvlink_makes_that_cards_topology_unknown() -> None:
     assert first.health  # topology is information; the card itself still answers
 
 
-@pytest.mark.parametrize(("nvml_numa", "sysfs_text", "expected"), [
-    (1, "0\n", 1),
-    (None, "1\n", 1),
-    (None, None, -1),
-    (None, "-1\n", -1),
-    (None, "garbage", -1),
+@pytest.mark.parametrize(("nvml_numa", "sysfs_text", "host_nodes", "expected"), [
+    (1, "0\n", 2, 1),
+    (None, "1\n", 2, 1),
+    (None, None, 2, -1),
+    (None, "-1\n", 2, -1),
+    (None, "garbage", 2, -1),
+    (None, "-1\n", 0, -1),
+    # One NUMA node: a PCI device without affinity is on it (the H200 of the GPU check:
+    # sysfs -1, nvidia-smi topo -m NUMA affinity 0, as HAMi registers it).
+    (None, "-1\n", 1, 0),
+    (None, None, 1, 0),
 ])
-def test_numa_comes_from_nvml_else_sysfs_else_unknown(
-        tmp_path: Path, nvml_numa: int | None, sysfs_text: str | None, expected: int) -> None:
+def test_numa_comes_from_nvml_else_sysfs_else_the_only_node_else_unknown(
+        tmp_path: Path, nvml_numa: int | None, sysfs_text: str | None, host_nodes: int,
+        expected: int) -> None:
+    for node in range(host_nodes):
+        (tmp_path / "devices" / "system" / "node" / f"node{node}").mkdir(parents=True)
+    if host_nodes:
+        (tmp_path / "devices" / "system" / "node" / "possible").write_text("0\n")
     if sysfs_text is not None:
         device = tmp_path / "bus" / "pci" / "devices" / "0000:3b:00.0"
         device.mkdir(parents=True)

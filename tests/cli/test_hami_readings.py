@@ -28,38 +28,39 @@ def pod_file(tmp_path: Path, limits: dict[str, int]) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("limits", "card", "memory", "cores", "warnings"), [
+@pytest.mark.parametrize(("limits", "placed", "warnings"), [
     # HAMi's scheduler clamps 150 to 100 (GenerateResourceRequests): the whole card's
     # memory, so only an idle card holds it; binpack's tie goes to the lower index. The
     # webhook's exclusive default looks for a share of exactly 100: cores stay 0.
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 150}, 2, 15360, 0,
+    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 150}, (2, 15360, 0),
      [f"{SHARE}: 150 is above 100: read as 100 (HAMi's scheduler clamps it)"]),
     # Both memory figures: gpumem wins (Fit takes Memreq when above 0). With cores
     # written, the pod shares: 1000 MiB on the busiest card.
     ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpumem-percentage": 100,
-      "nvidia.com/gpucores": 30}, 0, 1000, 30, []),
+      "nvidia.com/gpucores": 30}, (0, 1000, 30), []),
     ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpumem-percentage": 100,
-      "nvidia.com/gpucores": 0}, 0, 1000, 0, []),
+      "nvidia.com/gpucores": 0}, (0, 1000, 0), []),
     # Without cores, HAMi's webhook writes gpucores: 100 (defaultExclusiveCoreIfNeeded
     # judges the share of 100 before it looks at gpumem): exclusive, on an idle card.
     ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpumem-percentage": 100},
-     2, 1000, 100, []),
+     (2, 1000, 100), []),
     # A share of 0 is ignored: the whole card, as HAMi's own case "gpu count + memory
     # percentage of 0 — treated as unset" reads it.
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 0}, 2, 15360, 0,
+    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 0}, (2, 15360, 0),
      [f"{SHARE}: 0 is not above 0: ignored, the default memory applies (as HAMi's "
       "scheduler reads it)"]),
 ], ids=["share-150-clamped", "both-figures-cores-30", "both-figures-cores-0",
         "both-figures-no-cores-exclusive", "share-0-ignored"])
-def test_placed_on_the_card_hami_chooses(tmp_path: Path, limits: dict[str, int], card: int,
-                                         memory: int, cores: int,
+def test_placed_on_the_card_hami_chooses(tmp_path: Path, limits: dict[str, int],
+                                         placed: tuple[int, int, int],
                                          warnings: list[str]) -> None:
+    """``placed``: the card's index, the MiB and the cores it is charged."""
     document: dict[str, Any] = decide_files(EXAMPLES / "lab-cluster.json",
                                             pod_file(tmp_path, limits), DEFAULTS,
                                             explain=False)
     assert document["scheduled"] and document["node"] == "gpu-node-1"
-    [[placed]] = document["devices"]
-    assert (placed["index"], placed["usedmem"], placed["usedcores"]) == (card, memory, cores)
+    [[card]] = document["devices"]
+    assert (card["index"], card["usedmem"], card["usedcores"]) == placed
     assert document["warnings"] == warnings
 
 

@@ -81,13 +81,13 @@ class TestProfileAndPlacement:
         (H100_80GB, (), 40449, ("7g.80gb", 0)),
         (H100_80GB, (40000,), 40000, ("3g.40gb", 0)),
         (H100_80GB, (10000,), 10000, ("2g.20gb", 2)),
-        # H200 (estimates until the GPU check reads them): 1g.18gb 17,664 MiB, 2g.35gb
-        # 35,456, 3g.71gb 71,168, 7g.141gb 142,592.
-        (H200_141GB, (), 17664, ("1g.18gb", 6)),
-        (H200_141GB, (), 17665, ("2g.35gb", 0)),
-        (H200_141GB, (), 71168, ("3g.71gb", 4)),
-        (H200_141GB, (), 71169, ("7g.141gb", 0)),
-        (H200_141GB, (35000,), 35000, ("2g.35gb", 2)),
+        # H200, NVML's figures read on a real H200: 1g.18gb 16,384 MiB, 2g.35gb 33,280,
+        # 3g.71gb 71,424, 7g.141gb 143,360.
+        (H200_141GB, (), 16384, ("1g.18gb", 6)),
+        (H200_141GB, (), 16385, ("2g.35gb", 0)),
+        (H200_141GB, (), 71424, ("3g.71gb", 4)),
+        (H200_141GB, (), 71425, ("7g.141gb", 0)),
+        (H200_141GB, (33000,), 33000, ("2g.35gb", 2)),
     ])
     def test_the_instance_chosen_for_one_container(
             self, table: MigCardTable, held: tuple[int, ...], memory: int,

@@ -116,18 +116,18 @@ def test_every_field_nvml_answers_otherwise_is_a_difference() -> None:
     answers = _nvml_answers(H200_141GB)
     one = answers[0].info
     assert one is not None
-    answers[0].info = GpuInstanceProfileInfo(one.constant, one.id, 16384, one.slices,
+    answers[0].info = GpuInstanceProfileInfo(one.constant, one.id, 16000, one.slices,
                                              one.instances, one.multiprocessors, one.placements)
     answers[1].placements_error = "NVMLError_NotSupported"  # MIG mode off: not compared
     answers[2].name = "MIG 3g.70gb"
     del answers[4]  # the 7g
-    answers.append(Profile(10, GpuInstanceProfileInfo(10, 35, 17664, 1, 4, 16, ()),
+    answers.append(Profile(10, GpuInstanceProfileInfo(10, 35, 16384, 1, 4, 16, ()),
                            "MIG 1g.18gb+gfx"))
     log = CheckLog()
     compare_with_table(log, "GPU 0", H200_141GB, 143772, answers)
     assert log.differences == [
         "GPU 0 card memory (MiB): tables.py 143771, NVML 143772",
-        "GPU 0 GI_PROFILE_1_SLICE memory_mib: tables.py 17664, NVML 16384",
+        "GPU 0 GI_PROFILE_1_SLICE memory_mib: tables.py 16384, NVML 16000",
         "GPU 0 GI_PROFILE_3_SLICE name: profile_name '3g.71gb', NVML '3g.70gb'",
         "GPU 0 GI_PROFILE_7_SLICE: in tables.py, NVML has none",
         "GPU 0 constant 10 (MIG 1g.18gb+gfx): NVML has it, tables.py does not",

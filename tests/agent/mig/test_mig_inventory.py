@@ -60,8 +60,8 @@ def test_the_node_registers_them_unscaled_and_with_its_own_slot_count() -> None:
 H100_PROFILES = [("1g.10gb", 9984, 13, 7), ("2g.20gb", 20096, 25, 3),
                  ("3g.40gb", 40448, 46, 2), ("7g.80gb", 81152, 100, 1)]
 # The H200's memory figures are estimates until the GPU check reads them (agent/mig/tables.py).
-H200_PROFILES = [("1g.18gb", 17664, 13, 7), ("2g.35gb", 35456, 25, 3),
-                 ("3g.71gb", 71168, 46, 2), ("7g.141gb", 142592, 100, 1)]
+H200_PROFILES = [("1g.18gb", 16384, 13, 7), ("2g.35gb", 33280, 25, 3),
+                 ("3g.71gb", 71424, 46, 2), ("7g.141gb", 143360, 100, 1)]
 
 
 @pytest.mark.parametrize(("profile", "allowlist", "expected"), [
@@ -71,12 +71,12 @@ H200_PROFILES = [("1g.18gb", 17664, 13, 7), ("2g.35gb", 35456, 25, 3),
     # NVML calls an H200 SXM "NVIDIA H200", which contains the chart's "H20": matched by
     # substring, as HAMi matches, it takes the H20's names over the H200's figures.
     ("h200x8-mig", CHART_MIG_PROFILE_ALLOWLIST,
-     [("1g.12gb", 17664, 13, 7), ("2g.24gb", 35456, 25, 3), ("3g.48gb", 71168, 46, 2),
-      ("7g.96gb", 142592, 100, 1)]),
+     [("1g.12gb", 16384, 13, 7), ("2g.24gb", 33280, 25, 3), ("3g.48gb", 71424, 46, 2),
+      ("7g.96gb", 143360, 100, 1)]),
     # The first entry that matches wins: the H200's own entry must come before the H20's.
     ("h200x8-mig", (*CHART_MIG_PROFILE_ALLOWLIST, H200_NVML_NAMES),
-     [("1g.12gb", 17664, 13, 7), ("2g.24gb", 35456, 25, 3), ("3g.48gb", 71168, 46, 2),
-      ("7g.96gb", 142592, 100, 1)]),
+     [("1g.12gb", 16384, 13, 7), ("2g.24gb", 33280, 25, 3), ("3g.48gb", 71424, 46, 2),
+      ("7g.96gb", 143360, 100, 1)]),
     ("h200x8-mig", (H200_NVML_NAMES, *CHART_MIG_PROFILE_ALLOWLIST), H200_PROFILES),
 ])
 def test_a_hopper_is_matched_by_its_nvml_name(
