@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from agent.mig.tables import (
@@ -25,7 +26,7 @@ from common.core import (
     parse_pod,
     rejected,
 )
-from common.core.deviceconfig import CHART_MIG_PROFILE_ALLOWLIST, MigProfiles
+from common.core.deviceconfig import CHART_MIG_PROFILE_ALLOWLIST, DeviceConfig, MigProfiles
 from common.core.mig import MigProfile
 from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
 from pyhami.sandbox import DEFAULTS
@@ -106,6 +107,11 @@ def manifest(
         spec=PodSpec(containers=build(containers, "c"),
                      init_containers=build(init_containers or [], "init")),
     )
+
+
+def under(device: DeviceConfig) -> Defaults:
+    """The sandbox's defaults under the device configuration ``device``."""
+    return replace(DEFAULTS, device=device)
 
 
 def run(fleet: Fleet, pod: PodManifest, defaults: Defaults = DEFAULTS, *,

@@ -15,15 +15,13 @@ from common.core.deviceconfig import DeviceConfig, ResourceNames
 from common.core.pod import (
     DEFAULT_DEVICE,
     Container,
-    Defaults,
     ObjectMeta,
     PodManifest,
     PodSpec,
     ResourceRequirements,
 )
 from common.core.quota import QuotaSpec, ResourceQuotaManifest, admission_refusal, parse_quota
-from pyhami.sandbox import DEFAULTS
-from tests.builders import fleet_of, manifest, node, run
+from tests.builders import fleet_of, manifest, node, run, under
 
 CUSTOM_NAMES = ResourceNames(count="example.com/vgpu", memory="example.com/vmem",
                              memory_percentage="example.com/vmem-pct",
@@ -31,10 +29,6 @@ CUSTOM_NAMES = ResourceNames(count="example.com/vgpu", memory="example.com/vmem"
 CUSTOM = DeviceConfig(resources=CUSTOM_NAMES, default_memory=2000, default_cores=30,
                       default_gpu_num=2, memory_factor=1024)
 """Every key this part reads changed from HAMi's chart default."""
-
-
-def under(device: DeviceConfig) -> Defaults:
-    return replace(DEFAULTS, device=device)
 
 
 def read(limits: dict[str, int | str], device: DeviceConfig = DEFAULT_DEVICE,

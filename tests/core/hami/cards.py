@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.core import Card, CardGrant, Fleet, Node
+from common.core import Card, CardGrant, Decision, Fleet, Node
 from common.core.ledger import Allocation
+from tests.builders import manifest, run
 
 NODE = "node"
 HAMI_TYPE = "NVIDIA"
@@ -96,3 +97,31 @@ def request_annotations(request: dict[str, Any]) -> dict[str, str]:
     """A request for a device type other than HAMi's ``NVIDIA``, as pyhami says it."""
     wanted = request.get("type", HAMI_TYPE)
     return {} if wanted == HAMI_TYPE else {"nvidia.com/use-gputype": wanted}
+
+
+def reason_counts(reason: str) -> dict[str, int]:
+    """``3/10 CardUuidMismatch, 1/10 CardInsufficientCore`` as ``{reason: count}``."""
+    counts: dict[str, int] = {}
+    for part in reason.split(", "):
+        share, name = part.split(" ", 1)
+        counts[name] = int(share.split("/", 1)[0])
+    return counts
+
+
+def decide_row(given: dict[str, Any]) -> Decision:
+    fleet = hami_fleet(given["cards"], given.get("node_annotations"))
+    request = given["request"]
+    notes = {**given.get("annotations", {}), **request_annotations(request)}
+    return run(fleet, manifest(annotations=notes, containers=[request_limits(request)]))
+
+
+def answer(decision: Decision) -> dict[str, Any]:
+    """Everything a row may assert, of pyhami's decision."""
+    if decision.scheduled:
+        (cards,) = decision.cards
+        return {"fit": True, "cards": [card.uuid for card in cards],
+                "card_set": sorted(card.uuid for card in cards),
+                "grants": [f"{card.uuid},{card.memory},{card.cores}" for card in cards]}
+    assert decision.failed_nodes is not None, decision.reason
+    reason = decision.failed_nodes[NODE]
+    return {"fit": False, "reason": reason, "reasons": reason_counts(reason)}

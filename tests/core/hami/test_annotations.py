@@ -21,8 +21,7 @@ from common.core.pod import PodRequest
 from common.core.policy import WEIGHTS_ANNOTATION, parse_default_chain, parse_weights
 from pyhami.sandbox import DEFAULTS
 from tests.builders import fleet_of, manifest, node, run
-from tests.core.hami.tables import Row
-from tests.core.hami.test_requests import table
+from tests.core.hami.tables import Row, cases
 
 MISMATCHES = ("1/1 CardTypeMismatch", "1/1 CardUuidMismatch")
 
@@ -79,7 +78,7 @@ def policy_contains(policy: str, target: str) -> bool:
                       *(key.value for key in chain.sort_keys)]
 
 
-@table("annotations")
+@cases("annotations")
 def test_hami_case(row: Row) -> None:
     given, expected = row.given, row.expected
     if "card" in given:

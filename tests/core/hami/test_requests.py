@@ -15,44 +15,20 @@ cards' cores for a count-only request: ``webhook-defaults-applied``), where
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from common.core import PodRejected, parse_pod
-from common.core.deviceconfig import DeviceConfig, parse_device_config
+from common.core.deviceconfig import DeviceConfig
 from common.core.pod import (
     Container,
     ContainerRequest,
     PodManifest,
     PodSpec,
-    ResourceRequirements,
     whole_quantity,
 )
-from tests.builders import fleet_of, hold, manifest, node, run
+from tests.builders import fleet_of, hold, manifest, node, run, under
+from tests.core.hami.readings import asserted, container_of, device_of
 from tests.core.hami.tables import Row, cases
-from tests.core.test_device_requests import under
-
-GO_CONFIG = "the Go test's NvidiaConfig"
-
-RowTest = Callable[[Row], None]
-
-
-def table(name: str) -> Callable[[RowTest], RowTest]:
-    """``cases(name)`` with a type mypy can check a decorated test against."""
-    decorator: Callable[[RowTest], RowTest] = cases(name)
-    return decorator
-
-
-def device_of(given: dict[str, Any]) -> DeviceConfig:
-    """The device configuration of a row: the ``nvidia:`` keys ``given["device"]`` sets,
-    HAMi's chart defaults for the rest (which read alike for every row here)."""
-    return parse_device_config({"nvidia": given.get("device", {})}, GO_CONFIG).value
-
-
-def container_of(limits: dict[str, Any] | None = None,
-                 requests: dict[str, Any] | None = None, name: str = "") -> Container:
-    return Container(name=name, resources=ResourceRequirements(limits=limits,
-                                                               requests=requests))
 
 
 def hami_fields(request: ContainerRequest) -> dict[str, int]:
@@ -77,15 +53,6 @@ def read(container: Container, device: DeviceConfig) -> dict[str, Any]:
         return hami_fields(parse_pod(pod, under(device)).containers[0])
     except PodRejected as error:
         return {"refused": str(error)}
-
-
-def asserted(answer: Any, expected: Any) -> Any:
-    """``answer`` cut to the fields ``expected`` names (a test asserting some fields of
-    a request); an empty ``expected`` (HAMi's empty request) is compared whole."""
-    if isinstance(answer, dict) and isinstance(expected, dict) and expected \
-            and set(expected) <= set(answer):
-        return {key: answer[key] for key in expected}
-    return answer
 
 
 def fit(given: dict[str, Any]) -> dict[str, Any]:
@@ -115,6 +82,6 @@ def answer(row: Row) -> Any:
     return reading
 
 
-@table("requests")
+@cases("requests")
 def test_hami_case(row: Row) -> None:
     assert asserted(answer(row), row.expected) == row.expected

@@ -27,10 +27,9 @@ from common.core import Fleet, parse_pod
 from common.core.placement import PodView
 from pyhami.sandbox import DEFAULTS
 from tests.builders import manifest, run
-from tests.core.hami.cards import NODE, add_node, hami_fleet
+from tests.core.hami.cards import NODE, add_node, decide_row, hami_fleet
+from tests.core.hami.cards import answer as fit_answer
 from tests.core.hami.tables import Row, cases
-from tests.core.hami.test_fit import answer as fit_answer
-from tests.core.hami.test_fit import decide_row
 
 PROBE: dict[str, int | str] = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1,
                                "nvidia.com/gpucores": 0}

@@ -25,9 +25,9 @@ from common.core.admission import AdmittedContainer, AdmittedPod, AdmittedPodSpe
 from common.core.deviceconfig import DeviceConfigError
 from common.core.pod import PodManifest, PodSpec, ResourceRequirements
 from scheduler.web.webhook import AdmissionRequest, GroupVersionKind, respond
-from tests.core.hami.tables import Row
-from tests.core.hami.test_requests import asserted, container_of, device_of, table
-from tests.core.test_device_requests import under
+from tests.builders import under
+from tests.core.hami.readings import asserted, container_of, device_of
+from tests.core.hami.tables import Row, cases
 
 _patch = msgspec.json.Decoder(list[dict[str, Any]])
 
@@ -81,7 +81,7 @@ def handle(given: dict[str, Any]) -> dict[str, Any]:
     return {"allowed": response.allowed, "scheduler_name_patch": next(iter(written), None)}
 
 
-@table("webhook")
+@cases("webhook")
 def test_hami_case(row: Row) -> None:
     if row.test == "TestMutateAdmissionDefaultsExclusiveCore":
         assert exclusive_cores(row.given) == cores_found(row.expected)
