@@ -16,8 +16,8 @@ from common.core.errors import SettingsError
 from common.deviceconfig import add_device_config_argument, device_config_from
 from common.files import InputFileError
 from pyhami.output import add_output_argument, print_json, stderr_console, stdout_console
-from pyhami.simulate._engine import simulate
 from pyhami.simulate._formats import load_trace
+from pyhami.simulate._parallel import simulate_all
 from pyhami.simulate._report import (
     mig_lines,
     namespace_table,
@@ -109,10 +109,9 @@ def run(args: argparse.Namespace) -> int:
         return refuse(f"{error.filename}: {error.strerror or error}")
     node_policy = NodePolicy(args.node_policy)
     with progress_bars(args.policy, stderr_console()) as callbacks:
-        runs = [simulate(trace, policy=policy, node_policy=node_policy, inflate=args.inflate,
-                         progress=callback, device=device,
-                         all_or_nothing=not args.one_at_a_time)
-                for policy, callback in zip(args.policy, callbacks, strict=True)]
+        runs = simulate_all(trace, args.policy, callbacks, node_policy=node_policy,
+                            inflate=args.inflate, device=device,
+                            all_or_nothing=not args.one_at_a_time)
     nodes, cards = len(trace.nodes), sum(len(node.devices) for node in trace.nodes)
     quotas = len(trace.quotas)
     namespaces = shows_namespaces(runs, quotas)

@@ -1,0 +1,119 @@
+"""The runs of one ``pyhami simulate``, one per policy chain, side by side in processes.
+
+Each chain's replay is independent of the others' (its own fleet, the same trace), so on
+Linux each runs in a process of its own, forked from this one: the trace, and the pods'
+requests already read (``Parses``, filled here before forking), are shared by the fork,
+not sent. Each child sends back through a pipe its progress, ``(done, total)`` as the
+replay reports it, and at the end its ``PolicyRun`` or the exception it raised; this
+process draws the bars as the messages come and raises, once every child has ended, the
+exception of the first chain that failed, as running the chains one after the other
+would have. With one chain, or where ``fork`` is not available, the chains run here, one
+after the other. The runs are the same either way: a child runs ``simulate`` exactly as
+this process would.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from common.core import Defaults, NodePolicy, PodRejected, parse_default_chain
+from common.core.deviceconfig import DeviceConfig
+from pyhami.simulate._engine import Parses, simulate
+from pyhami.simulate._results import PolicyRun
+from pyhami.simulate._trace import Trace
+
+Progress = Callable[[int, int], None]
+
+
+def simulate_all(trace: Trace, policies: Sequence[str], progress: Sequence[Progress | None],
+                 *, node_policy: NodePolicy, inflate: float | None,
+                 device: DeviceConfig, all_or_nothing: bool,
+                 parallel: bool = True) -> list[PolicyRun]:
+    """``simulate`` under each of ``policies``, ``progress[i]`` told of the ``i``-th;
+    in forked processes where there are several and ``parallel``."""
+    parses = Parses()
+    if policies:
+        # Read every distinct pod once here (a chain named wrongly raises here, before any
+        # process starts), so that the children inherit the requests.
+        defaults = Defaults(parse_default_chain(policies[0]), node_policy, device)
+        for chain in policies[1:]:
+            parse_default_chain(chain)
+        for pod in trace.pods:
+            try:
+                parses.signature(pod.manifest, defaults)
+            except PodRejected:
+                pass  # the run counts it
+
+    def run(index: int, report: Progress | None) -> PolicyRun:
+        return simulate(trace, policy=policies[index], node_policy=node_policy,
+                        inflate=inflate, progress=report, device=device,
+                        all_or_nothing=all_or_nothing, parses=parses)
+
+    if not parallel or len(policies) < 2 \
+            or "fork" not in multiprocessing.get_all_start_methods():
+        return [run(index, report) for index, report in enumerate(progress)]
+    context = multiprocessing.get_context("fork")
+    pipes: dict[Connection, int] = {}
+    children = []
+    for index in range(len(policies)):
+        receiving, sending = context.Pipe(duplex=False)
+        child = context.Process(target=_child, args=(run, index, sending), daemon=True)
+        child.start()
+        sending.close()
+        pipes[receiving] = index
+        children.append(child)
+    results: dict[int, PolicyRun] = {}
+    errors: dict[int, BaseException] = {}
+    try:
+        while pipes:
+            for ready in wait(list(pipes)):
+                assert isinstance(ready, Connection)
+                index = pipes[ready]
+                try:
+                    kind, *payload = ready.recv()
+                except EOFError:  # ended without a word: killed
+                    del pipes[ready]
+                    errors.setdefault(index, RuntimeError(
+                        f"the run of {policies[index]} ended unexpectedly"))
+                    continue
+                if kind == "progress":
+                    report = progress[index]
+                    if report is not None:
+                        report(*payload)
+                    continue
+                del pipes[ready]
+                ready.close()
+                if kind == "run":
+                    results[index] = payload[0]
+                else:
+                    errors[index] = payload[0]
+    finally:
+        for child in children:
+            if child.is_alive() and pipes:
+                child.terminate()
+            child.join()
+    if errors:
+        raise errors[min(errors)]
+    return [results[index] for index in range(len(policies))]
+
+
+def _child(run: Callable[[int, Progress | None], PolicyRun], index: int,
+           sending: Connection) -> None:
+    """One chain's run, in its process: its progress and result (or error) sent back."""
+    def report(done: int, total: int) -> None:
+        sending.send(("progress", done, total))
+
+    message: tuple[Any, ...]
+    try:
+        message = ("run", run(index, report))
+    except BaseException as error:  # noqa: BLE001 - raised again by the parent
+        message = ("error", error)
+    try:
+        sending.send(message)
+    except Exception as error:  # noqa: BLE001 - an exception that cannot be pickled
+        sending.send(("error", RuntimeError(f"{type(error).__name__}: {error}")))
+    sending.close()
+
