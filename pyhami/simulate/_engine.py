@@ -75,8 +75,8 @@ from common.core.deviceconfig import DeviceConfig
 from common.core.fleet import BoolArray, FloatArray, IntArray, Layout, ratio
 from common.core.groups import member_order, place_group
 from common.core.placement import PodView
-from common.core.policy import Chain
 from common.core.pod import GPU_POLICY_ANNOTATION, ContainerRequest
+from common.core.policy import Chain
 from common.core.reasons import QUOTA_REASON, removed_most
 from common.files import InputFileError
 from pyhami.simulate._results import GroupTally, NamespaceTally, PolicyRun, Sample

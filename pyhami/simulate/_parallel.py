@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -42,10 +43,8 @@ def simulate_all(trace: Trace, policies: Sequence[str], progress: Sequence[Progr
         for chain in policies[1:]:
             parse_default_chain(chain)
         for pod in trace.pods:
-            try:
+            with suppress(PodRejected):  # the run counts it
                 parses.signature(pod.manifest, defaults)
-            except PodRejected:
-                pass  # the run counts it
 
     def run(index: int, report: Progress | None) -> PolicyRun:
         return simulate(trace, policy=policies[index], node_policy=node_policy,
@@ -109,11 +108,11 @@ def _child(run: Callable[[int, Progress | None], PolicyRun], index: int,
     message: tuple[Any, ...]
     try:
         message = ("run", run(index, report))
-    except BaseException as error:  # noqa: BLE001 - raised again by the parent
+    except BaseException as error:
         message = ("error", error)
     try:
         sending.send(message)
-    except Exception as error:  # noqa: BLE001 - an exception that cannot be pickled
+    except Exception as error:
         sending.send(("error", RuntimeError(f"{type(error).__name__}: {error}")))
     sending.close()
 
