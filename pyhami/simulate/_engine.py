@@ -72,7 +72,7 @@ from common.core import (
     parse_pod,
 )
 from common.core.deviceconfig import DeviceConfig
-from common.core.fleet import BoolArray, FloatArray, IntArray, Layout, ratio
+from common.core.fleet import BoolArray, FloatArray, IntArray, Layout
 from common.core.groups import member_order, place_group
 from common.core.placement import PodView
 from common.core.pod import GPU_POLICY_ANNOTATION, ContainerRequest
@@ -385,29 +385,33 @@ class _Fragmentation:
         self.type_ok: BoolArray = np.array(
             [type_masks.get(s[2], everywhere) for s, _ in ordered],
             dtype=np.bool_).reshape(len(ordered), len(layout.devices))
+        self.threshold: FloatArray = self.share - _SHARE_TOLERANCE
+        # What ``update`` takes per card and does not change in a replay (which books and
+        # frees cards, and marks none unhealthy or cordoned): the capacities with a zero
+        # read as 1 (such a card is closed, its share set to 0 whatever the quotient), and
+        # the cards closed for good. ``update`` runs after every booking (a sixth of a
+        # replay's time on openb): it divides as ``common.core.fleet.ratio`` does, so gives
+        # the same figures to the last bit as before, with half the numpy calls.
+        self.cores_or_one = np.where(layout.cores > 0, layout.cores, 1)
+        self.memory_or_one = np.where(layout.memory > 0, layout.memory, 1)
+        self.closed_for_good: BoolArray = ~layout.healthy | layout.cordoned \
+            | (layout.cores == 0) | (layout.memory == 0)
         self.node_fragment: FloatArray = np.zeros(len(layout.node_names), dtype=np.float64)
         for node in range(len(layout.node_names)):
             self.update(node)
 
-    def free_share(self, where: slice) -> FloatArray:
-        """Each card's free share: the smaller of its free cores and free memory; none
-        when its slots are taken, it is unhealthy or cordoned."""
-        lay = self.layout
-        free = np.minimum(1.0 - ratio(lay.usedcores[where], lay.cores[where]),
-                          1.0 - ratio(lay.usedmem[where], lay.memory[where]))
-        closed = (lay.used[where] >= lay.count[where]) | ~lay.healthy[where] \
-            | lay.cordoned[where] | (lay.cores[where] == 0) | (lay.memory[where] == 0)
-        free[closed] = 0.0
-        result: FloatArray = np.clip(free, 0.0, 1.0)
-        return result
-
     def update(self, node: int) -> None:
         if not len(self.weight):
             return
-        where = self.layout.node_slice(node)
-        free = self.free_share(where)
-        usable = self.type_ok[:, where] & (free[None, :] >= self.share[:, None]
-                                           - _SHARE_TOLERANCE)
+        lay = self.layout
+        where = lay.node_slice(node)
+        # Each card's free share: the smaller of its free cores and free memory; none
+        # when its slots are taken, it is unhealthy or cordoned.
+        free = np.minimum(1.0 - lay.usedcores[where] / self.cores_or_one[where],
+                          1.0 - lay.usedmem[where] / self.memory_or_one[where])
+        free[(lay.used[where] >= lay.count[where]) | self.closed_for_good[where]] = 0.0
+        np.clip(free, 0.0, 1.0, out=free)
+        usable = self.type_ok[:, where] & (free[None, :] >= self.threshold[:, None])
         fits = usable.sum(axis=1) >= self.cards
         stranded = np.where(fits, (free[None, :] * ~usable).sum(axis=1), free.sum())
         self.node_fragment[node] = float(self.weight @ stranded)
