@@ -18,6 +18,7 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from common.core import Defaults, NodePolicy, PodRejected, parse_default_chain
@@ -35,68 +36,90 @@ def simulate_all(trace: Trace, policies: Sequence[str], progress: Sequence[Progr
                  parallel: bool = True) -> list[PolicyRun]:
     """``simulate`` under each of ``policies``, ``progress[i]`` told of the ``i``-th;
     in forked processes where there are several and ``parallel``."""
-    parses = Parses()
-    if policies:
-        # Read every distinct pod once here (a chain named wrongly raises here, before any
-        # process starts), so that the children inherit the requests.
-        defaults = Defaults(parse_default_chain(policies[0]), node_policy, device)
-        for chain in policies[1:]:
-            parse_default_chain(chain)
-        for pod in trace.pods:
-            with suppress(PodRejected):  # the run counts it
-                parses.signature(pod.manifest, defaults)
+    runs = PolicyRuns(trace, policies, node_policy=node_policy, inflate=inflate,
+                      device=device, all_or_nothing=all_or_nothing, parallel=parallel)
+    return runs.results(progress)
 
-    def run(index: int, report: Progress | None) -> PolicyRun:
-        return simulate(trace, policy=policies[index], node_policy=node_policy,
-                        inflate=inflate, progress=report, device=device,
-                        all_or_nothing=all_or_nothing, parses=parses)
 
-    if not parallel or len(policies) < 2 \
-            or "fork" not in multiprocessing.get_all_start_methods():
-        return [run(index, report) for index, report in enumerate(progress)]
-    context = multiprocessing.get_context("fork")
-    pipes: dict[Connection, int] = {}
-    children = []
-    for index in range(len(policies)):
-        receiving, sending = context.Pipe(duplex=False)
-        child = context.Process(target=_child, args=(run, index, sending), daemon=True)
-        child.start()
-        sending.close()
-        pipes[receiving] = index
-        children.append(child)
-    results: dict[int, PolicyRun] = {}
-    errors: dict[int, BaseException] = {}
-    try:
-        while pipes:
-            for ready in wait(list(pipes)):
-                assert isinstance(ready, Connection)
-                index = pipes[ready]
-                try:
-                    kind, *payload = ready.recv()
-                except EOFError:  # ended without a word: killed
+class PolicyRuns:
+    """The runs of ``policies``, started (forked) on construction, before any progress
+    display starts its thread (forking a process with threads may deadlock the child, and
+    Python 3.12 warns of it); ``results`` collects them."""
+
+    def __init__(self, trace: Trace, policies: Sequence[str], *, node_policy: NodePolicy,
+                 inflate: float | None, device: DeviceConfig, all_or_nothing: bool,
+                 parallel: bool = True) -> None:
+        self.policies = list(policies)
+        parses = Parses()
+        if self.policies:
+            # Read every distinct pod once here (a chain named wrongly raises here, before
+            # any process starts), so that the children inherit the requests.
+            defaults = Defaults(parse_default_chain(self.policies[0]), node_policy, device)
+            for chain in self.policies[1:]:
+                parse_default_chain(chain)
+            for pod in trace.pods:
+                with suppress(PodRejected):  # the run counts it
+                    parses.signature(pod.manifest, defaults)
+
+        def run(index: int, report: Progress | None) -> PolicyRun:
+            return simulate(trace, policy=self.policies[index], node_policy=node_policy,
+                            inflate=inflate, progress=report, device=device,
+                            all_or_nothing=all_or_nothing, parses=parses)
+
+        self.run = run
+        self.pipes: dict[Connection, int] = {}
+        self.children: list[BaseProcess] = []
+        if not parallel or len(self.policies) < 2 \
+                or "fork" not in multiprocessing.get_all_start_methods():
+            return
+        context = multiprocessing.get_context("fork")
+        for index in range(len(self.policies)):
+            receiving, sending = context.Pipe(duplex=False)
+            child = context.Process(target=_child, args=(run, index, sending), daemon=True)
+            child.start()
+            sending.close()
+            self.pipes[receiving] = index
+            self.children.append(child)
+
+    def results(self, progress: Sequence[Progress | None]) -> list[PolicyRun]:
+        """Each run, ``progress[i]`` told of the ``i``-th as it goes; the exception of the
+        first run that failed is raised once all have ended."""
+        if not self.children:
+            return [self.run(index, report) for index, report in enumerate(progress)]
+        pipes = self.pipes
+        results: dict[int, PolicyRun] = {}
+        errors: dict[int, BaseException] = {}
+        try:
+            while pipes:
+                for ready in wait(list(pipes)):
+                    assert isinstance(ready, Connection)
+                    index = pipes[ready]
+                    try:
+                        kind, *payload = ready.recv()
+                    except EOFError:  # ended without a word: killed
+                        del pipes[ready]
+                        errors.setdefault(index, RuntimeError(
+                            f"the run of {self.policies[index]} ended unexpectedly"))
+                        continue
+                    if kind == "progress":
+                        report = progress[index]
+                        if report is not None:
+                            report(*payload)
+                        continue
                     del pipes[ready]
-                    errors.setdefault(index, RuntimeError(
-                        f"the run of {policies[index]} ended unexpectedly"))
-                    continue
-                if kind == "progress":
-                    report = progress[index]
-                    if report is not None:
-                        report(*payload)
-                    continue
-                del pipes[ready]
-                ready.close()
-                if kind == "run":
-                    results[index] = payload[0]
-                else:
-                    errors[index] = payload[0]
-    finally:
-        for child in children:
-            if child.is_alive() and pipes:
-                child.terminate()
-            child.join()
-    if errors:
-        raise errors[min(errors)]
-    return [results[index] for index in range(len(policies))]
+                    ready.close()
+                    if kind == "run":
+                        results[index] = payload[0]
+                    else:
+                        errors[index] = payload[0]
+        finally:
+            for child in self.children:
+                if child.is_alive() and pipes:
+                    child.terminate()
+                child.join()
+        if errors:
+            raise errors[min(errors)]
+        return [results[index] for index in range(len(self.policies))]
 
 
 def _child(run: Callable[[int, Progress | None], PolicyRun], index: int,

@@ -21,6 +21,7 @@ from common.core.pod import (
     PodSpec,
     ResourceRequirements,
 )
+from pyhami.cli import main
 from pyhami.simulate._engine import Parses, simulate
 from pyhami.simulate._formats import load_trace
 from pyhami.simulate._parallel import simulate_all
@@ -137,3 +138,17 @@ def test_the_openb_trace_runs_alike_shared_or_afresh() -> None:
     reference = [afresh(trace, chain, NodePolicy.BINPACK, 1.0) for chain in CHAINS]
     assert simulate_all(trace, CHAINS, [None] * 3, node_policy=NodePolicy.BINPACK,
                         inflate=1.0, device=DeviceConfig(), all_or_nothing=True) == reference
+
+
+@pytest.mark.parametrize("chains", [["spread"], ["spread", "binpack"]])
+def test_a_run_that_fails_is_refused_in_one_line(tmp_path: Path, chains: list[str],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Alone (here) or forked: a cluster without a card cannot be inflated."""
+    _, pods = write_example(tmp_path)
+    nodes = tmp_path / "no-gpu.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,1000,1000,0,\n")
+    policies = [flag for chain in chains for flag in ("--policy", chain)]
+    code = main(["simulate", "--cluster", str(nodes), "--workload", str(pods), *policies,
+                 "--inflate", "1"])
+    assert (code, capsys.readouterr().err) == (
+        2, "pyhami simulate: inflate: the cluster has no GPU card\n")
