@@ -247,13 +247,20 @@ class Parses:
         self._defaults: tuple[NodePolicy, DeviceConfig] | None = None
         self._last: Defaults | None = None
 
-    def signature(self, manifest: PodManifest, defaults: Defaults) -> tuple[bytes, PodRequest]:
-        """What identifies the manifest but for its name, and its request with the key
-        left empty. Raises ``PodRejected`` as ``parse_pod`` does (not kept: rare)."""
-        content = msgspec.json.encode(msgspec.structs.replace(
+    @staticmethod
+    def content(manifest: PodManifest) -> bytes:
+        """What identifies the manifest but for its name: its JSON, the name blanked."""
+        return msgspec.json.encode(msgspec.structs.replace(
             manifest, metadata=msgspec.structs.replace(manifest.metadata, name="")))
+
+    def signature(self, manifest: PodManifest, defaults: Defaults,
+                  content: bytes | None = None) -> PodRequest:
+        """The manifest's request with the key left empty; ``content``: its ``content``,
+        when known. Raises ``PodRejected`` as ``parse_pod`` does (not kept: rare)."""
         if not self.reuse:
-            return content, replace(parse_pod(manifest, defaults), key="")
+            return replace(parse_pod(manifest, defaults), key="")
+        if content is None:
+            content = self.content(manifest)
         if defaults is not self._last:
             if self._defaults is None:
                 self._defaults = (defaults.node_policy, defaults.device)
@@ -271,7 +278,7 @@ class Parses:
                 self._first[content] = found
         elif not annotated and found.chain != defaults.gpu_policy:
             found = replace(found, chain=defaults.gpu_policy)
-        return content, found
+        return found
 
 
 class _Requests:
@@ -281,8 +288,9 @@ class _Requests:
         self.layout = layout
         self.parses = parses
         self.kinds: dict[PodRequest, int] = {}
-        # Manifest content (as Parses.signature) -> kind and demand; not with reuse off.
-        self.by_content: dict[bytes, tuple[int, float]] = {}
+        # Manifest content (Parses.content) -> request (key ""), kind and demand; not
+        # with reuse off.
+        self.by_content: dict[bytes, tuple[PodRequest, int, float]] = {}
         self.examples: list[PodRequest] = []
         self.counts: list[int] = []
         self.mean_memory = float(layout.memory.mean()) if len(layout.devices) else 1.0
@@ -290,12 +298,15 @@ class _Requests:
     def submission(self, manifest: PodManifest, defaults: Defaults, arrival: float,
                    duration: float | None) -> _Submission:
         namespace = manifest.namespace
-        try:
-            content, signature = self.parses.signature(manifest, defaults)
-        except PodRejected as error:
-            return _Submission(error, namespace, -1, arrival, duration, 0.0)
-        known = self.by_content.get(content) if self.parses.reuse else None
+        # A manifest seen before in this run (but for its name) is the same request, of
+        # the same kind and demand: one lookup, and the pod's key set.
+        content = Parses.content(manifest) if self.parses.reuse else None
+        known = self.by_content.get(content) if content is not None else None
         if known is None:
+            try:
+                signature = self.parses.signature(manifest, defaults, content)
+            except PodRejected as error:
+                return _Submission(error, namespace, -1, arrival, duration, 0.0)
             kind = self.kinds.get(signature)
             if kind is None:
                 kind = self.kinds[signature] = len(self.examples)
@@ -303,8 +314,10 @@ class _Requests:
                 self.counts.append(0)
             demand = sum(c.cards * self.share(c) for c in signature.containers
                          if not c.is_init)
-            known = self.by_content[content] = (kind, demand)
-        kind, demand = known
+            known = (signature, kind, demand)
+            if content is not None:
+                self.by_content[content] = known
+        signature, kind, demand = known
         self.counts[kind] += 1
         request = replace(signature, key=manifest.key)
         return _Submission(request, namespace, kind, arrival, duration, demand)
