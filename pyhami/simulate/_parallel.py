@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import sys
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from multiprocessing.connection import Connection, wait
@@ -79,6 +80,8 @@ class PolicyRuns:
         # collecting their youngest objects every 20,000 allocations rather than 700 (as
         # the daemon does), the collector's share of a replay fell from about 5% to 1%.
         gc.freeze()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # a child flushes its copies on its way out: none left
         for index in range(len(self.policies)):
             receiving, sending = context.Pipe(duplex=False)
             child = context.Process(target=_child, args=(run, index, sending), daemon=True)
@@ -140,11 +143,15 @@ def _child(run: Callable[[int, Progress | None], PolicyRun], index: int,
     message: tuple[Any, ...]
     try:
         message = ("run", run(index, report))
+    except (KeyboardInterrupt, BrokenPipeError):
+        return  # Ctrl-C, or the command gone: it says so itself, once
     except BaseException as error:
         message = ("error", error)
     try:
         sending.send(message)
-    except Exception as error:
+    except OSError:
+        return  # the command gone
+    except Exception as error:  # the run or its error would not pickle
         sending.send(("error", RuntimeError(f"{type(error).__name__}: {error}")))
     sending.close()
 
