@@ -198,13 +198,16 @@ def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArra
     """The reasons of the nodes failed from check counts alone, then of ``more``."""
     layout = view.layout
     failing = np.flatnonzero(nodes)
-    # A copy of the rows: the counts are kept in the layout and change with the next booking.
-    rows = np.column_stack(
-        (by_node[failing], layout.node_cards[failing], layout.topology_known[failing]))
+    # Copies of the rows (indexing by positions copies): the counts are kept in the layout
+    # and change with the next booking. Stacked only when the reasons are asked for (a
+    # caller that places the pod, as ``pyhami simulate`` does 7,000 times a chain on
+    # openb, seldom asks).
+    columns = (by_node[failing], layout.node_cards[failing], layout.topology_known[failing])
 
     def build() -> dict[str, FailedNode]:
         failed: dict[str, FailedNode] = {}
         if len(failing):
+            rows = np.column_stack(columns)
             # Many nodes fail the same way: build each distinct set of reasons once, from
             # the first node with that row (a row holds all that the reasons depend on).
             keys = rows.view(np.dtype((np.void, rows.itemsize * rows.shape[1]))).ravel()

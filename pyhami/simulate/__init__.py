@@ -16,8 +16,8 @@ from common.core.errors import SettingsError
 from common.deviceconfig import add_device_config_argument, device_config_from
 from common.files import InputFileError
 from pyhami.output import add_output_argument, print_json, stderr_console, stdout_console
-from pyhami.simulate._engine import simulate
 from pyhami.simulate._formats import load_trace
+from pyhami.simulate._parallel import PolicyRuns
 from pyhami.simulate._report import (
     mig_lines,
     namespace_table,
@@ -108,11 +108,16 @@ def run(args: argparse.Namespace) -> int:
     except OSError as error:
         return refuse(f"{error.filename}: {error.strerror or error}")
     node_policy = NodePolicy(args.node_policy)
-    with progress_bars(args.policy, stderr_console()) as callbacks:
-        runs = [simulate(trace, policy=policy, node_policy=node_policy, inflate=args.inflate,
-                         progress=callback, device=device,
-                         all_or_nothing=not args.one_at_a_time)
-                for policy, callback in zip(args.policy, callbacks, strict=True)]
+    try:
+        # The runs start (in processes of their own) before the bars, which draw from a
+        # thread; a run's error is raised here, where the runs are collected.
+        started = PolicyRuns(trace, args.policy, node_policy=node_policy,
+                             inflate=args.inflate, device=device,
+                             all_or_nothing=not args.one_at_a_time)
+        with progress_bars(args.policy, stderr_console()) as callbacks:
+            runs = started.results(callbacks)
+    except (SettingsError, InputFileError) as error:
+        return refuse(str(error))
     nodes, cards = len(trace.nodes), sum(len(node.devices) for node in trace.nodes)
     quotas = len(trace.quotas)
     namespaces = shows_namespaces(runs, quotas)
