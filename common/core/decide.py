@@ -197,7 +197,7 @@ def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArra
                       nodes: BoolArray, more: dict[str, FailedNode]) -> NodeFailures:
     """The reasons of the nodes failed from check counts alone, then of ``more``."""
     layout = view.layout
-    failing = np.flatnonzero(nodes)
+    failing = nodes.nonzero()[0]  # flatnonzero of a 1-D mask, without its wrappers
     # Copies of the rows (indexing by positions copies): the counts are kept in the layout
     # and change with the next booking. Stacked only when the reasons are asked for (a
     # caller that places the pod, as ``pyhami simulate`` does 7,000 times a chain on
@@ -229,7 +229,7 @@ def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArra
 
 def _best_node(scores: FloatArray, fits: BoolArray, policy: NodePolicy) -> int | None:
     """Highest (binpack) or lowest (spread) node score; ties to the name sorting first."""
-    candidates = np.flatnonzero(fits)
+    candidates = fits.nonzero()[0]
     if len(candidates) == 0:
         return None
     chosen = scores[candidates]
@@ -301,7 +301,7 @@ def decide(
 
     if placed_in_full.any():
         view.scores()
-    for node in np.flatnonzero(placed_in_full).tolist():
+    for node in placed_in_full.nonzero()[0].tolist():
         result = place_pod(view, node, codes[layout.node_slice(node)])
         if isinstance(result, NodeFailure):
             failed[layout.node_names[node]] = NodeReasons.of(result.reasons,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from common.core.annotations import Containers
@@ -66,11 +67,11 @@ class Allocation:
         return [(grant.uuid, grant.instance.placement) for grants in self.containers
                 for grant in grants if grant.instance is not None]
 
-    def charge(self) -> Usage:
+    def charge(self, footprint: Mapping[str, Usage] | None = None) -> Usage:
         """What the pod is charged under its namespace's quotas: its footprint summed over
         its cards (HAMi's rule: per card, init containers at their peak, app containers
-        summed)."""
+        summed). ``footprint``: this allocation's, when the caller has it already."""
         total = Usage()
-        for usage in self.footprint().values():
+        for usage in (self.footprint() if footprint is None else footprint).values():
             total += usage
         return total

@@ -19,6 +19,7 @@ from common.core.fleet import (
     occupied_slots,
     ratio,
     utilization_score,
+    utilization_scores,
 )
 from common.core.mig import (
     HAMI_CORE_MODE,
@@ -176,7 +177,12 @@ class PodView:
         key = (where.start, where.stop)
         scores = self._run_scores.get(key)
         if scores is None:
-            scores = self._run_scores[key] = self.score_cards(where).tolist()
+            lay = self.layout
+            scores = self._run_scores[key] = utilization_scores(
+                zip(lay.used[where].tolist(), lay.count[where].tolist(),
+                    lay.usedcores[where].tolist(), lay.cores[where].tolist(),
+                    lay.usedmem[where].tolist(), lay.memory[where].tolist(), strict=True),
+                self.pod.weights)
         return scores
 
     def card_codes(
@@ -303,7 +309,9 @@ class PodView:
             by_node = np.bincount(lay.check_base + codes, minlength=nodes * CHECK_COUNT)
             cached = CachedChecks(codes, by_node.reshape(nodes, CHECK_COUNT), len(lay.changed))
         elif behind:
-            cards = np.unique(np.array(lay.changed[cached.seen:], dtype=np.int64))
+            # The cards changed, sorted and each once (``numpy.unique`` costs more on the
+            # few a booking changes).
+            cards = np.array(sorted(set(lay.changed[cached.seen:])), dtype=np.int64)
             fresh = self._capacity_codes(request, cards, None)
             counts = cached.by_node.reshape(-1)
             np.subtract.at(counts, lay.check_base[cards] + cached.codes[cards], 1)
@@ -530,7 +538,7 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
         extra = None if position == 0 or request.is_init else taken
         codes = (first_codes if position == 0
                  else view.card_codes(request, where, extra, own, held if mig_node else None))
-        eligible = np.flatnonzero(codes == CardCheck.ELIGIBLE).tolist()
+        eligible = (codes == CardCheck.ELIGIBLE).nonzero()[0].tolist()
         ranked = view.rank(node, eligible)
         aware = pod.chain.topology_aware and request.cards > 1
         if mig_node and not aware:

@@ -17,7 +17,7 @@ card against.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -349,11 +349,13 @@ class QuotaBook:
 
     # Charges -------------------------------------------------------------------------
 
-    def charge(self, key: str, allocation: Allocation) -> None:
-        """Charge a pod what ``allocation`` puts on its cards (replacing an older charge)."""
+    def charge(self, key: str, allocation: Allocation,
+               footprint: Mapping[str, Usage] | None = None) -> None:
+        """Charge a pod what ``allocation`` puts on its cards (replacing an older charge);
+        ``footprint``: the allocation's, when the caller has it already."""
         self.refund(key)
         subject = allocation.subject or QuotaSubject(key.partition("/")[0])
-        charge = allocation.charge()
+        charge = allocation.charge(footprint)
         self._pods[key] = (subject, charge)
         self._add(subject, charge)
 
