@@ -523,7 +523,10 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
     start, cards = where.start, where.stop - where.start
     topology = layout.topology[node]
     numa = layout.numa[where].tolist()
-    taken = Extra(*(np.zeros(cards, dtype=np.int64) for _ in range(3)))
+    # What earlier app containers put on the cards, read by later containers only: none
+    # kept for the usual pod of one GPU container, nor after the last container.
+    last = len(pod.gpu_containers) - 1
+    taken = Extra(*(np.zeros(cards if last else 0, dtype=np.int64) for _ in range(3)))
     # What earlier containers are charged matters to later ones only.
     own = (OwnCharge.none(cards) if view.quota is not None and len(pod.gpu_containers) > 1
            else None)
@@ -553,7 +556,7 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
         if own is not None:
             for card, (card_memory, _, _) in zip(chosen, grants, strict=True):
                 own.add(request, card, card_memory)
-        if not request.is_init:
+        if not request.is_init and position < last:
             for card, (card_memory, card_cores, _) in zip(chosen, grants, strict=True):
                 taken.tenants[card] += 1
                 taken.memory[card] += card_memory
