@@ -34,12 +34,21 @@ _INSUFFICIENT_RESOURCES = 10023
 _REPLICAS_NOT_CLUSTERED = 10074
 _PLACEMENT_REFUSED = frozenset({_NO_SUITABLE_PEERS, _INSUFFICIENT_RESOURCES,
                                 _REPLICAS_NOT_CLUSTERED})
+_PEER_OFFLINE = "peer offline"
+"""What nats-server adds to "no suitable peers for placement" when the cluster has the
+servers but some are down at the moment."""
 # Another daemon made the bucket between our look and our create.
 _NAME_IN_USE = 10058
 
 
 class BucketReplicasError(ExternalFailure):
     """The NATS servers cannot hold a bucket with the replica count asked."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+        """The servers are there but some are offline now (restarting, partitioned): the
+        same request may succeed once they are back, unlike too few servers."""
 
 
 def replica_count(text: str) -> int:
@@ -119,4 +128,6 @@ def _refused(name: str, replicas: int, error: APIError,
     return BucketReplicasError(
         f"--bucket-replicas {replicas}: the NATS servers cannot keep bucket {name} on "
         f"{replicas} servers{had}: {reason}; give as many servers in one cluster, or "
-        f"--bucket-replicas 1 for a single server")
+        f"--bucket-replicas 1 for a single server",
+        # nats-server names why no peer was suitable; "peer offline" is a peer it knows.
+        transient=_PEER_OFFLINE in reason)

@@ -672,6 +672,8 @@ async def _open_bucket(client: Client, refusal: Callable[[], str | None],
     try:
         return await StandaloneCluster.open(client, refusal, replicas=replicas)
     except BucketReplicasError as error:
+        if error.transient:
+            raise  # servers of the cluster restarting: asked again while patience lasts
         raise StartupError(str(error)) from None
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as error:
         _unless_jetstream_is_starting(client, error)
@@ -747,6 +749,14 @@ async def _while_the_bus_times_out(what: str, attempt: Callable[[], Awaitable[T]
                                    f"({describe_error(error)})") from None
             logger.warning("%s not opened yet, trying again in %gs: JetStream did not answer "
                            "(%s)", what, BUS_START_RETRY_S, describe_error(error))
+        except BucketReplicasError as error:
+            if not error.transient:
+                raise  # too few servers: the caller says so in one line
+            # Servers of the cluster coming back: their peers are known but offline.
+            if time.monotonic() + BUS_START_RETRY_S >= deadline:
+                raise StartupError(str(error)) from None
+            logger.warning("%s not opened yet, trying again in %gs: %s", what,
+                           BUS_START_RETRY_S, error)
         await asyncio.sleep(BUS_START_RETRY_S)
 
 

@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.js.errors import APIError
 
 from common.buckets import (
     BucketReplicasError,
+    _refused,
     default_replicas,
     open_key_value,
     replica_count,
@@ -84,6 +86,25 @@ async def test_five_replicas_on_a_cluster_of_three_are_refused_in_one_line(
         "--bucket-replicas 5: the NATS servers cannot keep bucket too-many on 5 servers: "
         "no suitable peers for placement; give as many servers in one cluster, or "
         "--bucket-replicas 1 for a single server")
+
+
+async def test_too_few_servers_is_not_a_passing_refusal(cluster_client: Client) -> None:
+    with pytest.raises(BucketReplicasError) as refused:
+        await open_key_value(cluster_client.jetstream(), "too-many", replicas=5)
+    assert not refused.value.transient
+
+
+@pytest.mark.parametrize(("description", "transient"), [
+    # nats-server's words when the cluster knows the servers but some are down now (seen
+    # in CI as servers came back after a loss of majority): the daemon waits for them.
+    ("no suitable peers for placement, peer offline", True),
+    ("no suitable peers for placement", False),
+    ("insufficient resources", False),
+])
+def test_a_refusal_is_passing_when_a_known_server_is_offline(description: str,
+                                                              transient: bool) -> None:
+    error = APIError(code=500, err_code=10005, description=description)
+    assert _refused("b", 3, error).transient is transient
 
 
 async def test_raising_a_single_server_bucket_to_three_is_refused_naming_what_it_has(
