@@ -25,7 +25,6 @@ from common.core.pod import (
     Container,
     ObjectMeta,
     names_gpu_resource,
-    share_value,
     whole_quantity,
 )
 from common.core.policy import PodRejected
@@ -168,7 +167,7 @@ def invalid_share(container: Container, device: DeviceConfig) -> str | None:
     if not table or name not in table:
         return None
     try:
-        value = share_value(table[name])
+        value = whole_quantity(table[name], name, signed=True)
     except PodRejected:
         return None  # not a quantity: the API server refuses the pod itself
     if 0 <= value <= 100:

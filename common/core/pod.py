@@ -301,8 +301,10 @@ QUANTITY_TEXT_MAX = 64
 _EXPONENT_SPAN = 2 * QUANTITY_TEXT_MAX
 
 
-def whole_quantity(value: Quantity, where: str) -> int:
-    """A Kubernetes quantity whose value is a whole number from 0 to ``QUANTITY_MAX``.
+def whole_quantity(value: Quantity, where: str, *, signed: bool = False) -> int:
+    """A Kubernetes quantity whose value is a whole number from 0 to ``QUANTITY_MAX``
+    (from ``-QUANTITY_MAX`` with ``signed``: a memory share, which HAMi reads whatever its
+    sign).
 
     The API server stores quantities in canonical form (``1000`` comes back as
     ``1k``), so suffixes and exponents are read; the value must be an integer.
@@ -316,10 +318,12 @@ def whole_quantity(value: Quantity, where: str) -> int:
     exact = Fraction(value) if isinstance(value, int | float) else _quantity_text(value, where)
     if exact.denominator != 1:
         raise PodRejected(f"{where}: {_shown(value)} is not an integer")
-    if exact < 0:
+    if exact < 0 and not signed:
         raise PodRejected(f"{where}: {_shown(value)} is a negative number")
     if exact > QUANTITY_MAX:
         raise PodRejected(f"{where}: {_shown(value)} is above 2^53 ({QUANTITY_MAX})")
+    if exact < -QUANTITY_MAX:
+        raise PodRejected(f"{where}: {_shown(value)} is, in size, above 2^53 ({QUANTITY_MAX})")
     return int(exact)
 
 
@@ -372,17 +376,6 @@ PERCENT_MAX = 100
 """The largest memory share, in percent: HAMi's scheduler reads a larger one as this."""
 
 
-def share_value(value: Quantity, where: str = "memory share") -> int:
-    """A whole-number quantity that may be negative (a memory share, which HAMi reads
-    whatever its sign); the magnitude is bounded as ``whole_quantity`` bounds it."""
-    negative = (isinstance(value, int | float) and not isinstance(value, bool) and value < 0) \
-        or (isinstance(value, str) and value.strip().startswith("-"))
-    if not negative:
-        return whole_quantity(value, where)
-    flipped: Quantity = (value.strip()[1:] if isinstance(value, str) else -value)
-    return -whole_quantity(flipped, where)
-
-
 def _container_request(container: Container, is_init: bool, position: str,
                        device: DeviceConfig, adjusted: list[str]) -> ContainerRequest:
     """One container's request as HAMi v2.10 reads it under ``device``, its webhook's
@@ -409,7 +402,7 @@ def _container_request(container: Container, is_init: bool, position: str,
         if resource == names.memory:
             values[resource] = _memory_mib(raw, where, container.name, device.memory_factor)
         elif resource == names.memory_percentage:
-            values[resource] = share_value(raw, where)
+            values[resource] = whole_quantity(raw, where, signed=True)
         else:
             values[resource] = whole_quantity(raw, where)
     # The webhook's defaultGPUNum: a container naming memory, a share or cores but no
