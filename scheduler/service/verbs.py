@@ -290,7 +290,8 @@ class Verbs(ServicePart):
                        f"; evaluating {request.chain if request else 'the default'}")
             logger.warning("pod %s: %s", decision.pod, message)
             await self.cluster.record_event(namespace, name, "Warning", "PolicyIgnored", message)
-        adjusted = request.adjusted if request is not None else decision.adjusted
+        # From the request, not the decision: a group member's decision is the group's.
+        adjusted = request.adjusted if request is not None else ()
         if adjusted:
             # HAMi reads these figures so without a word (a log line at most): say it where
             # the pod's owner looks.
@@ -321,9 +322,7 @@ class Verbs(ServicePart):
         decision = self.state.bookings.preview(request, node_names, self._clock(),
                                                explain=True, describe=True,
                                                holding_nothing=True)
-        document = decision_document(decision)
-        document["warnings"] = list(request.adjusted)
-        return document
+        return decision_document(decision)
 
     def admission_refusal(self, pod: PodManifest) -> str | None:
         """Why the webhook denies a new pod: its fixed GPU requests alone exceed what its
