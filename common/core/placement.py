@@ -45,11 +45,30 @@ from common.core.reasons import (
 )
 
 CodeArray = npt.NDArray[np.int8]
+# The check codes as plain integers: compared with or written into numpy arrays, an
+# IntEnum member costs a lookup of numpy's protocols through the enum's metaclass.
+_ELIGIBLE = int(CardCheck.ELIGIBLE)
+_NOT_HEALTHY = int(CardCheck.NOT_HEALTHY)
+_CORDONED = int(CardCheck.CORDONED)
+_TYPE_MISMATCH = int(CardCheck.TYPE_MISMATCH)
+_UUID_MISMATCH = int(CardCheck.UUID_MISMATCH)
+_SLOTS_EXHAUSTED = int(CardCheck.SLOTS_EXHAUSTED)
+_MUTEX_BUSY = int(CardCheck.MUTEX_BUSY)
+_INSUFFICIENT_MEMORY = int(CardCheck.INSUFFICIENT_MEMORY)
+_INSUFFICIENT_CORE = int(CardCheck.INSUFFICIENT_CORE)
+_WHOLE_CARD_BUSY = int(CardCheck.WHOLE_CARD_BUSY)
+_COMPUTE_EXHAUSTED = int(CardCheck.COMPUTE_EXHAUSTED)
+_QUOTA_NOT_FIT = int(CardCheck.QUOTA_NOT_FIT)
+_MIG_INFEASIBLE = int(CardCheck.MIG_INFEASIBLE)
 _UNKNOWN_NUMA_LAST = 1 << 62
 CACHED_REQUEST_SHAPES = 32
 """Request shapes (what the card checks depend on) whose checks a layout keeps."""
 _REFRESH_SHARE = 8
 """Past 1/8 of the cards changed, checking them all again is cheaper than one by one."""
+_FEW_CARDS = 16
+"""Up to this many cards changed, kept checks are brought up to date card by card on plain
+Python numbers (``PodView._card_code``), below the cost of the dozen and a half numpy
+calls of ``_capacity_codes`` on a few cards; past it, by those calls."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +121,7 @@ class OwnCharge:
 def _past_quota(codes: CodeArray) -> BoolArray:
     """The cards whose first failing check, if any, comes after the quota's: those the
     quota's refusal becomes the reason of."""
-    past: BoolArray = (codes == CardCheck.ELIGIBLE) | (codes > CardCheck.QUOTA_NOT_FIT)
+    past: BoolArray = (codes == _ELIGIBLE) | (codes > _QUOTA_NOT_FIT)
     return past
 
 
@@ -197,7 +216,7 @@ class PodView:
         codes = self._capacity_codes(request, where, extra, held)
         if self.quota is not None:
             fails = self.quota_fails(request, where, own)
-            codes[fails & _past_quota(codes)] = CardCheck.QUOTA_NOT_FIT
+            codes[fails & _past_quota(codes)] = _QUOTA_NOT_FIT
         return codes
 
     def quota_fails(self, request: ContainerRequest, where: slice | IntArray,
@@ -239,24 +258,24 @@ class PodView:
         codes: CodeArray = np.zeros(len(memory), dtype=np.int8)
         # Assigned last check first, so the first failing check is what remains.
         if request.cores == 0:
-            codes[usedcores >= cores] = CardCheck.COMPUTE_EXHAUSTED
+            codes[usedcores >= cores] = _COMPUTE_EXHAUSTED
         if request.cores >= 100:
-            codes[used > 0] = CardCheck.WHOLE_CARD_BUSY
-        codes[cores - usedcores < request.cores] = CardCheck.INSUFFICIENT_CORE
+            codes[used > 0] = _WHOLE_CARD_BUSY
+        codes[cores - usedcores < request.cores] = _INSUFFICIENT_CORE
         if request.memory_mib is not None:
-            codes[memory - usedmem < request.memory_mib] = CardCheck.INSUFFICIENT_MEMORY
+            codes[memory - usedmem < request.memory_mib] = _INSUFFICIENT_MEMORY
         else:
             slices = memory * request.memory_percent // 100
-            codes[memory - usedmem < slices] = CardCheck.INSUFFICIENT_MEMORY
+            codes[memory - usedmem < slices] = _INSUFFICIENT_MEMORY
         if self.pod.chain.mutex:
-            codes[used > 0] = CardCheck.MUTEX_BUSY
-        codes[used >= lay.count[where]] = CardCheck.SLOTS_EXHAUSTED
+            codes[used > 0] = _MUTEX_BUSY
+        codes[used >= lay.count[where]] = _SLOTS_EXHAUSTED
         if self.uuid_ok is not None:
-            codes[~self.uuid_ok[where]] = CardCheck.UUID_MISMATCH
+            codes[~self.uuid_ok[where]] = _UUID_MISMATCH
         if self.type_ok is not None:
-            codes[~self.type_ok[where]] = CardCheck.TYPE_MISMATCH
-        codes[lay.cordoned[where]] = CardCheck.CORDONED
-        codes[~lay.healthy[where] | lay.inconsistent[where]] = CardCheck.NOT_HEALTHY
+            codes[~self.type_ok[where]] = _TYPE_MISMATCH
+        codes[lay.cordoned[where]] = _CORDONED
+        codes[~lay.healthy[where] | lay.inconsistent[where]] = _NOT_HEALTHY
         if self.takes_mig:
             self._mig_codes(request, where, codes, held)
         return codes
@@ -266,7 +285,7 @@ class PodView:
         """HAMi's last card check, on the MIG cards every other check passed: a profile
         that covers the memory asked for, with a placement free of the card's instances."""
         lay = self.layout
-        open_mig = np.flatnonzero(lay.mig[where] & (codes == CardCheck.ELIGIBLE))
+        open_mig = np.flatnonzero(lay.mig[where] & (codes == _ELIGIBLE))
         if not len(open_mig):
             return
         cards = np.arange(len(lay.devices))[where][open_mig]
@@ -274,7 +293,7 @@ class PodView:
             occupied = self.occupied(card, held.get(local, ()) if held else ())
             if select_instance(lay.mig_profiles[card], occupied,
                                self.mig_memory(card, request)) is None:
-                codes[local] = CardCheck.MIG_INFEASIBLE
+                codes[local] = _MIG_INFEASIBLE
 
     def occupied(self, card: int, mine: Iterable[MigPlacement] = ()) -> list[MigPlacement]:
         """The placements taken on a MIG card: the ledger's instances, and ``mine``."""
@@ -311,12 +330,16 @@ class PodView:
         elif behind:
             # The cards changed, sorted and each once (``numpy.unique`` costs more on the
             # few a booking changes).
-            cards = np.array(sorted(set(lay.changed[cached.seen:])), dtype=np.int64)
-            fresh = self._capacity_codes(request, cards, None)
-            counts = cached.by_node.reshape(-1)
-            np.subtract.at(counts, lay.check_base[cards] + cached.codes[cards], 1)
-            np.add.at(counts, lay.check_base[cards] + fresh, 1)
-            cached.codes[cards] = fresh
+            changed = sorted(set(lay.changed[cached.seen:]))
+            if len(changed) <= _FEW_CARDS and not self.takes_mig:
+                self._recheck_few(request, cached, changed)
+            else:
+                cards = np.array(changed, dtype=np.int64)
+                fresh = self._capacity_codes(request, cards, None)
+                counts = cached.by_node.reshape(-1)
+                np.subtract.at(counts, lay.check_base[cards] + cached.codes[cards], 1)
+                np.add.at(counts, lay.check_base[cards] + fresh, 1)
+                cached.codes[cards] = fresh
             cached.seen = len(lay.changed)
         if len(cache) >= CACHED_REQUEST_SHAPES:
             del cache[next(iter(cache))]
@@ -324,6 +347,54 @@ class PodView:
         if self.quota is None:
             return cached.codes, cached.by_node
         return self._with_quota(request, cached.codes, cached.by_node)
+
+    def _recheck_few(self, request: ContainerRequest, cached: CachedChecks,
+                     cards: list[int]) -> None:
+        """Kept checks brought up to date for a few ``cards`` changed since, one by one: a
+        booking changes one to eight cards, and most decisions follow one or two (openb:
+        half of them one card, five in six up to eight)."""
+        codes, counts, base = cached.codes, cached.by_node.reshape(-1), self.layout.check_base
+        for card in cards:
+            fresh = self._card_code(request, card)
+            old = codes.item(card)
+            if fresh != old:
+                node = base.item(card)
+                counts[node + old] -= 1
+                counts[node + fresh] += 1
+                codes[card] = fresh
+
+    def _card_code(self, request: ContainerRequest, card: int) -> int:
+        """``_capacity_codes`` of one card for a pod's first container (nothing of its
+        own on the card yet), not for a pod that may take MIG cards: the same checks in
+        the order they run, the first that fails answering, on the card's figures as
+        Python integers (``tests/core/test_kept_checks.py`` compares the two)."""
+        lay = self.layout
+        if not lay.healthy.item(card) or lay.inconsistent.item(card):
+            return _NOT_HEALTHY
+        if lay.cordoned.item(card):
+            return _CORDONED
+        if self.type_ok is not None and not self.type_ok.item(card):
+            return _TYPE_MISMATCH
+        if self.uuid_ok is not None and not self.uuid_ok.item(card):
+            return _UUID_MISMATCH
+        used = lay.used.item(card)
+        if used >= lay.count.item(card):
+            return _SLOTS_EXHAUSTED
+        if used > 0 and self.pod.chain.mutex:
+            return _MUTEX_BUSY
+        memory = lay.memory.item(card)
+        wanted = (request.memory_mib if request.memory_mib is not None
+                  else memory * request.memory_percent // 100)
+        if memory - lay.usedmem.item(card) < wanted:
+            return _INSUFFICIENT_MEMORY
+        cores, usedcores = lay.cores.item(card), lay.usedcores.item(card)
+        if cores - usedcores < request.cores:
+            return _INSUFFICIENT_CORE
+        if request.cores >= 100 and used > 0:
+            return _WHOLE_CARD_BUSY
+        if request.cores == 0 and usedcores >= cores:
+            return _COMPUTE_EXHAUSTED
+        return _ELIGIBLE
 
     def _with_quota(self, request: ContainerRequest, codes: CodeArray,
                     by_node: IntArray) -> tuple[CodeArray, IntArray]:
@@ -541,7 +612,7 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
         extra = None if position == 0 or request.is_init else taken
         codes = (first_codes if position == 0
                  else view.card_codes(request, where, extra, own, held if mig_node else None))
-        eligible = (codes == CardCheck.ELIGIBLE).nonzero()[0].tolist()
+        eligible = (codes == _ELIGIBLE).nonzero()[0].tolist()
         ranked = view.rank(node, eligible)
         aware = pod.chain.topology_aware and request.cards > 1
         if mig_node and not aware:
