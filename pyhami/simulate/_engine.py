@@ -59,6 +59,7 @@ import msgspec
 import numpy as np
 
 from common.core import (
+    Allocation,
     ClusterFile,
     Decision,
     Defaults,
@@ -496,6 +497,10 @@ class _Replay:
         self.requests = requests
         self.capacity = capacity
         self.total_cores = int(self.layout.cores.sum())
+        # The cores booked over the whole fleet, followed booking by booking from the
+        # booked node's sum: the allocation is read after every pod, and summing the
+        # fleet's 6,000 cards (openb) twice a pod cost a twentieth of a replay.
+        self.used_cores = int(self.layout.usedcores.sum())
         self.needs = _CardNeeds(requests)
         self.fragmentation = _Fragmentation(self.layout, requests)
         self.departures: list[tuple[float, int]] = []
@@ -536,7 +541,28 @@ class _Replay:
             progress(total, total)
 
     def _allocation(self) -> float:
-        return int(self.layout.usedcores.sum()) / self.total_cores if self.total_cores else 0.0
+        return self.used_cores / self.total_cores if self.total_cores else 0.0
+
+    def _book(self, position: int, allocation: Allocation) -> None:
+        """Book the cards of the pod at ``position``, and follow what they change."""
+        node = self.layout.node_position[allocation.node]
+        before = self.layout.node_usedcores.item(node)
+        self.fleet.allocate(str(position), allocation)
+        self.used_cores += self.layout.node_usedcores.item(node) - before
+        self.fragmentation.update(node)
+
+    def _free(self, position: int) -> int | None:
+        """Free the cards of the pod at ``position``, and follow what that changes; the
+        node freed, None when the pod held no card."""
+        allocation = self.fleet.allocation(str(position))
+        if allocation is None:
+            return None
+        node = self.layout.node_position[allocation.node]
+        before = self.layout.node_usedcores.item(node)
+        self.fleet.release(str(position))
+        self.used_cores += self.layout.node_usedcores.item(node) - before
+        self.fragmentation.update(node)
+        return node
 
     def _advance(self, now: float) -> None:
         """Time moves to ``now``: the cards partial groups hold count as idle meanwhile."""
@@ -605,8 +631,7 @@ class _Replay:
             position = by_key[decision.pod]
             if decision.allocation is not None and decision.node is not None:
                 self._count_instances(decision)
-                self.fleet.allocate(str(position), decision.allocation)
-                self.fragmentation.update(self.layout.node_position[decision.node])
+                self._book(position, decision.allocation)
             submission = self.submissions[position]
             self.waits.append(now - submission.arrival)
             self.placed_in[submission.namespace] += 1
@@ -664,8 +689,7 @@ class _Replay:
         if decision.allocation is None or decision.node is None:
             return False
         self._count_instances(decision)
-        self.fleet.allocate(str(position), decision.allocation)
-        self.fragmentation.update(self.layout.node_position[decision.node])
+        self._book(position, decision.allocation)
         self.peak_allocation = max(self.peak_allocation, self._allocation())
         self.waits.append(now - submission.arrival)
         self.placed_in[submission.namespace] += 1
@@ -690,10 +714,8 @@ class _Replay:
         refunded: set[str] = set()
         while self.departures and self.departures[0][0] == now:
             _, position = heapq.heappop(self.departures)
-            allocation = self.fleet.release(str(position))
-            if allocation is not None:
-                node = self.layout.node_position[allocation.node]
-                self.fragmentation.update(node)
+            node = self._free(position)
+            if node is not None:
                 freed.add(node)
                 namespace = self.submissions[position].namespace
                 if namespace in self.quota_namespaces:
