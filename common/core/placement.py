@@ -435,6 +435,8 @@ class PodView:
 
     def rank(self, node: int, eligible: list[int]) -> list[int]:
         """Eligible card positions (local to the node) in chain order."""
+        if len(eligible) < 2:
+            return list(eligible)  # nothing to order: no score needed
         where = self.layout.node_slice(node)
         scores = self.card_scores(where)
         numa = self.layout.numa[where].tolist()
@@ -594,19 +596,19 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
     start, cards = where.start, where.stop - where.start
     topology = layout.topology[node]
     numa = layout.numa[where].tolist()
-    # What earlier app containers put on the cards, read by later containers only: none
-    # kept for the usual pod of one GPU container, nor after the last container.
-    last = len(pod.gpu_containers) - 1
-    taken = Extra(*(np.zeros(cards if last else 0, dtype=np.int64) for _ in range(3)))
-    # What earlier containers are charged matters to later ones only.
-    own = (OwnCharge.none(cards) if view.quota is not None and len(pod.gpu_containers) > 1
-           else None)
+    containers = pod.gpu_containers
+    topology_aware = pod.chain.topology_aware
+    # What earlier app containers put on the cards, and what earlier containers are
+    # charged, read by later containers only: none kept for the usual pod of one GPU
+    # container, nor worked out after the last container.
+    last = len(containers) - 1
+    taken = Extra(*(np.zeros(cards, dtype=np.int64) for _ in range(3))) if last else None
+    own = OwnCharge.none(cards) if view.quota is not None and last else None
     mig_node = view.takes_mig and bool(layout.node_has_mig[node])
     held: HeldInstances = {}
     placement: Placement = []
-    for position, request in enumerate(pod.gpu_containers):
-        failure = node_level_failure(request, cards, topology, pod.chain.topology_aware,
-                                     mig_node)
+    for position, request in enumerate(containers):
+        failure = node_level_failure(request, cards, topology, topology_aware, mig_node)
         if failure is not None:
             return NodeFailure(failure, position, None, None)
         extra = None if position == 0 or request.is_init else taken
@@ -614,7 +616,7 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
                  else view.card_codes(request, where, extra, own, held if mig_node else None))
         eligible = (codes == _ELIGIBLE).nonzero()[0].tolist()
         ranked = view.rank(node, eligible)
-        aware = pod.chain.topology_aware and request.cards > 1
+        aware = topology_aware and request.cards > 1
         if mig_node and not aware:
             ranked = _expand_mig(view, node, ranked, request, held)
         chosen = choose_cards(ranked, request.cards, numa, topology if aware else None,
@@ -623,11 +625,13 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
             by_code = np.bincount(codes, minlength=CHECK_COUNT).tolist()
             return NodeFailure(card_reason_counts(by_code) + chosen, position, codes, extra)
         placement.append(chosen)
+        if position == last:
+            break
         grants = _charges(view, start, chosen, request, held if mig_node else None)
         if own is not None:
             for card, (card_memory, _, _) in zip(chosen, grants, strict=True):
                 own.add(request, card, card_memory)
-        if not request.is_init and position < last:
+        if not request.is_init and taken is not None:
             for card, (card_memory, card_cores, _) in zip(chosen, grants, strict=True):
                 taken.tenants[card] += 1
                 taken.memory[card] += card_memory
