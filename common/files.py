@@ -8,17 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
-import yaml
-from yaml.constructor import ConstructorError
-from yaml.nodes import Node
 
 from common.core import ClusterFile, PodManifest
 from common.core.errors import InvalidInput
-
-try:
-    from yaml import CSafeLoader as _SafeLoader
-except ImportError:  # PyYAML built without libyaml
-    from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
 
 
 class InputFileError(InvalidInput):
@@ -53,24 +45,16 @@ def load_cluster(path: Path) -> ClusterFile:
         raise InputFileError(f"{path}: {error}") from None
 
 
-class _ManifestLoader(_SafeLoader):
-    """Safe YAML without aliases: a few bytes of aliases can stand for a document of
-    billions of nodes ("billion laughs"). libyaml bounds the nesting at 1,000 levels;
-    the pure-Python loader at the recursion limit."""
-
-    def construct_object(self, node: Node, deep: bool = False) -> object:
-        if node in self.constructed_objects:  # a node met twice is an alias's target
-            raise ConstructorError(None, None, "YAML aliases (*name) are not accepted",
-                                   node.start_mark)
-        return super().construct_object(node, deep)
-
-
 def parse_document(text: bytes | str, source: str) -> object:
     """A YAML or JSON document as plain values (JSON is YAML), read by the safe loader
-    without aliases. Raises ``InputFileError`` naming ``source``."""
+    without aliases (``common.yamlfiles``, imported here, so that a command that reads no
+    YAML, such as ``pyhami simulate`` on CSV files, does not import PyYAML). Raises
+    ``InputFileError`` naming ``source``."""
+    from common.yamlfiles import YAMLError, load_document  # noqa: PLC0415 (when needed)
+
     try:
-        return yaml.load(text, Loader=_ManifestLoader)
-    except yaml.YAMLError as error:
+        return load_document(text)
+    except YAMLError as error:
         raise InputFileError(f"{source}: not YAML or JSON: {error}".replace("\n", " ")) from None
     except RecursionError:
         raise InputFileError(f"{source}: nested too deeply") from None

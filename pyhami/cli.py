@@ -9,7 +9,6 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from common.arguments import CommandParser, use_environment
-from common.version import package_version
 from pyhami.output import READER_GONE_EXIT, silence_stdout, stdout_reader_gone
 
 COMMANDS = {
@@ -36,13 +35,27 @@ def build_parser(environ: Mapping[str, str] | None = None,
     """Every subcommand (or ``only`` that one, a name of ``COMMANDS``), each option falling
     back to its PYHAMI_<FLAG> variable in ``environ`` (default: the process environment)."""
     parser = CommandParser(prog="pyhami", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"pyhami {package_version()}")
+    parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():
         if only is None or name == only:
             importlib.import_module(module).register(commands)
     use_environment(parser, os.environ if environ is None else environ)
     return parser
+
+
+class _Version(argparse._VersionAction):
+    """argparse's ``version`` action, the version read when asked for: reading the
+    package metadata (``importlib.metadata``) on every command cost a tenth of
+    ``pyhami simulate --help``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[object] | None,
+                 option_string: str | None = None) -> None:
+        from common.version import package_version  # noqa: PLC0415 (when asked for)
+
+        self.version = f"pyhami {package_version()}"
+        super().__call__(parser, namespace, values, option_string)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
