@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import msgspec
@@ -50,13 +51,18 @@ class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def of(cls, decision: Decision, verb: Literal["filter", "bind"], timestamp: float,
-           duration_ms: float, *, decider: str = "", term: int = 0) -> DecisionEvent:
+           duration_ms: float, *, decider: str = "", term: int = 0,
+           failed_nodes: Mapping[str, str] | None = None) -> DecisionEvent:
+        """``failed_nodes``: the decision's ``failed_nodes`` where the caller wrote them
+        already (/filter's answer): written once, not again here."""
+        if failed_nodes is None:
+            failed_nodes = decision.failed_nodes or {}
         return cls(
             pod=decision.pod, verb=verb, scheduled=decision.node is not None,
             node=decision.node,
             cards=[[ChosenCard(c.uuid, c.index, c.memory, c.cores) for c in cards]
                    for cards in decision.cards],
-            failed_nodes=dict(decision.failed_nodes or {}),
+            failed_nodes=dict(failed_nodes),
             ignored_policies=list(decision.ignored_policies), reason=decision.reason,
             explain=list(decision.explain or ()),
             timestamp=timestamp, duration_ms=duration_ms, decider=decider, term=term,

@@ -4,6 +4,10 @@ A nats-server and ``pyhami scheduler --standalone`` run as their own processes;
 this process publishes simulated inventories (as the agents would), submits the
 pods, and then plays kube-scheduler: /filter with every node name, then /bind.
 
+The client is ``pyhami.bench_load``'s raw sockets, from processes of its own
+(``--client socket``), or aiohttp's in this process as before (``--client aiohttp``);
+the no-op floor is measured with both, each under its own key.
+
 With ``--quota-namespaces N`` the pods are spread over N namespaces, each under a
 ResourceQuota of GPU memory and cores posted to the pod API as a user would
 (``/api/resourcequotas``), so every /filter checks its namespace's quota.
@@ -23,7 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import msgspec
@@ -36,6 +40,7 @@ from agent.simulated import profile_cards
 from common.arguments import Subcommands, positive_int
 from common.natsserver import LocalNatsServer, free_port
 from common.wire import Reason, encode, inventory_subject
+from pyhami.bench_load import BenchError, BenchPod, Job, Phase, Timings, filter_body
 
 PROFILES = ("a100x8-nvswitch", "h100x8-islands")
 WAIT_S = 60.0
@@ -47,6 +52,7 @@ FULL_EVERY = 10
 its last pods pass with the quota nearly or exactly spent; the others leave half free."""
 CORES_LIMIT = 800
 """The bench's pods ask no cores: the cores limit (8 cards' worth) is checked, never hit."""
+CLIENTS = ("socket", "aiohttp")
 
 
 def register(benches: Subcommands) -> None:
@@ -60,6 +66,14 @@ def register(benches: Subcommands) -> None:
                         help="filter+bind pairs in flight for the throughput figure")
     parser.add_argument("--updates", type=positive_int, default=20000,
                         help="inventory messages published for the ingestion figure")
+    parser.add_argument("--client", choices=CLIENTS, default="socket",
+                        help="the load generator: raw HTTP/1.1 sockets from processes of "
+                             "their own (socket, the default), or aiohttp's client in the "
+                             "bench's process (aiohttp, the bench before issue 41); the no-op "
+                             "floor is measured with both either way")
+    parser.add_argument("--client-processes", type=positive_int, default=4, metavar="P",
+                        help="with --client socket: the throughput phase's connections "
+                             "spread over P processes (default 4)")
     parser.add_argument("--quota-namespaces", type=positive_int, default=None, metavar="N",
                         help="spread the pods over N namespaces, each under a ResourceQuota "
                              "of GPU memory and cores that still lets them all in (default: "
@@ -70,6 +84,12 @@ def register(benches: Subcommands) -> None:
                              "a quota at the same moments (filter_p50_ms_quota, "
                              "filter_p50_ms_no_quota)")
     parser.set_defaults(handler=lambda args: asyncio.run(run(args)))
+
+
+def ms(seconds: Sequence[float]) -> dict[str, float]:
+    """The p50 and p99 of ``seconds``, in milliseconds."""
+    return {"p50": round(statistics.median(seconds) * 1e3, 3),
+            "p99": round(percentile(seconds, 0.99) * 1e3, 3)}
 
 
 def percentile(samples: Sequence[float], fraction: float) -> float:
@@ -129,11 +149,12 @@ class Bench:
         self.url = url
         self.names = names
         self.namespaces = namespaces
+        self.names_json = json.dumps(names).encode()
 
     async def post(self, verb: str, body: bytes) -> Any:
         async with self.http.post(f"{self.url}/{verb}", data=body,
                                   headers={"Content-Type": "application/json"}) as response:
-            response.raise_for_status()
+            await refuse_unless_2xx(f"/{verb}", response)
             return await response.json()
 
     async def submit(self, names: list[str]) -> dict[str, str]:
@@ -141,7 +162,7 @@ class Bench:
         for name in names:
             body = pod(name, self.namespaces[name])
             async with self.http.post(f"{self.url}/api/pods", json=body) as response:
-                response.raise_for_status()
+                await refuse_unless_2xx("/api/pods", response)
                 uids[name] = (await response.json())["uid"]
         return uids
 
@@ -152,12 +173,11 @@ class Bench:
                                       json=manifest) as response:
                 if response.status >= 300:
                     where = manifest["metadata"]
-                    raise RuntimeError(f"ResourceQuota {where['namespace']}/{where['name']}: "
+                    raise BenchError(f"ResourceQuota {where['namespace']}/{where['name']}: "
                                        f"{response.status} {(await response.text()).strip()}")
 
     def filter_body(self, name: str) -> bytes:
-        return json.dumps({"Pod": pod(name, self.namespaces[name]), "Nodes": None,
-                           "NodeNames": self.names}).encode()
+        return filter_body(pod(name, self.namespaces[name]), self.names_json)
 
     def bind_body(self, name: str, uid: str, node: str) -> bytes:
         return json.dumps({"PodName": name, "PodNamespace": self.namespaces[name],
@@ -170,13 +190,21 @@ class Bench:
         result = await self.post("filter", body)
         timings["filter"].append(time.perf_counter() - started)
         if not result["NodeNames"]:
-            raise RuntimeError(f"pod {name} found no node: {result['FailedNodes']}")
+            raise BenchError(f"pod {name} found no node: {result['FailedNodes']}")
         body = self.bind_body(name, uid, result["NodeNames"][0])
         started = time.perf_counter()
         bound = await self.post("bind", body)
         timings["bind"].append(time.perf_counter() - started)
         if bound["Error"]:
-            raise RuntimeError(f"bind {name}: {bound['Error']}")
+            raise BenchError(f"bind {name}: {bound['Error']}")
+
+
+async def refuse_unless_2xx(path: str, response: aiohttp.ClientResponse) -> None:
+    """``BenchError`` naming the status and the first line of the answer, unless 2xx."""
+    if response.status >= 300:
+        text = (await response.text()).strip().splitlines()
+        raise BenchError(f"POST {path} answered {response.status}"
+                         + (f": {text[0][:200]}" if text else ""))
 
 
 def by_quota(names: Sequence[str], filter_s: Sequence[float],
@@ -192,7 +220,7 @@ async def wait_for(check: Callable[[], Awaitable[bool]], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not await check():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
+            raise BenchError(f"timed out waiting for {what}")
         await asyncio.sleep(0.1)
 
 
@@ -265,6 +293,16 @@ async def run(args: argparse.Namespace) -> int:
         print("pyhami bench extender: --half-without-quota needs --quota-namespaces",
               file=sys.stderr)
         return 2
+    try:
+        result = await run_daemon(args)
+    except BenchError as error:
+        print(f"pyhami bench extender: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+async def run_daemon(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch:
         server = LocalNatsServer(extra_args=["-js", "-sd", str(Path(scratch) / "js")])
         server.start()
@@ -277,7 +315,7 @@ async def run(args: argparse.Namespace) -> int:
              "--log-level", "warning", "--noop-endpoint", "--no-pending-loop"])
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         try:
-            result = await measure(args, f"http://127.0.0.1:{port}", server.url, daemon.pid,
+            result = await measure(args, ("127.0.0.1", port), server.url, daemon.pid,
                                    metrics_url)
             result.update(await server_side(metrics_url))
             result.update(daemon_memory(daemon.pid))
@@ -285,12 +323,148 @@ async def run(args: argparse.Namespace) -> int:
             daemon.terminate()
             daemon.wait(timeout=30)
             server.stop()
-    print(json.dumps(result))
-    return 0
+    return result
 
 
-async def measure(args: argparse.Namespace, url: str, nats_url: str,
+class Driven(NamedTuple):
+    """What the load generator's workers measured together."""
+
+    timings: Timings
+    wall_s: float
+    """From the start signal to the last worker's result."""
+    daemon_cpu_s: float | None
+    """The daemon's CPU time meanwhile (None without /proc)."""
+
+
+async def _line(worker: asyncio.subprocess.Process) -> bytes:
+    """The worker's next line of output; ``BenchError`` with its last line of error
+    output (the reason it gives) if it ended instead."""
+    assert worker.stdout is not None and worker.stderr is not None
+    line = await worker.stdout.readline()
+    if line:
+        return line
+    said = (await worker.stderr.read()).decode(errors="replace").strip().splitlines()
+    code = await worker.wait()
+    raise BenchError(said[-1] if said else f"the load generator exited with status {code}")
+
+
+async def drive(jobs: Sequence[Job], daemon_pid: int | None = None) -> Driven:
+    """Run each job in a worker process of its own (``python -m pyhami.bench_load``):
+    all connect first, then start together; the clock and the daemon's CPU time are read
+    around the run alone."""
+    workers = [await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pyhami.bench_load", stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE) for _ in jobs]
+    try:
+        for worker, job in zip(workers, jobs, strict=True):
+            assert worker.stdin is not None
+            worker.stdin.write(msgspec.json.encode(job) + b"\n")
+        for worker in workers:
+            if (line := await _line(worker)).strip() != b"ready":
+                raise BenchError(f"the load generator said {line[:200]!r}, not ready")
+        cpu_before = None if daemon_pid is None else cpu_seconds(daemon_pid)
+        started = time.perf_counter()
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write(b"go\n")
+        results = await asyncio.gather(*(_line(worker) for worker in workers))
+        wall_s = time.perf_counter() - started
+        cpu_after = None if daemon_pid is None else cpu_seconds(daemon_pid)
+    finally:
+        for worker in workers:
+            if worker.returncode is None:
+                worker.kill()
+            await worker.wait()
+    timings = Timings()
+    for result in results:
+        each = msgspec.json.decode(result, type=Timings)
+        for verb in ("noop", "filter", "bind"):
+            getattr(timings, verb).extend(getattr(each, verb))
+    daemon_cpu_s = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    return Driven(timings, wall_s, daemon_cpu_s)
+
+
+def seconds(nanoseconds: Sequence[int]) -> list[float]:
+    return [ns / 1e9 for ns in nanoseconds]
+
+
+def spread(names: Sequence[str], concurrency: int, processes: int) -> list[tuple[list[str], int]]:
+    """The throughput phase's pods and connections over ``processes`` workers (no more
+    than there are connections): each worker the pods in turn, and its share of the
+    ``concurrency`` connections, the first ones one more when they do not divide."""
+    count = min(processes, concurrency)
+    return [(list(names[i::count]), concurrency // count + (i < concurrency % count))
+            for i in range(count)]
+
+
+class Player:
+    """Plays kube-scheduler against the daemon with one client (``CLIENTS``): the no-op
+    floor, sequential filter+bind pairs, and pairs with several in flight."""
+
+    def __init__(self, bench: Bench, address: tuple[str, int], uids: dict[str, str],
+                 daemon_pid: int) -> None:
+        self.bench = bench
+        self.address = address
+        self.uids = uids
+        self.daemon_pid = daemon_pid
+
+    def job(self, phase: Phase, names: Sequence[str], connections: int = 1) -> Job:
+        bench = self.bench
+        return Job(host=self.address[0], port=self.address[1], phase=phase,
+                   names=bench.names, connections=connections,
+                   pods=[BenchPod(pod(name, bench.namespaces[name]), self.uids[name])
+                         for name in names])
+
+    async def noop(self, client: str, names: Sequence[str]) -> list[float]:
+        """Each /noop's time, one after the other."""
+        if client == "socket":
+            return seconds((await drive([self.job("noop", names)])).timings.noop)
+        times = []
+        for name in names:
+            body = self.bench.filter_body(name)
+            started = time.perf_counter()
+            await self.bench.post("noop", body)
+            times.append(time.perf_counter() - started)
+        return times
+
+    async def pairs(self, client: str,
+                    names: Sequence[str]) -> tuple[dict[str, list[float]], float | None]:
+        """Each sequential /filter's and /bind's time, and the daemon's CPU seconds over
+        them all."""
+        if client == "socket":
+            driven = await drive([self.job("pairs", names)], self.daemon_pid)
+            return ({"filter": seconds(driven.timings.filter),
+                     "bind": seconds(driven.timings.bind)}, driven.daemon_cpu_s)
+        timings: dict[str, list[float]] = {"filter": [], "bind": []}
+        before = cpu_seconds(self.daemon_pid)
+        for name in names:
+            await self.bench.filter_and_bind(name, self.uids[name], timings)
+        after = cpu_seconds(self.daemon_pid)
+        return timings, None if before is None or after is None else after - before
+
+    async def pairs_per_s(self, client: str, names: Sequence[str], concurrency: int,
+                          processes: int) -> float:
+        """Filter+bind pairs a second with ``concurrency`` of them in flight."""
+        if client == "socket":
+            driven = await drive([self.job("pairs", share, connections)
+                                  for share, connections in spread(names, concurrency,
+                                                                   processes)])
+            return len(names) / driven.wall_s
+        gate = asyncio.Semaphore(concurrency)
+        throughput: dict[str, list[float]] = {"filter": [], "bind": []}
+
+        async def pair(name: str) -> None:
+            async with gate:
+                await self.bench.filter_and_bind(name, self.uids[name], throughput)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(pair(name) for name in names))
+        return len(names) / (time.perf_counter() - started)
+
+
+async def measure(args: argparse.Namespace, address: tuple[str, int], nats_url: str,
                   daemon_pid: int, metrics_url: str) -> dict[str, Any]:
+    url = f"http://{address[0]}:{address[1]}"
     client = await nats.connect(nats_url)
     reports = {f"node-{i:05d}": Report(f"node-{i:05d}", "bench", 3600.0)
                for i in range(args.nodes)}
@@ -326,36 +500,25 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
 
         await wait_for(quotas_applied, "every ResourceQuota to apply")
         uids = await bench.submit(names)
+        player = Player(bench, address, uids, daemon_pid)
+        sequential = names[:args.requests]
 
-        noop = []
-        for name in names[:args.requests]:
-            body = bench.filter_body(name)
-            started = time.perf_counter()
-            await bench.post("noop", body)
-            noop.append(time.perf_counter() - started)
+        # The floor with each client, the one the run uses first, so that the two can be
+        # set side by side from one run.
+        floors = {each: await player.noop(each, sequential)
+                  for each in sorted(CLIENTS, key=lambda each: each != args.client)}
+        noop = floors[args.client]
 
-        timings: dict[str, list[float]] = {"filter": [], "bind": []}
-        pairs_cpu_before = cpu_seconds(daemon_pid)
-        for name in names[:args.requests]:
-            await bench.filter_and_bind(name, uids[name], timings)
-        pairs_cpu_after = cpu_seconds(daemon_pid)
+        timings, pairs_cpu_s = await player.pairs(args.client, sequential)
         # The daemon's own CPU for each sequential pair, apart from the client's and
         # nats-server's (other load on the machine moves it too).
-        pair_cpu_ms = None if pairs_cpu_before is None or pairs_cpu_after is None else round(
-            (pairs_cpu_after - pairs_cpu_before) / args.requests * 1e3, 3)
-        split = by_quota(names[:args.requests], timings["filter"], namespaces) \
+        pair_cpu_ms = None if pairs_cpu_s is None else round(
+            pairs_cpu_s / args.requests * 1e3, 3)
+        split = by_quota(sequential, timings["filter"], namespaces) \
             if args.half_without_quota and quotas else {}
 
-        gate = asyncio.Semaphore(args.concurrency)
-        throughput: dict[str, list[float]] = {"filter": [], "bind": []}
-
-        async def pair(name: str) -> None:
-            async with gate:
-                await bench.filter_and_bind(name, uids[name], throughput)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(pair(name) for name in names[args.requests:]))
-        pods_per_s = args.pods / (time.perf_counter() - started)
+        pods_per_s = await player.pairs_per_s(args.client, names[args.requests:],
+                                              args.concurrency, args.client_processes)
 
         ingested_before = await accepted_inventories(http, url)
         cpu_before = cpu_seconds(daemon_pid)
@@ -377,17 +540,20 @@ async def measure(args: argparse.Namespace, url: str, nats_url: str,
         cpu_after = cpu_seconds(daemon_pid)
     await client.close()
     standing = quota_standing(await scrape(metrics_url)) if quotas else {}
+    filter_ms, bind_ms, noop_ms = ms(timings["filter"]), ms(timings["bind"]), ms(noop)
     return {
         "nodes": args.nodes, "cards": args.nodes * 8,
         "quota_namespaces": len(quotas), **standing, **split,
-        "filter_p50_ms": round(statistics.median(timings["filter"]) * 1e3, 3),
-        "filter_p99_ms": round(percentile(timings["filter"], 0.99) * 1e3, 3),
-        "bind_p50_ms": round(statistics.median(timings["bind"]) * 1e3, 3),
-        "bind_p99_ms": round(percentile(timings["bind"], 0.99) * 1e3, 3),
+        "client": args.client,
+        "client_processes": min(args.client_processes, args.concurrency)
+        if args.client == "socket" else 1,
+        "filter_p50_ms": filter_ms["p50"], "filter_p99_ms": filter_ms["p99"],
+        "bind_p50_ms": bind_ms["p50"], "bind_p99_ms": bind_ms["p99"],
         "daemon_cpu_ms_per_pair": pair_cpu_ms,
         "pods_per_s": round(pods_per_s, 1),
-        "noop_p50_ms": round(statistics.median(noop) * 1e3, 3),
-        "noop_p99_ms": round(percentile(noop, 0.99) * 1e3, 3),
+        "noop_p50_ms": noop_ms["p50"], "noop_p99_ms": noop_ms["p99"],
+        **{f"noop_p50_ms_{each}": ms(times)["p50"] for each, times in floors.items()},
+        "filter_over_noop": round(filter_ms["p50"] / noop_ms["p50"], 2),
         "ingest_messages_per_s": round(args.updates / ingest_s, 1),
         "ingest_cards_per_s": round(args.updates * 8 / ingest_s, 1),
         # The daemon's own cost, apart from the publisher and nats-server beside it.

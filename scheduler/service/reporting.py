@@ -67,11 +67,12 @@ class Reporting:
             self.retry_waiting()
 
     async def decided(self, decision: Decision, verb: Literal["filter", "bind"],
-                      duration_ms: float, decided_at: float) -> None:
+                      duration_ms: float, decided_at: float, *,
+                      failed_nodes: Mapping[str, str] | None = None) -> None:
         leadership = self.shared.leadership
         self._outbox.append(DecisionEvent.of(decision, verb, decided_at, duration_ms,
                                              decider=leadership.identity,
-                                             term=leadership.term))
+                                             term=leadership.term, failed_nodes=failed_nodes))
         self._send_soon()
 
     def retry_waiting(self) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -75,9 +75,10 @@ class Reports(Protocol):
         """Pods waiting for capacity may fit now: ask for them to be tried again."""
 
     async def decided(self, decision: Decision, verb: Literal["filter", "bind"],
-                      duration_ms: float, decided_at: float) -> None:
+                      duration_ms: float, decided_at: float, *,
+                      failed_nodes: Mapping[str, str] | None = None) -> None:
         """Publish a decision (made at ``decided_at``, seconds since the epoch) and the
-        usage it changed."""
+        usage it changed; ``failed_nodes``: its ``failed_nodes`` when written already."""
 
 
 class Shared:

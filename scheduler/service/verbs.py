@@ -128,9 +128,10 @@ class Verbs(ServicePart):
                 self._on_unschedulable(args.pod, request, names)
         self._count("filter", decision)
         self.metrics.filter_duration.observe(time.perf_counter() - started)
-        self.shared.in_background(
-            self._after_filter(args.pod, decision, _ms_since(started), decided_at, request))
+        # Written once, for the answer and the decision event both.
         failed = decision.failed_nodes or {}
+        self.shared.in_background(self._after_filter(
+            args.pod, decision, _ms_since(started), decided_at, request, failed_nodes=failed))
         if decision.node is None:
             return ExtenderFilterResult(node_names=[] if args.node_names is not None else None,
                                         nodes=None if args.node_names is not None else
@@ -282,7 +283,8 @@ class Verbs(ServicePart):
                                     if args.nodes else None)
 
     async def _after_filter(self, pod: PodManifest, decision: Decision, duration_ms: float,
-                            decided_at: float, request: PodRequest | None = None) -> None:
+                            decided_at: float, request: PodRequest | None = None, *,
+                            failed_nodes: dict[str, str] | None = None) -> None:
         namespace = pod.namespace
         name = pod.metadata.name
         if decision.ignored_policies:
@@ -305,7 +307,8 @@ class Verbs(ServicePart):
             logger.debug("pod %s node %s card %d (%s): computer score is %.6f%s", decision.pod,
                          row.node, row.index, row.uuid, row.score,
                          f", filtered by {row.filtered_by}" if row.filtered_by else "")
-        await self.reports.decided(decision, "filter", duration_ms, decided_at)
+        await self.reports.decided(decision, "filter", duration_ms, decided_at,
+                                   failed_nodes=failed_nodes)
 
     def explain(self, pod: PodManifest,
                 node_names: Collection[str] | None = None) -> dict[str, object]:

@@ -10,7 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.core import PodRejected, parse_pod
-from common.core.pod import Container, PodManifest, PodSpec, ResourceRequirements
+from common.core.pod import (
+    Container,
+    PodManifest,
+    PodSpec,
+    ResourceRequirements,
+    whole_quantity,
+)
 from pyhami.sandbox import DEFAULTS
 from tests.builders import T4_MEMORY, fleet_of, indexes, manifest, node, run
 
@@ -184,3 +190,19 @@ class TestPassThrough:
         decision = run(fleet, pod)
         assert indexes(decision) == [[0, 1]]
         assert [c.memory for c in decision.cards[0]] == [T4_MEMORY // 10] * 2
+
+
+@given(value=st.one_of(st.integers(-2**54, 2**54), st.integers(0, 10**17).map(str),
+                       st.text("0123456789", min_size=1, max_size=20)),
+       signed=st.booleans())
+def test_integers_and_digit_strings_are_read_as_exact_arithmetic_reads_them(
+        value: int | str, signed: bool) -> None:
+    # The forms read without Fraction (the usual ones) give what the exact reading gives.
+    exact = Fraction(value)
+    accepted = (-2**53 if signed else 0) <= exact <= 2**53
+    try:
+        read = whole_quantity(value, "q", signed=signed)
+    except PodRejected:
+        assert not accepted
+    else:
+        assert accepted and read == exact and type(read) is int

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from common.telemetry import DecisionEvent, UsageEvent
 from pyhami.sandbox import DEFAULTS
 from scheduler.service import SchedulerService, ServiceSettings
@@ -73,3 +75,19 @@ async def test_a_later_burst_is_a_batch_of_its_own() -> None:
     assert [(type(event).__name__, getattr(event, "pod", None)) for event in published] == [
         ("DecisionEvent", "default/a"), ("UsageEvent", None),
         ("DecisionEvent", "default/b"), ("UsageEvent", None)]
+
+
+@pytest.mark.parametrize(("names", "gpumem"), [
+    pytest.param(("n1", "ghost"), 1000, id="placed-one-node-unknown"),
+    pytest.param(NODES, 10**9, id="placed-nowhere"),
+])
+async def test_the_decision_event_names_the_failed_nodes_the_answer_does(
+        names: tuple[str, ...], gpumem: int) -> None:
+    published: list[DecisionEvent | UsageEvent] = []
+    service = await service_recording(published)
+    answer = await service.verbs.filter(
+        ExtenderArgs(pod=manifest("a", gpumem=gpumem), node_names=names))
+    await service.shared.settle()
+    (event,) = [event for event in published if isinstance(event, DecisionEvent)]
+    assert answer.failed_nodes  # some node failed, with its reasons
+    assert event.failed_nodes == answer.failed_nodes
