@@ -72,6 +72,7 @@ class _Connection(asyncio.Protocol):
             self._wake()
 
     def eof_received(self) -> bool:
+        self.closed = True  # not to be taken from the pool before connection_lost comes
         self._ended(None)
         return False  # close the transport
 
@@ -117,6 +118,8 @@ class _Connection(asyncio.Protocol):
         after ``READ_TIMEOUT_S`` without a byte, or with ``deadline`` after
         ``WATCH_DEADLINE_S`` in all."""
         assert self._transport is not None
+        if self.closed or self._transport.is_closing():
+            raise ConnectionClosed("the API server closed the connection before any answer")
         self.used = True
         loop = self._loop
         self._reader = reader
@@ -199,10 +202,14 @@ class ConnectionPool:
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            _, connection = await loop.create_connection(
-                _Connection, self._host, self._port, ssl=self._ssl,
-                server_hostname=(self._server_name or self._host) if self._ssl else None)
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                _, connection = await loop.create_connection(
+                    _Connection, self._host, self._port, ssl=self._ssl,
+                    server_hostname=(self._server_name or self._host) if self._ssl else None)
+        except TimeoutError as error:
+            raise TimeoutError(f"no connection to the API server at {self.authority} in "
+                               f"{CONNECT_TIMEOUT_S:g} s") from error
         return connection
 
     def release(self, connection: _Connection, reusable: bool) -> None:
