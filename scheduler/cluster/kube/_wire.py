@@ -231,7 +231,8 @@ def cluster_pod(pod: Pod) -> ClusterPod:
     started = pod.status.start_time or meta.creation_timestamp
     return ClusterPod(manifest=manifest, uid=meta.uid or "", node=pod.spec.node_name,
                       phase=pod.status.phase, annotations=annotations,
-                      started=started.timestamp() if started is not None else 0.0)
+                      started=started.timestamp() if started is not None else 0.0,
+                      version=meta.resource_version)
 
 
 _pods = msgspec.json.Decoder(Pod)  # kept: every pod of a watch or a list goes through it
