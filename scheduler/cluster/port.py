@@ -8,7 +8,7 @@ Two implementations: Kubernetes (``scheduler.cluster.kube``) and standalone
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from common.core import Allocation, AnnotationError, PodManifest
@@ -54,6 +54,9 @@ class ClusterPod:
     annotations: Mapping[str, str]
     started: float = 0.0
     """When it started (else when it was created), seconds since the epoch."""
+    version: str | None = field(default=None, compare=False)
+    """The resourceVersion it was read at, where the cluster has one (Kubernetes): a
+    write can be made on condition that the pod is still this version."""
 
     @property
     def namespace(self) -> str:

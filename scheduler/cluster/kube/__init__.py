@@ -1,5 +1,6 @@
 """The ``Cluster`` port on Kubernetes, and the other ports the daemon needs of the API
-server, spoken over aiohttp on the daemon's event loop.
+server, spoken over HTTP/1.1 on the daemon's event loop (a lean client of its own;
+aiohttp's through a proxy).
 
 Every API call is an async request on one connection pool and the pod watch an asyncio
 task: no worker thread holds the GIL while the loop answers kube-scheduler. The
@@ -26,7 +27,12 @@ import none of each other):
   counted on repeat, as client-go's recorder does);
 - ``_client``: one async function per API call, its REST path written out, and the
   configuration loaded through the ``kubernetes`` package (the only module to use it);
-- ``_transport``: the aiohttp session, and HTTP errors mapped to the project's;
+- ``_transport``: ``ApiTransport``, calls and watch streams over the HTTP client chosen
+  when it is built, HTTP errors mapped to the project's;
+- ``_lean`` (the lean HTTP/1.1 client: asyncio protocols, pooled kept-alive
+  connections), ``_aiohttp`` (aiohttp's client, for an API server behind an HTTP proxy);
+- ``_response``: the lean client's reader of an HTTP answer, pure;
+- ``_http``: the port both clients implement (``HttpClient``), its failures, timeouts;
 - ``_requests``: the request bodies, pure;
 - ``_wire``: the API's JSON as msgspec shapes, pure.
 """

@@ -46,19 +46,29 @@ class PodBinder:
         it and bound with its uid as the one precondition, in one request: a node once set,
         a phase past Pending and the scheduler name never change back, and the Binding
         itself refuses (409) a pod on a node, being deleted, or re-created (an unbound pod
-        leaves Pending only as it is deleted). Any other pod, a removal, or a 409 reads the
-        pod first and binds it as read, its resourceVersion a precondition as well.
+        leaves Pending only as it is deleted). An annotation to remove (``None``) that the
+        watched pod does not hold binds it so as well, with its resourceVersion a
+        precondition too: a pod changed since, which might hold it now, is refused (409).
+        Any other pod, a removal of an annotation the pod holds, or a 409 reads the pod
+        first and binds it as read, its resourceVersion a precondition as well.
         """
         what = f"binding pod {namespace}/{name} to node {node}"
-        removing = None in annotations.values()  # needs the annotations the pod has now
-        if watched is not None and watched.uid and uid in ("", watched.uid) and not removing:
+        # A removal needs the annotations the pod has now: the watched version is bound
+        # only if it holds none of them, and only as that version (409 if it changed).
+        removing = None in annotations.values()
+        if (watched is not None and watched.uid and uid in ("", watched.uid)
+                and not (removing and (watched.version is None or any(
+                    value is None and key in watched.annotations
+                    for key, value in annotations.items())))):
             refusal = bind_refusal(pod_to_bind(watched), uid, self._scheduler_name)
             if refusal is not None:
                 raise ClusterError(f"{what}: {refusal}")
-            # kube-apiserver's setPodNodeAndMetadata: wrong uid, deletionTimestamp, nodeName: 409.
+            # kube-apiserver's setPodNodeAndMetadata: wrong uid, deletionTimestamp, nodeName,
+            # another resourceVersion than the one given: 409.
             try:
                 await _client.create_binding(self._api, namespace, name, binding_body(
                     namespace, name, watched.uid, node,
+                    resource_version=watched.version if removing else None,
                     annotations=annotations_set(annotations), labels=labels))
                 return
             except API_FAILURES as error:

@@ -25,7 +25,14 @@ from scheduler.cluster.kube._transport import (
     CachedAuthorization,
     Endpoint,
 )
-from scheduler.cluster.kube._wire import RawList, Unreadable, pod_and_version, quota_and_version
+from scheduler.cluster.kube._wire import (
+    RawList,
+    Unreadable,
+    pod_and_version,
+    pod_event,
+    quota_and_version,
+    quota_event,
+)
 from scheduler.cluster.port import ClusterError, ClusterPod, PodChange, QuotaChange
 
 LIST_PAGE_SIZE = 500
@@ -110,6 +117,9 @@ class Collection(Generic[Item, Change]):
     path: str
     read: Callable[[bytes], tuple[Item, str | None]]
     """The object and its resourceVersion; raises ``msgspec.DecodeError``."""
+    read_event: Callable[[bytes], tuple[str, Item, str | None]]
+    """A watch event whose object is one, in one pass: its type, the object and its
+    resourceVersion; raises ``msgspec.DecodeError``."""
     uid: Callable[[Item], str]
     change: Callable[[Item, bool], Change]
     """The change it makes, added or changed (False) or deleted (True)."""
@@ -121,9 +131,9 @@ class Collection(Generic[Item, Change]):
 
 
 PODS: Collection[ClusterPod, PodChange] = Collection(
-    "pod", "/api/v1/pods", pod_and_version, lambda pod: pod.uid, PodChange)
+    "pod", "/api/v1/pods", pod_and_version, pod_event, lambda pod: pod.uid, PodChange)
 QUOTAS: Collection[ResourceQuotaManifest, QuotaChange] = Collection(
-    "ResourceQuota", "/api/v1/resourcequotas", quota_and_version,
+    "ResourceQuota", "/api/v1/resourcequotas", quota_and_version, quota_event,
     # The API server gives every object a uid; the key stands in where a server gave none.
     lambda quota: quota.metadata.uid or quota.key, QuotaChange)
 

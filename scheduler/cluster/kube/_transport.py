@@ -1,5 +1,6 @@
-"""HTTP to the API server on the event loop: one aiohttp session with its connection pool,
-raw bytes in and out, an error status raised as ``ApiStatusError``.
+"""HTTP to the API server on the event loop: raw bytes in and out over one ``HttpClient``
+(the lean HTTP/1.1 client, or aiohttp's through a proxy), an error status raised as
+``ApiStatusError``, a 401 tried once more with the token read again.
 
 What a failed call raises is one of ``API_FAILURES``; ``describe_failure`` puts it in one
 line, ``answered_with`` tells an HTTP status the caller expects.
@@ -8,26 +9,25 @@ line, ``answered_with`` tells an HTTP status the caller expects.
 from __future__ import annotations
 
 import asyncio
-import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from urllib.parse import quote, urlencode
 
 import aiohttp
 import msgspec
 
 from common.core.errors import PyhamiError
+from scheduler.cluster.kube._aiohttp import AiohttpClient
+from scheduler.cluster.kube._http import (
+    WATCH_TIMEOUT_SECONDS,
+    Endpoint,
+    HttpClient,
+    HttpFailure,
+)
+from scheduler.cluster.kube._lean import LeanClient
 from scheduler.cluster.kube._wire import Status
 
-REQUEST_TIMEOUT = aiohttp.ClientTimeout(sock_connect=10.0, sock_read=30.0)
-WATCH_TIMEOUT_SECONDS = 60
-# The server ends a watch after WATCH_TIMEOUT_SECONDS; the total timeout only catches a
-# connection that died silently. One timer for the whole watch: a read timeout is set
-# again at every chunk, 2.6 % of the daemon's CPU at 1,000 nodes (docs/performance.md).
-WATCH_REQUEST_TIMEOUT = aiohttp.ClientTimeout(sock_connect=10.0,
-                                              total=WATCH_TIMEOUT_SECONDS + 30.0)
-POOL_SIZE = 16  # connections open to the API server at most, the watch's included
+__all__ = ["WATCH_TIMEOUT_SECONDS", "Endpoint"]  # re-exported for the API calls
 
 GONE = 410
 NOT_FOUND = 404
@@ -51,8 +51,8 @@ class ApiStatusError(PyhamiError):
 
 # What a failed API call raises: an HTTP error status, a transport failure, or an answer
 # that does not decode.
-API_FAILURES = (ApiStatusError, aiohttp.ClientError, asyncio.TimeoutError, OSError,
-                msgspec.DecodeError)
+API_FAILURES = (ApiStatusError, HttpFailure, aiohttp.ClientError, asyncio.TimeoutError,
+                OSError, msgspec.DecodeError)
 
 
 def answered_with(error: BaseException, status: int) -> bool:
@@ -106,99 +106,50 @@ class CachedAuthorization:
         self._read_at = None
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """Where the API server is and how to be let in."""
-
-    base_url: str  # scheme, host and port, no trailing slash
-    ssl_context: ssl.SSLContext | None  # None for plain HTTP
-    server_name: str | None  # the name its certificate must bear, when not the host's
-    proxy: str | None
-    authorization: Callable[[], str | None]
-    """The Authorization header, asked before every request: a token can rotate."""
-    forget_authorization: Callable[[], None] = lambda: None
-    """Called on a 401 before the one retry: a cached header is read again."""
-
-
 class ApiTransport:
-    """Requests to one API server over a pool of connections kept for the daemon's life;
-    ``close()`` ends them. The session is made on the first request, in the running loop."""
+    """Requests to one API server over connections kept for the daemon's life; ``close()``
+    ends them. Its HTTP client is chosen once, when it is built: the lean one, or
+    aiohttp's where the API server is reached through a proxy."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, client: HttpClient | None = None) -> None:
         self._endpoint = endpoint
-        self._session: aiohttp.ClientSession | None = None
+        self._http: HttpClient = client if client is not None else (
+            LeanClient(endpoint) if endpoint.proxy is None else AiohttpClient(endpoint))
 
     async def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
-
-    def _open(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=POOL_SIZE),
-                headers={"Accept": "application/json", "User-Agent": "pyhami-scheduler"},
-                # Uncompressed, as the kubernetes client asks: on the usual short hop,
-                # gzip only costs the API server and the daemon CPU.
-                skip_auto_headers=("Content-Type", "Accept-Encoding"))
-        return self._session
-
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {}
-        authorization = self._endpoint.authorization()
-        if authorization:
-            headers["Authorization"] = authorization
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        return headers
-
-    @asynccontextmanager
-    async def _response(self, method: str, path: str, *, query: Query | None,
-                        body: bytes | None, content_type: str | None,
-                        timeout: aiohttp.ClientTimeout,
-                        ) -> AsyncIterator[aiohttp.ClientResponse]:
-        endpoint = self._endpoint
-        async with self._open().request(
-                method, endpoint.base_url + path, params=query, data=body,
-                headers=self._headers(content_type), timeout=timeout,
-                ssl=endpoint.ssl_context if endpoint.ssl_context is not None else True,
-                server_hostname=endpoint.server_name, proxy=endpoint.proxy) as response:
-            if response.status >= 400:  # an HTTP error status
-                raise ApiStatusError(response.status, response.reason or "",
-                                     await response.read())
-            yield response
+        await self._http.close()
 
     async def call(self, method: str, path: str, *, query: Query | None = None,
                    body: bytes | None = None, content_type: str | None = None) -> bytes:
         """The answer's body; raises one of ``API_FAILURES``. A 401 is tried once more
         with the Authorization header read again (a token rotated since it was read)."""
-        try:
-            return await self._call(method, path, query, body, content_type)
-        except ApiStatusError as error:
-            if error.status != UNAUTHORIZED:
-                raise
-            self._endpoint.forget_authorization()
-        return await self._call(method, path, query, body, content_type)
+        target = _target(path, query)
+        endpoint = self._endpoint
+        answer = await self._http.request(method, target,
+                                          authorization=endpoint.authorization(), body=body,
+                                          content_type=content_type)
+        if answer.status == UNAUTHORIZED:
+            endpoint.forget_authorization()
+            answer = await self._http.request(method, target,
+                                              authorization=endpoint.authorization(),
+                                              body=body, content_type=content_type)
+        if answer.status >= 400:  # an HTTP error status
+            raise ApiStatusError(answer.status, answer.reason, answer.body)
+        return answer.body
 
-    async def _call(self, method: str, path: str, query: Query | None, body: bytes | None,
-                    content_type: str | None) -> bytes:
-        async with self._response(method, path, query=query, body=body,
-                                  content_type=content_type,
-                                  timeout=REQUEST_TIMEOUT) as response:
-            return await response.read()
-
-    @asynccontextmanager
-    async def stream(self, path: str, query: Query) -> AsyncIterator[AsyncIterator[bytes]]:
-        """The body of a GET as it arrives, in chunks; raises one of ``API_FAILURES``.
-        The connection is dropped on leaving: an unfinished stream must not be reused."""
-        try:
-            async with self._response("GET", path, query=query, body=None, content_type=None,
-                                      timeout=WATCH_REQUEST_TIMEOUT) as response:
-                try:
-                    yield response.content.iter_any()
-                finally:
-                    response.close()
-        except ApiStatusError as error:
-            if error.status == UNAUTHORIZED:  # the watch's next start reads the token again
+    async def stream(self, path: str, query: Query, *, on_open: Callable[[], None],
+                     on_data: Callable[[bytes], None]) -> None:
+        """A GET's body handed to ``on_data`` as it arrives, until the server ends it;
+        ``on_open`` is called once the server has accepted the request. Raises one of
+        ``API_FAILURES``, or what ``on_data`` raised (the stream then ends)."""
+        answer = await self._http.stream(_target(path, query),
+                                         authorization=self._endpoint.authorization(),
+                                         on_open=on_open, on_data=on_data)
+        if answer is not None:
+            if answer.status == UNAUTHORIZED:  # the watch's next start reads the token again
                 self._endpoint.forget_authorization()
-            raise
+            raise ApiStatusError(answer.status, answer.reason, answer.body)
+
+
+def _target(path: str, query: Query | None) -> str:
+    return f"{path}?{urlencode(query, quote_via=quote)}" if query else path

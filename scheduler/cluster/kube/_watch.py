@@ -1,8 +1,9 @@
 """The list-and-watch loop of a collection (the pods, the ResourceQuotas), an asyncio task
 on the daemon's loop.
 
-One watch request is read in steps of their own: the stream's lines, the watch event each
-line is, the change that makes. An object the API sends that does not decode is logged and
+One watch request is read in steps of their own, each called by the one before as the
+stream's bytes arrive: the stream's lines, the watch event each line is, the change that
+makes. An object the API sends that does not decode is logged and
 counted (``UnreadableLog``), and the watch goes on past it.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic
 
@@ -80,30 +81,63 @@ class UnreadableLog:
                            unreadable.resource_version or "?", unreadable.error)
 
 
-async def lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    """The lines of a stream that arrives in chunks cut anywhere, blank ones left out."""
-    pending: list[bytes] = []  # the start of a line whose end has not come yet
-    async for chunk in chunks:
+class LineSplitter:
+    """The lines of a stream that arrives in chunks cut anywhere, blank ones left out,
+    each handed to ``on_line`` as soon as it is whole (in the transport's callback: no
+    task or generator between the socket and the watch)."""
+
+    __slots__ = ("_on_line", "_pending")
+
+    def __init__(self, on_line: Callable[[bytes], None]) -> None:
+        self._on_line = on_line
+        self._pending: list[bytes] = []  # the start of a line whose end has not come yet
+
+    def feed(self, chunk: bytes) -> None:
         *complete, tail = chunk.split(b"\n")
         if complete:
-            complete[0] = b"".join((*pending, complete[0]))
-            pending.clear()
+            pending = self._pending
+            if pending:
+                complete[0] = b"".join((*pending, complete[0]))
+                pending.clear()
+            on_line = self._on_line
             for line in complete:
-                if line.strip():
-                    yield line
+                if line and not line.isspace():
+                    on_line(line)
         if tail:
-            pending.append(tail)
-    last = b"".join(pending)
-    if last.strip():
-        yield last
+            self._pending.append(tail)
+
+    def end(self) -> None:
+        """The stream ended: its last line, if it had no newline."""
+        last = b"".join(self._pending)
+        self._pending.clear()
+        if last.strip():
+            self._on_line(last)
 
 
 _events = msgspec.json.Decoder(WatchEvent)
 
 
+_CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
 def seen(line: bytes, collection: Collection[Item, Change]) -> Seen[Item]:
     """The watch event a line is. Raises ``Expired`` or ``WatchFailed`` on an ERROR event,
-    ``msgspec.DecodeError`` on a line that is none."""
+    ``msgspec.DecodeError`` on a line that is none.
+
+    A change whose object decodes, nearly every line, is read in one pass, its type and
+    object together; anything else (a bookmark, an error, an object that does not decode)
+    is read again in steps, the object apart, so that it costs that object alone."""
+    try:
+        kind, item, version = collection.read_event(line)
+    except msgspec.DecodeError:
+        pass
+    else:
+        if kind in _CHANGES:
+            return Seen(kind, version, item)
+    return _seen_in_steps(line, collection)
+
+
+def _seen_in_steps(line: bytes, collection: Collection[Item, Change]) -> Seen[Item]:
     event = _events.decode(line)
     if event.type == "ERROR":
         status = msgspec.json.decode(event.object, type=Status)
@@ -120,8 +154,7 @@ def seen(line: bytes, collection: Collection[Item, Change]) -> Seen[Item]:
     except msgspec.DecodeError as error:
         unreadable = Unreadable.of(event.object, error)
         return Seen(event.type, unreadable.resource_version or None, None, unreadable)
-    changed = event.type in ("ADDED", "MODIFIED", "DELETED")
-    return Seen(event.type, version, item if changed else None)
+    return Seen(event.type, version, item if event.type in _CHANGES else None)
 
 
 class ListWatcher(Generic[Item, Change]):
@@ -196,16 +229,24 @@ class ListWatcher(Generic[Item, Change]):
 
     async def _watch(self) -> None:
         """One watch request, until the server ends it (``timeoutSeconds``)."""
-        query = _client.watch_query(self._version)
+        collection = self._collection
+        take = self._take
+
+        def on_line(line: bytes) -> None:
+            take(seen(line, collection))
+
+        lines = LineSplitter(on_line)
         try:
-            async with self._api.stream(self._collection.path, query) as chunks:
-                self._delay = RETRY_FIRST_DELAY
-                async for line in lines(chunks):
-                    self._take(seen(line, self._collection))
+            await self._api.stream(collection.path, _client.watch_query(self._version),
+                                   on_open=self._opened, on_data=lines.feed)
+            lines.end()
         except API_FAILURES as error:
             if answered_with(error, GONE):
                 raise Expired from error
             raise
+
+    def _opened(self) -> None:
+        self._delay = RETRY_FIRST_DELAY
 
     def _take(self, event: Seen[Item]) -> None:
         """Deliver the change this watch event makes; the watch moves on with it."""

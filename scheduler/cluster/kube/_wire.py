@@ -231,7 +231,8 @@ def cluster_pod(pod: Pod) -> ClusterPod:
     started = pod.status.start_time or meta.creation_timestamp
     return ClusterPod(manifest=manifest, uid=meta.uid or "", node=pod.spec.node_name,
                       phase=pod.status.phase, annotations=annotations,
-                      started=started.timestamp() if started is not None else 0.0)
+                      started=started.timestamp() if started is not None else 0.0,
+                      version=meta.resource_version)
 
 
 _pods = msgspec.json.Decoder(Pod)  # kept: every pod of a watch or a list goes through it
@@ -249,10 +250,42 @@ def pod_and_version(data: bytes) -> tuple[ClusterPod, str | None]:
     return cluster_pod(pod), pod.metadata.resource_version
 
 
+class _PodEvent(msgspec.Struct):
+    """A watch event of a pod, decoded whole in one pass."""
+
+    type: str
+    object: Pod
+
+
+class _QuotaEvent(msgspec.Struct):
+    type: str
+    object: ResourceQuota
+
+
+_pod_events = msgspec.json.Decoder(_PodEvent)
+_quota_events = msgspec.json.Decoder(_QuotaEvent)
+
+
+def pod_event(line: bytes) -> tuple[str, ClusterPod, str | None]:
+    """A watch event whose object is a pod: its type, the pod, its resourceVersion.
+    Raises ``msgspec.DecodeError``, for the event read again in steps (``WatchEvent``)."""
+    event = _pod_events.decode(line)
+    return event.type, cluster_pod(event.object), event.object.metadata.resource_version
+
+
+def quota_event(line: bytes) -> tuple[str, ResourceQuotaManifest, str | None]:
+    """A watch event whose object is a ResourceQuota, as ``pod_event`` reads a pod's."""
+    event = _quota_events.decode(line)
+    return (event.type, *_quota_manifest(event.object))
+
+
 def quota_and_version(data: bytes) -> tuple[ResourceQuotaManifest, str | None]:
     """A ResourceQuota of a list or a watch event, as the decision core reads it, and its
     resourceVersion. Raises ``msgspec.DecodeError``."""
-    quota = msgspec.json.decode(data, type=ResourceQuota)
+    return _quota_manifest(msgspec.json.decode(data, type=ResourceQuota))
+
+
+def _quota_manifest(quota: ResourceQuota) -> tuple[ResourceQuotaManifest, str | None]:
     meta = quota.metadata
     manifest = ResourceQuotaManifest(
         metadata=ObjectMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid),
