@@ -40,6 +40,15 @@ def _quoted(line: bytes | bytearray) -> str:
     return shown + ("..." if len(line) > _SHOWN else "")
 
 
+def _line_end(buffer: bytearray, position: int, end: int, what: str) -> int:
+    """Where the CRLF ending the line at ``position`` starts, or -1 while it has not come;
+    raises ``MalformedResponse`` for a line longer than ``CHUNK_LINE_LIMIT``."""
+    line_end = buffer.find(b"\r\n", position, position + CHUNK_LINE_LIMIT + 2)
+    if line_end < 0 and end - position > CHUNK_LINE_LIMIT + 1:
+        raise MalformedResponse(f"{what} runs over {CHUNK_LINE_LIMIT} bytes")
+    return line_end
+
+
 class ResponseReader:
     """One answer, fed the bytes that arrive (``feed``) and told when the connection
     ends (``eof``). Its body is collected (``body``) or, with ``stream``, handed on as it
@@ -117,11 +126,8 @@ class ResponseReader:
                     self._head(bytes(buffer[position:head_end]))
                     position = head_end + len(_HEAD_END)
                 elif state == _CHUNK_SIZE_LINE:
-                    line_end = buffer.find(b"\r\n", position, position + CHUNK_LINE_LIMIT + 2)
+                    line_end = _line_end(buffer, position, end, "a chunk size line")
                     if line_end < 0:
-                        if end - position > CHUNK_LINE_LIMIT + 1:
-                            raise MalformedResponse(
-                                f"a chunk size line runs over {CHUNK_LINE_LIMIT} bytes")
                         break
                     self._chunk_size(buffer[position:line_end])
                     position = line_end + 2
@@ -135,11 +141,8 @@ class ResponseReader:
                     position += 2
                     self._state = _CHUNK_SIZE_LINE
                 elif state == _TRAILERS:
-                    line_end = buffer.find(b"\r\n", position, position + CHUNK_LINE_LIMIT + 2)
+                    line_end = _line_end(buffer, position, end, "a trailer line")
                     if line_end < 0:
-                        if end - position > CHUNK_LINE_LIMIT + 1:
-                            raise MalformedResponse(
-                                f"a trailer line runs over {CHUNK_LINE_LIMIT} bytes")
                         break
                     line = buffer[position:line_end]
                     position = line_end + 2
