@@ -28,13 +28,15 @@ from typing import Any, Literal
 
 import msgspec
 
+from common.core.errors import PyhamiError
+
 Phase = Literal["noop", "pairs"]
 
 READ_SIZE = 1 << 18
 """Bytes asked of the socket at a time: a /filter answer refusing 5,000 nodes fits."""
 
 
-class BenchError(Exception):
+class BenchError(PyhamiError):
     """The bench cannot go on: the message is one line for the user."""
 
 
