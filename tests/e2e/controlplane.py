@@ -564,6 +564,16 @@ class ControlPlane(ApiServerPlane):
             return []
         return [json.loads(line) for line in self.cri_record.read_text().splitlines() if line]
 
+    def created_container(self, pod: str) -> dict[str, Any]:
+        """The one CreateContainer request for pod ``pod``, once the runtime has it: the
+        device plugin's Allocate (and the annotations it writes) comes before it."""
+        def created() -> dict[str, Any] | None:
+            found = [request for request in self.recorded_containers()
+                     if request["sandboxConfig"]["metadata"]["name"] == pod]
+            assert len(found) <= 1, f"{len(found)} containers created for {pod}"
+            return found[0] if found else None
+        return wait_for(created, f"the runtime's CreateContainer for pod {pod}")
+
     def start_kubelet(self) -> None:
         """A real kubelet registering ``KUBELET_NODE``, against the fake CRI runtime (started
         first unless it runs); returns once the Node is Ready. Called again after

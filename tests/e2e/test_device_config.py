@@ -197,8 +197,7 @@ def only_grant(pod: dict[str, Any]) -> CardGrant:
 
 def runtime_env(plane: ControlPlane, name: str) -> dict[str, str]:
     """The environment the kubelet gave the runtime for the pod's one container."""
-    (created,) = [request for request in plane.recorded_containers()
-                  if request["sandboxConfig"]["metadata"]["name"] == name]
+    created = plane.created_container(name)
     return recorded_env(created)
 
 

@@ -129,8 +129,7 @@ def test_a_lab_pod_runs_with_the_cards_pyhami_chose(gpu_node: GpuNode,
     annotations = stored["metadata"]["annotations"]
     assert stored["spec"]["nodeName"] == KUBELET_NODE
     ((grant,),) = decode_devices(annotations[ALLOCATED_ANNOTATION])
-    (created,) = [request for request in plane.recorded_containers()
-                  if request["sandboxConfig"]["metadata"]["name"] == "on-a-real-kubelet"]
+    created = plane.created_container("on-a-real-kubelet")
     env = recorded_env(created)
     assert env["NVIDIA_VISIBLE_DEVICES"] == grant.uuid
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{grant.memory}m"
@@ -165,8 +164,7 @@ def test_a_lab_pod_starts_while_the_agents_nats_server_is_killed(
           f"later, the agent on server {moved}")
     assert moved is not None and moved != victim
     ((grant,),) = decode_devices(stored["metadata"]["annotations"][ALLOCATED_ANNOTATION])
-    (created,) = [request for request in plane.recorded_containers()
-                  if request["sandboxConfig"]["metadata"]["name"] == name]
+    created = plane.created_container(name)
     assert recorded_env(created)["NVIDIA_VISIBLE_DEVICES"] == grant.uuid
     wait_for(lambda: plane.api.get(f"{PODS}/{name}")["metadata"]["annotations"].get(
         BIND_PHASE_ANNOTATION) == "success", "the pod's bind-phase success")
@@ -198,8 +196,7 @@ def test_a_cache_file_in_the_pods_folder_reaches_metrics_and_the_daemon(
     # to keep there: where HAMi-core would write it on the host.
     folder = gpu_node.containers / f"{stored['metadata']['uid']}_{container['name']}"
     assert folder.is_dir()
-    (created,) = [request for request in plane.recorded_containers()
-                  if request["sandboxConfig"]["metadata"]["name"] == "monitored"]
+    created = plane.created_container("monitored")
     mounts = {mount["containerPath"]: mount["hostPath"]
               for mount in created["config"].get("mounts", [])}
     assert mounts[CONTAINER_VGPU_DIR] == str(folder)

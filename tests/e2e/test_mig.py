@@ -74,8 +74,7 @@ def test_a_mig_pod_gets_its_instance_and_loses_it_when_deleted(
         return entry if entry.live and notes.get("hami.io/bind-phase") == "success" else None
 
     live = wait_for(recorded, "the instance's runtime identity on the pod")
-    (created,) = [request for request in plane.recorded_containers()
-                  if request["sandboxConfig"]["metadata"]["name"] == "mig-small"]
+    created = plane.created_container("mig-small")
     env = recorded_env(created)
     assert env["NVIDIA_VISIBLE_DEVICES"] == live.mig_uuid
     assert live.mig_uuid.startswith("MIG-")
