@@ -19,7 +19,7 @@ COMPONENTS = {"etcd", "kube-apiserver", "kube-scheduler", "pyhami-scheduler", "n
 KEYS = {"nodes", "pods", "pyhami_pods_per_s", "default_pods_per_s", "ratio", "pyhami_p50_ms",
         "pyhami_p99_ms", "default_p50_ms", "default_p99_ms", "pyhami_pods_per_s_default_limits",
         "default_pods_per_s_default_limits", "ratio_default_limits", "created_per_s",
-        "cpu_ms_per_pod", "pyhami_idle_ms", "default_idle_ms", "phases"}
+        "cpu_ms_per_pod", "kernel_ms_per_pod", "pyhami_idle_ms", "default_idle_ms", "phases"}
 
 
 # k8s/'s plain HTTP over loopback, and the chart's mutual TLS.
@@ -56,6 +56,9 @@ def test_bench_cluster_binds_every_pod_of_every_phase(control_plane_binaries: Pa
         cpu = result["cpu_ms_per_pod"][name]
         assert set(cpu) == {*COMPONENTS, "total"}
         assert abs(cpu["total"] - sum(cpu[component] for component in COMPONENTS)) < 0.011
+        kernel = result["kernel_ms_per_pod"][name]
+        assert set(kernel) == COMPONENTS
+        assert all(0 <= kernel[component] <= cpu[component] + 0.011 for component in COMPONENTS)
     assert result["ratio"] == round(result["pyhami_pods_per_s"] / result["default_pods_per_s"], 3)
     assert result["ratio_default_limits"] == round(
         result["pyhami_pods_per_s_default_limits"] / result["default_pods_per_s_default_limits"],
