@@ -335,8 +335,8 @@ def histogram_mean_ms(exposition: str, name: str, label: str = "") -> float | No
 
 
 def process_cpu_seconds(pid: int) -> tuple[float, float]:
-    """(utime, stime): the time in the kernel is the loopback's and TLS's sockets for the
-    most part, the share no code of the component's can cut."""
+    """(utime, stime): the time in the kernel is mostly the sockets', paid per write and
+    read (on loopback the sender's write runs the receiver's side too)."""
     # The command name (field 2) may hold spaces: the fields after it count from its ")".
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
