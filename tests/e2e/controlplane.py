@@ -564,12 +564,16 @@ class ControlPlane(ApiServerPlane):
             return []
         return [json.loads(line) for line in self.cri_record.read_text().splitlines() if line]
 
+    def created_containers(self, pod: str) -> list[dict[str, Any]]:
+        """The CreateContainer requests the fake runtime received for pod ``pod``."""
+        return [request for request in self.recorded_containers()
+                if request["sandboxConfig"]["metadata"]["name"] == pod]
+
     def created_container(self, pod: str) -> dict[str, Any]:
         """The one CreateContainer request for pod ``pod``, once the runtime has it: the
         device plugin's Allocate (and the annotations it writes) comes before it."""
         def created() -> dict[str, Any] | None:
-            found = [request for request in self.recorded_containers()
-                     if request["sandboxConfig"]["metadata"]["name"] == pod]
+            found = self.created_containers(pod)
             assert len(found) <= 1, f"{len(found)} containers created for {pod}"
             return found[0] if found else None
         return wait_for(created, f"the runtime's CreateContainer for pod {pod}")

@@ -74,12 +74,6 @@ def running(plane: ControlPlane, name: str) -> dict[str, Any] | None:
     return pod if pod["status"].get("phase") == "Running" else None
 
 
-def created_for(plane: ControlPlane, name: str) -> list[dict[str, Any]]:
-    """The CreateContainer requests the fake runtime received for pod ``name``."""
-    return [request for request in plane.recorded_containers()
-            if request["sandboxConfig"]["metadata"]["name"] == name]
-
-
 def test_a_pod_bound_to_the_kubelet_runs_in_the_fake_runtime(
         kubelet: ControlPlane, clean_namespace: None) -> None:
     name = "plain-on-kubelet"
@@ -88,7 +82,7 @@ def test_a_pod_bound_to_the_kubelet_runs_in_the_fake_runtime(
     assert status["ready"] is True and "running" in status["state"]
     assert status["containerID"].startswith("fakeRuntime://")
 
-    [created] = created_for(kubelet, name)
+    [created] = kubelet.created_containers(name)
     assert created["sandboxConfig"]["metadata"]["namespace"] == TEST_NAMESPACE
     assert created["sandboxConfig"]["metadata"]["uid"] == pod["metadata"]["uid"]
     config = created["config"]
@@ -112,4 +106,4 @@ def test_a_restarted_kubelet_serves_again_and_keeps_its_pods(
     # ... and the running container found in the runtime, not created again.
     after = wait_for(lambda: running(kubelet, name), f"pod {name} still Running")
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
-    assert len(created_for(kubelet, name)) == 1
+    assert len(kubelet.created_containers(name)) == 1
