@@ -21,6 +21,12 @@ from common.core.fleet import (
     utilization_score,
     utilization_scores,
 )
+from common.core.linksets import (
+    DECISION_SEARCH_STEPS,
+    SEARCH_STEPS,
+    SearchBudget,
+    linked_set,
+)
 from common.core.mig import (
     HAMI_CORE_MODE,
     MIG_MODE,
@@ -40,6 +46,7 @@ from common.core.reasons import (
     NODE_INSUFFICIENT_DEVICE,
     NUMA_NOT_FIT,
     TOPOLOGY_NOT_FIT,
+    TOPOLOGY_SEARCH_LIMIT,
     TOPOLOGY_UNKNOWN,
     CardCheck,
 )
@@ -173,6 +180,8 @@ class PodView:
             self.uuid_ok = ok
         self._scores: FloatArray | None = None
         self._run_scores: dict[tuple[int, int], list[float]] = {}
+        self.search_steps_left = DECISION_SEARCH_STEPS
+        """What the decision's linked-set searches may still take, over all its nodes."""
 
     def scores(self) -> FloatArray:
         """Every card's utilization score under the pod's weights (existing usage only)."""
@@ -488,41 +497,30 @@ def node_level_failure(
     return None
 
 
-def _clique(ranked: list[int], size: int, adjacency: tuple[int, ...]) -> list[int] | None:
-    """The pairwise-linked ``size``-set whose sorted ranks are lexicographically smallest."""
-
-    def extend(chosen: list[int], mask: int, start: int) -> list[int] | None:
-        if len(chosen) == size:
-            return chosen
-        for k in range(start, len(ranked) - (size - len(chosen)) + 1):
-            card = ranked[k]
-            if adjacency[card] & mask == mask:
-                found = extend([*chosen, card], mask | (1 << card), k + 1)
-                if found is not None:
-                    return found
-        return None
-
-    return extend([], 0, 0)
-
-
 def choose_cards(
     ranked: list[int],
     size: int,
     numa: list[int],
     topology: NodeTopology | None,
     numa_bind: bool,
+    *,
+    budget: SearchBudget | None = None,
 ) -> list[int] | Counter[str]:
     """Pick ``size`` cards from the ranked eligible ones, or say why the set fails.
 
-    ``topology`` is given when the pod is topology-aware and asks for several cards.
+    ``topology`` is given when the pod is topology-aware and asks for several cards;
+    ``budget``: the steps its linked-set searches may take (a fresh ``SearchBudget`` when
+    None). A search that runs out fails the node with ``TOPOLOGY_SEARCH_LIMIT``: no set
+    was found, none was proven absent.
     """
+    steps = SearchBudget() if budget is None else budget
 
     def pick(candidates: list[int]) -> list[int] | None:
         if len(candidates) < size:
             return None
         if topology is None:
             return candidates[:size]
-        return _clique(candidates, size, topology.adjacency)
+        return linked_set(candidates, size, topology, steps)
 
     if not (numa_bind and size > 1):
         chosen = pick(ranked)
@@ -530,6 +528,8 @@ def choose_cards(
             return chosen
         if len(ranked) < size:
             return Counter({INSUFFICIENT_CARDS: len(ranked)})
+        if steps.exhausted:
+            return Counter({TOPOLOGY_SEARCH_LIMIT: len(ranked)})
         return Counter({TOPOLOGY_NOT_FIT: len(ranked)})
 
     groups: dict[int, list[int]] = {}
@@ -543,6 +543,9 @@ def choose_cards(
             chosen = pick(groups[numa[card]])
             if chosen is not None:
                 return chosen
+            if steps.exhausted:
+                # The later groups would each be refused unsearched.
+                return Counter({TOPOLOGY_SEARCH_LIMIT: len(ranked)})
     if topology is not None and any(len(g) >= size for g in groups.values()):
         return Counter({TOPOLOGY_NOT_FIT: len(ranked)})
     best = next((groups[numa[c]] for c in ranked if numa[c] >= 0), [])
@@ -591,6 +594,18 @@ class NodeFailure:
 
 def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | NodeFailure:
     """Place every GPU container on one node in order, or return why the node fails."""
+    # One budget for all the pod's linked-set searches on the node: its cost is bounded
+    # however many containers and NUMA groups are searched, and so is the decision's over
+    # all its nodes.
+    budget = SearchBudget(min(SEARCH_STEPS, view.search_steps_left))
+    try:
+        return _place_containers(view, node, first_codes, budget)
+    finally:
+        view.search_steps_left -= budget.spent
+
+
+def _place_containers(view: PodView, node: int, first_codes: CodeArray,
+                      budget: SearchBudget) -> Placement | NodeFailure:
     layout, pod = view.layout, view.pod
     where = layout.node_slice(node)
     start, cards = where.start, where.stop - where.start
@@ -620,7 +635,7 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
         if mig_node and not aware:
             ranked = _expand_mig(view, node, ranked, request, held)
         chosen = choose_cards(ranked, request.cards, numa, topology if aware else None,
-                              pod.numa_bind)
+                              pod.numa_bind, budget=budget)
         if isinstance(chosen, Counter):
             by_code = np.bincount(codes, minlength=CHECK_COUNT).tolist()
             return NodeFailure(card_reason_counts(by_code) + chosen, position, codes, extra)

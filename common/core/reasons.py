@@ -54,6 +54,10 @@ QUOTA_REASON = CARD_REASON[CardCheck.QUOTA_NOT_FIT]
 INSUFFICIENT_CARDS = "AllocatedCardsInsufficientRequest"
 NUMA_NOT_FIT = "NumaNotFit"
 TOPOLOGY_NOT_FIT = "TopologyNotFit"
+TOPOLOGY_SEARCH_LIMIT = "TopologyNotFit (search limit reached)"
+"""The linked-set search ran out of steps (``common.core.linksets.SEARCH_STEPS``) before
+finding a set or proving there is none: HAMi's reason with that said after it, as other
+reasons' details are, so that ``TopologyNotFit`` still finds it."""
 TOPOLOGY_UNKNOWN = "TopologyUnknown"
 NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
 
