@@ -16,9 +16,11 @@ is read gives a short read, refused with a reason, never a crash.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -51,7 +53,8 @@ Reason = Literal[
     "too_many_files",     # more than 2 '*libvgpu.so*' or '*.cache' (HAMi: cache num not matched)
     "too_many_entries",   # a folder with more entries than pyhami looks at
     "unreadable",         # the folder or the file cannot be listed or opened
-    "not_a_file",         # the cache file is a link, a FIFO, a device: never followed
+    "not_a_file",         # the cache file is a link, a FIFO, a device, a folder: never opened
+    "no_allocation",      # a container whose cards are not known: its file speaks for none
     "bad_size",           # smaller than either layout
     "bad_magic",          # initialized_flag is not 19920718
     "unknown_version",    # large enough for v1 but its major version is not 1
@@ -198,37 +201,176 @@ class Region:
     minor: int | None
     devices: tuple[DeviceUsage, ...]
     """One per card ``i < min(device_num, 16)`` with a uuid set and readable."""
+    device_cards: tuple[bytes, ...]
+    """Each of ``devices``' uuid whole, cut at its first NUL (the label keeps 40 bytes):
+    what the container's allocation is checked against."""
     bad_uuids: int
     """Cards left out because their uuid is not UTF-8."""
     card_uuids: tuple[bytes, ...]
-    """The raw 96-byte uuid of every one of the 16 places that has one set, in order, as
-    HAMi's feedback loop keys its census (it looks at all 16, not ``device_num``)."""
+    """The uuid of every one of the 16 places that has one set, in order, cut at its first
+    NUL: what HAMi's feedback loop keys its census on (it looks at all 16, not
+    ``device_num``), once checked against the container's allocation."""
     priority: int
     recent_kernel: int
     utilization_switch: int
     last_kernel_time: int | None
     """Unix seconds of the last kernel launch, when set (v1 only)."""
 
-    def usage(self, pod_uid: str, container: str) -> ContainerUsage:
-        """The container's figures in the monitor's model."""
-        return ContainerUsage(pod_uid=pod_uid, container=container, devices=self.devices,
+    def usage(self, pod_uid: str, container: str,
+              cards: Collection[str] | None = None) -> ContainerUsage:
+        """The container's figures in the monitor's model; given ``cards`` (the cards the
+        container was given), only theirs."""
+        devices = self.devices if cards is None else tuple(
+            device for device, card in zip(self.devices, self.device_cards, strict=True)
+            if _text(card) in cards)
+        return ContainerUsage(pod_uid=pod_uid, container=container, devices=devices,
                               source="hami-core", last_kernel_time=self.last_kernel_time)
 
 
-def open_regular(path: Path, flags: int) -> int | Refused:
-    """A descriptor of ``path`` when it is a regular file; never follows a link (the folder
-    is writable from inside the container, and the agent writes back into the file)."""
+def card_name(field: bytes) -> bytes:
+    """A uuid field of the region, cut at its first NUL."""
+    return field.split(b"\0", 1)[0]
+
+
+def _text(card: bytes) -> str | None:
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return card.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+_PROC_FD = Path("/proc/self/fd")
+"""Where a descriptor opened ``O_PATH`` is opened again for reading or writing: the very
+file it holds, with no lookup by name in between."""
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _same_inode(first: os.stat_result, second: os.stat_result) -> bool:
+    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
+
+
+def open_folder(path: Path) -> int | Refused:
+    """A descriptor of the folder ``path`` (a container's folder, writable from inside the
+    container): looked at without following a link (``lstat``), opened only when it is a
+    folder, never through a link, and refused when what was opened is not what was looked
+    at."""
+    try:
+        seen = os.lstat(path)
     except OSError as error:
-        if isinstance(error, FileNotFoundError):
-            return Refused("unreadable", f"{path}: gone")
-        reason: Reason = "not_a_file" if os.path.islink(path) else "unreadable"
-        return Refused(reason, f"{path}: {error.strerror or error}")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return _unreadable(path, error)
+    if not stat.S_ISDIR(seen.st_mode):
+        return Refused("not_a_folder", f"{path}: {_kind(seen.st_mode)}, not a folder")
+    try:
+        fd = os.open(path, _FOLDER_FLAGS)
+    except OSError as error:
+        return _unreadable(path, error)
+    try:
+        opened = os.fstat(fd)
+    except OSError as error:
         os.close(fd)
-        return Refused("not_a_file", f"{path}: not a regular file")
+        return _unreadable(path, error)
+    if not (stat.S_ISDIR(opened.st_mode) and _same_inode(seen, opened)):
+        os.close(fd)
+        return Refused("changed", f"{path}: replaced while it was opened")
     return fd
+
+
+def open_regular(path: Path, flags: int) -> int | Refused:
+    """A descriptor of ``path`` opened with ``flags``, when it is a regular file in a folder
+    that is one: nothing in a container's folder is opened otherwise (opening a FIFO or a
+    device made there would run its open code on the host), and no link is followed (the
+    agent writes back into the file)."""
+    folder = open_folder(path.parent)
+    if isinstance(folder, Refused):
+        return folder
+    try:
+        return open_regular_at(folder, path.name, flags, path)
+    finally:
+        os.close(folder)
+
+
+def open_regular_at(folder: int, name: str, flags: int, path: Path) -> int | Refused:
+    """``name`` in the open ``folder`` (``path`` names it in details), opened with ``flags``
+    when it is a regular file.
+
+    Looked at first without following a link (``lstat``): anything but a regular file is
+    refused unopened. Then pinned with ``O_PATH | O_NOFOLLOW`` (which runs no open code:
+    a FIFO or a device swapped in meanwhile is held, not opened), checked again on the
+    pinned descriptor, and only then opened for ``flags`` through ``/proc/self/fd``, the
+    same file with no second lookup by name; the descriptor is checked once more
+    (regular, the inode looked at). Without ``/proc`` it is opened by name with
+    ``O_NOFOLLOW | O_NONBLOCK`` and the same checks after.
+    """
+    try:
+        seen = _look(folder, name)
+    except OSError as error:
+        return _unreadable(path, error)
+    if not stat.S_ISREG(seen.st_mode):
+        return Refused("not_a_file", f"{path}: {_kind(seen.st_mode)}, not a regular file")
+    opened_flags = flags | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        pinned = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    except OSError as error:
+        return _unreadable(path, error)
+    try:
+        refused = _check_opened(pinned, seen, path)
+        if refused is not None:
+            return refused
+        try:
+            fd = os.open(_PROC_FD / str(pinned), opened_flags)
+        except FileNotFoundError:
+            if _PROC_FD.is_dir():
+                raise
+            fd = os.open(name, opened_flags | os.O_NOFOLLOW, dir_fd=folder)
+    except OSError as error:
+        return _unreadable(path, error)
+    finally:
+        os.close(pinned)
+    try:
+        refused = _check_opened(fd, seen, path)
+    except OSError as error:
+        refused = _unreadable(path, error)
+    if refused is not None:
+        os.close(fd)
+        return refused
+    return fd
+
+
+def _look(folder: int, name: str) -> os.stat_result:
+    """``name`` in ``folder`` as it is (``lstat``): a link is not followed."""
+    return os.stat(name, dir_fd=folder, follow_symlinks=False)
+
+
+def _check_opened(fd: int, seen: os.stat_result, path: Path) -> Refused | None:
+    """Refused unless ``fd`` is a regular file and the inode ``seen`` before opening."""
+    opened = os.fstat(fd)
+    if not stat.S_ISREG(opened.st_mode):
+        return Refused("not_a_file", f"{path}: became {_kind(opened.st_mode)} while opened")
+    if not _same_inode(seen, opened):
+        return Refused("changed", f"{path}: replaced while it was opened")
+    return None
+
+
+def _unreadable(path: Path, error: OSError) -> Refused:
+    if isinstance(error, FileNotFoundError):
+        return Refused("unreadable", f"{path}: gone")
+    if error.errno == errno.ELOOP:  # a link put there after it was looked at
+        return Refused("not_a_file", f"{path}: a link, not followed")
+    return Refused("unreadable", f"{path}: {error.strerror or error}")
 
 
 def identity_of(fd: int) -> FileIdentity:
@@ -312,7 +454,8 @@ def _read(path: Path, fd: int) -> Region | Refused:
         path=path, identity=identity, layout=layout,
         major=major if layout is V1 else None, minor=minor if layout is V1 else None,
         devices=devices, bad_uuids=bad_uuids,
-        card_uuids=tuple(uuid for uuid in uuids if uuid[0] != 0),
+        device_cards=tuple(card_name(uuids[device.vdevice_index]) for device in devices),
+        card_uuids=tuple(card_name(uuid) for uuid in uuids if uuid[0] != 0),
         priority=priority, recent_kernel=recent_kernel,
         utilization_switch=utilization_switch, last_kernel_time=last_kernel_time)
 

@@ -10,6 +10,12 @@ worker thread, every 5 s as HAMi does.
 Unlike HAMi, which maps a folder's file once and keeps that mapping for as long as the
 folder's name is listed (so a folder the device plugin recreated is read from the old,
 unlinked file), every scan reads each file again by its path.
+
+A cache file is written by the container it belongs to, so it speaks only for the cards
+that container was given (``Allocation``, from the daemon's list of the pods holding
+cards): the cards it names beyond them are counted as lies and logged, never acted on
+(HAMi v2.10 acts on any uuid in the file, so a container naming its neighbour's card can
+pause the neighbour's kernels). A container whose cards are not known speaks for none.
 """
 
 from __future__ import annotations
@@ -19,17 +25,25 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.deviceplugin.hamicore import folder_pod
-from agent.monitor.cache import Reason, Refused, Region, read_cache_file
+from agent.monitor.cache import (
+    UUID_LABEL_BYTES,
+    Reason,
+    Refused,
+    Region,
+    open_folder,
+    read_cache_file,
+)
 from agent.monitor.feedback import PAUSED, Control, decide, read_control, write_control
 from agent.monitor.model import ContainerUsage
 from common.arguments import positive_seconds
 from common.messaging import RateLimitedLog
 from common.settings import setting
+from common.wire import HoldingPod
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +93,47 @@ class CacheSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class Allocation:
+    """What one container was given: the cards its cache file may speak for."""
+
+    pod: str
+    """``namespace/name``, for the log."""
+    cards: frozenset[str]
+    """The uuids of the cards the container was given (the device plugin's Allocate puts
+    them in its environment, from the pod's allocation annotation)."""
+
+
+Allocations = Mapping[tuple[str, str], Allocation]
+"""By (pod uid, container name), the key of a container's folder."""
+
+
+def allocations_of(pods: Iterable[HoldingPod]) -> dict[tuple[str, str], Allocation]:
+    """Each container's cards, from the daemon's list of the pods holding cards on the node
+    (init containers included: HAMi-core runs in them too). Pure."""
+    return {(pod.uid, container.name): Allocation(f"{pod.namespace}/{pod.name}",
+                                                  frozenset(container.cards))
+            for pod in pods for container in pod.containers}
+
+
+def vouch(names: Sequence[bytes], given: Collection[str]
+          ) -> tuple[tuple[str, ...], tuple[bytes, ...]]:
+    """Of the uuids a cache file names (``Region.card_uuids``): those of cards the
+    container was ``given``, in order (a card named twice is counted twice, as HAMi's
+    census counts it), and the others, each once: lies, never acted on. Pure."""
+    held, lies = [], []
+    for name in names:
+        try:
+            card = name.decode("utf-8")
+        except UnicodeDecodeError:
+            card = None
+        if card is not None and card in given:
+            held.append(card)
+        elif name not in lies:
+            lies.append(name)
+    return tuple(held), tuple(lies)
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerCache:
     """One container's cache file as a scan read it."""
 
@@ -87,10 +142,30 @@ class ContainerCache:
     container: str
     region: Region
     """The file's figures and what the feedback loop needs to write into it."""
+    allocation: Allocation | None = None
+    """What the container was given; None where it is not known: the file then speaks for
+    no card (no usage, no feedback, its own file left as it is)."""
+
+    @property
+    def cards(self) -> tuple[str, ...]:
+        """The cards the file names that the container was given: what the feedback loop
+        counts and decides on."""
+        if self.allocation is None:
+            return ()
+        return vouch(self.region.card_uuids, self.allocation.cards)[0]
+
+    @property
+    def lies(self) -> tuple[bytes, ...]:
+        """The uuids the file names that the container was not given."""
+        if self.allocation is None:
+            return ()
+        return vouch(self.region.card_uuids, self.allocation.cards)[1]
 
     @property
     def usage(self) -> ContainerUsage:
-        return self.region.usage(self.pod_uid, self.container)
+        """The container's figures on the cards it was given (none when not known)."""
+        given = frozenset() if self.allocation is None else self.allocation.cards
+        return self.region.usage(self.pod_uid, self.container, given)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +178,13 @@ class CacheScan:
     listed: int
     """Folders listed in the containers folder."""
     seconds: float
+    lies: int = 0
+    """Uuids named by cache files whose containers were not given those cards."""
 
     @property
     def usage(self) -> list[ContainerUsage]:
-        return [cache.usage for cache in self.containers]
+        """The usage of the containers whose cards are known, on those cards only."""
+        return [cache.usage for cache in self.containers if cache.allocation is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +211,7 @@ class ContainerCaches:
         self._clock = clock
         self._log = RateLimitedLog(clock, logger)
         self._skipped: Counter[Reason] = Counter()
+        self._lies = 0
         # The last folder read by a scan that could not read them all: the next starts
         # after it, so every folder is read in turn however many there are.
         self._cursor: str | None = None
@@ -142,10 +221,21 @@ class ContainerCaches:
         """Skips by reason over the agent's life (scans and feedback rounds)."""
         return dict(self._skipped)
 
-    def scan(self, live_pods: Collection[str] | None = None) -> CacheScan:
+    @property
+    def lies(self) -> int:
+        """Uuids of cards not given to their container, named by cache files, over the
+        agent's life (counted again at every scan that reads them)."""
+        return self._lies
+
+    def scan(self, live_pods: Collection[str] | None = None,
+             allocations: Allocations | None = None) -> CacheScan:
         """Read the cache file of every container folder, within the bounds; ``live_pods``
         (the uids of the pods the node runs), when given, leaves the others unread, as
-        HAMi's monitor does not load the folders of pods it does not know."""
+        HAMi's monitor does not load the folders of pods it does not know.
+
+        ``allocations`` (``allocations_of`` the daemon's list) says which cards each
+        container was given: its file speaks for those only, the others it names are lies
+        (counted, logged); a container not in it speaks for none (``no_allocation``)."""
         started = self._clock()
         skipped: Counter[Reason] = Counter()
         names = self._list(skipped)
@@ -165,7 +255,7 @@ class ContainerCaches:
         turn = self._in_turn(wanted)
         chosen = turn[:self._max_folders]
         self._count_left(skipped, "over_limit", len(turn) - len(chosen))
-        containers, last = [], None
+        containers, last, lies = [], None, 0
         for place, (name, uid, container) in enumerate(chosen):
             # At least one folder a scan, however long the listing took: none starves.
             if place > 0 and self._clock() - started > self._budget:
@@ -179,11 +269,21 @@ class ContainerCaches:
             if read.bad_uuids:
                 self._skip(skipped, Refused("bad_uuid", f"{read.path}: a card's uuid is "
                                                         "not UTF-8"), read.bad_uuids)
-            containers.append(ContainerCache(name, uid, container, read))
+            allocation = None if allocations is None else allocations.get((uid, container))
+            cache = ContainerCache(name, uid, container, read, allocation)
+            if allocation is None:
+                self._skip(skipped, Refused("no_allocation", f"{read.path}: the cards of "
+                                            f"container {container} of pod {uid} are not "
+                                            "known: the file speaks for none"))
+            elif cache.lies:
+                lies += len(cache.lies)
+                self._lied(cache, allocation)
+            containers.append(cache)
         complete = skipped["over_limit"] == 0 and skipped["over_time"] == 0
         self._cursor = None if complete else last
+        self._lies += lies
         return CacheScan(tuple(containers), dict(skipped), len(names),
-                         self._clock() - started)
+                         self._clock() - started, lies)
 
     def feedback(self, scan: CacheScan) -> FeedbackResult:
         """One round of HAMi's priority loop over the containers ``scan`` read: each
@@ -192,7 +292,9 @@ class ContainerCaches:
         skipped: Counter[Reason] = Counter()
         read: list[tuple[ContainerCache, Control]] = []
         for cache in scan.containers:
-            control = read_control(cache.region)
+            if cache.allocation is None:
+                continue  # its cards are not known: neither counted nor written
+            control = read_control(cache.region, cache.cards)
             if isinstance(control, Refused):
                 self._skip(skipped, control)
                 continue
@@ -240,6 +342,14 @@ class ContainerCaches:
         after = [item for item in wanted if item[0] > self._cursor]
         return after + wanted[:len(wanted) - len(after)]
 
+    def _lied(self, cache: ContainerCache, allocation: Allocation) -> None:
+        """One line a minute at most for all the lying files, naming the pod."""
+        named = ", ".join(repr(lie[:UUID_LABEL_BYTES]) for lie in cache.lies[:3])
+        more = f" and {len(cache.lies) - 3} more" if len(cache.lies) > 3 else ""
+        self._log.warning("cache_lie", "HAMi-core cache file of pod %s (%s), container %s, "
+                          "names cards the container was not given, ignored: %s%s",
+                          allocation.pod, cache.pod_uid, cache.container, named, more)
+
     def _read_folder(self, folder: Path) -> Region | Refused:
         cache_file = _cache_file(folder)
         if isinstance(cache_file, Refused):
@@ -264,8 +374,12 @@ def _cache_file(folder: Path) -> Path | Refused:
     ending in ``.cache`` is refused ("cache num not matched"); the first ``.cache`` in name
     order that is not the library is the one."""
     matched = []
+    # Listed through a descriptor of the folder itself, opened without following a link.
+    fd = open_folder(folder)
+    if isinstance(fd, Refused):
+        return fd
     try:
-        with os.scandir(folder) as entries:
+        with os.scandir(fd) as entries:
             for seen, entry in enumerate(entries):
                 if seen >= MAX_FOLDER_ENTRIES:
                     return Refused("too_many_entries", f"{folder}: more than "
@@ -276,6 +390,8 @@ def _cache_file(folder: Path) -> Path | Refused:
                         return Refused("too_many_files", f"{folder}: cache num not matched")
     except OSError as error:
         return Refused("unreadable", f"{folder}: {error.strerror or error}")
+    finally:
+        os.close(fd)
     caches = sorted(name for name in matched
                     if LIBRARY_MARK not in name and name.endswith(CACHE_SUFFIX))
     if not caches:

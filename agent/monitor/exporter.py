@@ -45,11 +45,14 @@ class MonitorSnapshot:
     """The pods holding cards on the node, by uid (the daemon's list)."""
     skipped: Mapping[str, int] = field(default_factory=dict)
     """Inputs skipped since the agent started, by reason (cumulative)."""
+    cache_lies: int = 0
+    """Uuids of cards a container was not given, named in its HAMi-core cache file and
+    ignored, since the agent started (cumulative, counted at every scan)."""
 
 
 class MonitorCollector(Collector):
     """The scrape: ``host()`` (NVML now) and ``snapshot()`` (the last scan) as HAMi's
-    gauges, and pyhami's counter of what was skipped."""
+    gauges, and pyhami's counters of what was skipped and of the cache files' lies."""
 
     def __init__(self, node: str, host: Callable[[], list[HostCard]],
                  snapshot: Callable[[], MonitorSnapshot],
@@ -70,6 +73,11 @@ class MonitorCollector(Collector):
         for reason, count in sorted(snapshot.skipped.items()):
             skipped.add_metric([reason], count)
         yield skipped
+        lies = CounterMetricFamily(
+            "pyhami_monitor_cache_lies", "Cards named in a container's HAMi-core cache file "
+            "that the container was not given, ignored (counted at every scan)")
+        lies.add_metric([], snapshot.cache_lies)
+        yield lies
 
 
 def _host_gauges(node: str, cards: list[HostCard]) -> Iterable[Metric]:

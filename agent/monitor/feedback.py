@@ -4,7 +4,9 @@ limit matters (``utilization_switch``), as HAMi v2.10's monitor does every 5 s
 (``cmd/vGPUmonitor/feedback.go:Observe``).
 
 The decision is pure (``decide``: from each region's priority, ``recent_kernel`` and cards
-to the values to write); the writes are ``os.pwrite`` of one int32 at the field's offset,
+to the values to write), over the cards each container was given only (the others its file
+names are never counted, so a container cannot pause a neighbour's kernels by naming its
+card); the writes are ``os.pwrite`` of one int32 at the field's offset,
 which goes through the page cache HAMi-core's mapping of the file shares.
 """
 
@@ -44,8 +46,9 @@ class Control:
     recent_kernel: int
     """HAMi-core sets 2 at each kernel launch; the loop counts it down every round."""
     utilization_switch: int
-    cards: tuple[bytes, ...]
-    """The uuids set in the region (raw 96-byte fields, as HAMi keys its census)."""
+    cards: tuple[str, ...]
+    """The uuids set in the region that the container was given (``containers.vouch``);
+    HAMi takes every uuid set, whoever's card it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +75,7 @@ def decide(controls: Sequence[Control]) -> list[Writes]:
        priority is busy on one of its cards or more than one container at ``p`` is,
        else 0.
     """
-    busy: dict[bytes, Counter[int]] = {}
+    busy: dict[str, Counter[int]] = {}
     counted_down = []
     for control in controls:
         recent = control.recent_kernel
@@ -131,15 +134,16 @@ def _on_same_file(region: Region, flags: int, failed: Reason,
         os.close(fd)
 
 
-def read_control(region: Region) -> Control | Refused:
-    """The region's feedback fields as they are now; refused when the file changed."""
+def read_control(region: Region, cards: tuple[str, ...]) -> Control | Refused:
+    """The region's feedback fields as they are now, deciding for ``cards`` (those of the
+    region's that the container was given); refused when the file changed."""
     def read(fd: int) -> Control | Refused:
         fields = read_exactly(fd, 16, region.layout.proc_num, region.path, "the tail fields")
         if isinstance(fields, Refused):
             return fields
         _, switch, recent, priority = struct.unpack("<4i", fields)
         return Control(priority=priority, recent_kernel=recent, utilization_switch=switch,
-                       cards=region.card_uuids)
+                       cards=cards)
 
     return _on_same_file(region, os.O_RDONLY, "unreadable", read)
 

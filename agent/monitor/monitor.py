@@ -22,7 +22,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.deviceplugin.source import AllocationSourceError
-from agent.monitor.containers import CacheSettings, ContainerCaches
+from agent.monitor.containers import CacheSettings, ContainerCaches, allocations_of
 from agent.monitor.exporter import MonitorCollector, MonitorSnapshot
 from agent.monitor.model import ContainerUsage, HostCard, HostProbe
 from agent.monitor.processes import container_usage
@@ -152,7 +152,9 @@ class NodeMonitor:
     def _measure(self, holding: Mapping[str, HoldingPod]) -> MonitorSnapshot:
         """One round's work (a worker thread): the cache files first; NVML's processes for
         the pods no cache file speaks for (a node, or a pod, without HAMi-core)."""
-        scan = self._caches.scan(live_pods=set(holding) if holding else None)
+        # Each container's file speaks for the cards the daemon says it was given only.
+        scan = self._caches.scan(live_pods=set(holding) if holding else None,
+                                 allocations=allocations_of(holding.values()))
         self._caches.feedback(scan)
         cached = scan.usage
         measured = container_usage(self._probe.gpu_processes(), list(holding.values()),
@@ -164,7 +166,8 @@ class NodeMonitor:
         skipped = Counter({str(reason): count for reason, count in
                            self._caches.skipped.items()})
         skipped.update(self._process_skips)
-        return MonitorSnapshot(containers=tuple(usages), pods=holding, skipped=dict(skipped))
+        return MonitorSnapshot(containers=tuple(usages), pods=holding, skipped=dict(skipped),
+                               cache_lies=self._caches.lies)
 
     def _fail(self, reason: str, message: str, *args: object) -> None:
         self._failures[reason] += 1

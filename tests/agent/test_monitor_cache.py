@@ -18,6 +18,7 @@ from agent.monitor import containers as containers_module
 from agent.monitor.cache import V0, V1, Refused, Region, read_cache_file
 from agent.monitor.containers import (
     DEFAULT_CONTAINERS_DIR,
+    Allocation,
     CacheSettings,
     ContainerCaches,
 )
@@ -192,8 +193,10 @@ def test_cards_without_a_uuid_or_with_a_bad_one_are_left_out(tmp_path: Path) -> 
     region = read(write_cache(tmp_path / "a.cache", fake))
     assert [(d.vdevice_index, d.memory_used) for d in region.devices] == [(0, 1), (2, 3)]
     assert region.bad_uuids == 1
-    # The feedback loop keys its census on the raw fields of every uuid set.
-    assert len(region.card_uuids) == 3
+    # The feedback loop keys its census on every uuid set, cut at its NUL (then checked
+    # against the container's cards).
+    assert region.card_uuids == (gpu_uuid(0), gpu_uuid(2), b"\xff\xfeGPU")
+    assert region.device_cards == (gpu_uuid(0), gpu_uuid(2))
 
 
 def test_a_short_uuid_is_cut_at_its_nul(tmp_path: Path) -> None:
@@ -272,6 +275,12 @@ def caches(root: Path, clock: Callable[[], float] | None = None,
     return ContainerCaches(configured) if clock is None else ContainerCaches(configured, clock)
 
 
+def given(*containers: tuple[str, str]) -> dict[tuple[str, str], Allocation]:
+    """Each (pod uid, container) given the two cards ``busy_cache`` names."""
+    cards = frozenset(gpu_uuid(number).decode() for number in (0, 1))
+    return {key: Allocation(f"lab/{key[0][-4:]}", cards) for key in containers}
+
+
 def test_the_default_folder_is_the_device_plugins() -> None:
     assert DEFAULT_CONTAINERS_DIR == DEFAULT_HAMI_CORE_DIR / CONTAINERS_FOLDER
 
@@ -280,7 +289,7 @@ def test_a_scan_reads_every_container_named_by_its_folder(tmp_path: Path) -> Non
     write_cache(tmp_path / f"{POD}_main" / "1f2e.cache", busy_cache("v1"))
     write_cache(tmp_path / f"{OTHER}_side" / "9a.cache", busy_cache("v0"))
     (tmp_path / f"{POD}_main" / "libvgpu.so").write_bytes(b"\x7fELF")
-    scan = caches(tmp_path).scan()
+    scan = caches(tmp_path).scan(allocations=given((POD, "main"), (OTHER, "side")))
     assert [(u.pod_uid, u.container, len(u.devices)) for u in scan.usage] == \
         [(POD, "main", 2), (OTHER, "side", 2)]
     assert [c.region.layout.version for c in scan.containers] == ["v1", "v0"]
@@ -309,7 +318,7 @@ def build_folders(root: Path) -> None:
 def test_every_bad_folder_is_skipped_with_its_counted_reason(tmp_path: Path) -> None:
     build_folders(tmp_path)
     lister = caches(tmp_path)
-    scan = lister.scan(live_pods={POD})
+    scan = lister.scan(live_pods={POD}, allocations=given((POD, "good")))
     assert [c.container for c in scan.containers] == ["good"]
     assert scan.skipped == {"no_separator": 2, "bad_name": 1, "too_many_files": 1,
                             "no_cache_file": 1, "bad_magic": 1, "bad_size": 1,
@@ -345,7 +354,8 @@ def test_ten_thousand_stale_folders_keep_a_scan_bounded(tmp_path: Path) -> None:
     third = lister.scan()  # the last 1808 and, wrapping, the first ones again
     assert [c.pod_uid for c in third.containers] == [live]
     # Told the pods the node runs, a scan reads only theirs.
-    assert caches(tmp_path).scan(live_pods={live}).skipped == {"pod_not_live": 9_999}
+    told = caches(tmp_path).scan(live_pods={live}, allocations=given((live, "c")))
+    assert told.skipped == {"pod_not_live": 9_999}
 
 
 def test_a_scan_stops_reading_at_its_time_bound(tmp_path: Path,
@@ -361,8 +371,9 @@ def test_a_scan_stops_reading_at_its_time_bound(tmp_path: Path,
         return real_read(path)
 
     monkeypatch.setattr(containers_module, "read_cache_file", slow_read)
-    first = lister.scan()
-    second = lister.scan()
+    known = given(*((POD, f"c{number}") for number in range(6)))
+    first = lister.scan(allocations=known)
+    second = lister.scan(allocations=known)
     assert [c.container for c in first.containers] == ["c0", "c1", "c2"]
     assert first.skipped == {"over_time": 3}
     assert [c.container for c in second.containers] == ["c3", "c4", "c5"]
@@ -372,13 +383,14 @@ def test_a_recreated_folder_is_read_again_by_its_path(tmp_path: Path) -> None:
     folder = tmp_path / f"{POD}_main"
     write_cache(folder / "a.cache", busy_cache("v1"))
     lister = caches(tmp_path)
-    assert lister.scan().usage[0].devices[0].memory_used == 150
+    known = given((POD, "main"))
+    assert lister.scan(allocations=known).usage[0].devices[0].memory_used == 150
     for path in folder.iterdir():
         path.unlink()
     folder.rmdir()
     write_cache(folder / "b.cache", FakeCache(uuids={0: gpu_uuid(0)},
                                               procs=[Proc(used={0: Used(total=7)})]))
-    assert lister.scan().usage[0].devices[0].memory_used == 7
+    assert lister.scan(allocations=known).usage[0].devices[0].memory_used == 7
 
 
 def test_a_missing_containers_folder_is_no_error(tmp_path: Path) -> None:

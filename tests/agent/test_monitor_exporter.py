@@ -100,6 +100,12 @@ def test_the_skipped_inputs_are_counted_by_reason() -> None:
         (("reason", "bad_magic"),): 2, (("reason", "no_pod"),): 1}
 
 
+@pytest.mark.parametrize(("lies", "expected"), [(0, 0), (3, 3)], ids=["none", "three"])
+def test_the_cache_files_lies_are_one_unlabelled_counter(lies: int, expected: int) -> None:
+    series = scrape(MonitorSnapshot(cache_lies=lies))
+    assert series["pyhami_monitor_cache_lies_total"] == {(): expected}
+
+
 def test_an_empty_node_scrapes_the_host_alone() -> None:
     series = scrape(MonitorSnapshot())
     assert "hami_vgpu_memory_used_bytes" not in series

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from agent.monitor.cache import V0, V1
-from agent.monitor.containers import CacheSettings, ContainerCaches
+from agent.monitor.containers import Allocation, CacheSettings, ContainerCaches
 from agent.monitor.feedback import Control, Writes, decide
 from tests.fakes.hami_core_cache import FakeCache, gpu_uuid, read_int32, write_cache
 
-A = gpu_uuid(0).ljust(96, b"\0")
-B = gpu_uuid(1).ljust(96, b"\0")
+A = gpu_uuid(0).decode()
+B = gpu_uuid(1).decode()
 POD = "0b6f9a52-6f4e-4c1e-9d2a-000000000001"
 
 
-def c(priority: int, recent: int, switch: int = 1, cards: tuple[bytes, ...] = (A,)) -> Control:
+def c(priority: int, recent: int, switch: int = 1, cards: tuple[str, ...] = (A,)) -> Control:
     return Control(priority=priority, recent_kernel=recent, utilization_switch=switch,
                    cards=cards)
 
@@ -63,6 +63,11 @@ def test_a_card_named_twice_counts_twice_as_in_hami() -> None:
 
 # --- writes into real files -----------------------------------------------------------
 
+GIVEN = {(POD, name): Allocation("lab/pod", frozenset({A}))
+         for name in ("high", "low", "p0", "p1", "p2")}
+"""Every container below was given card A, the one its file names."""
+
+
 def two_priorities(root: Path, layout: str = "v1") -> tuple[Path, Path]:
     high = write_cache(root / f"{POD}_high" / "a.cache",
                        FakeCache(layout=layout, priority=0,  # type: ignore[arg-type]
@@ -83,16 +88,16 @@ def test_a_paused_container_is_released_when_the_higher_goes_idle(tmp_path: Path
                                                                   layout: str) -> None:
     high, low = two_priorities(tmp_path, layout)
     lister = ContainerCaches(CacheSettings(containers_dir=tmp_path))
-    first = lister.feedback(lister.scan())
+    first = lister.feedback(lister.scan(allocations=GIVEN))
     assert (fields(high, layout), fields(low, layout)) == ((1, 0), (-1, 1))
     assert first.written == (f"{POD}_high", f"{POD}_low")
     assert first.paused == (f"{POD}_low",)
     # The high one launches nothing more: its count reaches 0, the low one is let go.
-    second = lister.feedback(lister.scan())
+    second = lister.feedback(lister.scan(allocations=GIVEN))
     assert (fields(high, layout), fields(low, layout)) == ((0, 0), (0, 0))
     assert second.paused == ()
     # Nothing changes: nothing is written.
-    assert lister.feedback(lister.scan()).written == ()
+    assert lister.feedback(lister.scan(allocations=GIVEN)).written == ()
 
 
 def test_three_priorities_written_into_their_files(tmp_path: Path) -> None:
@@ -101,7 +106,7 @@ def test_three_priorities_written_into_their_files(tmp_path: Path) -> None:
                                    uuids={0: gpu_uuid(0)}))
              for p in range(3)]
     lister = ContainerCaches(CacheSettings(containers_dir=tmp_path))
-    result = lister.feedback(lister.scan())
+    result = lister.feedback(lister.scan(allocations=GIVEN))
     assert [fields(path, "v1") for path in paths] == [(1, 0), (-1, 1), (-1, 1)]
     assert result.paused == (f"{POD}_p1", f"{POD}_p2")
 
@@ -110,7 +115,7 @@ def test_three_priorities_written_into_their_files(tmp_path: Path) -> None:
 def test_a_file_changed_since_the_scan_is_not_written(tmp_path: Path, change: str) -> None:
     high, low = two_priorities(tmp_path)
     lister = ContainerCaches(CacheSettings(containers_dir=tmp_path))
-    scan = lister.scan()
+    scan = lister.scan(allocations=GIVEN)
     held = low.open("rb")  # as the container's processes hold the old file mapped
     if change == "replaced":
         low.unlink()

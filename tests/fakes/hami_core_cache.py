@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from common.wire import HoldingPod
+
 MAGIC = 19920718
 
 # Byte offsets per layout: header fields, tables, the proc slots and their inner fields.
@@ -140,3 +142,15 @@ def read_int32(path: Path, offset: int) -> int:
         file.seek(offset)
         (value,) = struct.unpack("<i", file.read(4))
     return int(value)
+
+
+class HoldingPodsByHand:
+    """The daemon's list of the pods holding cards on the node (the node monitor's
+    ``HoldingSource``), as the test says: whose folders these files are in, and which cards
+    each container was given."""
+
+    def __init__(self, *pods: HoldingPod) -> None:
+        self.pods = list(pods)
+
+    async def holding_pods(self, node: str) -> list[HoldingPod]:
+        return list(self.pods)
