@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -35,9 +36,36 @@ def _document(path: Path) -> object:
     return parse_document(read_bounded(path, CONFIG_FILE_MAX_BYTES), str(path))
 
 
+IGNORED_SHOWN = 12
+"""Keys named at most in the log line of what is not read (HAMi's chart renders twelve
+other vendors' sections); the rest are counted."""
+IGNORED_KEY_SHOWN = 80
+"""Characters of each key named there (a key's path, its quoted parts already cut)."""
+IGNORED_TEXT_MAX = 800
+"""Characters of the keys named there: the line stays under 1 KB with a file's path of
+150 characters, however many keys, however long, the file holds."""
+
+
+def ignored_summary(keys: Sequence[str]) -> str:
+    """``keys`` for one log line: the first ones, ``IGNORED_SHOWN`` at most, each cut to
+    ``IGNORED_KEY_SHOWN`` characters, as many as ``IGNORED_TEXT_MAX`` holds; then how
+    many more."""
+    named: list[str] = []
+    size = 0
+    for key in keys[:IGNORED_SHOWN]:
+        text = key if len(key) <= IGNORED_KEY_SHOWN else f"{key[:IGNORED_KEY_SHOWN - 3]}..."
+        size += len(text) + 2
+        if size > IGNORED_TEXT_MAX:
+            break
+        named.append(text)
+    more = len(keys) - len(named)
+    return ", ".join(named) + (f" and {more} more" if more else "")
+
+
 def _logged(parsed: Parsed[T], path: Path) -> T:
     if parsed.ignored:
-        logger.info("%s: not read by pyhami, ignored: %s", path, ", ".join(parsed.ignored))
+        logger.info("%s: not read by pyhami, ignored: %s", path,
+                    ignored_summary(parsed.ignored))
     return parsed.value
 
 

@@ -12,7 +12,12 @@ from aiohttp import hdrs, web
 from common.core.names import InvalidName, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
 from scheduler.service import SchedulerService
-from scheduler.web.limits import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT, read_body
+from scheduler.web.limits import (
+    EXTENDER_BODY_LIMIT,
+    POD_BODY_LIMIT,
+    YAML_ENTRIES_LIMIT,
+    read_body,
+)
 from scheduler.web.protocol import (
     ExtenderArgs,
     ExtenderArgsDecoder,
@@ -137,7 +142,8 @@ def extender_app(service: SchedulerService, verbs: Mapping[str, BodyVerb], *,
         try:
             for node in nodes or ():
                 check_subdomain("node", node)
-            pod = parse_pod_manifest(await read_body(request, POD_BODY_LIMIT), "request body")
+            pod = parse_pod_manifest(await read_body(request, POD_BODY_LIMIT), "request body",
+                                     yaml_entries_max=YAML_ENTRIES_LIMIT)
         except (InputFileError, InvalidName) as error:
             return web.Response(status=400, text=f"{error}\n")
         return _json(service.verbs.explain(pod, nodes))

@@ -16,7 +16,7 @@ from common.core.names import InvalidName, check_label, check_subdomain, shown
 from common.files import InputFileError, parse_pod_manifest
 from scheduler.cluster import ClusterError, StoreUnavailable
 from scheduler.cluster.standalone import EntryTooLarge, PodEvent, StandaloneCluster, StoredPod
-from scheduler.web.limits import POD_BODY_LIMIT, read_body
+from scheduler.web.limits import POD_BODY_LIMIT, YAML_ENTRIES_LIMIT, read_body
 from scheduler.web.protocol import check_pod_names
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
@@ -78,7 +78,7 @@ class PodApi:
     async def submit(self, request: web.Request) -> web.Response:
         try:
             manifest = parse_pod_manifest(await read_body(request, POD_BODY_LIMIT),
-                                          "request body")
+                                          "request body", yaml_entries_max=YAML_ENTRIES_LIMIT)
         except InputFileError as error:
             return web.Response(status=400, text=f"{error}\n")
         try:

@@ -23,7 +23,7 @@ from common.core.quota import (
 from common.files import InputFileError, parse_document
 from scheduler.cluster import ClusterError, StoreUnavailable
 from scheduler.cluster.standalone import EntryTooLarge, StandaloneCluster, StoredQuota
-from scheduler.web.limits import POD_BODY_LIMIT, read_body
+from scheduler.web.limits import POD_BODY_LIMIT, YAML_ENTRIES_LIMIT, read_body
 from scheduler.web.pods import Handler, path_names, refusing_on_standby
 
 KIND = "ResourceQuota"
@@ -93,7 +93,7 @@ def _document(body: bytes) -> dict[str, Any]:
             raise QuotaBodyError(f"{SOURCE}: nested too deeply") from None
     if not read:
         try:
-            document = parse_document(body, SOURCE)
+            document = parse_document(body, SOURCE, entries_max=YAML_ENTRIES_LIMIT)
         except InputFileError as error:
             raise QuotaBodyError(str(error)) from None
     if not isinstance(document, dict):

@@ -9,6 +9,7 @@ whole arbitrary documents; the bytes target feeds the file reader itself.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,73 @@ def test_a_key_with_a_newline_is_quoted_in_the_one_line() -> None:
                "(uuid, index)")
     with pytest.raises(DeviceConfigError, match=f"^{re.escape(message)}$"):
         parse_node_config(document, "config.json")
+
+
+# Documents that give keys twice, merge them and alias them (issue 45): read or refused in
+# one line; a key given twice or a merge key is always refused.
+_fragment_keys = st.sampled_from(["nvidia", "deviceSplitCount", "nodeconfig", "name",
+                                  "Name", "<<", "'<<'", "memoryFactor", "x"])
+_fragment_values = st.sampled_from(["2", "gpu-1", "*a", "&a {deviceSplitCount: 2}",
+                                    "&a 3", "[*a, *a]", "{}", "[]", "{<<: *a}"])
+
+
+@st.composite
+def _repeating_mappings(draw: st.DrawFn, depth: int = 2) -> tuple[str, bool]:
+    """A flow mapping, and whether it surely holds a key twice or a merge key."""
+    items: list[str] = []
+    written: list[str] = []
+    surely = False
+    for _ in range(draw(st.integers(0, 4))):
+        key = draw(_fragment_keys)
+        if depth and draw(st.booleans()):
+            value, inner = draw(_repeating_mappings(depth - 1))
+            surely |= inner
+        else:
+            value = draw(_fragment_values)
+            surely |= "<<" in value and not value.startswith("'")
+        surely |= key in written or key == "<<"
+        written.append(key)
+        items.append(f"{key}: {value}")
+    return "{" + ", ".join(items) + "}", surely
+
+
+@FUZZ
+@given(document=_repeating_mappings())
+def test_repeated_keys_merges_and_aliases_are_refused_in_one_line(
+        tmp_path: Path, document: tuple[str, bool]) -> None:
+    text, surely_refused = document
+    path = tmp_path / "file"
+    path.write_text(text)
+    for load in (load_device_config, load_node_config):
+        try:
+            load(path)
+        except (InputFileError, DeviceConfigError) as error:
+            _one_line(error, str(path))
+        else:
+            assert not surely_refused, text
+
+
+@pytest.fixture
+def special_paths(tmp_path: Path) -> list[Path]:
+    """Paths that are not regular files: a FIFO no one writes to, a link to it, devices
+    that never end or hold nothing, a directory, a link to a device."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    device_link = tmp_path / "device-link"
+    device_link.symlink_to("/dev/zero")
+    return [fifo, link, Path("/dev/zero"), Path("/dev/null"), Path("/dev/urandom"),
+            tmp_path, device_link]
+
+
+@FUZZ
+@given(pick=st.integers(min_value=0))
+def test_what_is_not_a_regular_file_is_refused_in_one_line_without_reading(
+        special_paths: list[Path], pick: int) -> None:
+    path = special_paths[pick % len(special_paths)]
+    for load in (load_device_config, load_node_config):
+        with pytest.raises(InputFileError, match=r": is a (FIFO|character device|directory), "
+                                                  r"not a regular file$") as refused:
+            load(path)
+        _one_line(refused.value, str(path))

@@ -163,3 +163,18 @@ def test_three_bucket_replicas_on_a_single_server_are_refused_in_one_line(
     assert line.startswith("pyhami scheduler: --bucket-replicas 3: the NATS servers cannot "
                            "keep bucket pyhami-pods on 3 servers: ")
     assert "not supported in non-clustered mode" in line
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_a_fifo_or_a_device_as_the_device_config_is_refused_not_waited_on(
+        tmp_path: Path, special: str) -> None:
+    """Refused by what it is before a byte is read: a FIFO nobody writes to would hang the
+    start, a device may never end (the subprocess's timeout fails a regression)."""
+    path = Path(special)
+    if special == "fifo":
+        path = tmp_path / "device-config.yaml"
+        os.mkfifo(path)
+    kind = "a FIFO" if special == "fifo" else "a character device"
+    line = one_clear_line(scheduler("--standalone", "--nats", f"nats://127.0.0.1:{free_port()}",
+                                    "--device-config", str(path)))
+    assert line == f"pyhami scheduler: --device-config {path}: is {kind}, not a regular file"
