@@ -454,6 +454,14 @@ class Metrics:
             "Measured container usage the daemon could not compare with a slice: a pod it "
             "does not know bound to the node, or a container or card booked nothing",
             registry=self.registry)
+        self.held_back = Counter(
+            "pyhami_group_held_back_total",
+            "GPU pods placed nowhere while a pod group went ahead of them, the nodes it would "
+            "use kept from them (each /filter counted)", registry=self.registry)
+        self.groups_never_fit = Counter(
+            "pyhami_groups_never_fit_total",
+            "Tries that found a whole pod group would not fit even on idle cards (it then "
+            "holds back no other pod)", registry=self.registry)
         # Every known label value from the start, so rate() and alerts see a zero first.
         for result in INVENTORY_RESULTS:
             self.inventory.labels(result)

@@ -413,6 +413,21 @@ class Fleet:
         self._grant_kinds: dict[tuple[str, str], tuple[int, int]] = {}
         self._layout: Layout | None = None
         self._quotas = quotas if quotas is not None else QuotaBook()
+        self._generation = 0
+        self._changes = 0
+
+    @property
+    def generation(self) -> int:
+        """Counts the changes after which a placement tried on a copy made before may no
+        longer fit this fleet: an allocation booked, a node's cards changed or gone. A trial
+        placement is booked here only if this is what it was when the copy was made."""
+        return self._generation
+
+    @property
+    def changes(self) -> int:
+        """Counts every change of nodes or ledger (a booking, a release, an inventory):
+        equal twice, the same placement would be found again."""
+        return self._changes
 
     @property
     def quotas(self) -> QuotaBook:
@@ -450,9 +465,13 @@ class Fleet:
         """Add or replace a node's inventory; in place when only dynamic fields change."""
         old = self._nodes.get(node.name)
         self._nodes[node.name] = node
+        self._changes += 1
+        static_changed = old is None or not _same_static(old.devices, node.devices)
+        if static_changed:
+            self._generation += 1
         if self._layout is None:
             return
-        if old is None or not _same_static(old.devices, node.devices):
+        if static_changed:
             self._layout = None
             return
         cordon = cordoned_uuids(node.annotations)
@@ -463,6 +482,8 @@ class Fleet:
     def remove_node(self, name: str) -> None:
         if self._nodes.pop(name, None) is not None:
             self._layout = None
+            self._changes += 1
+            self._generation += 1
 
     # Ledger ----------------------------------------------------------------
 
@@ -476,6 +497,8 @@ class Fleet:
         """Record a pod's cards; replaces what the pod held before."""
         self.release(key)
         self._allocations[key] = allocation
+        self._changes += 1
+        self._generation += 1
         footprint = allocation.footprint()
         for uuid, usage in footprint.items():
             self._add_usage(allocation.node, uuid, usage)
@@ -516,6 +539,7 @@ class Fleet:
     def release(self, key: str) -> Allocation | None:
         allocation = self._allocations.pop(key, None)
         if allocation is not None:
+            self._changes += 1
             for uuid, usage in allocation.footprint().items():
                 self._add_usage(allocation.node, uuid, Usage() - usage)
             for uuid, placement in allocation.instances():

@@ -23,7 +23,7 @@ or none, with one sentence saying which member does not fit and why.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Generator, Sequence
 from dataclasses import dataclass
 
 from common.core.decide import Decision, decide
@@ -158,6 +158,15 @@ class GroupPlacement:
     """How many members found cards (all of them when ``placed``)."""
     message: str | None = None
     """Without ``placed``: the sentence for every member's Event."""
+    nodes: frozenset[str] = frozenset()
+    """The nodes the members that found cards were placed on (placed or not): where the
+    group would start first, the nodes a group going ahead keeps for itself."""
+
+
+PlacementSteps = Generator[None, None, GroupPlacement]
+"""A group's placement one member at a time: each ``next`` decides one member (or frees
+one pod's cards, for ``idle_placement``); the generator's return value is the placement.
+The daemon runs it in slices between which its loop answers other requests."""
 
 
 def place_group(fleet: Fleet, group: str, members: Sequence[PodRequest], *,
@@ -167,11 +176,51 @@ def place_group(fleet: Fleet, group: str, members: Sequence[PodRequest], *,
     placed before it (and their quota charges: the group's sum counts). ``fleet`` itself
     is left as it is. When a member does not fit, the rest are still tried, to say how
     many would."""
-    trial = fleet.copy()
+    return run_to_end(placement_steps(fleet, group, members, nodes=nodes))
+
+
+def run_to_end(steps: PlacementSteps) -> GroupPlacement:
+    """The placement ``steps`` returns, every step taken at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            placement: GroupPlacement = done.value
+            return placement
+
+
+def placement_steps(fleet: Fleet, group: str, members: Sequence[PodRequest], *,
+                    nodes: Collection[str] | None = None) -> PlacementSteps:
+    """``place_group`` a member a step. The copy of ``fleet`` is made before the first
+    step, so ``fleet`` may change between steps without changing the outcome."""
+    return _placement_steps(fleet.copy(), group, members, nodes)
+
+
+def idle_placement_steps(fleet: Fleet, group: str, members: Sequence[PodRequest], *,
+                         nodes: Collection[str] | None = None) -> PlacementSteps:
+    """The group placed on ``fleet`` as if no pod held any card (the nodes and cards as
+    they are, cordons and health included; no namespace charged under its quota but for
+    the group's own members): whether it could ever start on what exists. A step frees
+    one pod's cards, or decides one member."""
+    idle = fleet.copy()
+    return _idle_steps(idle, list(idle.allocations()), group, members, nodes)
+
+
+def _idle_steps(idle: Fleet, held: list[str], group: str, members: Sequence[PodRequest],
+                nodes: Collection[str] | None) -> PlacementSteps:
+    for key in held:
+        idle.release(key)
+        yield
+    return (yield from _placement_steps(idle, group, members, nodes))
+
+
+def _placement_steps(trial: Fleet, group: str, members: Sequence[PodRequest],
+                     nodes: Collection[str] | None) -> PlacementSteps:
     decisions: list[Decision] = []
     first_refused: tuple[PodRequest, Decision] | None = None
     for member in member_order(members):
         decision = decide(trial, member, nodes=nodes, describe=True)
+        yield
         if not decision.scheduled:
             if first_refused is None:
                 first_refused = (member, decision)
@@ -179,11 +228,12 @@ def place_group(fleet: Fleet, group: str, members: Sequence[PodRequest], *,
         if decision.allocation is not None:
             trial.allocate(member.key, decision.allocation)
         decisions.append(decision)
+    used = frozenset(d.node for d in decisions if d.node is not None)
     if first_refused is None:
-        return GroupPlacement(group, True, tuple(decisions), len(decisions))
+        return GroupPlacement(group, True, tuple(decisions), len(decisions), nodes=used)
     member, decision = first_refused
     name = member.key.partition("/")[2]
     why = decision.message or decision.reason or "it fits no node"
     message = (f"group {group}: {len(decisions)} of {len(members)} members fit; "
                f"{name}: {why}")
-    return GroupPlacement(group, False, (), len(decisions), message)
+    return GroupPlacement(group, False, (), len(decisions), message, used)

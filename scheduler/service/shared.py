@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from common.arguments import positive_seconds
 from common.core import Decision, Defaults, PodManifest, PodRequest
@@ -39,9 +39,14 @@ class ServiceSettings:
              "(default {default})")
     group_patience: float = setting(
         60.0, parse=positive_seconds,
-        help="a pod group whole and not fitting for this long goes ahead of every pod of "
-             "its priority or lower: those may no longer take cards that would leave fewer "
-             "of its members fitting (default {default})")
+        help="a pod group whole and not fitting for this long, that would fit on idle "
+             "cards, goes ahead of every pod of its priority or lower: those are not placed "
+             "on the nodes it would use (default {default})")
+    group_turn: float = setting(
+        300.0, parse=positive_seconds,
+        help="a pod group gone ahead holds others back at most this long at a time; then it "
+             "waits twice its last wait, at most an hour, before its next turn "
+             "(default {default})")
     node_retention: float | None = setting(
         600.0, parse=positive_seconds,
         help="standalone: forget a node silent this long; longer than --node-timeout; "
@@ -55,6 +60,29 @@ class ServiceSettings:
     registration_retention: float = 600.0
     """Remove a node's register annotation once its agent is silent this long (the
     command passes ``--node-retention``)."""
+
+
+SLICE_SECONDS = 0.02
+"""How long work that takes many steps (a group's placement: a decision per member) runs
+before the loop answers others (health probes, inventories, other verbs) in between."""
+
+Result = TypeVar("Result")
+
+
+async def in_slices(steps: Generator[None, None, Result],
+                    clock: Callable[[], float] = time.perf_counter) -> Result:
+    """Run ``steps`` to its end, letting the loop run every ``SLICE_SECONDS``: no request
+    holds the daemon's loop for as long as its whole work takes."""
+    deadline = clock() + SLICE_SECONDS
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: Result = done.value
+            return result
+        if clock() >= deadline:
+            await asyncio.sleep(0)
+            deadline = clock() + SLICE_SECONDS
 
 
 Unschedulable = Callable[[PodManifest, PodRequest, Sequence[str]], None]
@@ -102,6 +130,10 @@ class Shared:
         self.inventory_accepted = 0
         self.pods = PodsInFlight()
         """What the daemon remembers of pods beyond their cards."""
+        self.booking = asyncio.Lock()
+        """Taken by every verb that books cards: a group placed in slices holds it from its
+        trial to its booking, so nothing is booked in between (the trial would no longer
+        hold), while the loop goes on answering everything else."""
         self._reporting: set[asyncio.Task[None]] = set()
         self._before_settle: list[Callable[[], None]] = []
 

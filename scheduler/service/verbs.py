@@ -5,6 +5,7 @@ pod; ``explain`` previews /filter and books nothing."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Collection, Sequence
@@ -30,7 +31,7 @@ from common.core.annotations import (
     VGPU_NODE_LABEL,
 )
 from common.core.fleet import NODE_WEIGHTS, score_max
-from common.core.groups import GroupRef, check_count, group_of
+from common.core.groups import GroupPlacement, GroupRef, check_count, group_of
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
 from common.core.pod import DEFAULT_NAMESPACE
 from common.core.quota import admission_refusal
@@ -38,8 +39,8 @@ from common.core.reasons import NodeRefusal, removed_most
 from common.locks import KeyedLocks
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
-from scheduler.service.shared import Reports, ServicePart, Shared, Unschedulable
-from scheduler.state import Starving
+from scheduler.service.shared import Reports, ServicePart, Shared, Unschedulable, in_slices
+from scheduler.state import Starving, Tried
 from scheduler.web.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -55,8 +56,15 @@ MAX_PRIORITY = 10
 ADJUSTED_EVENT = "RequestAdjusted"
 """The Warning Event naming the figures of a pod read otherwise than written
 (``PodRequest.adjusted``: a share above 100 read as 100, ...)."""
+GROUP_TRIES = 3
+"""Placements of a group per /filter when the fleet keeps changing under each (pods bound
+outside the daemon, a node's cards changed): then its members are tried again later."""
 NODE_SCORE_MAX = score_max(NODE_WEIGHTS)
 """/prioritize scales a node's score from 0..NODE_SCORE_MAX to 0..MAX_PRIORITY."""
+
+
+def _nodes(count: int) -> str:
+    return "node" if count == 1 else f"{count} nodes"
 
 
 def _ms_since(started: float) -> float:
@@ -100,14 +108,14 @@ class Verbs(ServicePart):
             return ExtenderFilterResult(error=standby)
         self.shared.pods.filtered(request.key, args.pod)
         if group is None:
-            starving = self._ahead_of(args.pod, None)
-            before = self._starving_fit(starving)
-            decision = self.state.bookings.filter(request, names, self._clock(),
-                                                  explain_chosen=True)
-            if starving is not None and decision.allocation is not None and \
-                    self._starving_fit(starving) < before:
-                self.state.bookings.release_reservation(request.key)
-                decision = self._behind(request, names, starving)
+            # Waits only while a group is placed in slices (which books on the same cards).
+            async with self.shared.booking:
+                ahead = self._ahead_of(args.pod, None)
+                offered, withheld = self._offered(names, ahead)
+                decision = self.state.bookings.filter(request, offered, self._clock(),
+                                                      explain_chosen=True)
+            if ahead is not None and withheld:
+                decision = self._behind(request, decision, withheld, ahead)
         else:
             decision = await self._filter_member(args.pod, request, group, names)
         decided_at = self._wall_clock()
@@ -149,8 +157,8 @@ class Verbs(ServicePart):
                              names: Sequence[str]) -> Decision:
         """The decision for a member of ``group``: its node when the group was placed
         together; when the group counts all its members, every waiting member placed at
-        once, or none; refused while members are missing. The group's count is read
-        first (the one await): the rest is one synchronous step, as a single pod's."""
+        once, or none; refused while members are missing. The group's placement runs in
+        slices of the loop's time (``in_slices``), under the booking lock."""
         groups = self.state.groups
         groups.note(group, request.key, pod, request, bound=False)
         count, unknown = await self._group_count(group)
@@ -161,8 +169,9 @@ class Verbs(ServicePart):
             return self._held_decision(request, held, names, group)
         if groups.bound_members(group.key) >= count:
             # The group started already: a member that comes late is placed alone.
-            return self.state.bookings.filter(request, names, self._clock(),
-                                              explain_chosen=True)
+            async with self.shared.booking:
+                return self.state.bookings.filter(request, names, self._clock(),
+                                                  explain_chosen=True)
         seen = groups.seen(group.key)
         if seen < count:
             elsewhere = groups.elsewhere(group.key)
@@ -173,31 +182,20 @@ class Verbs(ServicePart):
                 f"members", f"group {group.name}: waiting for its members: {seen} of {count} "
                 f"exist in namespace {group.namespace}{hint}; none is given cards before all "
                 "are")
-        now = self._clock()
         waiting = groups.waiting(group.key)
-        starving = self._ahead_of(pod, group.key)
-        before = self._starving_fit(starving)
-        placement = self.state.bookings.reserve_group(
-            group.name, [member.request for member in waiting], names, now,
-            self.settings.group_ttl)
-        if placement.placed and starving is not None and self._starving_fit(starving) < before:
-            for member in waiting:
-                self.state.bookings.release_reservation(member.key)
-            return self._behind(request, names, starving)
-        if not placement.placed:
-            groups.blocked(group.key, now)
-            why = placement.message or f"group {group.name} does not fit"
-            for member in waiting:
-                if member.key != request.key:
-                    namespace, _, name = member.key.partition("/")
-                    self.shared.pods.unschedulable(member.key, namespace, name)
-                    self.shared.in_background(self.cluster.record_event(
-                        namespace, name, "Warning", "FilteringFailed", why))
-            return self._member_refused(
-                request, names, "GroupDoesNotFit",
-                f"group {group.name}: {placement.fitting} of {len(waiting)} members fit", why)
+        requests = [member.request for member in waiting]
+        async with self.shared.booking:
+            ahead = self._ahead_of(pod, group.key)
+            offered, withheld = self._offered(names, ahead)
+            placement = await self._place_group(group, request.key, requests, offered)
+        if isinstance(placement, Tried):
+            refused = self._member_refused(request, offered, placement.reason,
+                                           placement.detail, placement.message)
+            if ahead is not None and withheld:
+                return self._behind(request, refused, withheld, ahead)
+            return refused
         groups.unblocked(group.key)
-        groups.hold(group.key, now + self.settings.group_ttl)
+        groups.hold(group.key, self._clock() + self.settings.group_ttl)
         logger.info("group %s: its %d waiting members placed together: %s", group.key,
                     len(placement.decisions),
                     ", ".join(f"{d.pod} on {d.node}" for d in placement.decisions))
@@ -211,29 +209,114 @@ class Verbs(ServicePart):
         return self._held_decision(request, mine.allocation, names, group) \
             if mine.allocation is not None else mine
 
+    async def _place_group(self, group: GroupRef, asking: str, members: list[PodRequest],
+                           offered: Sequence[str]) -> GroupPlacement | Tried:
+        """Every waiting member of ``group`` placed and reserved together among
+        ``offered``, in slices of the loop's time (the caller holds the booking lock); or
+        the refusal, which stands while nothing changes (``Groups.last_try``): not fitting
+        now, or not even on idle cards."""
+        groups, bookings = self.state.groups, self.state.bookings
+        offered_key = frozenset(offered)
+        tried = groups.last_try(group.key, self._clock(), bookings.fleet_changes, offered_key)
+        if tried is not None:
+            return tried
+        for _ in range(GROUP_TRIES):
+            changes = bookings.fleet_changes
+            steps, generation = bookings.group_steps(group.name, members, offered,
+                                                     self._clock())
+            placement = await in_slices(steps)
+            if not placement.placed:
+                return await self._group_refused(group, asking, members, offered, placement,
+                                                 changes=changes)
+            if bookings.reserve_group(placement, generation, self._clock(),
+                                      self.settings.group_ttl):
+                return placement
+        # Pods bound meanwhile (seen on the pod watch) or a node's cards changed while each
+        # try ran: the members are tried again on their next /filter.
+        return Tried(self._clock(), -1, None, "GroupWaiting",
+                     f"group {group.name}: cards changed while it was placed",
+                     f"group {group.name}: the cards changed while its members were placed "
+                     f"({GROUP_TRIES} tries); it is tried again")
+
+    async def _group_refused(self, group: GroupRef, asking: str, members: list[PodRequest],
+                             offered: Sequence[str], placement: GroupPlacement, *,
+                             changes: int) -> Tried:
+        """A group that did not fit: it goes ahead of others in time only if it would fit
+        on idle cards; its refusal is kept (``Groups.tried``) and told to every member
+        (``asking``, whose /filter this is, by its own answer)."""
+        groups, bookings = self.state.groups, self.state.bookings
+        now = self._clock()
+        idle = await in_slices(bookings.idle_group_steps(group.name, members, offered, now))
+        waiting = groups.waiting(group.key)
+        if idle.placed:
+            priority = max((m.manifest.spec.priority or 0) for m in waiting) if waiting else 0
+            groups.blocked(group.key, now, priority, placement.nodes)
+            why = placement.message or f"group {group.name} does not fit"
+            tried = Tried(now, changes, frozenset(offered), "GroupDoesNotFit",
+                          f"group {group.name}: {placement.fitting} of {len(members)} members "
+                          "fit", why)
+        else:
+            groups.never_fits(group.key)
+            self.metrics.groups_never_fit.inc()
+            why = (f"group {group.name} can never start on these nodes: even with every card "
+                   f"free, {idle.fitting} of {len(members)} members fit (its namespace's "
+                   f"quota counted); it waits without holding back other pods; "
+                   f"{idle.message or ''}").rstrip("; ")
+            tried = Tried(now, changes, frozenset(offered), "GroupNeverFits",
+                          f"group {group.name}: {idle.fitting} of {len(members)} members fit "
+                          "on idle cards", why)
+        groups.tried(group.key, tried)
+        logger.info("group %s: %s", group.key, why)
+        others = [member.key for member in waiting if member.key != asking]
+        for key in others:
+            namespace, _, name = key.partition("/")
+            self.shared.pods.unschedulable(key, namespace, name)
+        # One after the other, in one task: a thousand members' Events at once would queue
+        # a thousand requests ahead of everything else the loop serves.
+        self.shared.in_background(self._tell_members(others, why))
+        return tried
+
+    async def _tell_members(self, keys: list[str], why: str) -> None:
+        for key in keys:
+            namespace, _, name = key.partition("/")
+            await self.cluster.record_event(namespace, name, "Warning", "FilteringFailed", why)
+
     def _ahead_of(self, pod: PodManifest, own_group: str | None) -> Starving | None:
-        """The group that has waited whole longer than ``--group-patience`` and goes ahead
-        of ``pod`` (of the group's priority or lower, not one of its members); None."""
-        starving = self.state.groups.starving(self._clock(), self.settings.group_patience)
+        """The group that goes ahead of ``pod`` now (``Groups.starving``: of the pod's
+        priority or higher, not its own); None."""
+        starving = self.state.groups.starving(self._clock(), self.settings.group_patience,
+                                              self.settings.group_turn)
         if starving is None or starving.ref.key == own_group or \
                 (pod.spec.priority or 0) > starving.priority:
             return None
         return starving
 
-    def _starving_fit(self, starving: Starving | None) -> int:
-        if starving is None:
-            return 0
-        return self.state.bookings.group_fitting(
-            starving.ref.name, [member.request for member in starving.members], self._clock())
+    @staticmethod
+    def _offered(names: Sequence[str], ahead: Starving | None) -> tuple[Sequence[str],
+                                                                        list[str]]:
+        """The nodes a pod may be placed on with ``ahead`` going first, and those withheld
+        (the nodes the group ahead would use)."""
+        if ahead is None or not ahead.claimed:
+            return names, []
+        claimed = ahead.claimed
+        return [n for n in names if n not in claimed], [n for n in names if n in claimed]
 
-    def _behind(self, request: PodRequest, names: Sequence[str],
-                starving: Starving) -> Decision:
-        waited = self._clock() - starving.since
-        return self._member_refused(
-            request, names, "GroupAhead", f"group {starving.ref.key} goes first",
-            f"waiting behind group {starving.ref.key}, whole and not fitting for "
-            f"{waited:.0f}s: until it starts, pods of priority {starving.priority} or lower "
-            "may not take cards it could use")
+    def _behind(self, request: PodRequest, decision: Decision, withheld: Sequence[str],
+                ahead: Starving) -> Decision:
+        """``decision`` with the nodes withheld for the group ahead refused as such; a pod
+        placed nowhere is told it waits behind the group (its Event), and counted."""
+        refusal = NodeRefusal("GroupAhead", f"kept for group {ahead.ref.key}")
+        failures = {**(decision.failures or {}), **dict.fromkeys(withheld, refusal)}
+        if decision.scheduled:
+            return dataclasses.replace(decision, failures=failures)
+        self.metrics.held_back.inc()
+        left = max(0.0, ahead.until - self._clock())
+        message = (f"waiting behind group {ahead.ref.key}, whole and not fitting: for at most "
+                   f"{left:.0f}s more, pods of priority {ahead.priority} or lower are not "
+                   f"placed on the {_nodes(len(ahead.claimed))} it would use"
+                   + (f"; elsewhere: {decision.message}" if decision.message
+                      and len(withheld) < len(failures) else ""))
+        return dataclasses.replace(decision, failures=failures, message=message)
 
     async def _group_count(self, group: GroupRef) -> tuple[int | None, str]:
         """The group's member count, checked; None with the sentence saying why not."""
@@ -456,7 +539,8 @@ class Verbs(ServicePart):
             raise ClusterError(str(error)) from None
         if not request.wants_gpu:
             return None
-        decision = self.state.bookings.filter(request, [args.node], self._clock())
+        async with self.shared.booking:
+            decision = self.state.bookings.filter(request, [args.node], self._clock())
         if decision.allocation is None:
             failure = (decision.failures or {}).get(args.node)
             why = failure.text() if failure is not None else "no cards fit"

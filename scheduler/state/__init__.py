@@ -20,7 +20,7 @@ from typing import Final
 
 from common.core import Fleet
 from scheduler.state.bookings import POD_BOUND, Bookings
-from scheduler.state.groups import Groups, Starving, Waiting
+from scheduler.state.groups import Groups, Starving, Tried, Waiting
 from scheduler.state.nodes import (
     NODE_STALE,
     NODE_UNKNOWN,
@@ -33,7 +33,7 @@ from scheduler.state.usage import OverSlice, SliceWatch
 
 __all__ = ["NODE_STALE", "NODE_UNKNOWN", "POD_BOUND", "SEQUENCE_GAP_MAX", "Bookings",
            "Groups", "IngestResult", "LiveState", "NodeRegistry", "OverSlice", "PodsInFlight",
-           "SliceWatch", "Starving", "Waiting"]
+           "SliceWatch", "Starving", "Tried", "Waiting"]
 
 
 class LiveState:

@@ -14,7 +14,12 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from common.core import Allocation, Decision, FailedNode, Fleet, NodeRefusal, PodRequest, decide
-from common.core.groups import GroupPlacement, place_group
+from common.core.groups import (
+    GroupPlacement,
+    PlacementSteps,
+    idle_placement_steps,
+    placement_steps,
+)
 from common.core.refusal import refusal_message
 from scheduler.state.nodes import NO_INVENTORY, NodeRegistry
 
@@ -118,29 +123,43 @@ class Bookings:
             return replace(decision, failures=failures, message=message)
         return decision
 
-    def reserve_group(self, group: str, members: Sequence[PodRequest],
-                      node_names: Collection[str] | None, now: float,
-                      ttl: float) -> GroupPlacement:
-        """Place every member of ``group`` at once among the fresh known nodes and reserve
-        their cards together until ``now + ttl``; nothing is reserved when one does not fit
-        (and reservations the members held before are released either way)."""
+    @property
+    def fleet_changes(self) -> int:
+        """``Fleet.changes``: equal twice, a group's placement would be found again."""
+        return self._fleet.changes
+
+    def group_steps(self, group: str, members: Sequence[PodRequest],
+                    node_names: Collection[str] | None, now: float
+                    ) -> tuple[PlacementSteps, int]:
+        """The steps that place every member of ``group`` at once among the fresh known
+        nodes, on a copy of the fleet (the reservations the members held before are
+        released first), and the fleet's generation, which ``reserve_group`` needs."""
         for member in members:
             self.release_reservation(member.key)
         _, usable = self._usable(node_names, now)
-        placement = place_group(self._fleet, group, members, nodes=usable)
-        if not placement.placed:
-            return placement
+        return placement_steps(self._fleet, group, members, nodes=usable), \
+            self._fleet.generation
+
+    def idle_group_steps(self, group: str, members: Sequence[PodRequest],
+                         node_names: Collection[str] | None, now: float) -> PlacementSteps:
+        """The steps that place ``group`` among the fresh known nodes as if no pod held any
+        card: whether it could start on what exists."""
+        _, usable = self._usable(node_names, now)
+        return idle_placement_steps(self._fleet, group, members, nodes=usable)
+
+    def reserve_group(self, placement: GroupPlacement, generation: int, now: float,
+                      ttl: float) -> bool:
+        """Reserve the cards of a placed group together until ``now + ttl``, if the fleet
+        is still at the ``generation`` the placement was tried on (nothing booked, no node's
+        cards changed since: the trial may no longer fit otherwise); False, nothing
+        reserved, if it is not."""
+        if not placement.placed or self._fleet.generation != generation:
+            return False
         for decision in placement.decisions:
             if decision.allocation is not None:
                 self._fleet.allocate(decision.pod, decision.allocation)
                 self._reservations[decision.pod] = _Reservation(decision.allocation, now + ttl)
-        return placement
-
-    def group_fitting(self, group: str, members: Sequence[PodRequest], now: float) -> int:
-        """How many of ``group``'s members would find cards now, among the fresh known
-        nodes, booking nothing."""
-        _, usable = self._usable(None, now)
-        return place_group(self._fleet, group, members, nodes=usable).fitting
+        return True
 
     def _usable(self, node_names: Collection[str] | None, now: float
                 ) -> tuple[dict[str, FailedNode], AbstractSet[str] | None]:

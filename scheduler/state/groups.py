@@ -36,7 +36,16 @@ class _Group:
     held_until: float | None = None
     """Set while the waiting members' cards are reserved together."""
     blocked_since: float | None = None
-    """Set while the group is whole and its members do not fit."""
+    """Set while the group is whole, its members do not fit, and they could on idle cards;
+    moved to the end of a turn ahead, when the wait for the next turn starts."""
+    priority: int = 0
+    """Its waiting members' highest priority when it was last found not fitting."""
+    claimed: frozenset[str] = frozenset()
+    """The nodes its members that fit were placed on at its last try: while it goes ahead,
+    pods of its priority or lower are not placed there."""
+    turns: int = 0
+    """Turns ahead it had since it last fitted: each doubles the wait before the next."""
+    last_try: Tried | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +58,41 @@ class Waiting:
 
 
 @dataclass(frozen=True, slots=True)
+class Tried:
+    """A try at placing a group that found no room: the same refusal is answered while
+    nothing changed (``fleet_changes`` and the nodes offered) and for ``RETRY_AFTER``
+    seconds whatever changed, so a group of a thousand members tried by each of them
+    costs one placement, not a thousand."""
+
+    at: float
+    fleet_changes: int
+    offered: frozenset[str] | None
+    reason: str
+    """``GroupDoesNotFit``, or ``GroupNeverFits`` when it would not fit on idle cards."""
+    detail: str
+    message: str
+
+
+RETRY_AFTER = 1.0
+"""Seconds a group's failed try is answered again even if cards changed meanwhile: the
+members of a large group are tried one after the other, each would place all of them."""
+TURN_WAIT_MAX = 3600.0
+"""The longest wait for a turn ahead, however many turns a group had (Kueue's default
+longest requeue backoff for a workload whose pods did not start)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Starving:
-    """A group whole and not fitting for longer than the daemon's patience: pods of its
-    priority or lower may not take cards it could use (``--group-patience``)."""
+    """A group whole and not fitting for longer than the daemon's patience, which could
+    start on idle cards: pods of its priority or lower are not placed on the nodes it
+    would use (``claimed``) until ``until`` (``--group-patience``, ``--group-turn``)."""
 
     ref: GroupRef
     priority: int
     since: float
-    members: tuple[Waiting, ...]
+    """When its turn ahead began."""
+    until: float
+    claimed: frozenset[str]
 
 
 class Groups:
@@ -168,32 +204,77 @@ class Groups:
         if group is not None:
             group.held_until = None
 
-    def blocked(self, group_key: str, now: float) -> None:
-        """The whole group did not fit (its first try counts from then)."""
+    def blocked(self, group_key: str, now: float, priority: int,
+                claimed: frozenset[str]) -> None:
+        """The whole group did not fit, though it would on idle cards (its first try counts
+        from then): ``claimed``, the nodes its fitting members were placed on."""
         group = self._groups.get(group_key)
-        if group is not None and group.blocked_since is None:
+        if group is None:
+            return
+        if group.blocked_since is None:
             group.blocked_since = now
+        group.priority = priority
+        group.claimed = claimed
 
-    def unblocked(self, group_key: str) -> None:
+    def never_fits(self, group_key: str) -> None:
+        """The whole group would not fit even on idle cards: it never goes ahead."""
         group = self._groups.get(group_key)
         if group is not None:
             group.blocked_since = None
+            group.claimed = frozenset()
 
-    def starving(self, now: float, patience: float) -> Starving | None:
-        """The group ahead of every other pod, if one has waited ``patience`` or longer
-        whole and not fitting: of those, the highest priority (its members' highest),
-        then the one blocked first, then by name."""
+    def unblocked(self, group_key: str) -> None:
+        """The group fitted: its wait, turns and failed try are over."""
+        group = self._groups.get(group_key)
+        if group is not None:
+            group.blocked_since = None
+            group.claimed = frozenset()
+            group.turns = 0
+            group.last_try = None
+
+    def tried(self, group_key: str, tried: Tried) -> None:
+        group = self._groups.get(group_key)
+        if group is not None:
+            group.last_try = tried
+
+    def last_try(self, group_key: str, now: float, fleet_changes: int,
+                 offered: frozenset[str] | None) -> Tried | None:
+        """The group's last failed try, if it still holds: nothing changed since, or it is
+        younger than ``RETRY_AFTER``."""
+        group = self._groups.get(group_key)
+        tried = group.last_try if group is not None else None
+        if tried is None:
+            return None
+        if now - tried.at < RETRY_AFTER or (tried.fleet_changes == fleet_changes
+                                             and tried.offered == offered):
+            return tried
+        return None
+
+    def starving(self, now: float, patience: float, turn: float) -> Starving | None:
+        """The group ahead of every other pod now, if any: of the groups whole, not fitting
+        and able to fit on idle cards, one whose wait is over and whose turn is not. A
+        group's wait is ``patience`` doubled for each turn it had (at most
+        ``TURN_WAIT_MAX``), its turn lasts ``turn``; a turn that ends starts the next wait.
+        Of several, the highest priority (its members' highest), then the one blocked
+        first, then by name."""
         found: list[Starving] = []
         for group in self._groups.values():
             since = group.blocked_since
             # Asked on every /filter: a group not blocked long enough costs one comparison.
             if since is None or now - since < patience:
                 continue
-            waiting = self._waiting(group)
-            if not waiting:
+            begins = since + min(patience * 2 ** group.turns, max(patience, TURN_WAIT_MAX))
+            if now < begins:
                 continue
-            priority = max(member.manifest.spec.priority or 0 for member in waiting)
-            found.append(Starving(group.ref, priority, since, tuple(waiting)))
+            if now >= begins + turn:
+                group.turns += 1
+                group.blocked_since = now
+                continue
+            if not any(member.request is not None and member.request.wants_gpu
+                       and not member.bound for member in group.members.values()):
+                continue
+            found.append(Starving(group.ref, group.priority, begins, begins + turn,
+                                  group.claimed))
         return min(found, key=lambda group: (-group.priority, group.since, group.ref.key),
                    default=None)
 

@@ -16,8 +16,11 @@ from common.core.groups import (
     GroupRef,
     GroupSource,
     group_of,
+    idle_placement_steps,
     member_order,
     place_group,
+    placement_steps,
+    run_to_end,
 )
 from common.core.pod import ObjectMeta, PodManifest, PodRequest, PodSpec, SchedulingGroup
 from common.core.quota import Quota
@@ -167,3 +170,57 @@ def test_a_namespace_quota_is_charged_the_groups_sum() -> None:
     assert placement.fitting == 3
     assert placement.message is not None and "quota" in placement.message.lower()
     assert place_group(fleet, "train-a", four[:3]).placed
+
+
+def test_a_placement_in_steps_is_the_placement_at_once_whatever_the_fleet_does_between() -> None:
+    """The daemon runs a group's placement a member a step, its loop serving others in
+    between: the outcome is fixed by the copy taken before the first step."""
+    fleet = two_t4_nodes()
+    members = [member(f"w{i}") for i in range(4)]
+    steps = placement_steps(fleet, "train-a", members)
+    next(steps)
+    hold(fleet, "default/late", "a", "GPU-a-0", "GPU-a-1", memory=10000)  # booked meanwhile
+    stepwise = run_to_end(steps)
+    assert stepwise == place_group(two_t4_nodes(), "train-a", members)
+    assert stepwise.placed and stepwise.nodes == frozenset({"a", "b"})
+
+
+@pytest.mark.parametrize(("held", "quota_cards", "placed", "fitting"), [
+    pytest.param(["a", "b"], None, True, 4, id="busy-now-fits-idle"),
+    pytest.param([], None, False, 4, id="larger-than-the-fleet"),
+    pytest.param(["a"], 3 * 2, False, 3, id="over-its-namespace-quota-even-alone"),
+    pytest.param(["a"], 4 * 2, True, 4, id="within-its-quota-alone"),
+])
+def test_an_idle_placement_says_whether_a_group_could_ever_start(
+        held: list[str], quota_cards: int | None, placed: bool, fitting: int) -> None:
+    """Every card freed (the namespace's other pods' quota charges too): a group that does
+    not fit then never will on these nodes, and never goes ahead of other pods."""
+    fleet = two_t4_nodes()
+    for name in held:
+        hold(fleet, f"default/tenant-{name}", name, f"GPU-{name}-0", f"GPU-{name}-1",
+             memory=10000)
+    if quota_cards is not None:
+        fleet.quotas.set_quota(Quota("default", "gpu-quota", memory=quota_cards * 14000))
+    count = 4 if held or quota_cards else 5
+    members = [member(f"w{i}") for i in range(count)]
+    before = fleet.allocations()
+    idle = run_to_end(idle_placement_steps(fleet, "train-a", members))
+    assert (idle.placed, idle.fitting) == (placed, fitting)
+    assert fleet.allocations() == before  # the fleet itself keeps its pods
+
+
+def test_the_fleet_counts_the_changes_a_trial_placement_must_not_miss() -> None:
+    """``generation`` moves with what could make a trial over-commit (a booking, a node's
+    cards changed or gone), ``changes`` with anything; a release frees cards only."""
+    fleet = two_t4_nodes()
+    generation, changes = fleet.generation, fleet.changes
+    hold(fleet, "default/p", "a", "GPU-a-0")
+    assert (fleet.generation, fleet.changes) == (generation + 1, changes + 1)
+    fleet.release("default/p")
+    assert (fleet.generation, fleet.changes) == (generation + 1, changes + 2)
+    fleet.upsert_node(node("a", 4))  # the same cards reported again
+    assert (fleet.generation, fleet.changes) == (generation + 1, changes + 3)
+    fleet.upsert_node(node("a", 3))
+    assert fleet.generation == generation + 2
+    fleet.remove_node("b")
+    assert fleet.generation == generation + 3

@@ -23,7 +23,7 @@ from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service.shared import ServiceSettings
-from tests.harness import PodClient, eventually
+from tests.harness import PodClient, eventually, metric_sample
 
 MEMBER_LIMITS = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000}
 
@@ -179,7 +179,7 @@ async def test_a_group_waiting_past_its_patience_goes_ahead_of_smaller_pods(
             return
         pod = await running.pods.pending_with("single-1", "FilteringFailed")
         assert [e["message"] for e in pod["events"]][-1].startswith(
-            "waiting behind group default/train-a, whole and not fitting for ")
+            "waiting behind group default/train-a, whole and not fitting: for at most ")
         await running.pods.delete("single-0")
         for name in A:
             await running.pods.placed(name)
@@ -255,6 +255,49 @@ async def test_fifty_groups_on_room_for_ten_start_ten_at_a_time_whole(
 
         await eventually(next_wave, "the next ten groups started", timeout=60)
         assert sorted(set((await started()).values())) == [0, 2]
+    finally:
+        await daemon.stop()
+        for node in nodes:
+            await node.halt()
+
+
+WHOLE_CARD = {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 100}
+
+
+async def test_a_group_larger_than_the_fleet_holds_back_no_other_namespace(
+        jetstream_server: LocalNatsServer, http: aiohttp.ClientSession) -> None:
+    """Two nodes of eight cards hold sixteen whole-card members: a 20-member group could
+    never start there, even with every card free. It is refused with a reason of its own
+    and, past its patience, goes ahead of no one: a 1-card pod of another namespace binds
+    at once (before issue 45 it was refused GroupAhead until the group was deleted)."""
+    nodes = [SimulatedAgent.start(f"gpu-node-{n}", jetstream_server.url, "a100x8-nvswitch")
+             for n in (1, 2)]
+    daemon = await RunningDaemon(standalone_config(
+        jetstream_server.url, service=ServiceSettings(DEFAULTS, group_patience=0.2))).start()
+    pods = PodClient(http, daemon.url)
+    try:
+        for i in range(20):
+            pod = member(f"huge-{i:02d}", "huge", count=20, namespace="team-a")
+            pod["spec"]["containers"][0]["resources"]["limits"] = dict(WHOLE_CARD)
+            await pods.submit(pod)
+        refused = await pods.pending_with("huge-00", "FilteringFailed", namespace="team-a")
+        message = refused["events"][-1]["message"]
+        assert message.startswith("group huge can never start on these nodes: even with "
+                                  "every card free, 16 of 20 members fit"), message
+        await asyncio.sleep(0.5)  # past the group's patience
+        single = lab_pod("small", limits=dict(WHOLE_CARD))
+        single["metadata"]["namespace"] = "team-b"
+        started = asyncio.get_running_loop().time()
+        await pods.submit(single)
+        await pods.placed("small", namespace="team-b", timeout=10)
+        waited = asyncio.get_running_loop().time() - started
+        print(f"the other namespace's pod bound {waited:.3f}s after its submission")
+        assert await pods.pods() and not [
+            p for p in await pods.pods() if p["namespace"] == "team-a" and p["node"]]
+        assert daemon.service is not None
+        exposition = daemon.service.metrics.exposition().decode()
+        assert (metric_sample(exposition, "pyhami_groups_never_fit_total") or 0) >= 1
+        assert metric_sample(exposition, "pyhami_group_held_back_total") == 0
     finally:
         await daemon.stop()
         for node in nodes:
