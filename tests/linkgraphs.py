@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import random
 
-from common.core import Card, Node
+import pytest
+
+from common.core import Card, Node, linksets, placement
+from common.core.linksets import SEARCH_STEPS, SearchBudget
 
 Masks = list[int]
 
@@ -76,3 +79,16 @@ def node_of_links(name: str, masks: Masks, numa: list[int] | None = None) -> Nod
         devices.append(Card(uuid=f"GPU-{name}-{i}", index=i, type="NVIDIA-H100",
                             memory=81920, numa=0 if numa is None else numa[i], links=links))
     return Node(name=name, devices=devices)
+
+
+def spent_budgets(monkeypatch: pytest.MonkeyPatch) -> list[SearchBudget]:
+    """Every budget ``place_pod`` opens from now on, one a node placed in full."""
+    opened: list[SearchBudget] = []
+
+    class Kept(linksets.SearchBudget):
+        def __init__(self, steps: int = SEARCH_STEPS) -> None:
+            super().__init__(steps)
+            opened.append(self)
+
+    monkeypatch.setattr(placement, "SearchBudget", Kept)
+    return opened

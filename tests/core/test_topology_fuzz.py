@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.core import Fleet, decide, linksets, parse_pod, placement
+from common.core import Fleet, decide, parse_pod
 from common.core.linksets import SEARCH_STEPS, SearchBudget
 from pyhami.sandbox import DEFAULTS
 from tests.builders import hold, manifest
@@ -24,6 +24,7 @@ from tests.linkgraphs import (
     mycielski,
     node_of_links,
     random_graph,
+    spent_budgets,
 )
 
 FUZZ = settings(max_examples=100, deadline=None, derandomize=True,
@@ -51,15 +52,7 @@ def link_graphs(draw: st.DrawFn) -> tuple[str, Masks]:
 @pytest.fixture
 def budgets(monkeypatch: pytest.MonkeyPatch) -> list[SearchBudget]:
     """Every budget ``place_pod`` opens: one a node placed in full."""
-    opened: list[SearchBudget] = []
-
-    class Kept(linksets.SearchBudget):
-        def __init__(self, steps: int = SEARCH_STEPS) -> None:
-            super().__init__(steps)
-            opened.append(self)
-
-    monkeypatch.setattr(placement, "SearchBudget", Kept)
-    return opened
+    return spent_budgets(monkeypatch)
 
 
 @FUZZ

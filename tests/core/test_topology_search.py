@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.core import decide, linksets, parse_pod, placement
+from common.core import decide, parse_pod
 from common.core.fleet import NodeTopology, _cliques
 from common.core.linksets import DECISION_SEARCH_STEPS, SEARCH_STEPS, SearchBudget, linked_set
 from pyhami.sandbox import DEFAULTS
@@ -25,6 +25,7 @@ from tests.linkgraphs import (
     mycielski,
     node_of_links,
     random_graph,
+    spent_budgets,
 )
 
 SEARCH = settings(max_examples=300, deadline=None, derandomize=True)
@@ -202,16 +203,3 @@ class TestThroughTheDecision:
         message = decide(fleet, pod, describe=True).message
         assert message == ("asked for 13 cards with 1000 MiB each; "
                            "n: 256/256 TopologyNotFit (search limit reached)")
-
-
-def spent_budgets(monkeypatch: pytest.MonkeyPatch) -> list[SearchBudget]:
-    """Every budget ``place_pod`` opens from now on, one a node placed in full."""
-    opened: list[SearchBudget] = []
-
-    class Kept(linksets.SearchBudget):
-        def __init__(self, steps: int = SEARCH_STEPS) -> None:
-            super().__init__(steps)
-            opened.append(self)
-
-    monkeypatch.setattr(placement, "SearchBudget", Kept)
-    return opened
