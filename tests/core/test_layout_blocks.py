@@ -65,7 +65,7 @@ def assert_same_layout(fleet: Fleet) -> None:
 
 def _node(name: str, variant: int, sick: int, processes: int, cordon: int) -> Node:
     """A node of a few shapes: plain cards of several sizes and NUMA, unknown links, NVLink
-    islands, irregular links, MIG cards; with one card sick, busy or cordoned."""
+    islands, irregular links, MIG cards, uuids another node lists too; with one card sick, busy or cordoned."""
     if variant == 0:
         base = node(name, 2)
     elif variant == 1:
@@ -77,8 +77,10 @@ def _node(name: str, variant: int, sick: int, processes: int, cordon: int) -> No
         base = node_of_links(name, [0b0010, 0b0001, 0b1000, 0b0100], numa=[0, 0, 1, 1])
     elif variant == 4:
         base = node_of_links(name, complete_multipartite(5, 2))
-    else:
+    elif variant == 5:
         base = mig_node(name, 2)
+    else:  # the same uuids on every node of this shape: a uuid at several positions
+        base = Node(name=name, devices=[card(i, "shared") for i in range(2)])
     devices = [
         d if i != sick else card(d.index, name, **{**_fields(d), "health": False})
         for i, d in enumerate(base.devices)]
@@ -93,7 +95,7 @@ def _fields(device: Any) -> dict[str, Any]:
     return {f: getattr(device, f) for f in device.__struct_fields__ if f != "index"}
 
 
-nodes = st.builds(_node, st.sampled_from(NAMES), st.integers(0, 5), st.integers(-1, 4),
+nodes = st.builds(_node, st.sampled_from(NAMES), st.integers(0, 6), st.integers(-1, 4),
                   st.integers(0, 2), st.integers(-1, 3))
 
 
