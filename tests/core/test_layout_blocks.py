@@ -65,7 +65,8 @@ def assert_same_layout(fleet: Fleet) -> None:
 
 def _node(name: str, variant: int, sick: int, processes: int, cordon: int) -> Node:
     """A node of a few shapes: plain cards of several sizes and NUMA, unknown links, NVLink
-    islands, irregular links, MIG cards, uuids another node lists too; with one card sick, busy or cordoned."""
+    islands, irregular links, MIG cards, uuids another node lists too; with one card sick,
+    busy or cordoned."""
     if variant == 0:
         base = node(name, 2)
     elif variant == 1:
