@@ -3,15 +3,17 @@
 Cards of all nodes sit in flat numpy arrays, grouped by node (nodes sorted by
 name, cards by device index), so one decision checks every card with a few
 array operations. Usage from the ledger is applied to the arrays as it
-changes; the layout is rebuilt only when a node's card set or static fields
-change.
+changes; when a node's card set or static fields change (or it comes or goes), that node
+alone is built again and spliced among the others' arrays at the next decision.
 """
 
 from __future__ import annotations
 
 import copy
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import overload
 
 import numpy as np
@@ -186,6 +188,32 @@ class CardGroups:
         self.card_group: IntArray = np.array(card_group, dtype=np.int64)
         self.group_node: IntArray = np.array(group_node, dtype=np.int64)
 
+    @classmethod
+    def spliced(cls, runs: list[tuple[CardGroups, int, int, int, int]]) -> CardGroups:
+        """The groups of runs of other layouts' nodes put one after the other: per run, its
+        groups, its nodes ``lo:hi`` there, and the cards ``start:stop`` of those nodes.
+        The ids ``__init__`` would give: it numbers the groups node by node (a key holds its
+        node), so a run of nodes holds a run of ids, renumbered by one offset."""
+        card_group: list[IntArray] = []
+        group_node: list[IntArray] = []
+        first_id = first_node = 0
+        for groups, lo, hi, start, stop in runs:
+            low, high = (int(i) for i in np.searchsorted(groups.group_node, (lo, hi)))
+            cards = groups.card_group[start:stop]
+            card_group.append(np.where(cards >= 0, cards + (first_id - low), -1))
+            group_node.append(groups.group_node[low:high] + (first_node - lo))
+            first_id += high - low
+            first_node += hi - lo
+        joined = cls.__new__(cls)
+        joined.card_group = np.concatenate(card_group)
+        joined.group_node = np.concatenate(group_node)
+        return joined
+
+
+_SPLICE_MAX_SHARE = 4
+"""Past 1 node in 4 changed, the layout is built whole: each changed node is built on its
+own anyway (as dear as in a whole build) and cuts the old layout into two more runs to
+splice, so past that share splicing saves too little to be worth its path."""
 
 CHANGE_LOG_MAX = 1 << 16
 """Changed cards a layout remembers; past that, cached checks are computed afresh."""
@@ -211,6 +239,10 @@ class Layout:
 
     Usage changes are applied in place and logged (``changed``), so what is derived from
     the cards (check codes, node scores) is brought up to date for the changed cards only.
+
+    ``devices`` is read for the cards' static fields only (uuid, index, type): a node not
+    built again since keeps the cards of the report that built it, whose health and
+    processes may be older than the arrays', which are the ones kept up to date.
     """
 
     def __init__(self, nodes: Iterable[Node]) -> None:
@@ -309,7 +341,7 @@ class Layout:
     def copy(self) -> Layout:
         """A layout of the same cards whose usage and health change apart from this one's:
         the arrays that change are copied, the rest (names, capacities, topology) shared
-        and never written. Building a layout of 5,000 nodes of 8 cards takes about 260 ms;
+        and never written. Building a layout of 5,000 nodes of 8 cards takes about 250 ms;
         this, a few."""
         other = copy.copy(self)
         for name in _DYNAMIC_ARRAYS:
@@ -320,6 +352,107 @@ class Layout:
         other.changed = []
         other.check_cache = {}
         return other
+
+    @classmethod
+    def spliced(cls, runs: list[tuple[Layout, int, int]]) -> Layout:
+        """The layout of runs of nodes taken from other layouts, in the order given (the
+        caller keeps the names sorted): ``(layout, lo, hi)`` takes its nodes ``lo:hi`` with
+        their cards, usage, health and cordons as they are there. The same layout, array for
+        array, as ``Layout`` of those nodes with that usage applied; at 5,000 nodes a few
+        milliseconds instead of the ~250 ms of a build, with no Python loop over the cards
+        of the runs but for the dicts keyed by card. Every source must hold one entry of
+        ``card_position`` per card (no uuid twice in a node)."""
+        if not runs:
+            raise ValueError("a spliced layout needs at least one run of nodes")
+        new = cls.__new__(cls)
+        spans = [(layout, lo, hi, int(layout.start[lo]), int(layout.start[hi]))
+                 for layout, lo, hi in runs]
+
+        def cards(name: str) -> npt.NDArray[np.generic]:
+            return np.concatenate([getattr(layout, name)[start:stop]
+                                   for layout, _, _, start, stop in spans])
+
+        def nodes(name: str) -> npt.NDArray[np.generic]:
+            return np.concatenate([getattr(layout, name)[lo:hi] for layout, lo, hi, _, _ in spans])
+
+        new.node_names = list(chain.from_iterable(
+            layout.node_names[lo:hi] for layout, lo, hi, _, _ in spans))
+        new.node_position = {n: i for i, n in enumerate(new.node_names)}
+        new.name_set = frozenset(new.node_names)
+        new.devices = list(chain.from_iterable(
+            layout.devices[start:stop] for layout, _, _, start, stop in spans))
+        new.topology = list(chain.from_iterable(
+            layout.topology[lo:hi] for layout, lo, hi, _, _ in spans))
+        new.node_cards = np.concatenate([layout.node_cards[lo:hi]
+                                         for layout, lo, hi, _, _ in spans])
+        new.start = np.zeros(len(new.node_cards) + 1, dtype=np.int64)
+        np.cumsum(new.node_cards, out=new.start[1:])
+        new.node_of = np.repeat(np.arange(len(new.node_cards), dtype=np.int64), new.node_cards)
+        for name in ("index", "memory", "cores", "count", "numa", "healthy", "inconsistent",
+                     "cordoned", "processes", "mig", "tenants", "usedmem", "usedcores", "used"):
+            setattr(new, name, cards(name))
+        for name in ("node_count", "node_cores", "node_memory", "node_used", "node_usedmem",
+                     "node_usedcores", "topology_known", "irregular_links", "node_has_mig"):
+            setattr(new, name, nodes(name))
+        # The dicts keyed by card position: each source's positions mapped to the new ones
+        # (-1: not taken), then one pass over each source's entries.
+        sources = {id(layout): layout for layout, *_ in spans}
+        moved = {key: [-1] * len(layout.devices) for key, layout in sources.items()}
+        first = 0
+        for layout, _, _, start, stop in spans:
+            moved[id(layout)][start:stop] = range(first, first + stop - start)
+            first += stop - start
+        mig_profiles: dict[int, tuple[MigProfile, ...]] = {}
+        new.instances = {}
+        for key, layout in sources.items():
+            where = moved[key]
+            for card, profiles in layout.mig_profiles.items():
+                if where[card] >= 0:
+                    mig_profiles[where[card]] = profiles
+            for card, placements in layout.instances.items():
+                if where[card] >= 0:
+                    new.instances[where[card]] = placements
+        new.mig_profiles = dict(sorted(mig_profiles.items()))  # in card order, as built
+        # Types: those still present, sorted; each source's ids mapped onto them.
+        present: set[str] = set()
+        for layout, _, _, start, stop in spans:
+            used = np.bincount(layout.type_id[start:stop], minlength=len(layout.types))
+            present.update(layout.types[t] for t in np.flatnonzero(used).tolist())
+        new.types = sorted(present)
+        type_ids = {t: i for i, t in enumerate(new.types)}
+        new.type_id = np.concatenate([
+            np.array([type_ids.get(t, -1) for t in layout.types], dtype=np.int64)[
+                layout.type_id[start:stop]]
+            for layout, _, _, start, stop in spans])
+        # card_position's keys are in card order, one per card: sliced, then numbered.
+        keys_of = {key: list(layout.card_position) for key, layout in sources.items()}
+        keys = list(chain.from_iterable(
+            keys_of[id(layout)][start:stop] for layout, _, _, start, stop in spans))
+        new.card_position = dict(zip(keys, range(len(keys)), strict=True))
+        uuids = [uuid for _, uuid in keys]
+        # Each uuid once: position i's entry is [i]. Those lists are never written (copies
+        # of a layout share them already), so the largest source's serve again, in
+        # position order when its uuids are each once too: 40,000 lists not made again.
+        largest = max(sources.values(), key=lambda layout: len(layout.devices))
+        singles = (list(largest.uuid_positions.values())
+                   if len(largest.uuid_positions) == len(largest.devices) else [])
+        singles.extend([i] for i in range(len(singles), len(uuids)))
+        new.uuid_positions = dict(zip(uuids, singles, strict=False))
+        if len(new.uuid_positions) < len(uuids):  # a uuid on two nodes: all its positions
+            new.uuid_positions = {}
+            for i, uuid in enumerate(uuids):
+                new.uuid_positions.setdefault(uuid, []).append(i)
+        new.check_base = new.node_of * CHECK_COUNT
+        new._node_score = None
+        new._stale_scores = set()
+        new.changed = []
+        new.check_cache = {}
+        for name in ("numa_groups", "link_groups", "numa_link_groups"):
+            setattr(new, name, CardGroups.spliced(
+                [(getattr(layout, name), lo, hi, start, stop)
+                 for layout, lo, hi, start, stop in spans]))
+        new.has_mig = bool(new.mig.any())
+        return new
 
     def node_slice(self, node: int) -> slice:
         return slice(int(self.start[node]), int(self.start[node + 1]))
@@ -412,6 +545,10 @@ class Fleet:
         # Per card, the grants booked on it without a MIG instance and with one.
         self._grant_kinds: dict[tuple[str, str], tuple[int, int]] = {}
         self._layout: Layout | None = None
+        # Nodes whose cards ``_layout`` no longer describes (their static fields changed,
+        # they came or went): built again, alone, at the next ``layout``. Until then the
+        # layout is kept up to date for every other node.
+        self._stale: set[str] = set()
         self._quotas = quotas if quotas is not None else QuotaBook()
         self._generation = 0
         self._changes = 0
@@ -437,21 +574,81 @@ class Fleet:
     @property
     def layout(self) -> Layout:
         if self._layout is None:
-            layout = Layout(self._nodes.values())
-            for (node, uuid), usage in self._usage.items():
-                card = layout.card_position.get((node, uuid))
-                if card is not None:
-                    layout.set_usage(card, usage)
-            for (node, uuid), placements in self._instances.items():
-                card = layout.card_position.get((node, uuid))
-                if card is not None and layout.mig[card]:
-                    layout.set_instances(card, placements)
-            for key in self._grant_kinds:
-                card = layout.card_position.get(key)
-                if card is not None:
-                    layout.set_inconsistent(card, self._contradiction(key, layout) is not None)
-            self._layout = layout
+            self._layout = self._with_ledger(Layout(self._nodes.values()), self._usage,
+                                             self._instances, self._grant_kinds)
+        elif self._stale:
+            self._layout = self._rebuilt(self._layout)
+            self._stale.clear()
         return self._layout
+
+    def _with_ledger(self, layout: Layout, usage: Iterable[tuple[str, str]],
+                     instances: Iterable[tuple[str, str]],
+                     grants: Iterable[tuple[str, str]]) -> Layout:
+        """``layout`` with the ledger's usage, instances and contradictions applied to the
+        cards of the keys given (a key may name a card the layout lacks)."""
+        for key in usage:
+            card = layout.card_position.get(key)
+            if card is not None and key in self._usage:
+                layout.set_usage(card, self._usage[key])
+        for key in instances:
+            card = layout.card_position.get(key)
+            if card is not None and layout.mig[card] and key in self._instances:
+                layout.set_instances(card, self._instances[key])
+        for key in grants:
+            card = layout.card_position.get(key)
+            if card is not None and key in self._grant_kinds:
+                layout.set_inconsistent(card, self._contradiction(key, layout) is not None)
+        # No checks are kept yet: the log of the cards changed would serve none (and a
+        # layout spliced from this one starts with an empty log as well).
+        layout.changed.clear()
+        return layout
+
+    def _rebuilt(self, old: Layout) -> Layout:
+        """The layout once the nodes in ``_stale`` are built again: those still here in a
+        layout of their own, with their part of the ledger; every other node's cards taken
+        as they are in ``old`` (kept up to date for them), spliced in name order. When many
+        nodes changed, or a node lists a uuid twice, the whole layout is built again."""
+        stale = self._stale
+        fresh_nodes = [self._nodes[name] for name in stale if name in self._nodes]
+        nodes = len(self._nodes)
+        if (nodes == 0 or len(stale) * _SPLICE_MAX_SHARE > nodes
+                or len(old.card_position) != len(old.devices)):
+            return self._with_ledger(Layout(self._nodes.values()), self._usage,
+                                     self._instances, self._grant_kinds)
+        keys = [(n.name, d.uuid) for n in fresh_nodes for d in n.devices]
+        fresh = self._with_ledger(Layout(fresh_nodes), keys, keys, keys)
+        if len(fresh.card_position) != len(fresh.devices):
+            return self._with_ledger(Layout(self._nodes.values()), self._usage,
+                                     self._instances, self._grant_kinds)
+        # The old layout's nodes in runs between those gone or changed (``removed``), each
+        # changed or new node (a run of ``fresh``) where its name falls among them.
+        removed = sorted(old.node_position[name] for name in stale if name in old.node_position)
+        inserts = [bisect_left(old.node_names, name) for name in fresh.node_names]
+        runs: list[tuple[Layout, int, int]] = []
+
+        def take(layout: Layout, lo: int, hi: int) -> None:
+            if lo == hi:
+                return
+            if runs and runs[-1][0] is layout and runs[-1][2] == lo:
+                lo = runs.pop()[1]  # a node removed between two new ones: one run
+            runs.append((layout, lo, hi))
+
+        cursor = r = f = 0
+        total = len(old.node_names)
+        while cursor < total or f < len(inserts):
+            stop = min(removed[r] if r < len(removed) else total,
+                       inserts[f] if f < len(inserts) else total)
+            take(old, cursor, stop)
+            cursor = stop
+            if f < len(inserts) and inserts[f] == cursor:
+                first = f
+                while f < len(inserts) and inserts[f] == cursor:
+                    f += 1
+                take(fresh, first, f)
+            elif r < len(removed) and removed[r] == cursor:
+                cursor += 1
+                r += 1
+        return Layout.spliced(runs)
 
     # Nodes -----------------------------------------------------------------
 
@@ -471,8 +668,8 @@ class Fleet:
             self._generation += 1
         if self._layout is None:
             return
-        if static_changed:
-            self._layout = None
+        if static_changed or node.name in self._stale:
+            self._stale.add(node.name)
             return
         cordon = cordoned_uuids(node.annotations)
         for device in node.devices:
@@ -481,7 +678,8 @@ class Fleet:
 
     def remove_node(self, name: str) -> None:
         if self._nodes.pop(name, None) is not None:
-            self._layout = None
+            if self._layout is not None:
+                self._stale.add(name)
             self._changes += 1
             self._generation += 1
 
@@ -534,6 +732,7 @@ class Fleet:
         other._instances = dict(self._instances)
         other._grant_kinds = dict(self._grant_kinds)
         other._layout = self._layout.copy() if self._layout is not None else None
+        other._stale = set(self._stale)
         return other
 
     def release(self, key: str) -> Allocation | None:
