@@ -33,6 +33,7 @@ from common.core.natsjwt import (
     seed_from_random,
     signer_from_seed,
 )
+from common.files import SECRET_FILE_MAX_BYTES, InputFileError, read_bounded
 from common.wire import (
     RESYNC_SUBJECT,
     allocated_subject,
@@ -174,9 +175,9 @@ class BusCredentials:
         stored = {}
         for name in (ISSUER_SEED, DAEMON_PASSWORD, WATCH_PASSWORD):
             try:
-                stored[name] = (directory / name).read_bytes()
-            except OSError as error:
-                raise CredentialsError(f"{directory}: {name}: {error.strerror or error}") from None
+                stored[name] = read_bounded(directory / name, SECRET_FILE_MAX_BYTES)
+            except InputFileError as error:
+                raise CredentialsError(str(error)) from None
         return cls.from_stored(stored, str(directory))
 
     @classmethod

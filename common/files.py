@@ -26,6 +26,9 @@ def _read(path: Path) -> bytes:
         raise InputFileError(f"{path}: {error.strerror or error}") from None
 
 
+SECRET_FILE_MAX_BYTES = 1024 * 1024
+"""A token, password, key or certificate file: a Secret's own limit, far above any."""
+
 _NOT_REGULAR = (
     (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),

@@ -31,6 +31,7 @@ from nats.aio.msg import Msg
 
 from common.arguments import variable_for
 from common.core.errors import SettingsError
+from common.files import SECRET_FILE_MAX_BYTES, InputFileError, read_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -216,9 +217,11 @@ def _token_reader(path: Path) -> Callable[[], str]:
     """The token as the file holds it at each (re)connection: the kubelet rotates it."""
 
     def read() -> str:
+        # Bounded and regular only: read at every reconnection, a FIFO put there would
+        # hang the client's reconnect for good.
         try:
-            return path.read_text().strip()
-        except OSError as error:
+            return read_bounded(path, SECRET_FILE_MAX_BYTES).decode().strip()
+        except (InputFileError, UnicodeDecodeError) as error:
             logger.warning("NATS: cannot read the token file %s (%s)", path, error)
             return ""
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from common.files import SECRET_FILE_MAX_BYTES, InputFileError, read_bounded
 from scheduler.errors import SchedulerError
 
 logger = logging.getLogger(__name__)
@@ -87,10 +88,12 @@ def server_context(cert_file: str, key_file: str,
 
 
 def _read(path: str, flag: str) -> bytes:
+    # Bounded and regular only: a FIFO or a device there would hang the start, or the
+    # reload of a rotated certificate.
     try:
-        return Path(path).read_bytes()
-    except OSError as error:
-        raise TlsError(f"{flag}: cannot read {path}: {error.strerror or error}") from None
+        return read_bounded(Path(path), SECRET_FILE_MAX_BYTES)
+    except InputFileError as error:
+        raise TlsError(f"{flag}: cannot read {error}") from None
 
 
 class CertificateFiles:
