@@ -20,7 +20,7 @@ from common.core.quota import (
     parse_quota,
     quota_keys,
 )
-from common.files import InputFileError, parse_document
+from common.files import InputFileError, json_keys_distinct, parse_document
 from scheduler.cluster import ClusterError, StoreUnavailable
 from scheduler.cluster.standalone import EntryTooLarge, StandaloneCluster, StoredQuota
 from scheduler.web.limits import POD_BODY_LIMIT, YAML_ENTRIES_LIMIT, read_body
@@ -86,7 +86,8 @@ def _document(body: bytes) -> dict[str, Any]:
     read = False
     if body[:64].lstrip()[:1] == b"{":
         try:
-            document, read = msgspec.json.decode(body), True
+            # msgspec keeps a key's last value: with one given twice, the YAML reader names it.
+            document, read = msgspec.json.decode(body), json_keys_distinct(body)
         except msgspec.DecodeError:
             pass  # out-of-range numbers, or YAML's flow style: YAML reads it, or says why
         except RecursionError:

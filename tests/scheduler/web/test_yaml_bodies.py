@@ -100,6 +100,15 @@ def test_a_quota_giving_a_limit_twice_is_refused_naming_it() -> None:
         "spec.hard['limits.nvidia.com/gpumem'] is given twice (lines 8 and 9)")
 
 
+def test_a_json_quota_giving_a_field_twice_is_refused_as_yaml_is() -> None:
+    body = ('{"apiVersion": "v1", "kind": "ResourceQuota",\n'
+            '"metadata": {"name": "a", "name": "b", "namespace": "lab"}}')
+    with pytest.raises(QuotaBodyError) as refused:
+        read_quota(body.encode())
+    assert str(refused.value) == ("request body: metadata.name is given twice (line 2, "
+                                  "columns 14 and 27)")
+
+
 def test_the_quota_is_read_when_its_keys_are_distinct() -> None:
     assert read_quota(QUOTA_YAML.encode()).manifest.metadata.name == "gpu-quota"
 
