@@ -229,16 +229,20 @@ class CardGauges:
                  measured: Callable[[], Mapping[str, Measured]] = dict) -> None:
         self._fleet = fleet
         self._cards_per_piece = cards_per_piece
+        self._nodes_per_gathering = max(1, cards_per_piece // 8)
         self._measured = measured
 
     def pieces(self) -> Iterator[str]:
-        """The text, a family's header or its lines for a few thousand cards at a time; the
-        fleet as it was at the first piece."""
+        """The text, a family's header or its lines for a few thousand cards at a time; each
+        card as it was when the cards were gathered (empty pieces between, so that gathering
+        40,000 cards, about 90 ms, does not hold the loop at once)."""
         fleet = self._fleet()
         measured = self._measured()
         cards: list[tuple[str, Card, Usage]] = []
         used: list[tuple[str, Card, MeasuredCard]] = []
-        for node in fleet.nodes():
+        for position, node in enumerate(list(fleet.nodes())):
+            if position and position % self._nodes_per_gathering == 0:
+                yield ""
             name = _escaped(node.name)
             shares = [(f'device_type="{_escaped(card.type)}",'
                        f'device_uuid="{_escaped(card.uuid)}",node="{name}"', card)
@@ -398,6 +402,16 @@ class UnreadableCollector(Collector):
         yield family
 
 
+@dataclass(frozen=True, slots=True)
+class _OneFamily:
+    """One metric family as a registry the exposition encoders take."""
+
+    family: Metric
+
+    def collect(self) -> Iterable[Metric]:
+        return (self.family,)
+
+
 class Metrics:
     """Every metric of ``/metrics``; ``names`` are the daemon's configured resource names
     (its device configuration), which the quota gauges name."""
@@ -487,10 +501,16 @@ class Metrics:
         encoder, content_type = choose_encoder(accept)
 
         def pieces() -> Iterator[bytes]:
-            rest = encoder(self.registry)
-            end = OPENMETRICS_END if rest.endswith(OPENMETRICS_END) else b""
             for piece in self.cards.pieces():
                 yield piece.encode()
-            yield rest[:len(rest) - len(end)] + end  # the cards' lines go before the end mark
+            # The rest family by family: a family of a line a node (5,000 nodes) is written
+            # in tens of milliseconds, the whole registry in one call took 0.2 s.
+            end = b""
+            for family in self.registry.collect():
+                text = encoder(_OneFamily(family))
+                if text.endswith(OPENMETRICS_END):
+                    text, end = text[:-len(OPENMETRICS_END)], OPENMETRICS_END
+                yield text
+            yield end  # OpenMetrics' end mark, after every family
 
         return content_type, pieces()

@@ -196,7 +196,8 @@ def metrics_app(service: SchedulerService) -> web.Application:
         response.enable_compression()  # when the scraper accepts it
         await response.prepare(request)
         for piece in pieces:
-            await response.write(piece)
+            if piece:  # an empty piece only lets the loop run (the cards being gathered)
+                await response.write(piece)
             await asyncio.sleep(0)  # /filter and the agents' messages get their turn
         await response.write_eof()
         return response

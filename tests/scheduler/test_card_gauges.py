@@ -130,7 +130,12 @@ def test_a_replaced_inventory_is_labelled_afresh_and_a_forgotten_node_leaves() -
 
 def test_the_text_comes_in_pieces_of_at_most_the_cards_asked() -> None:
     fleet = _fleet()
-    pieces = list(CardGauges(lambda: fleet, cards_per_piece=2).pieces())
+    every = list(CardGauges(lambda: fleet, cards_per_piece=2).pieces())
+    # Gathering the cards lets the loop run between nodes (a node a turn at 2 cards a
+    # piece): empty pieces first, one fewer than the nodes.
+    nodes = sum(1 for _ in fleet.nodes())
+    assert every[:nodes - 1] == [""] * (nodes - 1) and every[nodes - 1] != ""
+    pieces = every[nodes - 1:]
     # Per family: its header, then its 3 cards' lines in pieces of 2 and 1; the measured
     # families' headers alone (no card measured).
     assert len(pieces) == len(CARD_FAMILIES) * 3 + len(MEASURED_CARD_FAMILIES)
