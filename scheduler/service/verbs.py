@@ -225,6 +225,10 @@ class Verbs(ServicePart):
             steps, generation = bookings.group_steps(group.name, members, offered,
                                                      self._clock())
             placement = await in_slices(steps)
+            if (standby := self.shared.leadership.refusal()) is not None:
+                # The lease was lost while the loop ran others: a standby reserves nothing
+                # (its reservations were dropped with the lease; filter answers its error).
+                return Tried(self._clock(), -1, None, "GroupWaiting", standby, standby)
             if not placement.placed:
                 return await self._group_refused(group, asking, members, offered, placement,
                                                  changes=changes)

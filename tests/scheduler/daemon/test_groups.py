@@ -22,6 +22,7 @@ from common.core.groups import (
 from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
+from scheduler.service import verbs
 from scheduler.service.shared import ServiceSettings
 from tests.harness import PodClient, eventually, metric_sample
 
@@ -302,3 +303,35 @@ async def test_a_group_larger_than_the_fleet_holds_back_no_other_namespace(
         await daemon.stop()
         for node in nodes:
             await node.halt()
+
+
+async def test_a_group_placed_while_the_lease_is_lost_reserves_nothing(
+        jetstream_server: LocalNatsServer, http: aiohttp.ClientSession,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's placement runs in slices, the loop serving others between them: if the
+    daemon stopped deciding meanwhile (its lease lost), the placement is not reserved
+    and /filter answers the standby's error, as a single pod's does."""
+    running, node = await stand_up(jetstream_server, http, drive_pending=False)
+    try:
+        for name in A:
+            await running.pods.submit(member(name, "train-a"))
+        service = running.daemon.service
+        assert service is not None
+        placing = verbs.in_slices
+
+        async def lease_lost_meanwhile(steps: Any) -> Any:
+            placed = await placing(steps)
+            monkeypatch.setattr(service.shared.leadership, "refusal",
+                                lambda: "standing by: another daemon decides")
+            return placed
+
+        monkeypatch.setattr(verbs, "in_slices", lease_lost_meanwhile)
+        pod = member("a-0", "train-a")
+        async with http.post(f"{running.daemon.url}/filter",
+                             json={"Pod": pod, "NodeNames": ["gpu-node-1"]}) as answer:
+            result = await answer.json()
+        assert result["Error"] == "standing by: another daemon decides"
+        assert service.state.bookings.reservation_count == 0
+    finally:
+        await running.daemon.stop()
+        await node.halt()
