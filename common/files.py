@@ -29,17 +29,21 @@ def _read(path: Path) -> bytes:
 SECRET_FILE_MAX_BYTES = 1024 * 1024
 """A token, password, key or certificate file: a Secret's own limit, far above any."""
 
-_NOT_REGULAR = (
-    (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
-    (stat.S_ISSOCK, "a socket"),
+_KINDS = (
+    (stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a link"), (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
 )
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, as a message names it: ``a FIFO``, ..."""
+    return next((name for test, name in _KINDS if test(mode)), "a file of another kind")
 
 
 def _refuse_unless_regular(path: Path, mode: int) -> None:
     if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a file")
-        raise InputFileError(f"{path}: is {kind}, not a regular file")
+        raise InputFileError(f"{path}: is {file_kind(mode)}, not a regular file")
 
 
 def read_bounded(path: Path, limit: int) -> bytes:

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.monitor.model import ContainerUsage, DeviceUsage
+from common.files import file_kind
 
 MAGIC = 19920718
 """HAMi-core's ``initialized_flag``: the region was set up."""
@@ -245,20 +246,6 @@ file it holds, with no lookup by name in between."""
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
 def _same_inode(first: os.stat_result, second: os.stat_result) -> bool:
     return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
@@ -273,7 +260,7 @@ def open_folder(path: Path) -> int | Refused:
     except OSError as error:
         return _unreadable(path, error)
     if not stat.S_ISDIR(seen.st_mode):
-        return Refused("not_a_folder", f"{path}: {_kind(seen.st_mode)}, not a folder")
+        return Refused("not_a_folder", f"{path}: {file_kind(seen.st_mode)}, not a folder")
     try:
         fd = os.open(path, _FOLDER_FLAGS)
     except OSError as error:
@@ -320,7 +307,7 @@ def open_regular_at(folder: int, name: str, flags: int, path: Path) -> int | Ref
     except OSError as error:
         return _unreadable(path, error)
     if not stat.S_ISREG(seen.st_mode):
-        return Refused("not_a_file", f"{path}: {_kind(seen.st_mode)}, not a regular file")
+        return Refused("not_a_file", f"{path}: {file_kind(seen.st_mode)}, not a regular file")
     opened_flags = flags | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         pinned = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
@@ -359,7 +346,7 @@ def _check_opened(fd: int, seen: os.stat_result, path: Path) -> Refused | None:
     """Refused unless ``fd`` is a regular file and the inode ``seen`` before opening."""
     opened = os.fstat(fd)
     if not stat.S_ISREG(opened.st_mode):
-        return Refused("not_a_file", f"{path}: became {_kind(opened.st_mode)} while opened")
+        return Refused("not_a_file", f"{path}: became {file_kind(opened.st_mode)} while opened")
     if not _same_inode(seen, opened):
         return Refused("changed", f"{path}: replaced while it was opened")
     return None

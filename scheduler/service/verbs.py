@@ -36,11 +36,12 @@ from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
 from common.core.pod import DEFAULT_NAMESPACE
 from common.core.quota import admission_refusal
 from common.core.reasons import NodeRefusal, removed_most
+from common.core.refusal import plural
 from common.locks import KeyedLocks
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
 from scheduler.service.shared import Reports, ServicePart, Shared, Unschedulable, in_slices
-from scheduler.state import Starving, Tried
+from scheduler.state import Starving, Tried, Waiting
 from scheduler.web.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -61,10 +62,6 @@ GROUP_TRIES = 3
 outside the daemon, a node's cards changed): then its members are tried again later."""
 NODE_SCORE_MAX = score_max(NODE_WEIGHTS)
 """/prioritize scales a node's score from 0..NODE_SCORE_MAX to 0..MAX_PRIORITY."""
-
-
-def _nodes(count: int) -> str:
-    return "node" if count == 1 else f"{count} nodes"
 
 
 def _ms_since(started: float) -> float:
@@ -183,11 +180,10 @@ class Verbs(ServicePart):
                 f"exist in namespace {group.namespace}{hint}; none is given cards before all "
                 "are")
         waiting = groups.waiting(group.key)
-        requests = [member.request for member in waiting]
         async with self.shared.booking:
             ahead = self._ahead_of(pod, group.key)
             offered, withheld = self._offered(names, ahead)
-            placement = await self._place_group(group, request.key, requests, offered)
+            placement = await self._place_group(group, request.key, waiting, offered)
         if isinstance(placement, Tried):
             refused = self._member_refused(request, offered, placement.reason,
                                            placement.detail, placement.message)
@@ -209,7 +205,7 @@ class Verbs(ServicePart):
         return self._held_decision(request, mine.allocation, names, group) \
             if mine.allocation is not None else mine
 
-    async def _place_group(self, group: GroupRef, asking: str, members: list[PodRequest],
+    async def _place_group(self, group: GroupRef, asking: str, waiting: list[Waiting],
                            offered: Sequence[str]) -> GroupPlacement | Tried:
         """Every waiting member of ``group`` placed and reserved together among
         ``offered``, in slices of the loop's time (the caller holds the booking lock); or
@@ -220,6 +216,7 @@ class Verbs(ServicePart):
         tried = groups.last_try(group.key, self._clock(), bookings.fleet_changes, offered_key)
         if tried is not None:
             return tried
+        members = [member.request for member in waiting]
         for _ in range(GROUP_TRIES):
             changes = bookings.fleet_changes
             steps, generation = bookings.group_steps(group.name, members, offered,
@@ -230,7 +227,7 @@ class Verbs(ServicePart):
                 # (its reservations were dropped with the lease; filter answers its error).
                 return Tried(self._clock(), -1, None, "GroupWaiting", standby, standby)
             if not placement.placed:
-                return await self._group_refused(group, asking, members, offered, placement,
+                return await self._group_refused(group, asking, waiting, offered, placement,
                                                  changes=changes)
             if bookings.reserve_group(placement, generation, self._clock(),
                                       self.settings.group_ttl):
@@ -242,7 +239,7 @@ class Verbs(ServicePart):
                      f"group {group.name}: the cards changed while its members were placed "
                      f"({GROUP_TRIES} tries); it is tried again")
 
-    async def _group_refused(self, group: GroupRef, asking: str, members: list[PodRequest],
+    async def _group_refused(self, group: GroupRef, asking: str, waiting: list[Waiting],
                              offered: Sequence[str], placement: GroupPlacement, *,
                              changes: int) -> Tried:
         """A group that did not fit: it goes ahead of others in time only if it would fit
@@ -250,8 +247,8 @@ class Verbs(ServicePart):
         (``asking``, whose /filter this is, by its own answer)."""
         groups, bookings = self.state.groups, self.state.bookings
         now = self._clock()
+        members = [member.request for member in waiting]
         idle = await in_slices(bookings.idle_group_steps(group.name, members, offered, now))
-        waiting = groups.waiting(group.key)
         if idle.placed:
             priority = max((m.manifest.spec.priority or 0) for m in waiting) if waiting else 0
             groups.blocked(group.key, now, priority, placement.nodes)
@@ -317,7 +314,7 @@ class Verbs(ServicePart):
         left = max(0.0, ahead.until - self._clock())
         message = (f"waiting behind group {ahead.ref.key}, whole and not fitting: for at most "
                    f"{left:.0f}s more, pods of priority {ahead.priority} or lower are not "
-                   f"placed on the {_nodes(len(ahead.claimed))} it would use"
+                   f"placed on {plural(len(ahead.claimed), 'node')} it would use"
                    + (f"; elsewhere: {decision.message}" if decision.message
                       and len(withheld) < len(failures) else ""))
         return dataclasses.replace(decision, failures=failures, message=message)

@@ -48,6 +48,11 @@ class _Group:
     last_try: Tried | None = None
 
 
+def _needs_cards(member: _Member) -> bool:
+    """A member that asks for cards and holds none bound: one the group waits to place."""
+    return member.request is not None and member.request.wants_gpu and not member.bound
+
+
 @dataclass(frozen=True, slots=True)
 class Waiting:
     """A member that needs cards and has none bound."""
@@ -270,8 +275,7 @@ class Groups:
                 group.turns += 1
                 group.blocked_since = now
                 continue
-            if not any(member.request is not None and member.request.wants_gpu
-                       and not member.bound for member in group.members.values()):
+            if not any(map(_needs_cards, group.members.values())):
                 continue
             found.append(Starving(group.ref, group.priority, begins, begins + turn,
                                   group.claimed))
@@ -292,5 +296,4 @@ class Groups:
     def _waiting(group: _Group) -> list[Waiting]:
         return [Waiting(key, member.manifest, member.request)
                 for key, member in sorted(group.members.items())
-                if member.request is not None and member.request.wants_gpu
-                and not member.bound]
+                if _needs_cards(member) and member.request is not None]
