@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import (
+    Callable,
+    Collection,
+    ItemsView,
+    Iterator,
+    KeysView,
+    Mapping,
+    Sequence,
+    ValuesView,
+)
 from dataclasses import dataclass
 
 import msgspec
@@ -17,7 +26,7 @@ from common.core.annotations import (
     encode_devices,
     mig_reservations,
 )
-from common.core.fleet import BoolArray, Fleet, FloatArray, IntArray
+from common.core.fleet import BoolArray, Fleet, FloatArray, IntArray, round_scores
 from common.core.ledger import Allocation
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION, MigInstance, encode_reservations
 from common.core.placement import (
@@ -97,6 +106,12 @@ class Decision:
     choice to kube-scheduler (the decision is ``scheduled`` with no node)."""
     quota: QuotaRefusal | None = None
     """The ResourceQuota that refused cards to the pod, when one did."""
+    fitting: Mapping[str, float] | None = None
+    """Every node considered that holds the pod -> its node score before the pod (rounded
+    as compared), best first by the pod's node policy, the chosen node first of all: what
+    HAMi's ``FilteringSucceed`` Event lists, and what /filter answers when it answers every
+    node that fits. None where nothing was decided (a pod asking for no GPU, a refusal
+    for the pod itself, a group's member)."""
 
     @property
     def failed_nodes(self) -> dict[str, str] | None:
@@ -215,6 +230,45 @@ class NodeFailures(Mapping[str, FailedNode]):
 
     def values(self) -> ValuesView[FailedNode]:
         return self._all().values()
+
+
+class FittingNodes(Mapping[str, float]):
+    """Node -> score of the nodes that hold the pod, best first, written only when first
+    read (most decisions need none of it): the positions and scores copied when made, as
+    the layout's scores change with the next booking."""
+
+    __slots__ = ("_built", "_names", "_positions", "_scores", "_spread")
+
+    def __init__(self, names: Sequence[str], positions: IntArray, scores: FloatArray,
+                 policy: NodePolicy) -> None:
+        self._names = names
+        self._positions = positions
+        self._scores = scores[positions]
+        self._spread = policy is NodePolicy.SPREAD
+        self._built: dict[str, float] | None = None
+
+    def _all(self) -> dict[str, float]:
+        if self._built is None:
+            rounded = round_scores(self._scores)
+            # Best first: binpack's highest score, spread's lowest, ties to the position
+            # (nodes are held sorted by name), as ``_best_node`` chooses.
+            order = np.lexsort((self._positions, rounded if self._spread else -rounded))
+            names = self._names
+            self._built = {names[int(self._positions[i])]: float(rounded[i])
+                           for i in order.tolist()}
+        return self._built
+
+    def __getitem__(self, name: str) -> float:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._all()
 
 
 def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArray,
@@ -353,7 +407,9 @@ def decide(
             fits[node] = True
 
     failures = _counted_failures(view, first, by_node, counted, failed)
-    chosen_node = _best_node(layout.node_scores(), fits, pod.node_policy)
+    node_scores = layout.node_scores()
+    chosen_node = _best_node(node_scores, fits, pod.node_policy)
+    fitting = FittingNodes(layout.node_names, fits.nonzero()[0], node_scores, pod.node_policy)
     placement: Placement = []
     if chosen_node is not None:
         found = placements.get(chosen_node)
@@ -382,12 +438,14 @@ def decide(
         message = refusal_message(fleet, pod, failures) if describe else None
         return Decision(pod=pod.key, scheduled=False, failures=failures,
                         ignored_policies=pod.ignored_policies, adjusted=pod.adjusted,
-                        message=message, explain=rows, quota=quota)
-    return _scheduled(view, chosen_node, placement, failures, rows=rows, quota=quota)
+                        message=message, explain=rows, quota=quota, fitting=fitting)
+    return _scheduled(view, chosen_node, placement, failures, rows=rows, quota=quota,
+                      fitting=fitting)
 
 
 def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[str, FailedNode],
-               *, rows: tuple[ExplainRow, ...] | None, quota: QuotaRefusal | None) -> Decision:
+               *, rows: tuple[ExplainRow, ...] | None, quota: QuotaRefusal | None,
+               fitting: Mapping[str, float]) -> Decision:
     layout, pod = view.layout, view.pod
     start = int(layout.start[node])
     per_container = iter(zip(placement, instance_grants(view, node, placement), strict=True))
@@ -417,6 +475,7 @@ def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[s
         adjusted=pod.adjusted,
         explain=rows,
         quota=quota,
+        fitting=fitting,
     )
 
 

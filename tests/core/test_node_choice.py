@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from common.core import Defaults, NodePolicy, decide, parse_default_chain, parse_pod
+import pytest
+
+from common.core import Defaults, Fleet, NodePolicy, decide, parse_default_chain, parse_pod
 from pyhami.sandbox import DEFAULTS
 from tests.builders import fleet_of, hold, manifest, node, place, run
 
@@ -51,6 +53,49 @@ class TestNodePolicy:
         decision = decide(fleet, request, nodes=["b", "c", "unknown"])
         assert decision.node == "b"
         assert decision.failed_nodes == {"c": "1/1 CardNotHealth"}
+
+
+class TestFittingNodes:
+    """``Decision.fitting``: every node that holds the pod with its score, best first."""
+
+    @staticmethod
+    def _fleet() -> Fleet:
+        fleet = fleet_of(node("a", 1), node("b", 1), node("c", 1), node("d", 1))
+        hold(fleet, "default/x", "a", "GPU-a-0", memory=15000)  # full: fails
+        hold(fleet, "default/y", "c", "GPU-c-0", memory=2000)
+        return fleet
+
+    @pytest.mark.parametrize(("policy", "order"), [
+        ("binpack", ["c", "b", "d"]),  # the busiest first, then the ties by name
+        ("spread", ["b", "d", "c"]),
+    ])
+    def test_best_first_by_the_node_policy(self, policy: str, order: list[str]) -> None:
+        pod = manifest(gpumem=1000, annotations={"hami.io/node-scheduler-policy": policy})
+        decision = run(self._fleet(), pod)
+        assert decision.fitting is not None
+        assert list(decision.fitting) == order
+        assert decision.node == order[0]
+        assert decision.fitting["b"] == 0.0
+        assert decision.fitting["c"] > 0.0
+        assert "a" not in decision.fitting
+
+    def test_only_the_nodes_asked_about(self) -> None:
+        request = parse_pod(manifest(gpumem=1000), DEFAULTS)
+        decision = decide(self._fleet(), request, nodes=["a", "d"])
+        assert decision.fitting is not None
+        assert list(decision.fitting) == ["d"]
+
+    def test_kept_as_decided_when_the_fleet_changes_after(self) -> None:
+        fleet = self._fleet()
+        decision = run(fleet, manifest(gpumem=1000))
+        hold(fleet, "default/z", "b", "GPU-b-0", memory=9000)
+        assert decision.fitting is not None
+        assert decision.fitting["b"] == 0.0
+
+    def test_none_fit(self) -> None:
+        decision = run(self._fleet(), manifest(gpumem=16000))
+        assert decision.fitting is not None
+        assert len(decision.fitting) == 0
 
 
 class TestReasons:
