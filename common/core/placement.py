@@ -269,7 +269,9 @@ class PodView:
         if request.cores == 0:
             codes[usedcores >= cores] = _COMPUTE_EXHAUSTED
         if request.cores >= 100:
-            codes[used > 0] = _WHOLE_CARD_BUSY
+            # Only a card of exactly 100 cores is taken whole (HAMi's ``Fit``): one
+            # registered with more under core scaling stays shared.
+            codes[(used > 0) & (cores == 100)] = _WHOLE_CARD_BUSY
         codes[cores - usedcores < request.cores] = _INSUFFICIENT_CORE
         if request.memory_mib is not None:
             codes[memory - usedmem < request.memory_mib] = _INSUFFICIENT_MEMORY
@@ -399,7 +401,7 @@ class PodView:
         cores, usedcores = lay.cores.item(card), lay.usedcores.item(card)
         if cores - usedcores < request.cores:
             return _INSUFFICIENT_CORE
-        if request.cores >= 100 and used > 0:
+        if request.cores >= 100 and used > 0 and cores == 100:
             return _WHOLE_CARD_BUSY
         if request.cores == 0 and usedcores >= cores:
             return _COMPUTE_EXHAUSTED

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from common.files import InputFileError
 from pyhami.cli import main
-from pyhami.decide import decide_files
+from pyhami.decide import decide_files, decide_several
 from pyhami.sandbox import DEFAULTS
 from tests.builders import gpu_limits
 from tests.paths import EXAMPLES
@@ -96,6 +96,56 @@ class TestWorkedExample:
                        "2/4 AllocatedCardsInsufficientRequest (2 cards fit, 3 needed), "
                        "2/4 ExclusiveDeviceAllocateConflict (in use)",
         }
+
+
+class TestHamiReadings:
+    """Issue 46's two readings through the command a user runs."""
+
+    @staticmethod
+    def _one_card(cores: int, count: int, processes: int, held_cores: int) -> dict[str, Any]:
+        return {"nodes": [{"name": "node-a", "devices": [{
+                    "uuid": "GPU-0", "index": 0, "type": "NVIDIA-Tesla T4", "memory": 15360,
+                    "cores": cores, "count": count, "processes": processes}]}],
+                "pods": [{"namespace": "default", "name": "tenant", "node": "node-a",
+                          "annotations": {"hami.io/vgpu-devices-allocated":
+                                          f"GPU-0,NVIDIA,1000,{held_cores}:;"}}]}
+
+    @pytest.mark.parametrize(("cores", "placed", "reason"), [
+        # Registered with 200 cores (deviceCoreScaling 2): shared, as HAMi's Fit has it.
+        (200, True, None),
+        (100, False, "1/1 ExclusiveDeviceAllocateConflict"),
+    ])
+    def test_a_100_core_request_beside_a_50_core_tenant(
+            self, tmp_path: Path, cores: int, placed: bool, reason: str | None) -> None:
+        cluster = write(tmp_path / "cluster.json",
+                        self._one_card(cores, count=10, processes=0, held_cores=50 if
+                                       cores == 200 else 0))
+        pod = write(tmp_path / "pod.json", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "whole"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": gpu_limits(
+                1000, cores=100)}}]}})
+        document = decide(cluster, pod)
+        assert document["scheduled"] is placed
+        if placed:
+            assert document["devices"][0][0]["usedcores"] == 100
+        else:
+            assert document["failed_nodes"] == {"node-a": reason}
+
+    def test_a_pod_running_four_processes_leaves_three_slots(self, tmp_path: Path) -> None:
+        # The agent saw four processes of the one tenant on the card: one tenant seen.
+        cluster = write(tmp_path / "cluster.json",
+                        self._one_card(100, count=4, processes=1, held_cores=0))
+        pods = []
+        for number in range(4):
+            pods.append(write(tmp_path / f"pod-{number}.json", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p{number}"},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": gpu_limits(
+                    1000, cores=10)}}]}}))
+        document = decide_several(cluster, pods, DEFAULTS, explain=False)
+        placed = [entry["scheduled"] for entry in document["pods"]]
+        assert placed == [True, True, True, False]
+        assert document["pods"][3]["failed_nodes"] == {
+            "node-a": "1/1 CardTimeSlicingExhausted"}
 
 
 class TestBadInput:

@@ -2,6 +2,10 @@
 
 Each row names the HAMi test function and the case it comes from (``test``, ``case``;
 ``source`` the Go file at tag v2.10.0), what the case gives and what HAMi's test wants.
+A row read from HAMi's source where no HAMi test covers the case has ``origin: source``:
+its ``test`` is then the Go function whose code decides it, ``source`` the file holding
+that function, and ``note`` the lines of that function it follows (the case was also run
+through that function in Go, on the same inputs, when the row was written).
 A row pyhami answers otherwise carries ``difference``: the id of a row of the table
 "Differences HAMi's own tests show" in ``docs/migrating-from-hami.md``, and
 ``pyhami`` with what pyhami answers instead, which the row then asserts (so a
@@ -34,6 +38,9 @@ class Row:
     want: Any
     difference: str | None = None
     pyhami: Any = None
+    origin: str = "test"
+    """``test``: a case of HAMi's table tests; ``source``: a case read from its code."""
+    note: str | None = None
 
     @property
     def id(self) -> str:
