@@ -62,8 +62,8 @@ def register(commands: Subcommands) -> None:
     add_device_config_argument(parser)
     add_settings(parser, ServiceSettings, "node_timeout", "node_retention")
     add_settings(parser, DaemonConfig, "nats_grace")
-    add_settings(parser, ServiceSettings, "reservation_ttl", "group_ttl", "group_patience",
-                 "group_turn")
+    add_settings(parser, ServiceSettings, "filter_nodes", "reservation_ttl", "group_ttl",
+                 "group_patience", "group_turn")
     add_settings(parser, DaemonConfig, "resync_wait", "retry_period")
     parser.add_argument("--no-pending-loop", action="store_true",
                         help="standalone: only answer the extender verbs, as when another "

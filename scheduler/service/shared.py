@@ -4,11 +4,13 @@ cards' capacity changed."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal, Protocol, TypeVar
 
 from common.arguments import positive_seconds
@@ -21,6 +23,25 @@ from scheduler.state import LiveState
 from scheduler.state.pods import PodsInFlight
 
 logger = logging.getLogger(__name__)
+
+
+class FilterNodes(StrEnum):
+    """What /filter answers for a GPU pod it places."""
+
+    ONE = "one"
+    """The one node pyhami chose (HAMi's answer): the node policy decides."""
+    ALL = "all"
+    """Every node that holds the pod: kube-scheduler chooses among them, adding pyhami's
+    /prioritize to its own scores (preferred affinity, topology spread, image locality)."""
+
+
+def _filter_nodes(text: str) -> FilterNodes:
+    try:
+        return FilterNodes(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not one of {', '.join(repr(m.value) for m in FilterNodes)}"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +68,11 @@ class ServiceSettings:
         help="a pod group gone ahead holds others back at most this long at a time; then it "
              "waits twice its last wait, at most an hour, before its next turn "
              "(default {default})")
+    filter_nodes: FilterNodes = setting(
+        FilterNodes.ONE, parse=_filter_nodes, metavar="{one,all}",
+        help="what /filter answers for a GPU pod: 'one', the node pyhami chooses (HAMi's "
+             "answer), or 'all', every node that holds the pod, for kube-scheduler to choose "
+             "among with its own scores and /prioritize's (default {default})")
     node_retention: float | None = setting(
         600.0, parse=positive_seconds,
         help="standalone: forget a node silent this long; longer than --node-timeout; "

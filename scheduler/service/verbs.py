@@ -40,7 +40,14 @@ from common.core.refusal import plural
 from common.locks import KeyedLocks
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
-from scheduler.service.shared import Reports, ServicePart, Shared, Unschedulable, in_slices
+from scheduler.service.shared import (
+    FilterNodes,
+    Reports,
+    ServicePart,
+    Shared,
+    Unschedulable,
+    in_slices,
+)
 from scheduler.state import Starving, Tried, Waiting
 from scheduler.web.protocol import (
     ExtenderArgs,
@@ -142,11 +149,25 @@ class Verbs(ServicePart):
                                         nodes=None if args.node_names is not None else
                                         {"items": []},
                                         failed_nodes=failed)
+        answered = self._answered(decision, group)
         if args.node_names is not None:
-            return ExtenderFilterResult(node_names=[decision.node], failed_nodes=failed)
-        chosen = [item for item in (args.nodes.items or []) if node_name(item) == decision.node] \
+            return ExtenderFilterResult(node_names=answered, failed_nodes=failed)
+        wanted = set(answered)
+        chosen = [item for item in (args.nodes.items or []) if node_name(item) in wanted] \
             if args.nodes else []
         return ExtenderFilterResult(nodes={"items": chosen}, failed_nodes=failed)
+
+    def _answered(self, decision: Decision, group: GroupRef | None) -> list[str]:
+        """The nodes /filter answers for a placed pod: the one chosen, or with
+        ``--filter-nodes all`` every node that holds it (the chosen one first, its cards
+        reserved there; /bind places the cards on whichever node kube-scheduler takes).
+        A group's member is answered the node its cards are held on: the group was
+        placed as a whole."""
+        assert decision.node is not None
+        if self.settings.filter_nodes is FilterNodes.ONE or group is not None \
+                or not decision.fitting:
+            return [decision.node]
+        return list(decision.fitting)
 
     # Groups: every member placed at once, or none (kube-scheduler's Permit) ---------------
 

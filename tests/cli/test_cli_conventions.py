@@ -136,6 +136,7 @@ class TestEnvironmentRule:
     @pytest.mark.parametrize(("path", "flag", "text"), [
         (["scheduler"], "--node-timeout", "soon"),
         (["scheduler"], "--group-turn", "-5"),
+        (["scheduler"], "--filter-nodes", "best"),
         (["scheduler"], "--listen", "8888"),
         (["scheduler"], "--log-format", "xml"),
         (["scheduler"], "--gpu-scheduler-policy", "fastest"),

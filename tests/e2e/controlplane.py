@@ -462,6 +462,22 @@ class ControlPlane(ApiServerPlane):
     def stop_daemon(self) -> int | None:
         return self.processes[DAEMON].stop()
 
+    def restart_scheduler(self, *daemon_flags: str, nodes: int,
+                          scheduler_config: dict[str, Any] | None = None) -> None:
+        """The session's daemon with ``daemon_flags`` added and kube-scheduler with
+        ``scheduler_config`` (the session's when None), on the same ports; waits until the
+        daemon knows ``nodes`` nodes and leads."""
+        self.processes[KUBE_SCHEDULER].stop()  # releases the Lease on its way out
+        self.processes[DAEMON].stop()
+        ports = self.daemon_ports
+        daemon = self.launch_daemon(DAEMON, ports, *daemon_flags)
+        wait_for(lambda: http_get(f"{ports.metrics_url}/readyz")[0] == 200
+                 and self.statusz()["nodes"] == nodes,
+                 f"{DAEMON} /readyz and its {nodes} nodes", START_TIMEOUT_S, watch=[daemon])
+        self.start_kube_scheduler(scheduler_config)
+        wait_for(lambda: (self.statusz().get("leadership") or {}).get("role") == "leader",
+                 f"{DAEMON} to lead", watch=self.all_processes())
+
     def statusz(self, ports: DaemonPorts | None = None) -> dict[str, Any]:
         """A daemon's /statusz (the session's by default), asked as kube-scheduler."""
         return self.extender_json("/statusz", ports)

@@ -36,17 +36,13 @@ import yaml
 
 from common.core.annotations import ALLOCATED_ANNOTATION, CardGrant, decode_devices
 from pyhami._controlplane import (
-    START_TIMEOUT_S,
     ApiError,
     Process,
     chart_scheduler_config,
-    http_get,
     wait_for,
 )
 from scheduler.service.reactions import CORDON_REFRESH_S
 from tests.e2e.controlplane import (
-    DAEMON,
-    KUBE_SCHEDULER,
     KUBELET_NODE,
     ControlPlane,
     recorded_env,
@@ -114,9 +110,9 @@ class KubeletNode:
         """The session's daemon with ``--device-config`` and kube-scheduler with
         ``scheduler_config`` until the module ends (the node fixture restores them)."""
         self.scheduler_changed = True
-        restart_session_scheduler(self.plane, "--device-config", str(device_config),
-                                  scheduler_config=scheduler_config,
-                                  nodes=self.plane.statusz()["nodes"])
+        self.plane.restart_scheduler("--device-config", str(device_config),
+                                     scheduler_config=scheduler_config,
+                                     nodes=self.plane.statusz()["nodes"])
 
     def stop_agent(self) -> None:
         if self._agent is not None:
@@ -149,7 +145,7 @@ def node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
             plane.api.delete(f"/api/v1/nodes/{KUBELET_NODE}")
         if kubelet_node.scheduler_changed:
             # Restarted now, the session's pair reads the Nodes without this one.
-            restart_session_scheduler(plane, nodes=1)
+            plane.restart_scheduler(nodes=1)
         else:
             wait_for(lambda: plane.statusz()["nodes"] == 1,
                      f"the daemon forgetting {KUBELET_NODE}", timeout=CORDON_REFRESH_S * 3)
@@ -280,23 +276,6 @@ def test_priority_zero_reaches_the_container_as_cuda_task_priority(
     env = runtime_env(plane, "priority-zero")
     assert env["CUDA_TASK_PRIORITY"] == "0"
     assert env["NVIDIA_VISIBLE_DEVICES"] == only_grant(stored).uuid
-
-
-def restart_session_scheduler(plane: ControlPlane, *daemon_flags: str, nodes: int,
-                              scheduler_config: dict[str, Any] | None = None) -> None:
-    """The session's daemon with ``daemon_flags`` added and kube-scheduler with
-    ``scheduler_config`` (the session's when None), on the same ports; waits until the
-    daemon knows ``nodes`` nodes and leads."""
-    plane.processes[KUBE_SCHEDULER].stop()  # releases the Lease on its way out
-    plane.processes[DAEMON].stop()
-    ports = plane.daemon_ports
-    daemon = plane.launch_daemon(DAEMON, ports, *daemon_flags)
-    wait_for(lambda: http_get(f"{ports.metrics_url}/readyz")[0] == 200
-             and plane.statusz()["nodes"] == nodes,
-             f"{DAEMON} /readyz and its {nodes} nodes", START_TIMEOUT_S, watch=[daemon])
-    plane.start_kube_scheduler(scheduler_config)
-    wait_for(lambda: (plane.statusz().get("leadership") or {}).get("role") == "leader",
-             f"{DAEMON} to lead", watch=plane.all_processes())
 
 
 @pytest.fixture
