@@ -336,6 +336,15 @@ def test_node_registration_brings_the_nodes_patch_right_and_off_leaves_it_out(
     assert ("--no-node-registration" in command) is not registration
 
 
+@pytest.mark.parametrize(("value", "flag"), [("one", None), ("all", "--filter-nodes=all")])
+def test_filter_nodes_reaches_the_daemon_only_when_not_hamis_answer(
+        helm: Path, value: str, flag: str | None) -> None:
+    _, command = _daemon_rules_and_command(helm_template_set(helm,
+                                                             f"scheduler.filterNodes={value}"))
+    assert [arg for arg in command if arg.startswith("--filter-nodes")] == (
+        [flag] if flag else [])
+
+
 def test_an_affinity_of_the_users_keeps_the_anti_affinity_unless_it_has_its_own(
         helm: Path) -> None:
     def affinity(*settings: str) -> dict[str, Any]:
