@@ -15,6 +15,7 @@ import yaml
 from agent.inventory import InventoryError
 from agent.mig.tables import A100_80GB, H100_80GB, H200_141GB, MigCardTable
 from agent.monitor.model import GpuProcess, HostCard
+from agent.monitor.processes import tenants_per_card
 from common.core.model import NonNegative, NumaId
 from common.wire import ReportedCard
 
@@ -170,13 +171,17 @@ def _require_unique(field: str, values: Iterable[object]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SimulatedProcess:
-    """A process a simulated card runs, as NVML would list it."""
+    """A process a simulated card runs, as NVML would list it, with the pod the node
+    monitor's attribution would find in its cgroup."""
 
     pid: int
     memory_used: int
     """Bytes."""
     utilization: int = 0
     """Percent of the card's SMs."""
+    pod: str | None = None
+    """The UID of the pod it runs in; None for a process no pod owns (started outside
+    Kubernetes, or whose cgroup cannot be read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +213,7 @@ class SimulatedSource:
             return [self._cards[index] for index in sorted(self._cards)]
 
     def set_processes(self, index: int, count: int, memory_mib: int = 0) -> None:
+        """The card's tenants seen (its ``processes``) and the MiB its processes hold."""
         self._update(index, processes=count, process_memory=memory_mib)
 
     def set_health(self, index: int, healthy: bool, detail: str = "") -> None:
@@ -223,13 +229,16 @@ class SimulatedSource:
             self._figures[index] = _HostFigures(memory_used, utilization, memory_utilization)
 
     def set_gpu_processes(self, index: int, *processes: SimulatedProcess) -> None:
-        """The processes ``gpu_processes`` lists on the card; the inventory's process count
-        and memory follow them."""
+        """The processes ``gpu_processes`` lists on the card; the inventory's memory and
+        tenants seen follow them, counted as the NVML inventory counts them
+        (``tenants_per_card``: a pod once, a process no pod owns once)."""
         memory_mib = sum(process.memory_used for process in processes) // MIB
         with self._lock:
             self._require(index)
             self._processes[index] = processes
-        self._update(index, processes=len(processes), process_memory=memory_mib)
+            uuid = self._cards[index].uuid
+        tenants = tenants_per_card((uuid, process.pid, process.pod) for process in processes)
+        self._update(index, processes=tenants.get(uuid, 0), process_memory=memory_mib)
 
     def host_cards(self) -> list[HostCard]:
         with self._lock:

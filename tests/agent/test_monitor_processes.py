@@ -17,6 +17,8 @@ from agent.monitor.processes import (
     container_usage,
     pod_uid_of_cgroup,
     read_pod_uid,
+    tenants_per_card,
+    tenants_seen,
 )
 from common.messaging import RateLimitedLog
 from common.wire import HoldingContainer, HoldingPod
@@ -229,3 +231,37 @@ def test_a_process_on_several_cards_counts_on_each(tmp_path: Path) -> None:
     assert container_usage(processes, holding, tmp_path) == ProcessScan(
         usages=(), skipped={"gone": 2})
 
+
+@pytest.mark.parametrize(("processes", "tenants"), [
+    ([("GPU-a", pid, UID) for pid in (1, 2, 3, 4)], {"GPU-a": 1}),
+    ([("GPU-a", 1, UID), ("GPU-a", 2, UID), ("GPU-a", 3, OTHER_UID)], {"GPU-a": 2}),
+    ([("GPU-a", 1, UID), ("GPU-a", 2, UID), ("GPU-a", 3, None)], {"GPU-a": 2}),
+    ([("GPU-a", 1, None), ("GPU-a", 2, None)], {"GPU-a": 2}),
+    ([("GPU-a", 1, None), ("GPU-a", 1, None)], {"GPU-a": 1}),
+    ([("GPU-a", 0, None), ("GPU-a", 0, None)], {"GPU-a": 2}),
+    ([("GPU-a", 1, UID), ("GPU-b", 1, UID), ("GPU-b", 2, UID)], {"GPU-a": 1, "GPU-b": 1}),
+    ([("GPU-a", 1, UID), ("GPU-b", 2, None), ("GPU-b", 3, OTHER_UID)],
+     {"GPU-a": 1, "GPU-b": 2}),
+    ([], {}),
+], ids=["one-pod-four-processes", "two-pods", "a-pod-and-a-process-no-pod-owns",
+        "two-processes-no-pod-owns", "one-process-listed-twice", "no-pid-each-counts",
+        "a-pod-on-two-cards-once-on-each", "each-card-its-own", "no-process"])
+def test_a_pod_is_one_tenant_of_a_card_and_a_process_no_pod_owns_is_one(
+        processes: list[tuple[str, int, str | None]], tenants: dict[str, int]) -> None:
+    assert tenants_per_card(processes) == tenants
+
+
+def test_tenants_seen_read_each_pod_from_its_cgroup_and_count_the_rest_once(
+        tmp_path: Path) -> None:
+    for pid in (100, 101, 102):
+        write_cgroup(tmp_path, pid, _v2(f"/kubepods/pod{UID}/{CID}"))
+    write_cgroup(tmp_path, 200, _v2("/system.slice/nvidia-persistenced.service"))
+    write_cgroup(tmp_path, 201, "not a cgroup file")
+    unreadable_cgroup(tmp_path, 202)
+    processes = [("GPU-a", 100), ("GPU-a", 101), ("GPU-a", 102), ("GPU-b", 100),
+                 ("GPU-b", 200), ("GPU-b", 201), ("GPU-b", 202), ("GPU-b", 203)]  # 203: gone
+    assert tenants_seen(processes, tmp_path) == {"GPU-a": 1, "GPU-b": 5}
+    # No proc root (nothing attributed): each process NVML lists is one, as NVML counts.
+    assert tenants_seen(processes, None) == {"GPU-a": 3, "GPU-b": 5}
+    # Past the bound, a process is not read: it counts once, whoever owns it.
+    assert tenants_seen(processes, tmp_path, max_processes=2) == {"GPU-a": 2, "GPU-b": 5}
