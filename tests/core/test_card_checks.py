@@ -155,6 +155,21 @@ class TestUseAndNouse:
         assert indexes(run(fleet, pod)) == [[1]]
 
 
+    @pytest.mark.parametrize(("wanted", "chosen"), [
+        ("A100", [[1]]), ("nvidia a100", [[1]]), ("h100", [[2]]), ("H200", [[3]]),
+        ("NVIDIA-Tesla", [[0]]), ("NVIDIA-NVIDIA", []),
+    ], ids=["a100", "a100-with-the-vendor", "h100", "h200", "prefixed-tesla",
+            "doubled-prefix-matches-nothing"])
+    def test_gputype_matches_the_types_as_hami_registers_them(
+            self, wanted: str, chosen: list[list[int]]) -> None:
+        # The NVML name, NVIDIA- before it only where it lacks NVIDIA (the agent's types).
+        fleet = fleet_of(node_with("n", {"type": "NVIDIA-Tesla T4"},
+                                   {"type": "NVIDIA A100-SXM4-80GB"},
+                                   {"type": "NVIDIA H100 80GB HBM3"}, {"type": "NVIDIA H200"}))
+        pod = manifest(annotations={"nvidia.com/use-gputype": wanted})
+        assert indexes(run(fleet, pod)) == chosen
+
+
 class TestScoringWeights:
     @pytest.mark.parametrize(
         ("weights", "expected"),
