@@ -34,6 +34,7 @@ from agent.inventory import InventoryError
 from agent.monitor.model import GpuProcess, HostCard
 from agent.monitor.processes import tenants_seen
 from common.core.errors import ExternalFailure
+from common.core.registration import card_type_from_nvml
 from common.messaging import RateLimitedLog
 from common.wire import ReportedCard
 
@@ -236,7 +237,7 @@ class _Identity:
     index: int
     uuid: str
     name: str
-    """NVML's name; ``model`` is HAMi's ``NVIDIA-`` and this."""
+    """NVML's name (the monitor's, MIG's); ``model`` is the type HAMi registers for it."""
     model: str
     memory: int
     bus_id: str
@@ -474,7 +475,7 @@ class NvmlSource:
         pci = self._call("nvmlDeviceGetPciInfo", lambda: nvml.nvmlDeviceGetPciInfo(handle))
         bus_id = sysfs_bus_id(pci.busId)
         return _Identity(handle=handle, index=index, uuid=uuid, name=name,
-                         model=f"NVIDIA-{name}", memory=memory, bus_id=bus_id,
+                         model=card_type_from_nvml(name), memory=memory, bus_id=bus_id,
                          numa=self._numa(handle, bus_id), sm_count=self._sm_count(handle))
 
     def _memory(self, handle: object) -> int:

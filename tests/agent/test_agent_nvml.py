@@ -6,6 +6,7 @@ The stand-in (``tests.fakes.nvml``) answers the same calls as ``pynvml`` and rai
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from agent.nvml import NvmlSource, sysfs_bus_id
 from agent.registration import registered_cards
 from common.core.deviceconfig import DeviceConfig, NodeDeviceConfig, NodeSettings
 from common.core.model import Node
+from common.core.registration import node_register
 from common.wire import ReportedCard
 from tests.builders import fleet_of, hold, manifest, place
 from tests.fakes.nvml import (
@@ -58,7 +60,19 @@ def test_cards_are_read_in_hamis_form_with_their_processes() -> None:
                                  cores=100, count=10, numa=0, health=True, links={}, processes=3,
                                  sm_count=40, process_memory=1500)
     assert (second.type, second.memory, second.index, second.sm_count, second.processes) == (
-        "NVIDIA-NVIDIA A100-SXM4-80GB", 81920, 1, None, 0)
+        "NVIDIA A100-SXM4-80GB", 81920, 1, None, 0)
+
+
+def test_each_cards_type_and_register_annotation_are_hamis_for_its_nvml_name() -> None:
+    names = ["Tesla T4", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    library = NvmlStandIn([StandInCard(f"GPU-{index}", _bus(0x10 + index), name=name)
+                           for index, name in enumerate(names)])
+    cards = _read(library)
+    types = ["NVIDIA-Tesla T4", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert [card.type for card in cards] == types
+    annotation = node_register(Node(name="n", devices=[card.card() for card in cards]))
+    assert annotation is not None
+    assert [entry["type"] for entry in json.loads(annotation)] == types
 
 
 def test_a_card_without_a_memory_figure_reads_0_mib_and_stays_in() -> None:

@@ -31,11 +31,11 @@ def test_t4x4_is_the_articles_lab_node() -> None:
 
 
 @pytest.mark.parametrize(("profile", "model", "memory", "sm_count", "lanes"), [
-    ("a100x8-nvswitch", "NVIDIA-NVIDIA A100-SXM4-80GB", 81920, 108, 12),
+    ("a100x8-nvswitch", "NVIDIA A100-SXM4-80GB", 81920, 108, 12),
     # NVML's name and memory of an H200 SXM, and no multiprocessor count: the driver
     # answers only for MIG devices (seen by the GPU check, docs/gpu-check.md).
-    ("h200x8-nvswitch", "NVIDIA-NVIDIA H200", 143771, None, 18),
-    ("h200x8-mig", "NVIDIA-NVIDIA H200", 143771, None, 18),
+    ("h200x8-nvswitch", "NVIDIA H200", 143771, None, 18),
+    ("h200x8-mig", "NVIDIA H200", 143771, None, 18),
 ])
 def test_nvswitch_nodes_link_every_pair_across_two_numa_nodes(
         profile: str, model: str, memory: int, sm_count: int | None, lanes: int) -> None:
