@@ -120,10 +120,13 @@ def node_name(flag: str | None, environ: Mapping[str, str]) -> str:
     return name
 
 
-def inventory_source(spec: InventorySpec, node: str) -> NvmlSource | SimulatedSource:
-    """Raises ``InventoryError`` for a simulation file that cannot be used."""
+def inventory_source(spec: InventorySpec, node: str,
+                     proc_root: Path) -> NvmlSource | SimulatedSource:
+    """Raises ``InventoryError`` for a simulation file that cannot be used. NVML's
+    processes are attributed to their pods through ``proc_root`` (the monitor's), so that
+    a card's tenants seen count a pod once."""
     if spec.kind == "nvml":
-        return NvmlSource()
+        return NvmlSource(proc_root=proc_root)
     if spec.kind == "profile":
         return SimulatedSource(profile_cards(spec.value, node))
     return SimulatedSource(file_cards(Path(spec.value), node))
@@ -200,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
         node = node_name(args.node, os.environ)
         nats = nats_settings(args)
         device = node_device_config(args, node)
-        source = inventory_source(args.inventory, node)
+        monitor = settings_from(MonitorSettings, args, caches=settings_from(CacheSettings, args))
+        source = inventory_source(args.inventory, node, monitor.proc_root)
         mig = mig_for(args.inventory, device, source)
         static = static_mig_for(args.mig_strategy, args.inventory, mig, source)
     except SettingsError as error:
@@ -211,7 +215,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from(AgentSettings, args, node=node, device=device)
     plugin = plugin_settings(args, device) if args.device_plugin else None
-    monitor = settings_from(MonitorSettings, args, caches=settings_from(CacheSettings, args))
     try:
         inventory = static or (mig.source if mig is not None else source)
         asyncio.run(serve(Agent(settings, inventory, nats, device_plugin=plugin,

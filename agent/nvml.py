@@ -5,10 +5,10 @@ The library is injected, the real ``pynvml`` module by default, so that the
 whole reading logic runs against any object with the same functions.
 
 What is read once per card (its identity and topology: UUID, model, memory,
-PCI bus, NUMA node, SM count, NVLink peers) and what on every ``read``
-(compute processes, which doubles as the health probe) differ: topology does
-not change while the driver is loaded, usage does. Critical XID events arrive
-on a watcher thread and make a card unhealthy until the agent restarts, as
+PCI bus, NUMA node, SM count, NVLink peers) and what on every ``read`` (compute
+processes, which doubles as the health probe, and their pods: the card's tenants seen)
+differ: topology does not change while the driver is loaded, usage does. Critical XID
+events arrive on a watcher thread and make a card unhealthy until the agent restarts, as
 the driver's own recovery (a GPU reset) restarts the agent's view too.
 
 The source is also the node monitor's ``HostProbe`` (``agent.monitor.model``): each
@@ -32,7 +32,9 @@ from typing import Protocol, TypeVar, cast
 from agent.errors import AgentError
 from agent.inventory import InventoryError
 from agent.monitor.model import GpuProcess, HostCard
+from agent.monitor.processes import tenants_seen
 from common.core.errors import ExternalFailure
+from common.core.registration import card_type_from_nvml
 from common.messaging import RateLimitedLog
 from common.wire import ReportedCard
 
@@ -235,7 +237,7 @@ class _Identity:
     index: int
     uuid: str
     name: str
-    """NVML's name; ``model`` is HAMi's ``NVIDIA-`` and this."""
+    """NVML's name (the monitor's, MIG's); ``model`` is the type HAMi registers for it."""
     model: str
     memory: int
     bus_id: str
@@ -265,17 +267,24 @@ class NvmlSource:
     The inventory's ``read`` and the probe's calls may run at once on two threads (NVML
     itself is thread-safe): the cards identified so far are shared under a lock held only
     to identify new cards and to copy the list, never around the probe's NVML calls.
+
+    ``proc_root`` is where a process's pod is read (``<proc_root>/<pid>/cgroup``, the host's
+    /proc: the agent shares the host's pid namespace), for each card's tenants seen. None
+    attributes nothing: each process NVML lists is a tenant of its own, the conservative
+    figure (a pod running four processes fills four slots).
     """
 
     def __init__(self, library: NvmlLibrary | None = None,
                  sysfs_root: Path = DEFAULT_SYSFS_ROOT,
                  event_wait_ms: int = DEFAULT_EVENT_WAIT_MS, *,
+                 proc_root: Path | None = None,
                  utilization_window_s: float = DEFAULT_UTILIZATION_WINDOW_S,
                  wall_clock: Callable[[], float] = time.time,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._nvml = library if library is not None else _pynvml()
         self._sysfs_root = sysfs_root
         self._event_wait_ms = event_wait_ms
+        self._proc_root = proc_root
         self._utilization_window_s = utilization_window_s
         self._wall_clock = wall_clock
         self._handles: list[object] = []
@@ -323,11 +332,21 @@ class NvmlSource:
             logger.warning("NVML did not shut down cleanly: %s", error)
 
     def read(self) -> list[ReportedCard]:
+        """Every identified card now; each card's ``processes`` is its tenants seen
+        (``agent.monitor.processes.tenants_seen``: a pod once, a process no pod owns once),
+        its processes' pods read from ``proc_root``."""
         with self._identities_lock:
             self._identify_new()
             identities = [identity for _, identity in sorted(self._identities.items())]
             links = dict(self._links)
-        return [self._card(identity, links.get(identity.uuid)) for identity in identities]
+        running = [self._running(identity) for identity in identities]
+        tenants = tenants_seen([(identity.uuid, process.pid)
+                                for identity, (processes, _) in zip(identities, running,
+                                                                    strict=True)
+                                for process in processes], self._proc_root)
+        return [self._card(identity, links.get(identity.uuid), processes, problem,
+                           tenants.get(identity.uuid, 0))
+                for identity, (processes, problem) in zip(identities, running, strict=True)]
 
     def host_cards(self) -> list[HostCard]:
         """Each identified card's memory used and utilization now (``HostProbe``).
@@ -456,7 +475,7 @@ class NvmlSource:
         pci = self._call("nvmlDeviceGetPciInfo", lambda: nvml.nvmlDeviceGetPciInfo(handle))
         bus_id = sysfs_bus_id(pci.busId)
         return _Identity(handle=handle, index=index, uuid=uuid, name=name,
-                         model=f"NVIDIA-{name}", memory=memory, bus_id=bus_id,
+                         model=card_type_from_nvml(name), memory=memory, bus_id=bus_id,
                          numa=self._numa(handle, bus_id), sm_count=self._sm_count(handle))
 
     def _memory(self, handle: object) -> int:
@@ -549,18 +568,22 @@ class NvmlSource:
             return RemoteKind.OTHER
         return RemoteKind.UNKNOWN
 
-    def _card(self, identity: _Identity, links: dict[str, int] | None) -> ReportedCard:
-        problems = []
-        processes = process_memory = 0
+    def _running(self, identity: _Identity) -> tuple[Sequence[ProcessInfo], str | None]:
+        """The card's compute processes, and the problem the call met (the health probe)."""
         nvml = self._nvml
         try:
-            running = nvml.nvmlDeviceGetComputeRunningProcesses(identity.handle)
-            processes = len(running)
-            process_memory = sum(process.usedGpuMemory or 0 for process in running) // MIB
+            return nvml.nvmlDeviceGetComputeRunningProcesses(identity.handle), None
         except nvml.NVMLError as error:
             # A driver that cannot list processes (some virtualized cards) is no fault of the card.
-            if _code(error) != NVML_ERROR_NOT_SUPPORTED:
-                problems.append(f"nvmlDeviceGetComputeRunningProcesses: {error}")
+            if _code(error) == NVML_ERROR_NOT_SUPPORTED:
+                return (), None
+            return (), f"nvmlDeviceGetComputeRunningProcesses: {error}"
+
+    def _card(self, identity: _Identity, links: dict[str, int] | None,
+              running: Sequence[ProcessInfo], problem: str | None, tenants: int,
+              ) -> ReportedCard:
+        problems = [] if problem is None else [problem]
+        process_memory = sum(process.usedGpuMemory or 0 for process in running) // MIB
         with self._faults_lock:
             xid = self._xid_faults.get(identity.uuid, self._unattributed_xid)
         if xid is not None:
@@ -568,7 +591,7 @@ class NvmlSource:
         return ReportedCard(uuid=identity.uuid, index=identity.index, type=identity.model,
                             memory=identity.memory, count=DEFAULT_SPLIT_COUNT, numa=identity.numa,
                             health=not problems, links=links,
-                            processes=processes, sm_count=identity.sm_count,
+                            processes=tenants, sm_count=identity.sm_count,
                             process_memory=process_memory, health_detail="; ".join(problems))
 
     def _watch_xids(self) -> None:

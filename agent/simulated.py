@@ -15,7 +15,9 @@ import yaml
 from agent.inventory import InventoryError
 from agent.mig.tables import A100_80GB, H100_80GB, H200_141GB, MigCardTable
 from agent.monitor.model import GpuProcess, HostCard
+from agent.monitor.processes import tenants_per_card
 from common.core.model import NonNegative, NumaId
+from common.core.registration import card_type_from_nvml
 from common.wire import ReportedCard
 
 MIB = 1024 * 1024
@@ -25,9 +27,25 @@ def uuid_for(node: str, index: int) -> str:
     return f"GPU-{node}-{index}"
 
 
-def _cards(node: str, count: int, *, model: str, memory: int, sm_count: int | None,
+T4_NAME = "Tesla T4"
+NVML_NAMES = {card_type_from_nvml(name): name for name in (
+    T4_NAME, A100_80GB.name, H100_80GB.name, H200_141GB.name)}
+"""The NVML name of each model the profiles simulate (the MIG tables' names for the others),
+by the type it registers as."""
+
+
+def nvml_name(card_type: str) -> str:
+    """The name a simulated card of ``card_type`` answers as NVML's (the node monitor's
+    ``device_type`` is ``NVIDIA-`` and it): a profile's model's own; a card of a simulation
+    file, which gives its type alone, answers that."""
+    return NVML_NAMES.get(card_type, card_type)
+
+
+def _cards(node: str, count: int, *, name: str, memory: int, sm_count: int | None,
            numa_of: Callable[[int], int],
            peers_of: Callable[[int], dict[int, int]]) -> list[ReportedCard]:
+    """``count`` cards NVML names ``name``, typed as HAMi registers that name."""
+    model = card_type_from_nvml(name)
     return [ReportedCard(uuid=uuid_for(node, index), index=index, type=model, memory=memory,
                          numa=numa_of(index), sm_count=sm_count,
                          links={uuid_for(node, peer): lanes
@@ -37,20 +55,20 @@ def _cards(node: str, count: int, *, model: str, memory: int, sm_count: int | No
 
 def _t4x4(node: str) -> list[ReportedCard]:
     """The article's lab: four Tesla T4 on PCIe, one NUMA node."""
-    return _cards(node, 4, model="NVIDIA-Tesla T4", memory=15360, sm_count=40,
+    return _cards(node, 4, name=T4_NAME, memory=15360, sm_count=40,
                   numa_of=lambda _: 0, peers_of=lambda _: {})
 
 
 def _a100x8_nvswitch(node: str) -> list[ReportedCard]:
     """An HGX A100: every card reaches every other through the NVSwitches (12 links each)."""
-    return _cards(node, 8, model="NVIDIA-NVIDIA A100-SXM4-80GB", memory=81920, sm_count=108,
+    return _cards(node, 8, name=A100_80GB.name, memory=81920, sm_count=108,
                   numa_of=lambda i: i // 4,
                   peers_of=lambda i: {peer: 12 for peer in range(8) if peer != i})
 
 
 def _h100x8_islands(node: str) -> list[ReportedCard]:
     """Two islands of four H100 meshed by direct NVLink (18 links: 6 to each island peer)."""
-    return _cards(node, 8, model="NVIDIA-NVIDIA H100 80GB HBM3", memory=81559, sm_count=132,
+    return _cards(node, 8, name=H100_80GB.name, memory=81559, sm_count=132,
                   numa_of=lambda i: i // 4,
                   peers_of=lambda i: {peer: 6 for peer in range(i // 4 * 4, i // 4 * 4 + 4)
                                       if peer != i})
@@ -60,7 +78,7 @@ def _h200x8_nvswitch(node: str) -> list[ReportedCard]:
     """An HGX H200: every card reaches every other through the NVSwitches (18 links each).
     Name and memory as NVML reports them on an H200 SXM, and no multiprocessor count: the
     driver answers ``nvmlDeviceGetAttributes`` only for MIG devices (docs/gpu-check.md)."""
-    return _cards(node, 8, model="NVIDIA-NVIDIA H200", memory=143771, sm_count=None,
+    return _cards(node, 8, name=H200_141GB.name, memory=143771, sm_count=None,
                   numa_of=lambda i: i // 4,
                   peers_of=lambda i: {peer: 18 for peer in range(8) if peer != i})
 
@@ -170,13 +188,17 @@ def _require_unique(field: str, values: Iterable[object]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SimulatedProcess:
-    """A process a simulated card runs, as NVML would list it."""
+    """A process a simulated card runs, as NVML would list it, with the pod the node
+    monitor's attribution would find in its cgroup."""
 
     pid: int
     memory_used: int
     """Bytes."""
     utilization: int = 0
     """Percent of the card's SMs."""
+    pod: str | None = None
+    """The UID of the pod it runs in; None for a process no pod owns (started outside
+    Kubernetes, or whose cgroup cannot be read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +230,7 @@ class SimulatedSource:
             return [self._cards[index] for index in sorted(self._cards)]
 
     def set_processes(self, index: int, count: int, memory_mib: int = 0) -> None:
+        """The card's tenants seen (its ``processes``) and the MiB its processes hold."""
         self._update(index, processes=count, process_memory=memory_mib)
 
     def set_health(self, index: int, healthy: bool, detail: str = "") -> None:
@@ -223,13 +246,16 @@ class SimulatedSource:
             self._figures[index] = _HostFigures(memory_used, utilization, memory_utilization)
 
     def set_gpu_processes(self, index: int, *processes: SimulatedProcess) -> None:
-        """The processes ``gpu_processes`` lists on the card; the inventory's process count
-        and memory follow them."""
+        """The processes ``gpu_processes`` lists on the card; the inventory's memory and
+        tenants seen follow them, counted as the NVML inventory counts them
+        (``tenants_per_card``: a pod once, a process no pod owns once)."""
         memory_mib = sum(process.memory_used for process in processes) // MIB
         with self._lock:
             self._require(index)
             self._processes[index] = processes
-        self._update(index, processes=len(processes), process_memory=memory_mib)
+            uuid = self._cards[index].uuid
+        tenants = tenants_per_card((uuid, process.pid, process.pod) for process in processes)
+        self._update(index, processes=tenants.get(uuid, 0), process_memory=memory_mib)
 
     def host_cards(self) -> list[HostCard]:
         with self._lock:
@@ -246,7 +272,7 @@ class SimulatedSource:
     def _host_card(self, card: ReportedCard) -> HostCard:
         figures = self._figures.get(card.index) or _HostFigures(
             card.process_memory * MIB, 0, 0)
-        return HostCard(index=card.index, uuid=card.uuid, name=card.type.removeprefix("NVIDIA-"),
+        return HostCard(index=card.index, uuid=card.uuid, name=nvml_name(card.type),
                         memory_used=figures.memory_used, utilization=figures.utilization,
                         memory_utilization=figures.memory_utilization)
 

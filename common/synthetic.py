@@ -6,8 +6,9 @@ import random
 
 from common.core import Card, Node
 
-_MODELS = (("NVIDIA-Tesla T4", 15360), ("NVIDIA-A100-SXM4-80GB", 81920),
-           ("NVIDIA-H100-80GB-HBM3", 81559))
+# Typed as HAMi registers them (the NVML name, "NVIDIA-" before it where it lacks one).
+_MODELS = (("NVIDIA-Tesla T4", 15360), ("NVIDIA A100-SXM4-80GB", 81920),
+           ("NVIDIA H100 80GB HBM3", 81559))
 
 
 def _links(uuids: list[str], islands: bool) -> list[dict[str, int]]:

@@ -41,7 +41,7 @@ SHARES = (10, 25, 30, 50, 75, 100)  # a single sharing pod's percent of one card
 def cluster() -> dict[str, Any]:
     return {"nodes": [
         {"name": f"gpu-node-{n}", "devices": [
-            {"uuid": f"GPU-{n}-{i}", "index": i, "type": "NVIDIA-A100-SXM4-80GB",
+            {"uuid": f"GPU-{n}-{i}", "index": i, "type": "NVIDIA A100-SXM4-80GB",
              "memory": CARD_MEMORY_MIB} for i in range(CARDS_PER_NODE)]}
         for n in range(NODES)]}
 

@@ -67,7 +67,7 @@ class MigSource:
         card = cards.get(uuid)
         if card is None:
             return
-        name = card.type.removeprefix("NVIDIA-")
+        name = self._devices.gpu_name(gpu)
         allowed = allowed_profiles(name, self._allowlist)
         if allowed is None:
             logger.warning("card %d (%s, %s) left out: no migProfileAllowlist entry names its "

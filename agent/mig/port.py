@@ -65,6 +65,10 @@ class MigDevices(Protocol):
     def gpu_uuid(self, gpu: int) -> str:
         """The GPU's UUID (``GPU-...``)."""
 
+    def gpu_name(self, gpu: int) -> str:
+        """The GPU's name as NVML gives it (``nvmlDeviceGetName``: ``NVIDIA H100 80GB
+        HBM3``), which ``migProfileAllowlist``'s models are matched in."""
+
     def mig_mode(self, gpu: int) -> MigMode:
         """``nvmlDeviceGetMigMode``."""
 

@@ -306,6 +306,10 @@ class SimulatedMigLibrary:
         return self._gpu(device).uuid
 
     @_nvml_call()
+    def nvmlDeviceGetName(self, device: object) -> str:
+        return self._gpu(device).table.name
+
+    @_nvml_call()
     def nvmlDeviceGetMigMode(self, device: object) -> list[int]:
         state = self._gpu(device)
         return [int(state.current), int(state.pending)]

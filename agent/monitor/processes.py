@@ -19,6 +19,10 @@ raised: ``invalid_pid`` (NVML gave no usable pid), ``gone`` (it ended meanwhile)
 ``read_max``), ``garbage`` (not a cgroup file, or one naming two pods), ``no_pod`` (a host
 process, or a container of no Kubernetes pod), ``unknown_pod`` (a pod holding no card the
 daemon knows of), ``too_many`` and ``duplicate``.
+
+The inventory counts the tenants each card has with the same attribution
+(``tenants_seen``): a pod once, however many processes it runs on the card, and a
+process no pod is found for once (see there).
 """
 
 from __future__ import annotations
@@ -238,3 +242,52 @@ def container_usage(processes: Sequence[GpuProcess], holding: Sequence[HoldingPo
         skips_log.warning("unknown_pod", "%d processes of pods holding no card on this "
                           "node not measured", unknown)
     return ProcessScan(usages=usages, skipped=dict(skipped))
+
+
+def tenants_per_card(processes: Iterable[tuple[str, int, str | None]]) -> dict[str, int]:
+    """How many tenants each card has, from its processes as (card UUID, pid, pod UID or
+    None). Pure.
+
+    A pod counts once on a card, however many processes it runs there (a tenant is a pod,
+    as the scheduler books one). A process no pod is found for counts once: something
+    started outside the scheduler still takes a slot, and so does a process whose pod
+    cannot be read; listed twice on one card, it is still one. A process without a usable
+    pid (0: NVML does not say) counts once each, as nothing tells two of them apart.
+    Cards with no process are absent.
+    """
+    tenants: defaultdict[str, set[str | int]] = defaultdict(set)
+    unnamed: Counter[str] = Counter()
+    for card, pid, pod in processes:
+        if pod is not None:
+            tenants[card].add(pod)
+        elif pid > 0:
+            tenants[card].add(pid)  # a str and an int never compare equal: no clash
+        else:
+            unnamed[card] += 1
+    return {card: len(tenants[card]) + unnamed[card] for card in {*tenants, *unnamed}}
+
+
+def tenants_seen(processes: Sequence[tuple[str, int]], proc_root: Path | None, *,
+                 max_processes: int = PROCESSES_PER_SCAN_MAX,
+                 read_max: int = CGROUP_READ_MAX) -> dict[str, int]:
+    """How many tenants each card has (``tenants_per_card``), from NVML's processes as
+    (card UUID, pid), each pid's pod read from ``<proc_root>/<pid>/cgroup`` as the
+    monitor reads it (``read_pod_uid``). Blocks on file reads: call it from a worker
+    thread.
+
+    At most ``max_processes`` distinct pids are read, each once, at most ``read_max``
+    bytes; a process not read (beyond the bound, or with no ``proc_root``: no attribution
+    wired) and one whose file gives no pod (gone, unreadable, garbage, no pod in its
+    cgroup) counts once, as NVML's own count did. Without the host's processes, then,
+    the figure is NVML's count: never fewer tenants than the card may have. Nothing is
+    logged here: the monitor's round reads the same processes and counts why it skipped
+    any (``container_usage``).
+    """
+    pods: dict[int, str | None] = {}
+    owned = []
+    for card, pid in processes:
+        if pid not in pods and proc_root is not None and pid > 0 and len(pods) < max_processes:
+            found = read_pod_uid(proc_root, pid, read_max)
+            pods[pid] = None if isinstance(found, Skipped) else found
+        owned.append((card, pid, pods.get(pid)))
+    return tenants_per_card(owned)

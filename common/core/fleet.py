@@ -102,8 +102,9 @@ def occupied_slots(tenants: int, processes: int) -> int: ...
 @overload
 def occupied_slots(tenants: IntArray, processes: IntArray) -> IntArray: ...
 def occupied_slots(tenants: int | IntArray, processes: int | IntArray) -> int | IntArray:
-    """A card's time-slicing slots in use: the tenants the ledger books, or the processes
-    its agent sees when they are more (processes started outside pyhami take slots too)."""
+    """A card's time-slicing slots in use: the tenants the ledger books, or the tenants
+    its agent sees (``Card.processes``) when they are more (pods and processes started
+    outside pyhami take slots too)."""
     if isinstance(tenants, int) and isinstance(processes, int):
         return max(tenants, processes)
     return np.maximum(tenants, processes)

@@ -66,6 +66,10 @@ class Card(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     health: bool = True
     links: Links | None = None
     processes: SmallCount = 0
+    """The tenants the node's agent sees on the card: a pod once, however many compute
+    processes it runs there, and a process no pod owns once. The card's slots in use are
+    these or its booked tenants, whichever are more (``fleet.occupied_slots``). Named for
+    what it counted at first: the wire and cluster files keep the name."""
     physical_memory: MemoryMiB | None = None
     """The card's own MiB where ``memory`` registers another figure (HAMi's
     ``deviceMemoryScaling``, ``preConfiguredDeviceMemory``); None: ``memory`` is it."""

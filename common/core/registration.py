@@ -28,9 +28,9 @@ OPERATING_MODE = "hami-core"
 """The node's ``operatingmode`` as HAMi names it for a shared card (a card in MIG mode
 registers ``mig``)."""
 TYPE_PREFIX = "NVIDIA"
-# pyhami's agent names every card "NVIDIA-" + its NVML name (HAMi's older rule); HAMi
-# v2.10 registers the NVML name, prefixed only when it does not start with "NVIDIA".
-_AGENT_PREFIX = "NVIDIA-"
+# What HAMi puts before an NVML name that does not start with TYPE_PREFIX. Older pyhami
+# agents put it before every name ("NVIDIA-NVIDIA H200"): the daemon may still hear one.
+_ADDED_PREFIX = "NVIDIA-"
 # Go's encoding/json escapes these even in a valid string (its HTML-safe default).
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
                              "\u2028": "\\u2028", "\u2029": "\\u2029"})
@@ -59,10 +59,21 @@ class RegisteredCard:
     """A MIG card's profiles (HAMi's ``migProfiles``), none on a shared card."""
 
 
+def card_type_from_nvml(name: str) -> str:
+    """The ``type`` HAMi's device plugin registers for a card NVML names ``name``: the name,
+    with ``NVIDIA-`` before it only when it does not start with ``NVIDIA`` (``Tesla T4`` is
+    ``NVIDIA-Tesla T4``, ``NVIDIA H200`` stays as it is). Every card type made from an NVML
+    name is made here (the agent's inventory, its simulated cards); the node monitor's
+    ``device_type`` label follows another rule of HAMi's (``agent.monitor.exporter``)."""
+    return name if name.startswith(TYPE_PREFIX) else f"{_ADDED_PREFIX}{name}"
+
+
 def registered_type(card_type: str) -> str:
-    """The ``type`` HAMi v2.10 registers for a card pyhami's agent typed ``card_type``."""
-    name = card_type.removeprefix(_AGENT_PREFIX)
-    return name if name.startswith(TYPE_PREFIX) else f"{_AGENT_PREFIX}{name}"
+    """The ``type`` written for a card reported (or given in a cluster file) as
+    ``card_type``: the card's type as HAMi's rule makes it (``card_type_from_nvml``), the
+    same for any type the rule made; an older agent's ``NVIDIA-NVIDIA A100-SXM4-80GB`` is
+    written ``NVIDIA A100-SXM4-80GB``, a bare ``Tesla T4`` ``NVIDIA-Tesla T4``."""
+    return card_type_from_nvml(card_type.removeprefix(_ADDED_PREFIX))
 
 
 def registered_card(card: Card, mode: str = OPERATING_MODE) -> RegisteredCard:

@@ -154,8 +154,9 @@ def scaled_from(registered: int, physical: int | None) -> str:
 
 
 def card_type(name: str) -> str:
-    """HAMi prefixes the NVML name with the vendor, doubling it on newer cards
-    ("NVIDIA-NVIDIA A100-SXM4-80GB"): show it once so that the model fits."""
+    """Older pyhami agents put the vendor before every NVML name, doubling it on newer cards
+    ("NVIDIA-NVIDIA A100-SXM4-80GB"; HAMi's rule, and today's agents, write it once):
+    show it once so that the model fits."""
     return name.removeprefix("NVIDIA-") if name.startswith("NVIDIA-NVIDIA ") else name
 
 

@@ -6,6 +6,7 @@ The stand-in (``tests.fakes.nvml``) answers the same calls as ``pynvml`` and rai
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -15,17 +16,32 @@ import pytest
 
 from agent.inventory import InventoryError
 from agent.nvml import NvmlSource, sysfs_bus_id
+from agent.registration import registered_cards
+from common.core.deviceconfig import DeviceConfig, NodeDeviceConfig, NodeSettings
+from common.core.model import Node
+from common.core.registration import node_register
 from common.wire import ReportedCard
-from tests.fakes.nvml import IBMNPU, MIB, SWITCH, Link, NvmlStandIn, StandInCard
+from tests.builders import fleet_of, hold, manifest, place
+from tests.fakes.nvml import (
+    IBMNPU,
+    MIB,
+    SWITCH,
+    Link,
+    NvmlStandIn,
+    StandInCard,
+    StandInProcess,
+)
+from tests.fakes.proc import HOST_CGROUP, pod_cgroup, unreadable_cgroup, write_cgroup
 
 
 def _bus(slot: int) -> str:
     return f"00000000:{slot:02X}:00.0"
 
 
-def _read(library: NvmlStandIn, sysfs: Path | None = None, **options: int) -> list[ReportedCard]:
+def _read(library: NvmlStandIn, sysfs: Path | None = None, proc_root: Path | None = None,
+          **options: int) -> list[ReportedCard]:
     source = NvmlSource(library, sysfs_root=sysfs or Path("/nonexistent"), event_wait_ms=20,
-                        **options)
+                        proc_root=proc_root, **options)
     source.open()
     try:
         return source.read()
@@ -44,7 +60,19 @@ def test_cards_are_read_in_hamis_form_with_their_processes() -> None:
                                  cores=100, count=10, numa=0, health=True, links={}, processes=3,
                                  sm_count=40, process_memory=1500)
     assert (second.type, second.memory, second.index, second.sm_count, second.processes) == (
-        "NVIDIA-NVIDIA A100-SXM4-80GB", 81920, 1, None, 0)
+        "NVIDIA A100-SXM4-80GB", 81920, 1, None, 0)
+
+
+def test_each_cards_type_and_register_annotation_are_hamis_for_its_nvml_name() -> None:
+    names = ["Tesla T4", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    library = NvmlStandIn([StandInCard(f"GPU-{index}", _bus(0x10 + index), name=name)
+                           for index, name in enumerate(names)])
+    cards = _read(library)
+    types = ["NVIDIA-Tesla T4", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert [card.type for card in cards] == types
+    annotation = node_register(Node(name="n", devices=[card.card() for card in cards]))
+    assert annotation is not None
+    assert [entry["type"] for entry in json.loads(annotation)] == types
 
 
 def test_a_card_without_a_memory_figure_reads_0_mib_and_stays_in() -> None:
@@ -163,6 +191,51 @@ def test_a_driver_that_cannot_list_processes_leaves_the_card_healthy() -> None:
                                        unsupported={"nvmlDeviceGetComputeRunningProcesses"})])
     card = _read(library)[0]
     assert (card.health, card.health_detail, card.processes) == (True, "", 0)
+
+
+POD_A = "0f6c9a1e-7b2d-4c3e-9a8f-1d2e3f4a5b6c"
+POD_B = "11111111-2222-3333-4444-555555555555"
+UNREADABLE = None
+"""A process whose cgroup file cannot be read."""
+
+
+@pytest.mark.parametrize(("cgroups", "tenants"), [
+    ({1001: pod_cgroup(POD_A), 1002: pod_cgroup(POD_A), 1003: pod_cgroup(POD_A),
+      1004: pod_cgroup(POD_A)}, 1),
+    ({1001: pod_cgroup(POD_A), 1002: pod_cgroup(POD_A), 1003: pod_cgroup(POD_B)}, 2),
+    ({1001: pod_cgroup(POD_A), 1002: pod_cgroup(POD_A), 1003: HOST_CGROUP}, 2),
+    ({1001: UNREADABLE}, 1),
+    ({1001: pod_cgroup(POD_A), 1002: UNREADABLE, 1003: UNREADABLE}, 3),
+], ids=["one-pod-four-processes", "two-pods", "a-pod-and-a-host-process",
+        "an-unreadable-cgroup", "a-pod-and-two-unreadable"])
+def test_a_cards_processes_are_its_tenants_seen_a_pod_counting_once(
+        tmp_path: Path, cgroups: dict[int, str | None], tenants: int) -> None:
+    for pid, cgroup in cgroups.items():
+        if cgroup is UNREADABLE:
+            unreadable_cgroup(tmp_path, pid)
+        else:
+            write_cgroup(tmp_path, pid, cgroup)
+    library = NvmlStandIn([StandInCard("GPU-a", _bus(0x3B), processes=[
+        StandInProcess(pid, 100 * MIB) for pid in cgroups])])
+    (card,) = _read(library, proc_root=tmp_path)
+    assert (card.processes, card.process_memory) == (tenants, 100 * len(cgroups))
+    # Without the processes' pods (no proc root), each process is a tenant, as NVML counts.
+    assert _read(library)[0].processes == len(cgroups)
+
+
+def test_one_pods_four_processes_leave_a_split_4_card_three_pods_more(tmp_path: Path) -> None:
+    for pid in (1001, 1002, 1003, 1004):
+        write_cgroup(tmp_path, pid, pod_cgroup(POD_A))
+    library = NvmlStandIn([StandInCard("GPU-a", _bus(0x3B), processes=[
+        StandInProcess(pid, 100 * MIB) for pid in (1001, 1002, 1003, 1004)])])
+    config = NodeDeviceConfig(DeviceConfig(node=NodeSettings(device_split_count=4)))
+    cards = registered_cards(_read(library, proc_root=tmp_path), config)
+    assert [(card.count, card.processes) for card in cards] == [(4, 1)]
+    # The pod whose processes these are is booked on the card: three more fit, not one.
+    fleet = fleet_of(Node(name="n", devices=[card.card() for card in cards]))
+    hold(fleet, "default/four-processes", "n", "GPU-a")
+    assert [place(fleet, manifest(f"p{i}")).scheduled for i in range(4)] == [
+        True, True, True, False]
 
 
 def test_a_card_whose_uuid_cannot_be_read_is_left_out_until_it_can() -> None:

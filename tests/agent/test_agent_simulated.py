@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from agent.inventory import InventoryError
-from agent.simulated import PROFILES, SimulatedSource, file_cards, profile_cards
+from agent.simulated import (
+    MIB,
+    PROFILES,
+    SimulatedProcess,
+    SimulatedSource,
+    file_cards,
+    profile_cards,
+)
 from common.core import Fleet, decide, parse_pod
 from common.files import parse_pod_manifest
 from common.wire import SCHEMA_VERSION, Inventory
@@ -24,11 +31,11 @@ def test_t4x4_is_the_articles_lab_node() -> None:
 
 
 @pytest.mark.parametrize(("profile", "model", "memory", "sm_count", "lanes"), [
-    ("a100x8-nvswitch", "NVIDIA-NVIDIA A100-SXM4-80GB", 81920, 108, 12),
+    ("a100x8-nvswitch", "NVIDIA A100-SXM4-80GB", 81920, 108, 12),
     # NVML's name and memory of an H200 SXM, and no multiprocessor count: the driver
     # answers only for MIG devices (seen by the GPU check, docs/gpu-check.md).
-    ("h200x8-nvswitch", "NVIDIA-NVIDIA H200", 143771, None, 18),
-    ("h200x8-mig", "NVIDIA-NVIDIA H200", 143771, None, 18),
+    ("h200x8-nvswitch", "NVIDIA H200", 143771, None, 18),
+    ("h200x8-mig", "NVIDIA H200", 143771, None, 18),
 ])
 def test_nvswitch_nodes_link_every_pair_across_two_numa_nodes(
         profile: str, model: str, memory: int, sm_count: int | None, lanes: int) -> None:
@@ -78,6 +85,27 @@ def test_processes_and_health_change_while_the_source_runs() -> None:
     assert (source.read()[1].health, source.read()[1].health_detail) == (True, "")
     with pytest.raises(KeyError, match="no card with index 9"):
         source.set_processes(9, 1)
+
+
+POD_A = "0f6c9a1e-7b2d-4c3e-9a8f-1d2e3f4a5b6c"
+POD_B = "11111111-2222-3333-4444-555555555555"
+
+
+@pytest.mark.parametrize(("pods", "tenants"), [
+    ([POD_A, POD_A, POD_A, POD_A], 1),
+    ([POD_A, POD_A, POD_B], 2),
+    ([POD_A, POD_A, None], 2),
+    ([None, None], 2),
+], ids=["one-pod-four-processes", "two-pods", "a-pod-and-a-process-no-pod-owns",
+        "two-processes-no-pod-owns"])
+def test_a_simulated_cards_processes_count_a_pod_once(pods: list[str | None],
+                                                      tenants: int) -> None:
+    source = SimulatedSource(profile_cards("t4x4", "n"))
+    source.set_gpu_processes(1, *(SimulatedProcess(pid, MIB, pod=pod)
+                                  for pid, pod in enumerate(pods, start=100)))
+    card = source.read()[1]
+    assert (card.processes, card.process_memory) == (tenants, len(pods))
+    assert len(source.gpu_processes()) == len(pods)  # NVML still lists every process
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.monitor.exporter import device_type
 from agent.monitor.model import GpuProcess, HostCard, HostProbe
 from agent.nvml import NvmlSource
 from agent.simulated import MIB, SimulatedProcess, SimulatedSource, profile_cards
@@ -71,6 +72,34 @@ def test_each_card_gives_its_memory_used_and_utilization(open_source: OpenSource
         HostCard(index=1, uuid="GPU-bbb", name="NVIDIA H200", memory_used=0, utilization=0,
                  memory_utilization=0)]
     assert source.probe_failures() == {}
+
+
+NAMES = [("Tesla T4", "NVIDIA-Tesla T4", "NVIDIA-Tesla T4"),
+         ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "NVIDIA-NVIDIA A100-SXM4-80GB"),
+         ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", "NVIDIA-NVIDIA H100 80GB HBM3"),
+         ("NVIDIA H200", "NVIDIA H200", "NVIDIA-NVIDIA H200")]
+"""NVML's name, the type HAMi's device plugin registers, the monitor's ``device_type``
+(``NVIDIA-`` before every name, as HAMi's monitor writes it)."""
+
+
+@pytest.mark.parametrize(("name", "card_type", "label"), NAMES, ids=["t4", "a100", "h100", "h200"])
+def test_the_monitor_labels_nvmls_name_not_the_registered_type(
+        open_source: OpenSource, name: str, card_type: str, label: str) -> None:
+    source = open_source(NvmlStandIn([StandInCard("GPU-aaa", _bus(0x3B), name=name)]))
+    assert [card.type for card in source.read()] == [card_type]
+    assert [device_type(card.name) for card in source.host_cards()] == [label]
+
+
+@pytest.mark.parametrize(("profile", "names"), [
+    ("t4x4", NAMES[0]), ("a100x8-nvswitch", NAMES[1]), ("h100x8-islands", NAMES[2]),
+    ("h200x8-nvswitch", NAMES[3])])
+def test_a_simulated_card_answers_its_models_nvml_name(
+        profile: str, names: tuple[str, str, str]) -> None:
+    name, card_type, label = names
+    source = SimulatedSource(profile_cards(profile, "n"))
+    assert {card.type for card in source.read()} == {card_type}
+    assert {(card.name, device_type(card.name)) for card in source.host_cards()} == {
+        (name, label)}
 
 
 @pytest.mark.parametrize(("unsupported", "figures"), [

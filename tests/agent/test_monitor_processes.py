@@ -17,9 +17,12 @@ from agent.monitor.processes import (
     container_usage,
     pod_uid_of_cgroup,
     read_pod_uid,
+    tenants_per_card,
+    tenants_seen,
 )
 from common.messaging import RateLimitedLog
 from common.wire import HoldingContainer, HoldingPod
+from tests.fakes.proc import unreadable_cgroup, write_cgroup
 
 UID = "0f6c9a1e-7b2d-4c3e-9a8f-1d2e3f4a5b6c"
 SYSTEMD_UID = UID.replace("-", "_")
@@ -95,21 +98,13 @@ def test_a_file_that_is_no_cgroup_file_is_refused(text: str, why: str) -> None:
         pod_uid_of_cgroup(text)
 
 
-def _proc(root: Path, pid: int, content: str | bytes) -> None:
-    folder = root / str(pid)
-    folder.mkdir(parents=True, exist_ok=True)
-    data = content.encode() if isinstance(content, str) else content
-    (folder / "cgroup").write_bytes(data)
-
-
 def test_a_process_is_read_from_its_cgroup_file_or_skipped_with_its_reason(
         tmp_path: Path) -> None:
-    _proc(tmp_path, 100, _v2(f"/kubepods/burstable/pod{UID}/{CID}"))
-    _proc(tmp_path, 101, _v2("/system.slice/sshd.service"))
-    _proc(tmp_path, 102, b"\xff\xfe\x00garbage")
-    _proc(tmp_path, 103, "0::/" + "x" * 200 + "\n")
-    (tmp_path / "104").mkdir()
-    (tmp_path / "104" / "cgroup").mkdir()  # reading a folder fails: unreadable
+    write_cgroup(tmp_path, 100, _v2(f"/kubepods/burstable/pod{UID}/{CID}"))
+    write_cgroup(tmp_path, 101, _v2("/system.slice/sshd.service"))
+    write_cgroup(tmp_path, 102, b"\xff\xfe\x00garbage")
+    write_cgroup(tmp_path, 103, "0::/" + "x" * 200 + "\n")
+    unreadable_cgroup(tmp_path, 104)
     assert read_pod_uid(tmp_path, 100) == UID
     assert read_pod_uid(tmp_path, 101) == Skipped("no_pod", f"{tmp_path}/101/cgroup names no pod")
     assert read_pod_uid(tmp_path, 102) == Skipped("garbage", f"{tmp_path}/102/cgroup: not text")
@@ -188,13 +183,13 @@ def test_processes_of_a_pod_holding_no_card_are_counted_apart() -> None:
 
 def test_a_scan_measures_containers_and_counts_what_it_skips(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    _proc(tmp_path, 100, _v1(f"/kubepods/burstable/pod{UID}/{CID}"))
-    _proc(tmp_path, 101, _v2(f"/kubepods.slice/kubepods-burstable.slice/"
-                             f"kubepods-burstable-pod{SYSTEMD_UID}.slice/cri-containerd-{CID}.scope"))
-    _proc(tmp_path, 200, _v2(f"/kubepods/pod{OTHER_UID}/{CID}"))
-    _proc(tmp_path, 300, _v2("/system.slice/nvidia-persistenced.service"))
-    _proc(tmp_path, 301, _v2("/user.slice"))
-    _proc(tmp_path, 400, "not a cgroup file")
+    write_cgroup(tmp_path, 100, _v1(f"/kubepods/burstable/pod{UID}/{CID}"))
+    write_cgroup(tmp_path, 101, _v2(f"/kubepods.slice/kubepods-burstable.slice/"
+                                    f"kubepods-burstable-pod{SYSTEMD_UID}.slice/cri-containerd-{CID}.scope"))
+    write_cgroup(tmp_path, 200, _v2(f"/kubepods/pod{OTHER_UID}/{CID}"))
+    write_cgroup(tmp_path, 300, _v2("/system.slice/nvidia-persistenced.service"))
+    write_cgroup(tmp_path, 301, _v2("/user.slice"))
+    write_cgroup(tmp_path, 400, "not a cgroup file")
     holding = [_pod(UID, _container("main", "GPU-a", "GPU-b"))]
     processes = [_process(100, "GPU-b", 100, 20), _process(101, "GPU-b", 50, 10),
                  _process(100, "GPU-b", 100, 20),  # listed twice by NVML
@@ -218,7 +213,7 @@ def test_a_scan_measures_containers_and_counts_what_it_skips(
 
 def test_a_scan_looks_at_a_bounded_number_of_processes(tmp_path: Path) -> None:
     for pid in range(100, 110):
-        _proc(tmp_path, pid, _v2(f"/kubepods/pod{UID}/{CID}"))
+        write_cgroup(tmp_path, pid, _v2(f"/kubepods/pod{UID}/{CID}"))
     holding = [_pod(UID, _container("main", "GPU-a"))]
     processes = [_process(pid, "GPU-a", 1, 1) for pid in range(100, 110)]
     scan = container_usage(processes, holding, tmp_path, max_processes=4)
@@ -227,7 +222,7 @@ def test_a_scan_looks_at_a_bounded_number_of_processes(tmp_path: Path) -> None:
 
 
 def test_a_process_on_several_cards_counts_on_each(tmp_path: Path) -> None:
-    _proc(tmp_path, 100, _v2(f"/kubepods/pod{UID}/{CID}"))
+    write_cgroup(tmp_path, 100, _v2(f"/kubepods/pod{UID}/{CID}"))
     holding = [_pod(UID, _container("main", "GPU-a", "GPU-b"))]
     processes = [_process(100, "GPU-a", 1), _process(100, "GPU-b", 2)]
     assert container_usage(processes, holding, tmp_path).usages == (
@@ -235,3 +230,38 @@ def test_a_process_on_several_cards_counts_on_each(tmp_path: Path) -> None:
     (tmp_path / "100" / "cgroup").unlink()  # the process ended
     assert container_usage(processes, holding, tmp_path) == ProcessScan(
         usages=(), skipped={"gone": 2})
+
+
+@pytest.mark.parametrize(("processes", "tenants"), [
+    ([("GPU-a", pid, UID) for pid in (1, 2, 3, 4)], {"GPU-a": 1}),
+    ([("GPU-a", 1, UID), ("GPU-a", 2, UID), ("GPU-a", 3, OTHER_UID)], {"GPU-a": 2}),
+    ([("GPU-a", 1, UID), ("GPU-a", 2, UID), ("GPU-a", 3, None)], {"GPU-a": 2}),
+    ([("GPU-a", 1, None), ("GPU-a", 2, None)], {"GPU-a": 2}),
+    ([("GPU-a", 1, None), ("GPU-a", 1, None)], {"GPU-a": 1}),
+    ([("GPU-a", 0, None), ("GPU-a", 0, None)], {"GPU-a": 2}),
+    ([("GPU-a", 1, UID), ("GPU-b", 1, UID), ("GPU-b", 2, UID)], {"GPU-a": 1, "GPU-b": 1}),
+    ([("GPU-a", 1, UID), ("GPU-b", 2, None), ("GPU-b", 3, OTHER_UID)],
+     {"GPU-a": 1, "GPU-b": 2}),
+    ([], {}),
+], ids=["one-pod-four-processes", "two-pods", "a-pod-and-a-process-no-pod-owns",
+        "two-processes-no-pod-owns", "one-process-listed-twice", "no-pid-each-counts",
+        "a-pod-on-two-cards-once-on-each", "each-card-its-own", "no-process"])
+def test_a_pod_is_one_tenant_of_a_card_and_a_process_no_pod_owns_is_one(
+        processes: list[tuple[str, int, str | None]], tenants: dict[str, int]) -> None:
+    assert tenants_per_card(processes) == tenants
+
+
+def test_tenants_seen_read_each_pod_from_its_cgroup_and_count_the_rest_once(
+        tmp_path: Path) -> None:
+    for pid in (100, 101, 102):
+        write_cgroup(tmp_path, pid, _v2(f"/kubepods/pod{UID}/{CID}"))
+    write_cgroup(tmp_path, 200, _v2("/system.slice/nvidia-persistenced.service"))
+    write_cgroup(tmp_path, 201, "not a cgroup file")
+    unreadable_cgroup(tmp_path, 202)
+    processes = [("GPU-a", 100), ("GPU-a", 101), ("GPU-a", 102), ("GPU-b", 100),
+                 ("GPU-b", 200), ("GPU-b", 201), ("GPU-b", 202), ("GPU-b", 203)]  # 203: gone
+    assert tenants_seen(processes, tmp_path) == {"GPU-a": 1, "GPU-b": 5}
+    # No proc root (nothing attributed): each process NVML lists is one, as NVML counts.
+    assert tenants_seen(processes, None) == {"GPU-a": 3, "GPU-b": 5}
+    # Past the bound, a process is not read: it counts once, whoever owns it.
+    assert tenants_seen(processes, tmp_path, max_processes=2) == {"GPU-a": 2, "GPU-b": 5}

@@ -15,6 +15,7 @@ from tests.builders import (
     manifest,
     node,
     node_with,
+    place,
     run,
 )
 
@@ -39,7 +40,7 @@ class TestEachReason:
          "2/2 CardUuidMismatch"),
         ({"cards": 2}, {"annotations": {"nvidia.com/nouse-gpuuuid": "GPU-n-0, GPU-n-1"}},
          "2/2 CardUuidMismatch"),
-        # Processes the agent sees count as tenants.
+        # Tenants the agent sees (``processes``) take slots.
         ({"cards": 1, "count": 3, "processes": 3}, {}, "1/1 CardTimeSlicingExhausted"),
         ({"cards": 1, "processes": 1}, {"policy": "mutex"}, "1/1 ExclusiveDeviceAllocateConflict"),
     ], ids=["unhealthy-card", "cordoned-by-node-annotation", "use-gputype", "nouse-gputype",
@@ -49,6 +50,16 @@ class TestEachReason:
                                                          pod_fields: dict[str, Any],
                                                          reason: str) -> None:
         assert reason_for(node("n", **node_fields), manifest(**pod_fields)) == reason
+
+    @pytest.mark.parametrize(("seen", "more"), [(1, 3), (3, 3), (4, 0)],
+                             ids=["the-booked-pod-seen", "two-more-seen", "four-seen"])
+    def test_tenants_seen_and_booked_overlap_in_the_slots(self, seen: int, more: int) -> None:
+        # A split-4 card whose agent sees ``seen`` tenants, one pod booked on it: the booked
+        # pod is among those seen (the larger figure counts, not the sum).
+        fleet = fleet_of(node("n", 1, count=4, processes=seen))
+        hold(fleet, "default/booked", "n", "GPU-n-0")
+        placed = [place(fleet, manifest(f"p{i}")).scheduled for i in range(4)]
+        assert placed == [True] * more + [False] * (4 - more)
 
     def test_time_slicing_exhausted(self) -> None:
         fleet = fleet_of(node("n", 1, count=2))
@@ -142,6 +153,21 @@ class TestUseAndNouse:
         assert indexes(run(fleet, pod)) == [[1]]
         pod = manifest(annotations={"nvidia.com/nouse-gputype": "T4"})
         assert indexes(run(fleet, pod)) == [[1]]
+
+
+    @pytest.mark.parametrize(("wanted", "chosen"), [
+        ("A100", [[1]]), ("nvidia a100", [[1]]), ("h100", [[2]]), ("H200", [[3]]),
+        ("NVIDIA-Tesla", [[0]]), ("NVIDIA-NVIDIA", []),
+    ], ids=["a100", "a100-with-the-vendor", "h100", "h200", "prefixed-tesla",
+            "doubled-prefix-matches-nothing"])
+    def test_gputype_matches_the_types_as_hami_registers_them(
+            self, wanted: str, chosen: list[list[int]]) -> None:
+        # The NVML name, NVIDIA- before it only where it lacks NVIDIA (the agent's types).
+        fleet = fleet_of(node_with("n", {"type": "NVIDIA-Tesla T4"},
+                                   {"type": "NVIDIA A100-SXM4-80GB"},
+                                   {"type": "NVIDIA H100 80GB HBM3"}, {"type": "NVIDIA H200"}))
+        pod = manifest(annotations={"nvidia.com/use-gputype": wanted})
+        assert indexes(run(fleet, pod)) == chosen
 
 
 class TestScoringWeights:

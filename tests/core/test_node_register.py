@@ -8,6 +8,7 @@ import pytest
 from common.core import AnnotationError, Card, Node
 from common.core.registration import (
     RegisteredCard,
+    card_type_from_nvml,
     decode_register,
     decode_register_json,
     encode_register,
@@ -19,9 +20,9 @@ NODE = Node(name="gpu-1", devices=[
     # Listed out of order: the annotation lists the cards by index.
     Card(uuid="GPU-b", index=1, type="NVIDIA-Tesla V100-PCIE-32GB", memory=32768, cores=100,
          count=10, numa=1, health=False),
-    Card(uuid="GPU-a", index=0, type="NVIDIA-NVIDIA A100-SXM4-80GB", memory=163840,
+    Card(uuid="GPU-a", index=0, type="NVIDIA A100-SXM4-80GB", memory=163840,
          cores=200, count=20, numa=0, physical_memory=81920, physical_cores=100),
-    Card(uuid="GPU-c", index=2, type="NVIDIA-NVIDIA H100 80GB HBM3", memory=81559,
+    Card(uuid="GPU-c", index=2, type="NVIDIA H100 80GB HBM3", memory=81559,
          cores=100, count=4, numa=-1),
 ])
 # Written by hand from HAMi's MarshalNodeDevices: index 0, numa 0 and health false left out.
@@ -53,15 +54,26 @@ def test_a_node_without_cards_gets_no_annotation() -> None:
     assert node_register(Node(name="empty", devices=[])) is None
 
 
+@pytest.mark.parametrize(("nvml_name", "card_type"), [
+    ("Tesla T4", "NVIDIA-Tesla T4"),
+    ("Tesla V100-PCIE-32GB", "NVIDIA-Tesla V100-PCIE-32GB"),
+    ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"),
+    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"),
+    ("NVIDIA H200", "NVIDIA H200"),
+], ids=["t4", "v100", "a100", "h100", "h200"])
+def test_a_cards_type_is_its_nvml_name_prefixed_only_where_it_lacks_nvidia(
+        nvml_name: str, card_type: str) -> None:
+    assert card_type_from_nvml(nvml_name) == card_type
+    assert registered_type(card_type) == card_type  # written as the agent reports it
+
+
 @pytest.mark.parametrize(("card_type", "registered"), [
-    ("NVIDIA-Tesla T4", "NVIDIA-Tesla T4"),
     ("NVIDIA-NVIDIA A10", "NVIDIA A10"),
     ("NVIDIA-A100", "NVIDIA-A100"),
     ("Tesla T4", "NVIDIA-Tesla T4"),
-    ("NVIDIA L4", "NVIDIA L4"),
-], ids=["tesla", "nvidia-named", "cluster-file", "unprefixed", "nvml-name"])
-def test_the_type_is_the_nvml_name_prefixed_as_hami_v2_10_does(card_type: str,
-                                                               registered: str) -> None:
+], ids=["older-agent-doubled-prefix", "cluster-file", "unprefixed"])
+def test_a_type_not_made_by_the_rule_is_written_as_the_rule_would(card_type: str,
+                                                                  registered: str) -> None:
     assert registered_type(card_type) == registered
 
 

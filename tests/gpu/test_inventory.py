@@ -3,9 +3,10 @@
 answer and sysfs, field by field, and against the simulated profile of the same model.
 
 The fakes (``tests/fakes/nvml.py``) answer what nvml.h documents; only a real driver says
-what it answers on this card: its name (HAMi's card type is ``NVIDIA-`` and that name),
-its memory in MiB, its NUMA node, its NVLinks (a card without NVLink may answer
-NOT_SUPPORTED or list inactive links), its compute capability.
+what it answers on this card: its name (HAMi's card type is that name, with ``NVIDIA-``
+before it only where it does not start with ``NVIDIA``), its memory in MiB, its NUMA
+node, its NVLinks (a card without NVLink may answer NOT_SUPPORTED or list inactive links),
+its compute capability.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pynvml
 from agent.mig.tables import table_for
 from agent.nvml import NvmlSource, sysfs_bus_id
 from agent.simulated import PROFILES, profile_cards
+from common.core.registration import card_type_from_nvml
 from common.wire import ReportedCard
 from tests.gpu.machine import (
     SMI_ERRORS,
@@ -98,7 +100,7 @@ def test_the_agents_nvml_inventory_is_nvidia_smis(seen: CheckLog) -> None:
             handle = pynvml.nvmlDeviceGetHandleByUUID(card.uuid)
             seen.saw(f"{gpu} nvlink_states", _link_states(handle))
             seen.compare(f"{gpu} index", card.index, witness.index)
-            seen.compare(f"{gpu} type", card.type, f"NVIDIA-{witness.name}")
+            seen.compare(f"{gpu} type", card.type, card_type_from_nvml(witness.name))
             seen.compare(f"{gpu} memory (MiB)", card.memory, witness.memory_mib)
             bus_id = sysfs_bus_id(pynvml.nvmlDeviceGetPciInfo(handle).busId)
             seen.compare(f"{gpu} PCI bus id", bus_id, sysfs_bus_id(witness.bus_id))
@@ -128,15 +130,16 @@ def test_the_agents_nvml_inventory_is_nvidia_smis(seen: CheckLog) -> None:
                 seen.compare(f"{gpu} NUMA node", card.numa,
                              int(cell) if cell.isdigit() else -1,
                              theirs_name="nvidia-smi topo -m")
-            _compare_with_the_stand_ins(seen, gpu, card)
+            _compare_with_the_stand_ins(seen, gpu, card, witness.name)
     finally:
         pynvml.nvmlShutdown()
     seen.assert_same()
 
 
-def _compare_with_the_stand_ins(seen: CheckLog, gpu: str, card: ReportedCard) -> None:
-    """The simulated node of this model and the MIG table of this name must hold what the
-    real card reports, or the tests without a GPU tell something untrue."""
+def _compare_with_the_stand_ins(seen: CheckLog, gpu: str, card: ReportedCard,
+                                name: str) -> None:
+    """The simulated node of this model and the MIG table of this NVML ``name`` must hold
+    what the real card reports, or the tests without a GPU tell something untrue."""
     twin = _twin(card.type)
     if twin is None:
         seen.saw(f"{gpu} simulated twin", f"no simulated profile has {card.type}")
@@ -146,7 +149,7 @@ def _compare_with_the_stand_ins(seen: CheckLog, gpu: str, card: ReportedCard) ->
         for field in ("memory", "sm_count"):
             seen.compare(f"{gpu} {field}", getattr(simulated, field), getattr(card, field),
                          ours_name=f"sim:{profile}", theirs_name="NVML")
-    table = table_for(card.type.removeprefix("NVIDIA-"))
+    table = table_for(name)
     if table is not None:
         seen.compare(f"{gpu} memory (MiB)", table.memory_mib, card.memory,
                      ours_name=f"agent/mig/tables.py {table.name}", theirs_name="NVML")

@@ -63,6 +63,7 @@ def test_profiles_read_from_nvml_are_the_cards_table(table: MigCardTable) -> Non
     assert devices.profiles(0) == [p for p in table.profiles if p.constant in asked]
     assert devices.gpu_count() == 2
     assert devices.gpu_uuid(1) == GPU_UUIDS[1]
+    assert devices.gpu_name(1) == table.name  # NVML's own, which the allowlist is matched in
 
 
 @pytest.mark.parametrize(("table", "profile", "placement"), EVERY_OFFERED)
@@ -319,6 +320,7 @@ Action = Callable[[NvmlMigDevices, LiveInstance], object]
     (lambda devices, _: devices.mig_mode(1), "nvmlDeviceGetMigMode"),
     (lambda devices, _: devices.gpu_uuid(1), "nvmlDeviceGetUUID"),
     (lambda devices, _: devices.gpu_uuid(1), "nvmlDeviceGetHandleByIndex"),
+    (lambda devices, _: devices.gpu_name(1), "nvmlDeviceGetName"),
     (lambda devices, _: devices.profiles(1), "nvmlDeviceGetGpuInstanceProfileInfo"),
     (lambda devices, _: devices.profiles(1), "nvmlDeviceGetGpuInstancePossiblePlacements"),
     (lambda devices, _: devices.instances(1), "nvmlDeviceGetGpuInstances"),

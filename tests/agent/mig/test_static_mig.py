@@ -45,7 +45,7 @@ from common.wire import (
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 
 NODE = "gpu-static-1"
-GPU_MODEL = "NVIDIA-NVIDIA A100-SXM4-80GB"
+GPU_MODEL = "NVIDIA A100-SXM4-80GB"  # NVML names it so: HAMi registers it unprefixed
 
 
 def partitioned(strategy: str) -> tuple[StaticMigSource, list[str]]:
