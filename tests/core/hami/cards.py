@@ -7,8 +7,10 @@ what a literal leaves out is Go's zero value, as there. The card becomes a pyham
 ``Card`` and its usage the ledger and the agent's view:
 
 - ``usedmem`` and ``usedcores`` are one tenant's grant on the card;
-- ``used`` is the processes the agent sees, so that the card's tenants are ``used``
+- ``used`` is the tenants the agent sees, so that the card's tenants are ``used``
   (a card that books memory or cores holds at least the one tenant that booked them);
+  or, where a row gives the processes on the card (``pod_processes``, per pod, and
+  ``stray_processes``, owned by no pod), what the agent counts of them (``seen_tenants``);
 - ``score`` becomes as many processes on a card of 100 slots: pyhami ranks cards by
   the score their usage gives, so a score the Go test writes in is given as usage that
   ranks the cards alike (only ``score``'s order matters where a row gives it);
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.monitor.processes import tenants_per_card
 from common.core import Card, CardGrant, Decision, Fleet, Node
 from common.core.ledger import Allocation
 from tests.builders import manifest, run
@@ -47,15 +50,33 @@ def _links(card: dict[str, Any]) -> dict[str, int] | None:
     return {peer: int(score) for peer, score in scores.items() if score > 0}
 
 
+def seen_tenants(card: dict[str, Any], uuid: str) -> int:
+    """The tenants the agent reports for a card whose literal gives the processes it runs:
+    ``pod_processes``, per pod on the card, how many compute processes it runs, and
+    ``stray_processes``, processes no pod owns; counted by the agent's own rule
+    (``tenants_per_card``), as its node monitor attributes them."""
+    processes = [(uuid, 1000 * pod + number, f"pod-{pod}")
+                 for pod, count in enumerate(card.get("pod_processes", ()))
+                 for number in range(count)]
+    processes += [(uuid, 100_000 + number, None)
+                  for number in range(card.get("stray_processes", 0))]
+    return tenants_per_card(processes).get(uuid, 0)
+
+
 def hami_card(card: dict[str, Any], index: int) -> Card:
     scored = "score" in card
+    uuid = card.get("id", f"card-{index}")
+    if "pod_processes" in card or "stray_processes" in card:
+        seen = seen_tenants(card, uuid)
+    else:
+        seen = int(card["score"]) if scored else card.get("used", 0)
     return Card(
-        uuid=card.get("id", f"card-{index}"), index=index, type=card.get("type", HAMI_TYPE),
+        uuid=uuid, index=index, type=card.get("type", HAMI_TYPE),
         memory=card.get("totalmem", 0), cores=card.get("totalcore", 0),
         count=SCORED_SLOTS if scored else card.get("count", 0),
         numa=card.get("numa", 0), health=card.get("health", True),
         links=_links(card),
-        processes=int(card["score"]) if scored else card.get("used", 0),
+        processes=seen,
     )
 
 
