@@ -336,6 +336,13 @@ def test_node_registration_brings_the_nodes_patch_right_and_off_leaves_it_out(
     assert ("--no-node-registration" in command) is not registration
 
 
+@pytest.mark.parametrize("written", [True, False], ids=["on", "off"])
+def test_success_events_off_give_the_daemon_its_flag(helm: Path, written: bool) -> None:
+    documents = helm_template_set(helm, f"scheduler.successEvents={str(written).lower()}")
+    _, command = _daemon_rules_and_command(documents)
+    assert ("--no-success-events" in command) is not written
+
+
 def test_an_affinity_of_the_users_keeps_the_anti_affinity_unless_it_has_its_own(
         helm: Path) -> None:
     def affinity(*settings: str) -> dict[str, Any]:
