@@ -101,6 +101,10 @@ def register(benches: Subcommands) -> None:
                         help="kube-scheduler calls the extender over mutual TLS, as the chart "
                              "does with scheduler.extender.tls (default: plain HTTP on "
                              "loopback, as k8s/ ships it)")
+    parser.add_argument("--no-success-events", action="store_true",
+                        help="run the daemon with --no-success-events: no FilteringSucceed "
+                             "and BindingSucceed Events, to measure what they cost (default: "
+                             "written, as the daemon's default)")
     parser.add_argument("--profile-daemon", type=Path, metavar="FILE",
                         help="run the daemon under cProfile and write its profile to FILE "
                              "(the profiler slows the daemon: keep such a run's figures apart)")
@@ -137,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     logs = Path(tempfile.mkdtemp(prefix="pyhami-bench-cluster-"))
     (logs / "data").mkdir()
     plane = BenchPlane(bin_dir=binaries_dir(), logs=logs, data=logs / "data",
-                       daemon_profile=args.profile_daemon, extender_tls=args.extender_tls)
+                       daemon_profile=args.profile_daemon, extender_tls=args.extender_tls,
+                       success_events=not args.no_success_events)
     try:
         result = bench(plane, args)
     except KeyboardInterrupt:
@@ -168,6 +173,7 @@ class BenchPlane(ApiServerPlane):
     daemon_profile: Path | None = None
     extender_tls: bool = False
     kube_scheduler_port: int = 0
+    success_events: bool = True
 
     def kube_scheduler_timings(self) -> dict[str, float | None]:
         """Means in ms of kube-scheduler's own histograms since it started (one phase):
@@ -237,7 +243,7 @@ class BenchPlane(ApiServerPlane):
             "--listen", f"127.0.0.1:{self.daemon_port}",
             "--metrics", f"127.0.0.1:{self.metrics_port}", "--resync-wait", "1",
             "--node-timeout", "3600", "--node-retention", "7200", "--log-level", "warning",
-            *tls])
+            *tls, *([] if self.success_events else ["--no-success-events"])])
         wait_for(lambda: http_get(f"http://127.0.0.1:{self.metrics_port}/readyz")[0] == 200,
                  "the daemon's /readyz", START_TIMEOUT_S, watch=[daemon])
 
@@ -586,7 +592,8 @@ def report(args: argparse.Namespace, phases: dict[str, dict[str, Any]]) -> dict[
                      / phases[f"default_{limits}_limits"]["pods_per_s"]), 3)
 
     result: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cards": args.cards,
-                              "concurrency": args.concurrency}
+                              "concurrency": args.concurrency,
+                              "success_events": not args.no_success_events}
     for scheduler in ("pyhami", "default"):
         raised = phases[f"{scheduler}_raised_limits"]
         default = phases[f"{scheduler}_default_limits"]

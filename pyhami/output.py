@@ -195,7 +195,7 @@ def print_decision(document: dict[str, Any], console: Console) -> None:
         cards = ", ".join(_card_words(c) for cs in document["devices"] for c in cs)
         console.print(Text.assemble("-> ", (f"{cards} on {document['node']}", "green")))
         return
-    # The sentence of the pod's FilteringFailed Event, word for word.
+    # The sentence ending the pod's FilteringFailed summary Event, word for word.
     console.print(Text.assemble("-> ", ("Pending", "yellow"), ": ", document["message"]))
 
 

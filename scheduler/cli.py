@@ -72,6 +72,10 @@ def register(commands: Subcommands) -> None:
                         help="Kubernetes: do not write the Nodes' hami.io/node-nvidia-register "
                              "annotation that HAMi-WebUI reads (written by the leader unless "
                              "this is given; needs the nodes patch right)")
+    parser.add_argument("--no-success-events", action="store_true",
+                        help="write no Normal Events, HAMi's FilteringSucceed and "
+                             "BindingSucceed on every pod placed (two API writes a pod; "
+                             "written unless this is given); the Warnings stay")
     parser.add_argument("--noop-endpoint", action="store_true",
                         help="serve POST /noop, which only decodes ExtenderArgs: the HTTP "
                              "floor for benchmarks")
@@ -297,7 +301,8 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
                               nodes_listed=kubernetes,
                               # Standalone has no Node objects to annotate.
                               node_registration=kubernetes and not args.no_node_registration,
-                              registration_retention=node_retention),
+                              registration_retention=node_retention,
+                              success_events=not args.no_success_events),
         listen=args.listen, metrics=args.metrics, kubeconfig=args.kubeconfig,
         noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
         webhook=_webhook_config(args, mode), extender_tls=_extender_tls(args),

@@ -84,7 +84,7 @@ class PodClient:
 
     async def pending_with(self, name: str, reason: str,
                            namespace: str = "default") -> dict[str, Any]:
-        """Wait until the pod carries a FilteringFailed event; returns it, still unbound."""
+        """Wait until the pod carries a ``reason`` Event; returns it."""
         pod: dict[str, Any] = {}
 
         async def failed() -> bool:
@@ -100,6 +100,20 @@ class PodClient:
         placed = await self.placed(pod["metadata"]["name"])
         allocated: str = placed["annotations"]["hami.io/vgpu-devices-allocated"]
         return allocated
+
+
+def filtering_failed(pod: dict[str, Any]) -> list[str]:
+    """The messages of the pod's ``FilteringFailed`` Events, the latest last."""
+    return [str(e["message"]) for e in pod["events"] if e["reason"] == "FilteringFailed"]
+
+
+def refusal_sentence(pod: dict[str, Any], nodes: int = 1) -> str:
+    """pyhami's sentence in the pod's one ``FilteringFailed`` summary, after HAMi's
+    ``no available node, <nodes> nodes do not meet: ``."""
+    opening = f"no available node, {nodes} nodes do not meet: "
+    (summary,) = [m for m in filtering_failed(pod) if m.startswith("no available node, ")]
+    assert summary.startswith(opening), summary
+    return summary.removeprefix(opening)
 
 
 def card_of(allocated: str) -> str:

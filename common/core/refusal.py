@@ -1,7 +1,9 @@
 """Why a pod fits no node, in one sentence: what it asked for and what the nodes have.
 
-The sentence is the message of the pod's ``FilteringFailed`` Event and what ``pyhami
-explain`` prints, so both read the same for the same pod and cluster::
+The sentence ends the message of the pod's last ``FilteringFailed`` Event, after HAMi's
+summary (``no available node, N nodes do not meet: <sentence>``, ``common.core.events``),
+and is what ``pyhami explain`` prints, so both read the same for the same pod and
+cluster::
 
     asked for 5 cards with 1000 MiB each; gpu-node-1 has 4 cards (NodeInsufficientDevice)
     asked for 1 card with 20000 MiB; gpu-node-1: 4/4 CardInsufficientMemory (largest free
@@ -11,8 +13,8 @@ Each node's part is its ``FailedNodes`` reasons with what the cards a reason rem
 have to offer after that reason: HAMi's ``count/cards Reason`` tokens stay as they are, for
 users who grep for them. Nodes that fail the same way (the same reasons, for the same
 container) are one part, the largest group first, with the facts of all its nodes (the
-largest free memory among them, say). The sentence fits an Event message (1024 bytes):
-parts that do not fit are counted at the end instead.
+largest free memory among them, say). The sentence fits an Event message (1024 bytes)
+with the summary before it: parts that do not fit are counted at the end instead.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ from common.core.reasons import (
 
 MESSAGE_LIMIT = 1024
 """Bytes: the longest message the API server takes for an Event."""
+SUMMARY_ROOM = 48
+"""Bytes of an Event message kept for HAMi's summary before the sentence: ``no available
+node, N nodes do not meet: `` is 47 bytes with N of 8 digits."""
+SENTENCE_LIMIT = MESSAGE_LIMIT - SUMMARY_ROOM
 NAMES_SHOWN = 3
 """Node names written out per part; the rest of the part's nodes are counted."""
 TYPES_SHOWN = 3
@@ -229,26 +235,27 @@ def _judged_part(names: list[str], reasons: NodeReasons, facts: _Facts, several:
 
 
 def _bounded(asked: str, parts: list[tuple[str, int]]) -> str:
-    """``asked; part; part``, within ``MESSAGE_LIMIT`` bytes; parts that do not fit are
+    """``asked; part; part``, within ``SENTENCE_LIMIT`` bytes; parts that do not fit are
     counted by their nodes at the end."""
     sentence = asked
     for shown, (text, _) in enumerate(parts):
         rest = sum(nodes for _, nodes in parts[shown + 1:])
         tail = f"; {plural(rest, 'more node')} refused" if rest else ""
         longer = f"{sentence}; {text}"
-        if len((longer + tail).encode()) > MESSAGE_LIMIT:
+        if len((longer + tail).encode()) > SENTENCE_LIMIT:
             left = sum(nodes for _, nodes in parts[shown:])
             sentence = f"{sentence}; {plural(left, 'more node')} refused"
             break
         sentence = longer
-    return _cut(sentence)
+    return cut(sentence)
 
 
-def _cut(text: str) -> str:
+def cut(text: str, limit: int = SENTENCE_LIMIT) -> str:
+    """``text``, or as much of it as fits in ``limit`` bytes with ``...`` after."""
     encoded = text.encode()
-    if len(encoded) <= MESSAGE_LIMIT:
+    if len(encoded) <= limit:
         return text
-    return encoded[:MESSAGE_LIMIT - len(_TRUNCATED)].decode(errors="ignore") + _TRUNCATED
+    return encoded[:limit - len(_TRUNCATED)].decode(errors="ignore") + _TRUNCATED
 
 
 def refusal_message(fleet: Fleet, pod: PodRequest, failures: Mapping[str, FailedNode]) -> str:
@@ -284,7 +291,7 @@ def refusal_message(fleet: Fleet, pod: PodRequest, failures: Mapping[str, Failed
         names.sort()
         parts.append((f"{_subject(names)}: {why.text()}", names))
     if not parts:
-        return _cut(f"{asked_for(pod)}; pyhami knows no node with GPU cards")
+        return cut(f"{asked_for(pod)}; pyhami knows no node with GPU cards")
     parts.sort(key=lambda part: (-len(part[1]), part[1][0]))
     opening = asked_for(pod)
     quota_hit = any(reason == QUOTA_REASON for reasons in judged.values()

@@ -86,6 +86,10 @@ class ServiceSettings:
     registration_retention: float = 600.0
     """Remove a node's register annotation once its agent is silent this long (the
     command passes ``--node-retention``)."""
+    success_events: bool = True
+    """Write the Normal Events HAMi's scheduler writes on success, ``FilteringSucceed``
+    when /filter places a GPU pod and ``BindingSucceed`` when /bind binds one: two Event
+    writes a placed pod (the command turns them off with ``--no-success-events``)."""
 
 
 SLICE_SECONDS = 0.02

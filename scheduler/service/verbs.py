@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Literal
 
 from common.core import (
@@ -30,6 +30,16 @@ from common.core.annotations import (
     TO_ALLOCATE_ANNOTATION,
     VGPU_NODE_LABEL,
 )
+from common.core.events import (
+    BINDING_FAILED,
+    BINDING_SUCCEED,
+    FILTERING_FAILED,
+    FILTERING_SUCCEED,
+    binding_succeed,
+    filtering_failures,
+    filtering_succeed,
+    no_node_summary,
+)
 from common.core.fleet import NODE_WEIGHTS, score_max
 from common.core.groups import GroupPlacement, GroupRef, check_count, group_of
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
@@ -48,7 +58,7 @@ from scheduler.service.shared import (
     Unschedulable,
     in_slices,
 )
-from scheduler.state import Starving, Tried, Waiting
+from scheduler.state import NODE_STALE, Starving, Tried, Waiting
 from scheduler.web.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -69,6 +79,15 @@ GROUP_TRIES = 3
 outside the daemon, a node's cards changed): then its members are tried again later."""
 NODE_SCORE_MAX = score_max(NODE_WEIGHTS)
 """/prioritize scales a node's score from 0..NODE_SCORE_MAX to 0..MAX_PRIORITY."""
+GROUP_AHEAD = "GroupAhead"
+"""A node withheld from a pod for the group gone ahead of it, which would use it."""
+NODE_REFUSALS_TOLD = frozenset({NODE_STALE, GROUP_AHEAD})
+"""The refusals of a node before the core judged its cards that get HAMi's per-reason
+``FilteringFailed`` Event, as the core's reasons do: they say something of that node.
+Not ``NodeUnknown`` (a node without GPU inventory: in a mixed cluster most nodes; HAMi
+writes no Event for its ``node unregistered`` either), nor the refusals every node gets
+for the pod's own sake (``PodAlreadyBound``, the group's reasons): those are in the
+summary's sentence."""
 
 
 def _ms_since(started: float) -> float:
@@ -100,8 +119,8 @@ class Verbs(ServicePart):
         except PodRejected as error:
             decision = rejected(args.pod.key, str(error))
             self._count("filter", decision)
-            self.shared.in_background(self._after_filter(args.pod, decision, _ms_since(started),
-                                                         self._wall_clock()))
+            self.shared.in_background(self._after_filter(
+                args.pod, decision, _ms_since(started), self._wall_clock(), offered=len(names)))
             unresolvable = {name: f"PodRejected: {error}" for name in names}
             return ExtenderFilterResult(failed_and_unresolvable_nodes=unresolvable)
         if not request.wants_gpu:
@@ -143,7 +162,8 @@ class Verbs(ServicePart):
         # Written once, for the answer and the decision event both.
         failed = decision.failed_nodes or {}
         self.shared.in_background(self._after_filter(
-            args.pod, decision, _ms_since(started), decided_at, request, failed_nodes=failed))
+            args.pod, decision, _ms_since(started), decided_at, request, offered=len(names),
+            failed_nodes=failed))
         if decision.node is None:
             return ExtenderFilterResult(node_names=[] if args.node_names is not None else None,
                                         nodes=None if args.node_names is not None else
@@ -204,7 +224,8 @@ class Verbs(ServicePart):
         async with self.shared.booking:
             ahead = self._ahead_of(pod, group.key)
             offered, withheld = self._offered(names, ahead)
-            placement = await self._place_group(group, request.key, waiting, offered)
+            placement = await self._place_group(group, request.key, waiting, offered,
+                                                sent=len(names))
         if isinstance(placement, Tried):
             refused = self._member_refused(request, offered, placement.reason,
                                            placement.detail, placement.message)
@@ -223,15 +244,16 @@ class Verbs(ServicePart):
         # again, and their /filter answers the node their cards are held on.
         self.reports.retry_waiting()
         mine = next(d for d in placement.decisions if d.pod == request.key)
-        return self._held_decision(request, mine.allocation, names, group) \
+        return self._held_decision(request, mine.allocation, names, group,
+                                   fitting=mine.fitting) \
             if mine.allocation is not None else mine
 
     async def _place_group(self, group: GroupRef, asking: str, waiting: list[Waiting],
-                           offered: Sequence[str]) -> GroupPlacement | Tried:
+                           offered: Sequence[str], *, sent: int) -> GroupPlacement | Tried:
         """Every waiting member of ``group`` placed and reserved together among
         ``offered``, in slices of the loop's time (the caller holds the booking lock); or
         the refusal, which stands while nothing changes (``Groups.last_try``): not fitting
-        now, or not even on idle cards."""
+        now, or not even on idle cards. ``sent``: the nodes kube-scheduler sent."""
         groups, bookings = self.state.groups, self.state.bookings
         offered_key = frozenset(offered)
         tried = groups.last_try(group.key, self._clock(), bookings.fleet_changes, offered_key)
@@ -249,7 +271,7 @@ class Verbs(ServicePart):
                 return Tried(self._clock(), -1, None, "GroupWaiting", standby, standby)
             if not placement.placed:
                 return await self._group_refused(group, asking, waiting, offered, placement,
-                                                 changes=changes)
+                                                 changes=changes, sent=sent)
             if bookings.reserve_group(placement, generation, self._clock(),
                                       self.settings.group_ttl):
                 return placement
@@ -262,10 +284,11 @@ class Verbs(ServicePart):
 
     async def _group_refused(self, group: GroupRef, asking: str, waiting: list[Waiting],
                              offered: Sequence[str], placement: GroupPlacement, *,
-                             changes: int) -> Tried:
+                             changes: int, sent: int) -> Tried:
         """A group that did not fit: it goes ahead of others in time only if it would fit
         on idle cards; its refusal is kept (``Groups.tried``) and told to every member
-        (``asking``, whose /filter this is, by its own answer)."""
+        (``asking``, whose /filter this is, by its own answer; the others in HAMi's summary
+        over the ``sent`` nodes of this /filter)."""
         groups, bookings = self.state.groups, self.state.bookings
         now = self._clock()
         members = [member.request for member in waiting]
@@ -295,13 +318,14 @@ class Verbs(ServicePart):
             self.shared.pods.unschedulable(key, namespace, name)
         # One after the other, in one task: a thousand members' Events at once would queue
         # a thousand requests ahead of everything else the loop serves.
-        self.shared.in_background(self._tell_members(others, why))
+        self.shared.in_background(self._tell_members(others, no_node_summary(sent, why)))
         return tried
 
-    async def _tell_members(self, keys: list[str], why: str) -> None:
+    async def _tell_members(self, keys: list[str], message: str) -> None:
         for key in keys:
             namespace, _, name = key.partition("/")
-            await self.cluster.record_event(namespace, name, "Warning", "FilteringFailed", why)
+            await self.cluster.record_event(namespace, name, "Warning", FILTERING_FAILED,
+                                            message)
 
     def _ahead_of(self, pod: PodManifest, own_group: str | None) -> Starving | None:
         """The group that goes ahead of ``pod`` now (``Groups.starving``: of the pod's
@@ -327,7 +351,7 @@ class Verbs(ServicePart):
                 ahead: Starving) -> Decision:
         """``decision`` with the nodes withheld for the group ahead refused as such; a pod
         placed nowhere is told it waits behind the group (its Event), and counted."""
-        refusal = NodeRefusal("GroupAhead", f"kept for group {ahead.ref.key}")
+        refusal = NodeRefusal(GROUP_AHEAD, f"kept for group {ahead.ref.key}")
         failures = {**(decision.failures or {}), **dict.fromkeys(withheld, refusal)}
         if decision.scheduled:
             return dataclasses.replace(decision, failures=failures)
@@ -364,12 +388,15 @@ class Verbs(ServicePart):
         return count, ""
 
     def _held_decision(self, request: PodRequest, held: Allocation, names: Sequence[str],
-                       group: GroupRef) -> Decision:
+                       group: GroupRef, *, fitting: Mapping[str, float] | None = None,
+                       ) -> Decision:
         """The member goes where the cards held for it are: that node, or none when
-        kube-scheduler did not offer it (the group is then released when its time passes)."""
+        kube-scheduler did not offer it (the group is then released when its time passes).
+        ``fitting``: the nodes that held the member in its group's placement, when this
+        /filter placed the group (its ``FilteringSucceed`` names them)."""
         if not names or held.node in names:
             return Decision(pod=request.key, scheduled=True, node=held.node, allocation=held,
-                            failures={})
+                            failures={}, fitting=fitting)
         return self._member_refused(
             request, names, "GroupHeldElsewhere", f"its cards are held on {held.node}",
             f"group {group.name}: this member's cards are held on node {held.node}, which "
@@ -389,7 +416,10 @@ class Verbs(ServicePart):
 
     async def _after_filter(self, pod: PodManifest, decision: Decision, duration_ms: float,
                             decided_at: float, request: PodRequest | None = None, *,
-                            failed_nodes: dict[str, str] | None = None) -> None:
+                            offered: int, failed_nodes: dict[str, str] | None = None) -> None:
+        """The decision's Events, one after the other in this one task (a refusal's may be
+        several: each is an API write), then its report. ``offered``: the nodes
+        kube-scheduler sent, HAMi's total in its messages."""
         namespace = pod.namespace
         name = pod.metadata.name
         if decision.ignored_policies:
@@ -405,9 +435,19 @@ class Verbs(ServicePart):
             message = "request read as HAMi reads it: " + "; ".join(adjusted)
             logger.warning("pod %s: %s", decision.pod, message)
             await self.cluster.record_event(namespace, name, "Warning", ADJUSTED_EVENT, message)
-        if decision.node is None and decision.message is not None:
-            await self.cluster.record_event(namespace, name, "Warning", "FilteringFailed",
-                                            decision.message)
+        if decision.node is not None:
+            if self.settings.success_events:
+                await self.cluster.record_event(
+                    namespace, name, "Normal", FILTERING_SUCCEED,
+                    filtering_succeed(decision.node, offered, decision.fitting))
+        elif decision.message is not None:
+            # HAMi's: one Event per reason naming its nodes, then the summary, which carries
+            # pyhami's sentence on what was asked and what the nodes have.
+            for message in filtering_failures(decision.failures or {}, NODE_REFUSALS_TOLD):
+                await self.cluster.record_event(namespace, name, "Warning", FILTERING_FAILED,
+                                                message)
+            await self.cluster.record_event(namespace, name, "Warning", FILTERING_FAILED,
+                                            no_node_summary(offered, decision.message))
         for row in decision.explain or ():
             logger.debug("pod %s node %s card %d (%s): computer score is %.6f%s", decision.pod,
                          row.node, row.index, row.uuid, row.score,
@@ -509,13 +549,19 @@ class Verbs(ServicePart):
         self.state.groups.bound(key)
         self.shared.pods.forget_manifest(key)
         self.metrics.decisions.labels("bind", "bound", "").inc()
+        if self.settings.success_events:
+            namespace, _, name = key.partition("/")
+            # After the answer, as a refusal's: kube-scheduler waits for no Event.
+            self.shared.in_background(self.cluster.record_event(
+                args.pod_namespace, args.pod_name, "Normal", BINDING_SUCCEED,
+                binding_succeed(args.node, namespace, name)))
         return ExtenderBindingResult()
 
     def _refuse_bind(self, args: ExtenderBindingArgs, why: str) -> ExtenderBindingResult:
-        self.metrics.decisions.labels("bind", "failed", "BindingFailed").inc()
+        self.metrics.decisions.labels("bind", "failed", BINDING_FAILED).inc()
         # After the answer: kube-scheduler waits for neither the Event nor its API write.
         self.shared.in_background(self.cluster.record_event(
-            args.pod_namespace, args.pod_name, "Warning", "BindingFailed", why))
+            args.pod_namespace, args.pod_name, "Warning", BINDING_FAILED, why))
         return ExtenderBindingResult(error=why)
 
     def _bind_annotations(self, key: str, node: str,

@@ -268,7 +268,7 @@ class TestOutput:
 
         assert table("scheduled") == "-> GPU 2 on gpu-node-1\n"
         document = json.loads(pyhami("decide", "--cluster", LAB, "--pod", pods["pending"]).stdout)
-        # The sentence the pod's FilteringFailed Event would carry, with HAMi's reason in it.
+        # The sentence the pod's FilteringFailed summary would end with, HAMi's reason in it.
         assert document["failed_nodes"]["gpu-node-1"] == "4/4 NodeInsufficientDevice"
         assert "(NodeInsufficientDevice)" in document["message"]
         assert table("pending") == f"-> Pending: {document['message']}\n"

@@ -21,7 +21,7 @@ from common.core import (
     decision_document,
     parse_pod,
 )
-from common.core.refusal import MESSAGE_LIMIT, refusal_message
+from common.core.refusal import SENTENCE_LIMIT, refusal_message
 from pyhami.sandbox import DEFAULTS
 from tests.builders import (
     T4,
@@ -213,10 +213,11 @@ def test_no_node_at_all() -> None:
 
 
 def test_the_sentence_fits_an_event_message_and_counts_what_it_leaves_out() -> None:
+    """Within an Event message with HAMi's summary before it (test_event_messages.py)."""
     sizes = range(1, 61)  # one part per node: each has another number of cards
     fleet = fleet_of(*(node(f"node-{size:02d}", size) for size in sizes))
     text = message(fleet, manifest(gpus=100))
-    assert len(text.encode()) <= MESSAGE_LIMIT
+    assert len(text.encode()) <= SENTENCE_LIMIT
     shown = text.count(" cards (NodeInsufficientDevice)") + text.count(" card (")
     assert shown > 5
     assert text.endswith(f"; {len(sizes) - shown} more nodes refused")

@@ -345,6 +345,13 @@ def test_filter_nodes_reaches_the_daemon_only_when_not_hamis_answer(
         [flag] if flag else [])
 
 
+@pytest.mark.parametrize("written", [True, False], ids=["on", "off"])
+def test_success_events_off_give_the_daemon_its_flag(helm: Path, written: bool) -> None:
+    documents = helm_template_set(helm, f"scheduler.successEvents={str(written).lower()}")
+    _, command = _daemon_rules_and_command(documents)
+    assert ("--no-success-events" in command) is not written
+
+
 def test_an_affinity_of_the_users_keeps_the_anti_affinity_unless_it_has_its_own(
         helm: Path) -> None:
     def affinity(*settings: str) -> dict[str, Any]:

@@ -1,16 +1,20 @@
-"""pyhami's Events as ``kubectl describe pod`` shows them, on the real control plane.
+"""pyhami's Events as ``kubectl describe pod`` shows them, on the real control plane,
+read from the API server (the control plane's build has no kubectl): HAMi's reasons in
+HAMi's shapes.
 
-A pod asking for more cards than the node has is retried by kube-scheduler on its backoff
-(at most ``--pod-max-in-unschedulable-pods-duration=10s`` apart, the Deployment's flag).
-Each retry is refused by pyhami's /filter; the refusals are one ``FilteringFailed`` Event
-whose count rises, its message saying what was asked and what the node has, and ``pyhami
-explain`` prints that same sentence.
+A placed pod has ``FilteringSucceed`` and ``BindingSucceed`` (Normal). A pod asking for
+more cards than the node has is retried by kube-scheduler on its backoff (at most
+``--pod-max-in-unschedulable-pods-duration=10s`` apart, the Deployment's flag). Each retry
+is refused by pyhami's /filter; the refusals are HAMi's per-reason ``FilteringFailed``
+Event and its summary, each one Event whose count rises, the summary going on with what was
+asked and what the node has; ``pyhami explain`` prints that same sentence.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,10 +24,11 @@ from typing import Any
 import pytest
 
 from pyhami._controlplane import wait_for
-from tests.e2e.controlplane import NODE, ControlPlane
+from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import EVENTS, Lab, lab_pod
 
 REASON = "FilteringFailed"
+SUMMARY = "no available node, "
 CARDS = 4  # the simulated agent's sim:t4x4
 RETRIES_S = 120.0  # kube-scheduler's backoff and the 10 s flush, several times over
 
@@ -41,11 +46,13 @@ def too_big(name: str) -> dict[str, Any]:
 
 
 def refusals(lab: Lab, name: str) -> list[dict[str, Any]]:
-    return [e for e in lab.events(name) if e.get("reason") == REASON]
+    """The pod's FilteringFailed summaries (``no available node, ...``)."""
+    return [e for e in lab.events(name) if e.get("reason") == REASON
+            and str(e.get("message")).startswith(SUMMARY)]
 
 
 def wait_count(lab: Lab, name: str, at_least: int) -> dict[str, Any]:
-    """Until the pod's one FilteringFailed Event counts ``at_least``; fails on a second."""
+    """Until the pod's one FilteringFailed summary counts ``at_least``; fails on a second."""
 
     def counted() -> dict[str, Any] | None:
         found = refusals(lab, name)
@@ -79,11 +86,18 @@ def test_repeated_refusals_are_one_event_whose_count_rises(
 
     sentence = (f"asked for {CARDS + 1} cards with 1000 MiB each; "
                 f"{NODE} has {CARDS} cards (NodeInsufficientDevice)")
-    assert event["message"] == sentence
-    assert event["type"] == "Warning"
-    assert event["source"]["component"] == "pyhami-scheduler"
-    assert event["involvedObject"]["uid"] == lab.read("too-big")["metadata"]["uid"]
-    assert event["firstTimestamp"] <= event["lastTimestamp"]
+    assert event["message"] == f"no available node, 1 nodes do not meet: {sentence}"
+    # HAMi's Event by reason, written before the summary on each refusal: counted too.
+    (by_reason,) = [e for e in lab.events("too-big")
+                    if e.get("reason") == REASON and e not in refusals(lab, "too-big")]
+    assert by_reason["message"] == f"1 nodes NodeInsufficientDevice({NODE})"
+    assert by_reason["count"] >= event["count"]  # written first, one after the other
+    uid = lab.read("too-big")["metadata"]["uid"]
+    for written in (event, by_reason):
+        assert written["type"] == "Warning"
+        assert written["source"]["component"] == "pyhami-scheduler"
+        assert written["involvedObject"]["uid"] == uid
+        assert written["firstTimestamp"] <= written["lastTimestamp"]
     lab.assert_pending("too-big")
 
     assert f"-> Pending: {sentence}\n" in explain(control_plane, pod, tmp_path)
@@ -108,3 +122,24 @@ def test_the_count_goes_on_after_the_event_is_deleted_and_after_a_restart(
     after = wait_count(lab, "still-too-big", again["count"] + 1)
     assert after["metadata"]["name"] == name
     assert after["firstTimestamp"] == first["firstTimestamp"]
+
+
+def test_a_placed_pod_has_filtering_succeed_and_binding_succeed_as_hami_writes_them(
+        lab: Lab) -> None:
+    lab.create_manifest(lab_pod("placed"))
+    node = lab.wait_placed("placed").node
+    succeed = lab.wait_event("placed", "FilteringSucceed")
+    bound = lab.wait_event("placed", "BindingSucceed")
+
+    # HAMi's genSuccessMsg: the one node kube-scheduler sent holds the pod, its score
+    # before the pod with two decimals.
+    assert re.fullmatch(rf"find fit node\({node}\), 0 nodes not fit, 1 nodes "
+                        rf"fit\({node}:\d+\.\d\d\)", succeed["message"]), succeed["message"]
+    assert bound["message"] == f"Successfully binding node [{node}] to {TEST_NAMESPACE}/placed"
+    uid = lab.read("placed")["metadata"]["uid"]
+    for event in (succeed, bound):
+        assert event["type"] == "Normal"
+        assert event["source"]["component"] == "pyhami-scheduler"
+        assert event["involvedObject"]["uid"] == uid
+        assert event["count"] == 1
+    assert not [e for e in lab.events("placed") if e.get("type") == "Warning"]

@@ -34,9 +34,12 @@ async def test_mutex_waits_for_a_free_card_then_lands_on_it(lab: Lab) -> None:
     await lab.pods.submit(lab_pod("mutex", {"hami.io/gpu-scheduler-policy": "mutex"}))
     pending = await lab.pods.pending_with("mutex", "FilteringFailed")
     assert pending["node"] is None
-    failed = [e["message"] for e in pending["events"] if e["reason"] == "FilteringFailed"]
-    assert failed == ["asked for 1 card with 1000 MiB; "
-                      "gpu-node-1: 4/4 ExclusiveDeviceAllocateConflict (in use)"]
+    failed = [(e["type"], e["message"]) for e in pending["events"]
+              if e["reason"] == "FilteringFailed"]
+    # HAMi's per-reason Event, then its summary carrying pyhami's sentence.
+    assert failed == [("Warning", "1 nodes ExclusiveDeviceAllocateConflict(gpu-node-1)"),
+                      ("Warning", "no available node, 1 nodes do not meet: asked for 1 card "
+                       "with 1000 MiB; gpu-node-1: 4/4 ExclusiveDeviceAllocateConflict (in use)")]
     await lab.pods.delete("tenant-1")
     placed = await lab.pods.placed("mutex")
     assert card_of(placed["annotations"]["hami.io/vgpu-devices-allocated"]) == GPU[1]
@@ -96,14 +99,15 @@ async def test_a_pod_refused_again_and_again_has_one_event_whose_count_rises(
         nonlocal refusals
         pod = await lab.pods.get("big")
         refusals = [e for e in pod["events"] if e["reason"] == "FilteringFailed"]
-        return any(int(str(e["count"])) >= 2 for e in refusals)
+        return all(int(str(e["count"])) >= 2 for e in refusals) and len(refusals) == 2
 
     await eventually(refused_twice, "the pending loop to refuse the pod twice")
-    (event,) = refusals
+    by_reason, summary = refusals
+    assert by_reason["message"] == "1 nodes NodeInsufficientDevice(gpu-node-1)"
     sentence = (f"asked for {asked} cards with 1000 MiB each; "
                 f"gpu-node-1 has {cards} cards (NodeInsufficientDevice)")
-    assert event["message"] == sentence
-    assert float(str(event["first_time"])) <= float(str(event["last_time"]))
+    assert summary["message"] == f"no available node, 1 nodes do not meet: {sentence}"
+    assert float(str(summary["first_time"])) <= float(str(summary["last_time"]))
 
     pod = tmp_path / "big.json"
     pod.write_text(json.dumps(big))

@@ -24,7 +24,7 @@ from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service import verbs
 from scheduler.service.shared import ServiceSettings
-from tests.harness import PodClient, eventually, metric_sample
+from tests.harness import PodClient, eventually, filtering_failed, metric_sample
 
 MEMBER_LIMITS = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000}
 
@@ -87,8 +87,9 @@ async def test_of_two_groups_that_fit_one_at_a_time_one_binds_whole_the_other_no
         await stand.pods.placed(name)
     assert await stand.bound(*B) == []
     waiting = await stand.pods.pending_with("b-3", "FilteringFailed")
-    messages = [e["message"] for e in waiting["events"] if e["reason"] == "FilteringFailed"]
-    assert any(m.startswith("group train-b: 0 of 4 members fit; b-") for m in messages), messages
+    messages = filtering_failed(waiting)
+    assert any(m.startswith("no available node, 1 nodes do not meet: group train-b: 0 of 4 "
+                            "members fit; b-") for m in messages), messages
     assert len((await stand.ledger())["reservations"]) == 0  # train-b holds nothing
     for name in A:
         await stand.pods.delete(name)
@@ -115,10 +116,12 @@ async def test_members_waiting_for_the_rest_hold_no_cards_and_say_so(stand: Stan
     await stand.pods.submit(member("a-0", "train-a"))
     await stand.pods.submit(member("a-1", "train-a"))
     pod = await stand.pods.pending_with("a-1", "FilteringFailed")
-    assert [e["message"] for e in pod["events"] if e["reason"] == "FilteringFailed"][-1] == (
+    # The group's reason is the pod's, not a node's: HAMi's summary alone.
+    assert filtering_failed(pod) == [
+        "no available node, 1 nodes do not meet: "
         "group train-a: waiting for its members: 2 of 4 exist in namespace default (1 pods of "
         "a group train-a are in other namespaces: a group's members share one namespace); "
-        "none is given cards before all are")
+        "none is given cards before all are"]
     ledger = await stand.ledger()
     assert ledger["reservations"] == {} and ledger["pods"] == {}
 
@@ -179,8 +182,11 @@ async def test_a_group_waiting_past_its_patience_goes_ahead_of_smaller_pods(
             await running.pods.placed("single-1")
             return
         pod = await running.pods.pending_with("single-1", "FilteringFailed")
-        assert [e["message"] for e in pod["events"]][-1].startswith(
-            "waiting behind group default/train-a, whole and not fitting: for at most ")
+        # Its nodes withheld for the group ahead: HAMi's per-reason Event names them.
+        by_reason, summary = filtering_failed(pod)
+        assert by_reason == "1 nodes GroupAhead(gpu-node-1)"
+        assert summary.startswith("no available node, 1 nodes do not meet: waiting behind "
+                                  "group default/train-a, whole and not fitting: for at most ")
         await running.pods.delete("single-0")
         for name in A:
             await running.pods.placed(name)
@@ -282,9 +288,10 @@ async def test_a_group_larger_than_the_fleet_holds_back_no_other_namespace(
             pod["spec"]["containers"][0]["resources"]["limits"] = dict(WHOLE_CARD)
             await pods.submit(pod)
         refused = await pods.pending_with("huge-00", "FilteringFailed", namespace="team-a")
-        message = refused["events"][-1]["message"]
-        assert message.startswith("group huge can never start on these nodes: even with "
-                                  "every card free, 16 of 20 members fit"), message
+        message = filtering_failed(refused)[-1]
+        assert message.startswith("no available node, 2 nodes do not meet: group huge can "
+                                  "never start on these nodes: even with every card free, 16 "
+                                  "of 20 members fit"), message
         await asyncio.sleep(0.5)  # past the group's patience
         single = lab_pod("small", limits=dict(WHOLE_CARD))
         single["metadata"]["namespace"] = "team-b"

@@ -11,7 +11,7 @@ from typing import Any
 from common.core.quota import QuotaStanding
 from pyhami.sandbox import RunningDaemon, standalone_config
 from scheduler.service import SchedulerService
-from tests.harness import Lab, eventually
+from tests.harness import Lab, eventually, filtering_failed, refusal_sentence
 from tests.quotas import NAMESPACE, QUOTAS, call, quota, sentence, standings, team_pod
 
 PROMPT_S = 2.0
@@ -36,11 +36,12 @@ def service_of(daemon: RunningDaemon) -> SchedulerService:
 
 
 async def refusal_of(lab: Lab, name: str) -> str:
-    """The FilteringFailed message of a pod left waiting (it stays unbound)."""
+    """The sentence of the FilteringFailed summary of a pod left waiting (it stays
+    unbound), HAMi's per-reason Event before it naming the quota's reason."""
     pod = await lab.pods.pending_with(name, "FilteringFailed", NAMESPACE)
     assert pod["node"] is None
-    (message,) = [e["message"] for e in pod["events"] if e["reason"] == "FilteringFailed"]
-    return str(message)
+    assert filtering_failed(pod)[0] == "1 nodes ResourceQuotaNotFit(gpu-node-1)"
+    return refusal_sentence(pod)
 
 
 async def test_a_pod_over_the_quota_waits_with_the_sentence_and_binds_once_room_is_freed(
@@ -79,9 +80,11 @@ async def test_twenty_pods_submitted_at_once_under_5000_mib_exactly_five_bind(la
     await asyncio.sleep(1.5)  # three rounds of the pending loop: still five
     pods = [p for p in await lab.pods.pods() if p["namespace"] == NAMESPACE]
     assert sum(p["node"] is not None for p in pods) == 5
-    refused = [e["message"] for p in pods if p["node"] is None for e in p["events"]]
+    refused = [p for p in pods if p["node"] is None]
     assert len(refused) == 15
-    assert all(m.startswith(sentence(6000, 5000, "gpu-quota", 1000)) for m in refused)
+    for pod in refused:
+        assert filtering_failed(pod)[0] == "1 nodes ResourceQuotaNotFit(gpu-node-1)"
+        assert refusal_sentence(pod).startswith(sentence(6000, 5000, "gpu-quota", 1000))
     assert standings(lab.daemon) == [
         QuotaStanding(NAMESPACE, "gpu-quota", "nvidia.com/gpumem", 5000, 5000)]
 

@@ -9,7 +9,7 @@ daemons sharing one bucket cannot both bind a pod.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import aiohttp
@@ -40,6 +40,10 @@ async def bind(session: aiohttp.ClientSession, url: str, pod: dict[str, Any],
         assert response.status == 200, await response.text()
         answer: dict[str, str] = await response.json()
         return answer.get("Error") or ""
+
+
+async def _equals(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
 
 
 def allocations_on_the_pods(pods: list[dict[str, Any]]) -> dict[str, Allocation]:
@@ -114,12 +118,20 @@ async def test_a_pod_asking_for_no_gpu_is_bound_without_an_allocation(lab: Lab) 
 
     assert placed["node"] == "gpu-node-1"
     assert not any(name.startswith("hami.io/") for name in placed["annotations"])
-    assert [e["reason"] for e in placed["events"]] == []
+    bound_once = [("Normal", "BindingSucceed",
+                   "Successfully binding node [gpu-node-1] to default/plain", 1)]
+
+    async def events() -> list[tuple[str, str, str, int]]:
+        pod = await lab.pods.get("plain")
+        return [(e["type"], e["reason"], e["message"], e["count"]) for e in pod["events"]]
+
+    # HAMi's Normal Event on the bind (written after the answer), and no Warning.
+    await eventually(lambda: _equals(events(), bound_once), "the BindingSucceed Event")
     service = running(lab.daemon)
     assert service.state.fleet.allocations() == {}
     assert "default/plain" not in service.state.bookings.bound
     await asyncio.sleep(1.5)  # three rounds of the pending loop: it is not bound again
-    assert (await lab.pods.get("plain"))["events"] == []
+    assert await events() == bound_once
 
 
 async def test_an_allocation_its_author_wrote_on_a_pod_without_gpus_books_nothing(

@@ -10,7 +10,7 @@ from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service import ServiceSettings
-from tests.harness import PodClient, eventually
+from tests.harness import PodClient, eventually, filtering_failed, refusal_sentence
 
 
 async def test_a_silent_node_gets_no_pods_until_it_reports_again(
@@ -33,7 +33,9 @@ async def test_a_silent_node_gets_no_pods_until_it_reports_again(
         await eventually(stale, "the node to go stale", timeout=5)
         await pods.submit(lab_pod("during"))
         pending = await pods.pending_with("during", "FilteringFailed")
-        message = next(e["message"] for e in pending["events"] if e["reason"] == "FilteringFailed")
+        # A stale node has HAMi's per-reason Event, as the core's reasons have.
+        assert filtering_failed(pending)[0] == "1 nodes NodeInventoryStale(gpu-node-1)"
+        message = refusal_sentence(pending)
         assert message.startswith("asked for 1 card with 1000 MiB; gpu-node-1: "
                                   "NodeInventoryStale: no inventory from the node's agent for ")
         assert message.endswith("(limit 1s)")
