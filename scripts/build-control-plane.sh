@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the control plane the end-to-end suite runs: kube-apiserver,
-# kube-scheduler and kubelet from the k8s.io/kubernetes Go module at a pinned
+# kube-scheduler, kubelet and kubectl from the k8s.io/kubernetes Go module at a pinned
 # release, fake-cri (tools/fake-cri: the fake CRI runtime of the same release's
 # k8s.io/cri-client, which the kubelet runs against), and
 # etcd built from go.etcd.io/etcd/server/v3 (v3.6, the series Kubernetes 1.36 is
@@ -60,7 +60,7 @@ record_versions() {
 }
 
 mkdir -p "${OUT}"
-K8S_COMMANDS=(kube-apiserver kube-scheduler kubelet)
+K8S_COMMANDS=(kube-apiserver kube-scheduler kubelet kubectl)
 missing_k8s=()
 for name in "${K8S_COMMANDS[@]}"; do
   have "${name}" || missing_k8s+=("${name}")

@@ -207,6 +207,26 @@ def test_counting_per_node_agrees_with_judging_every_node_one_by_one(
     assert outcome(decide(fleet, request)) == outcome(decide(fleet, request, exhaustive=True))
 
 
+@COMMON
+@given(cluster=scenario, booked=scenario.flatmap(allocations), pod=pods(),
+       asked=st.sets(st.sampled_from([f"node-{n}" for n in range(5)])))
+def test_the_fitting_nodes_are_those_that_hold_the_pod_alone_the_chosen_first(
+    cluster: list[Node], booked: dict[str, Allocation], pod: PodManifest, asked: set[str],
+) -> None:
+    # What /filter answers with --filter-nodes all: a subset of the nodes asked about, each
+    # node one the pod would be placed on if it were the only one, the chosen node first.
+    fleet = build(cluster, booked)
+    request = parse_pod(pod, DEFAULTS)
+    decision = decide(fleet, request, nodes=asked)
+    if not request.wants_gpu:
+        return
+    assert decision.fitting is not None
+    alone = {n.name for n in cluster
+             if n.name in asked and decide(fleet, request, nodes=[n.name]).scheduled}
+    assert set(decision.fitting) == alone
+    assert (list(decision.fitting)[:1] == [decision.node]) if decision.node else not alone
+
+
 @st.composite
 def histories(draw: st.DrawFn, cluster: list[Node]) -> list[tuple[str, Any]]:
     """Bookings, releases and agent reports, in the order the daemon might see them."""

@@ -1,6 +1,6 @@
-"""pyhami's Events as ``kubectl describe pod`` shows them, on the real control plane,
-read from the API server (the control plane's build has no kubectl): HAMi's reasons in
-HAMi's shapes.
+"""pyhami's Events as ``kubectl describe pod`` shows them, on the real control plane:
+HAMi's reasons in HAMi's shapes, read from the API server and, for a placed pod, from
+``kubectl describe pod`` itself (kubectl built with the control plane).
 
 A placed pod has ``FilteringSucceed`` and ``BindingSucceed`` (Normal). A pod asking for
 more cards than the node has is retried by kube-scheduler on its backoff (at most
@@ -143,3 +143,23 @@ def test_a_placed_pod_has_filtering_succeed_and_binding_succeed_as_hami_writes_t
         assert event["involvedObject"]["uid"] == uid
         assert event["count"] == 1
     assert not [e for e in lab.events("placed") if e.get("type") == "Warning"]
+
+
+def test_kubectl_describe_pod_shows_them(lab: Lab, control_plane: ControlPlane) -> None:
+    lab.create_manifest(lab_pod("described"))
+    node = lab.wait_placed("described").node
+    lab.wait_event("described", "BindingSucceed")
+    done = subprocess.run(
+        [str(control_plane.bin_dir / "kubectl"), "--kubeconfig",
+         str(control_plane.admin_kubeconfig), "describe", "pod", "described",
+         "--namespace", TEST_NAMESPACE],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "COLUMNS": "1000"})
+    assert done.returncode == 0, done.stderr
+    events = done.stdout.split("\nEvents:", 1)[1]
+    # Type, Reason, Age, From, Message: as HAMi's scheduler writes them, from pyhami's.
+    assert re.search(rf"Normal +FilteringSucceed +\S+ +pyhami-scheduler +find fit "
+                     rf"node\({node}\), 0 nodes not fit, 1 nodes fit\({node}:\d+\.\d\d\)",
+                     events), events
+    assert re.search(rf"Normal +BindingSucceed +\S+ +pyhami-scheduler +Successfully binding "
+                     rf"node \[{node}\] to {TEST_NAMESPACE}/described", events), events
