@@ -12,7 +12,9 @@ import aiohttp
 import nats
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
+from common.core.groups import KUEUE_COUNT_ANNOTATION, KUEUE_GROUP_LABEL
 from common.natsserver import LocalNatsServer
+from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cluster.standalone import BUCKET
 from scheduler.service import SchedulerService
@@ -157,3 +159,19 @@ async def stored_entries(nats_url: str, wanted: Callable[[str], bool]) -> dict[s
         return found
     finally:
         await client.close()
+
+
+GROUP_MEMBER_LIMITS = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000}
+"""One card of 12,000 MiB: one member a T4."""
+
+
+def group_member(name: str, group: str | None, count: int = 4,
+                 namespace: str = "default") -> dict[str, Any]:
+    """A lab pod of ``GROUP_MEMBER_LIMITS``, a member of ``group`` of ``count`` by Kueue's
+    label and annotation (None: of no group)."""
+    pod = lab_pod(name, limits=dict(GROUP_MEMBER_LIMITS))
+    pod["metadata"]["namespace"] = namespace
+    if group is not None:
+        pod["metadata"]["labels"] = {KUEUE_GROUP_LABEL: group}
+        pod["metadata"]["annotations"][KUEUE_COUNT_ANNOTATION] = str(count)
+    return pod

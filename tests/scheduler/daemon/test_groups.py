@@ -24,19 +24,14 @@ from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service import verbs
 from scheduler.service.shared import ServiceSettings
-from tests.harness import PodClient, eventually, filtering_failed, metric_sample
-
-MEMBER_LIMITS = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000}
-
-
-def member(name: str, group: str | None, count: int = 4,
-           namespace: str = "default") -> dict[str, Any]:
-    pod = lab_pod(name, limits=dict(MEMBER_LIMITS))
-    pod["metadata"]["namespace"] = namespace
-    if group is not None:
-        pod["metadata"]["labels"] = {KUEUE_GROUP_LABEL: group}
-        pod["metadata"]["annotations"][KUEUE_COUNT_ANNOTATION] = str(count)
-    return pod
+from tests.harness import (
+    GROUP_MEMBER_LIMITS,
+    PodClient,
+    eventually,
+    filtering_failed,
+    metric_sample,
+)
+from tests.harness import group_member as member
 
 
 class Stand:
@@ -217,7 +212,7 @@ async def test_a_bad_group_declaration_is_a_400_naming_the_field(
         stand: Stand, labels: dict[str, str], annotations: dict[str, str],
         refusal: str) -> None:
     await stand.pods.submit(member("first", "g", count=4))
-    pod = lab_pod("second", dict(annotations), limits=dict(MEMBER_LIMITS))
+    pod = lab_pod("second", dict(annotations), limits=dict(GROUP_MEMBER_LIMITS))
     pod["metadata"]["labels"] = labels
     async with stand.pods.session.post(f"{stand.daemon.url}/api/pods", json=pod) as answer:
         text = await answer.text()

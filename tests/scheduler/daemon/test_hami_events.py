@@ -16,7 +16,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from common.core.groups import KUEUE_COUNT_ANNOTATION, KUEUE_GROUP_LABEL
 from common.natsserver import LocalNatsServer
 from pyhami.cli import build_parser
 from pyhami.demo import lab_pod
@@ -25,16 +24,11 @@ from scheduler.cli import config_from
 from scheduler.service import SchedulerService
 from scheduler.service.shared import ServiceSettings
 from tests.harness import PodClient, eventually
+from tests.harness import group_member as member
 
 NODES = ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
 
 
-def member(name: str, group: str, count: int) -> dict[str, Any]:
-    """A member of ``group`` (Kueue's label and count), one card of 12,000 MiB: one a card."""
-    pod = lab_pod(name, limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000})
-    pod["metadata"]["labels"] = {KUEUE_GROUP_LABEL: group}
-    pod["metadata"]["annotations"][KUEUE_COUNT_ANNOTATION] = str(count)
-    return pod
 
 
 class Stand:
