@@ -31,8 +31,9 @@ CONFIG_FILE_MAX_BYTES = 1024 * 1024
 """A ConfigMap holds at most 1 MiB, so neither file can be larger where HAMi reads it."""
 
 
-def _document(path: Path) -> object:
-    """The file's YAML or JSON (JSON is YAML) as plain values; raises ``InputFileError``."""
+def config_document(path: Path) -> object:
+    """Either file's YAML or JSON (JSON is YAML) as plain values, read as the loaders read
+    it; raises ``InputFileError`` naming the file."""
     return parse_document(read_bounded(path, CONFIG_FILE_MAX_BYTES), str(path))
 
 
@@ -73,13 +74,13 @@ def load_device_config(path: Path) -> DeviceConfig:
     """HAMi's ``device-config.yaml``: its ``nvidia:`` section, the other vendors' sections
     and unknown keys ignored with one log line. Raises ``InputFileError`` (a
     ``DeviceConfigError`` for a value refused) naming the file."""
-    return _logged(parse_device_config(_document(path), str(path)), path)
+    return _logged(parse_device_config(config_document(path), str(path)), path)
 
 
 def load_node_config(path: Path) -> NodeConfigFile:
     """The device plugin's ``config.json`` (its ``nodeconfig`` list). Raises
     ``InputFileError`` or ``DeviceConfigError`` naming the file."""
-    return _logged(parse_node_config(_document(path), str(path)), path)
+    return _logged(parse_node_config(config_document(path), str(path)), path)
 
 
 def add_device_config_argument(parser: argparse.ArgumentParser) -> None:

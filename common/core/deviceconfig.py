@@ -244,6 +244,56 @@ class Parsed(Generic[T]):
     ignored: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One value refused: the key taken (its dotted path as written, or ``the document``)
+    and the one line naming the file, the key and the value."""
+
+    key: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """One key a file writes and pyhami reads: ``key`` as pyhami spells it
+    (``deviceSplitCount``, ``devicesplitcount``), ``path`` as the file writes it, ``value``
+    as written."""
+
+    key: str
+    path: str
+    value: object
+
+
+@dataclass(frozen=True, slots=True)
+class Reading(Generic[T]):
+    """A document read through to the end: the value (a refused key at its default), the
+    keys read as written, the keys not read, and every refusal in the order the keys are
+    taken. The loaders raise the first refusal; ``pyhami preflight`` shows them all."""
+
+    value: T
+    written: tuple[Written, ...] = ()
+    ignored: tuple[str, ...] = ()
+    refused: tuple[Refusal, ...] = ()
+
+    def parsed(self) -> Parsed[T]:
+        """The loaders' answer: the value and what is not read, or the first refusal
+        raised as ``DeviceConfigError``."""
+        if self.refused:
+            raise DeviceConfigError(self.refused[0].message)
+        return Parsed(self.value, self.ignored)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEntryReading:
+    """One ``nodeconfig`` entry read through: ``entry`` is None when it names no node
+    (its name absent or refused)."""
+
+    path: str
+    entry: NodeEntry | None
+    written: tuple[Written, ...] = ()
+    refused: tuple[Refusal, ...] = ()
+
+
 _RESOURCE_NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _MIG_PROFILE = re.compile(r"[1-9][0-9]*g\..+")
@@ -265,10 +315,13 @@ class _Section:
     is what pyhami does not read."""
 
     def __init__(self, source: str, path: str, mapping: object,
-                 fold_case: bool = False) -> None:
+                 fold_case: bool = False, refused: list[Refusal] | None = None) -> None:
         self._source = source
         self._path = path
         self._fold_case = fold_case
+        self._refused = refused
+        """Where a key's refusal goes, its default taken instead; None: raised."""
+        self.written: list[Written] = []
         if not isinstance(mapping, Mapping):
             raise self.error(path or "the document", mapping, "must be a mapping")
         if fold_case:
@@ -300,7 +353,15 @@ class _Section:
         item = self._items.pop(key.lower() if self._fold_case else key, None)
         if item is None:
             return default
-        return read(self._key(item[0]), item[1])
+        path = self._key(item[0])
+        self.written.append(Written(key, path, item[1]))
+        if self._refused is None:
+            return read(path, item[1])
+        try:
+            return read(path, item[1])
+        except DeviceConfigError as error:
+            self._refused.append(Refusal(path, str(error)))
+            return default
 
     def rest(self) -> tuple[str, ...]:
         return tuple(self._key(written) for written, _ in self._items.values())
@@ -448,12 +509,30 @@ def _allowlist(section: _Section, source: str, key: str, value: object,
 
 def parse_device_config(document: object, source: str) -> Parsed[DeviceConfig]:
     """``device-config.yaml``'s contents (a mapping, or None for an empty file) as a
-    ``DeviceConfig``. Raises ``DeviceConfigError``; ignores, and names in ``ignored``,
-    the other vendors' sections and the ``nvidia:`` keys pyhami does not read."""
-    top = _Section(source, "", {} if document is None else document)
+    ``DeviceConfig``. Raises ``DeviceConfigError`` (the first refusal of
+    ``read_device_config``); ignores, and names in ``ignored``, the other vendors'
+    sections and the ``nvidia:`` keys pyhami does not read."""
+    return read_device_config(document, source).parsed()
+
+
+def read_device_config(document: object, source: str) -> Reading[DeviceConfig]:
+    """``device-config.yaml``'s contents read through: every key refused is named, in the
+    order the keys are taken, and read as its default. The one reading behind
+    ``parse_device_config``, so that what ``pyhami preflight`` refuses is what the daemon
+    and the agents refuse."""
+    refused: list[Refusal] = []
+    try:
+        top = _Section(source, "", {} if document is None else document)
+    except DeviceConfigError as error:
+        return Reading(DeviceConfig(), refused=(Refusal("the document", str(error)),))
     nvidia = top.take(NVIDIA_SECTION, lambda key, value: value, None)
     ignored = top.rest()
-    section = _Section(source, NVIDIA_SECTION, {} if nvidia is None else nvidia)
+    try:
+        section = _Section(source, NVIDIA_SECTION, {} if nvidia is None else nvidia,
+                           refused=refused)
+    except DeviceConfigError as error:
+        return Reading(DeviceConfig(), ignored=ignored,
+                       refused=(Refusal(NVIDIA_SECTION, str(error)),))
     default = DeviceConfig()
     names = default.resources
     resources = ResourceNames(
@@ -464,7 +543,11 @@ def parse_device_config(document: object, source: str) -> Parsed[DeviceConfig]:
         cores=section.take("resourceCoreName", section.resource_name, names.cores),
         priority=section.take("resourcePriorityName", section.resource_name,
                               names.priority))
-    _check_distinct(resources, source)
+    if not refused:  # a refused name stands at its default, which may clash falsely
+        try:
+            _check_distinct(resources, source)
+        except DeviceConfigError as error:
+            refused.append(Refusal(f"{NVIDIA_SECTION}.resource*Name", str(error)))
     config = DeviceConfig(
         resources=resources,
         overwrite_env=section.take("overwriteEnv", section.boolean, default.overwrite_env),
@@ -488,7 +571,7 @@ def parse_device_config(document: object, source: str) -> Parsed[DeviceConfig]:
             lambda key, value: _allowlist(section, source, key, value),
             default.mig_profile_allowlist),
     )
-    return Parsed(config, ignored + section.rest())
+    return Reading(config, tuple(section.written), ignored + section.rest(), tuple(refused))
 
 
 def _check_distinct(resources: ResourceNames, source: str) -> None:
@@ -506,29 +589,59 @@ def _check_distinct(resources: ResourceNames, source: str) -> None:
 
 def parse_node_config(document: object, source: str) -> Parsed[NodeConfigFile]:
     """``config.json``'s contents as a ``NodeConfigFile``. Keys match whatever their case,
-    as Go's encoding/json matches them for HAMi. Raises ``DeviceConfigError``; ignores,
-    and names in ``ignored``, the keys pyhami does not read."""
-    top = _Section(source, "", {} if document is None else document, fold_case=True)
+    as Go's encoding/json matches them for HAMi. Raises ``DeviceConfigError`` (the first
+    refusal of ``read_node_config``); ignores, and names in ``ignored``, the keys pyhami
+    does not read."""
+    reading = read_node_config(document, source)
+    entries = tuple(entry.entry for entry in reading.value if entry.entry is not None)
+    return Reading(NodeConfigFile(entries), ignored=reading.ignored,
+                   refused=reading.refused).parsed()
+
+
+def read_node_config(document: object, source: str,
+                     ) -> Reading[tuple[NodeEntryReading, ...]]:
+    """``config.json``'s contents read through, every entry on its own: each refusal
+    named, in the order the keys are taken, both in the entry's reading and in the
+    whole's. The one reading behind ``parse_node_config``."""
+    refused: list[Refusal] = []
+    try:
+        top = _Section(source, "", {} if document is None else document, fold_case=True,
+                       refused=refused)
+    except DeviceConfigError as error:
+        return Reading((), refused=(Refusal("the document", str(error)),))
     no_entries: list[object] = []
     raw_entries = top.take(NODECONFIG_KEY, top.sections, no_entries)
     ignored = list(top.rest())
-    entries: list[NodeEntry] = []
+    entries: list[NodeEntryReading] = []
     for position, raw in enumerate(raw_entries):
-        entry, unread = _node_entry(source, f"{NODECONFIG_KEY}[{position}]", raw)
-        if any(known.name == entry.name for known in entries):
-            raise DeviceConfigError(f"{source}: {NODECONFIG_KEY}[{position}].name is "
-                                    f"{shown(entry.name)}: that node has an entry already")
-        entries.append(entry)
+        path = f"{NODECONFIG_KEY}[{position}]"
+        entry_refused: list[Refusal] = []
+        entry, unread, written = _node_entry(source, path, raw, entry_refused)
+        if entry is not None and any(known.entry is not None
+                                     and known.entry.name == entry.name for known in entries):
+            entry_refused.append(Refusal(f"{path}.name", (
+                f"{source}: {path}.name is {shown(entry.name)}: that node has an entry "
+                "already")))
+        entries.append(NodeEntryReading(path, entry, written, tuple(entry_refused)))
+        refused.extend(entry_refused)
         ignored.extend(unread)
-    return Parsed(NodeConfigFile(tuple(entries)), tuple(ignored))
+    return Reading(tuple(entries), tuple(top.written), tuple(ignored), tuple(refused))
 
 
-def _node_entry(source: str, path: str, raw: object) -> tuple[NodeEntry, tuple[str, ...]]:
-    """One ``nodeconfig`` entry and the keys of it pyhami does not read."""
-    section = _Section(source, path, raw, fold_case=True)
+def _node_entry(source: str, path: str, raw: object, refused: list[Refusal],
+                ) -> tuple[NodeEntry | None, tuple[str, ...], tuple[Written, ...]]:
+    """One ``nodeconfig`` entry (None when it names no node), the keys of it pyhami does
+    not read and those it does as written; each refusal added to ``refused``."""
+    try:
+        section = _Section(source, path, raw, fold_case=True, refused=refused)
+    except DeviceConfigError as error:
+        refused.append(Refusal(path, str(error)))
+        return None, (), ()
+    before = len(refused)
     name = section.take("name", _node_name(section), "")
-    if not name:
-        raise DeviceConfigError(f"{source}: {path} has no name: each entry names its node")
+    if not name and len(refused) == before:
+        refused.append(Refusal(path, f"{source}: {path} has no name: each entry names its "
+                                     "node"))
     overrides = _node_settings(section)
     filters = section.take("filterdevices", lambda key, value: _filter_devices(
         source, key, value), FilterDevices())
@@ -540,7 +653,10 @@ def _node_entry(source: str, path: str, raw: object) -> tuple[NodeEntry, tuple[s
         enable_get_preferred_allocation=section.take(
             "enablegetpreferredallocation", section.boolean, False),
     )
-    return replace(entry, **overrides), section.rest()
+    written = tuple(section.written)
+    if not name:
+        return None, section.rest(), written
+    return replace(entry, **overrides), section.rest(), written
 
 
 def _node_name(section: _Section) -> Callable[[str, object], str]:
