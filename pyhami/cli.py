@@ -20,6 +20,7 @@ COMMANDS = {
     "watch": "pyhami.watch",
     "certs": "pyhami.certs",
     "nats-auth": "pyhami.natsauth",
+    "preflight": "pyhami.preflight",
     "agent": "agent.cli",
     "scheduler": "scheduler.cli",
 }
