@@ -302,10 +302,17 @@ def _table() -> Table:
     return Table(show_edge=False, pad_edge=False, box=None, padding=(0, 1, 0, 2))
 
 
+def _columns(table: Table, *names: str) -> None:
+    """On a terminal narrower than the table, a cell wraps, a word too long for its column
+    folds onto the next line: a value is never cut short (``nvidia.com/gpu…``)."""
+    for name in names:
+        # The names stay on one line where they can: the values and sentences wrap first.
+        table.add_column(name, overflow="fold", no_wrap=name in ("key", "node"))
+
+
 def _device_table(part: dict[str, Any]) -> Table:
     table = _table()
-    for column in ("key", "HAMi", "pyhami", "in", "what it does in pyhami"):
-        table.add_column(column)
+    _columns(table, "key", "HAMi", "pyhami", "in", "what it does in pyhami")
     for row in part["settings"]:
         key = row["key"].removeprefix("nvidia.")
         hami = _shown(row["hami"]) if row["written"] else "(not set)"
@@ -332,8 +339,7 @@ def _read(row: dict[str, Any], hami: object) -> str:
 
 def _node_table(part: dict[str, Any]) -> Table:
     table = _table()
-    for column in ("node", "key", "HAMi", "pyhami", "other nodes", "what it does there"):
-        table.add_column(column)
+    _columns(table, "node", "key", "HAMi", "pyhami", "other nodes", "what it does there")
     for entry in part["entries"]:
         node = entry["node"] or entry["entry"]
         for row in entry["settings"]:

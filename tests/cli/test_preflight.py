@@ -4,6 +4,7 @@ anything is refused, with one line on stderr, whatever the files hold."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -13,10 +14,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 from common.core.errors import SettingsError
 from common.deviceconfig import CONFIG_FILE_MAX_BYTES, device_config_from, node_config_from
 from pyhami.cli import build_parser
+from pyhami.preflight import preflight_report, print_report
 from tests.paths import EXAMPLES, REPO
 
 HAMI = REPO / "tests" / "common" / "hami"
@@ -306,3 +309,17 @@ def test_any_bytes_are_checked_or_refused_in_one_line(
     assert code == 0 or err.startswith("pyhami preflight: ")
     if output == "json":
         assert bool(json.loads(out)["refused"]) == (code == 2)
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_on_a_narrow_terminal_cells_wrap_and_are_never_cut(width: int) -> None:
+    document = preflight_report(DEVICE, BAD_ENTRY)
+    console = Console(file=io.StringIO(), width=width, force_terminal=True, record=True)
+    print_report(document, console)
+    printed = console.export_text()
+    assert "…" not in printed
+    assert max(len(line.rstrip()) for line in printed.splitlines()) <= width
+    lines = printed.splitlines()
+    for row in document["device_config"]["settings"]:  # the keys whole, on one line each
+        assert any(line.startswith(row["key"].removeprefix("nvidia.") + " ")
+                   for line in lines), row["key"]
