@@ -372,6 +372,9 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                                "nodeconfig, each entry read by the agent of the node it "
                                "names"), "bold"))
             console.print(_device_table(part) if device else _node_table(part))
+        elif "entries" in part and not part["refused"]:
+            console.print(Text(f"{part['file']}: no nodeconfig entries: every node reads the "
+                               "nvidia: values"))
         if part["ignored"]:
             console.print(Text(f"{part['file']}: not read by pyhami, ignored: "
                                f"{ignored_summary(part['ignored'])}"))

@@ -144,6 +144,22 @@ def test_the_other_nodes_read_the_device_files_values(capsys: pytest.CaptureFixt
     assert settings["devicecorescaling"]["others"] == 1.5
 
 
+@pytest.mark.parametrize(("text", "said"), [
+    ('{"nodeconfig": []}', "no nodeconfig entries: every node reads the nvidia: values"),
+    ("", "no nodeconfig entries: every node reads the nvidia: values"),
+    ('{"nodeconfig": [{"name": "a"}]}', "nothing changed"),
+], ids=["pyhamis-chart-default", "empty-file", "a-name-alone"])
+def test_a_file_that_changes_nothing_says_so(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path, text: str, said: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    code, out, err = preflight(capsys, "--node-config", path)
+    assert (code, err) == (0, "")
+    assert said in out
+    assert out.rstrip().endswith("nothing refused: pyhami's scheduler and agents start "
+                                 "with these files")
+
+
 # ---------------------------------------------------------------------------- refusals
 
 BAD = [
