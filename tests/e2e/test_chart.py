@@ -352,6 +352,22 @@ def test_success_events_off_give_the_daemon_its_flag(helm: Path, written: bool) 
     assert ("--no-success-events" in command) is not written
 
 
+@pytest.mark.parametrize("name", ["pyhami-scheduler", "hami-scheduler"])
+def test_the_scheduler_name_is_kube_schedulers_profile_and_the_daemons(helm: Path,
+                                                                       name: str) -> None:
+    settings = [] if name == "pyhami-scheduler" else [f"schedulerName={name}"]
+    documents = helm_template_set(helm, *settings)
+    _, command = _daemon_rules_and_command(documents)
+    assert f"--scheduler-name={name}" in command
+    config_map = next(doc for doc in documents if doc["kind"] == "ConfigMap"
+                      and doc["metadata"]["name"] == "pyhami-scheduler-config")
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert [profile["schedulerName"] for profile in config["profiles"]] == [name]
+    # The Lease, the Service and the webhook keep the release's names, whatever it serves.
+    assert config["leaderElection"]["resourceName"] == "pyhami-scheduler"
+    assert "--webhook-configuration=pyhami-scheduler" in command
+
+
 def test_an_affinity_of_the_users_keeps_the_anti_affinity_unless_it_has_its_own(
         helm: Path) -> None:
     def affinity(*settings: str) -> dict[str, Any]:
@@ -943,6 +959,9 @@ def test_network_policies_can_be_turned_off(helm: Path) -> None:
      "devicePlugin.nodeConfiguration.config is not JSON"),
     (["device-config.path=/device-config.yaml"],
      "at '/device-config': additional properties 'path' not allowed"),
+    (["schedulerName=default-scheduler"],
+     "schedulerName default-scheduler is the cluster's own scheduler"),
+    (["schedulerName=HAMi_Scheduler"], "at '/schedulerName': 'HAMi_Scheduler' does not match"),
 ])
 def test_values_that_cannot_work_are_refused_by_name(helm: Path, settings: list[str],
                                                      message: str) -> None:
