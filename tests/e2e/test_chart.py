@@ -368,6 +368,24 @@ def test_the_scheduler_name_is_kube_schedulers_profile_and_the_daemons(helm: Pat
     assert "--webhook-configuration=pyhami-scheduler" in command
 
 
+@pytest.mark.parametrize(("settings", "version"), [
+    ((), "flowcontrol.apiserver.k8s.io/v1"),
+    (("--kube-version", "v1.29.0", "--api-versions",
+      "flowcontrol.apiserver.k8s.io/v1/FlowSchema"), "flowcontrol.apiserver.k8s.io/v1"),
+    (("--kube-version", "v1.28.0", "--api-versions",
+      "flowcontrol.apiserver.k8s.io/v1beta3/FlowSchema"), "flowcontrol.apiserver.k8s.io/v1beta3"),
+    (("--kube-version", "v1.26.0", "--api-versions",
+      "flowcontrol.apiserver.k8s.io/v1beta3/FlowSchema"), "flowcontrol.apiserver.k8s.io/v1beta3"),
+], ids=["no-cluster", "1.29", "1.28", "1.26"])
+def test_the_flow_schema_is_rendered_in_the_version_the_cluster_serves(
+        helm: Path, settings: tuple[str, ...], version: str) -> None:
+    command = [str(helm), "template", "pyhami", str(CHART), *settings,
+               "--show-only", "templates/scheduler-flowschema.yaml"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    (schema,) = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    assert (schema["kind"], schema["apiVersion"]) == ("FlowSchema", version)
+
+
 def test_an_affinity_of_the_users_keeps_the_anti_affinity_unless_it_has_its_own(
         helm: Path) -> None:
     def affinity(*settings: str) -> dict[str, Any]:
