@@ -260,6 +260,7 @@ milliseconds. */}}
 
 {{/* Refuse settings that cannot work, naming the value. */}}
 {{- define "pyhami.validate" -}}
+{{- include "pyhami.hamiValues" . -}}
 {{- if eq .Values.schedulerName "default-scheduler" -}}
 {{- fail "schedulerName default-scheduler is the cluster's own scheduler: it and pyhami's would race for every pod; pyhami runs under a name of its own (pyhami-scheduler, or hami-scheduler once HAMi is removed)" -}}
 {{- end -}}
