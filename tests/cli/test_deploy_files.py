@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -439,3 +440,41 @@ def test_the_chart_renders_for_the_kubernetes_the_suite_tests() -> None:
     render = (REPO / "scripts" / "render-k8s.sh").read_text()
     assert f"--kube-version {tested[1]}" in render
     assert _chart_values()["scheduler"]["kubeScheduler"]["image"]["tag"] == tested[1]
+
+
+def _value_paths(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    """Every key of values.yaml down to its leaves (a map with no keys is a leaf)."""
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in FREE_FORM_VALUES:
+            yield from _value_paths(value, f"{path}.")
+        else:
+            yield path
+
+
+def _readme_value_keys() -> set[str]:
+    """The keys the chart README's values table lists: a row's first cell names full keys
+    and `.sibling`s of the key before them."""
+    listed: set[str] = set()
+    for line in (CHART / "README.md").read_text().splitlines():
+        if not line.startswith("| `"):
+            continue
+        parent = ""
+        for key in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            if key.startswith(".") and parent:
+                listed.add(parent + key)
+            else:
+                listed.add(key)
+                parent = key.rpartition(".")[0]
+    return listed
+
+
+def test_the_chart_readme_lists_every_value() -> None:
+    listed = _readme_value_keys()
+
+    def covered(path: str) -> bool:  # the key, or a map above it, has its row
+        parts = path.split(".")
+        return any(".".join(parts[:end]) in listed for end in range(1, len(parts) + 1))
+
+    missing = [path for path in _value_paths(_chart_values()) if not covered(path)]
+    assert not missing, f"charts/pyhami/README.md's values table lacks {missing}"

@@ -352,6 +352,153 @@ def test_success_events_off_give_the_daemon_its_flag(helm: Path, written: bool) 
     assert ("--no-success-events" in command) is not written
 
 
+@pytest.mark.parametrize("name", ["pyhami-scheduler", "hami-scheduler"])
+def test_the_scheduler_name_is_kube_schedulers_profile_and_the_daemons(helm: Path,
+                                                                       name: str) -> None:
+    settings = [] if name == "pyhami-scheduler" else [f"schedulerName={name}"]
+    documents = helm_template_set(helm, *settings)
+    _, command = _daemon_rules_and_command(documents)
+    assert f"--scheduler-name={name}" in command
+    config_map = next(doc for doc in documents if doc["kind"] == "ConfigMap"
+                      and doc["metadata"]["name"] == "pyhami-scheduler-config")
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert [profile["schedulerName"] for profile in config["profiles"]] == [name]
+    # The Lease, the Service and the webhook keep the release's names, whatever it serves.
+    assert config["leaderElection"]["resourceName"] == "pyhami-scheduler"
+    assert "--webhook-configuration=pyhami-scheduler" in command
+
+
+@pytest.mark.parametrize(("settings", "version"), [
+    ((), "flowcontrol.apiserver.k8s.io/v1"),
+    (("--kube-version", "v1.29.0", "--api-versions",
+      "flowcontrol.apiserver.k8s.io/v1/FlowSchema"), "flowcontrol.apiserver.k8s.io/v1"),
+    (("--kube-version", "v1.28.0", "--api-versions",
+      "flowcontrol.apiserver.k8s.io/v1beta3/FlowSchema"), "flowcontrol.apiserver.k8s.io/v1beta3"),
+    (("--kube-version", "v1.26.0", "--api-versions",
+      "flowcontrol.apiserver.k8s.io/v1beta3/FlowSchema"), "flowcontrol.apiserver.k8s.io/v1beta3"),
+], ids=["no-cluster", "1.29", "1.28", "1.26"])
+def test_the_flow_schema_is_rendered_in_the_version_the_cluster_serves(
+        helm: Path, settings: tuple[str, ...], version: str) -> None:
+    command = [str(helm), "template", "pyhami", str(CHART), *settings,
+               "--show-only", "templates/scheduler-flowschema.yaml"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    (schema,) = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    assert (schema["kind"], schema["apiVersion"]) == ("FlowSchema", version)
+
+
+# HAMi v2.10's chart values pyhami's chart names otherwise, as a HAMi values file sets
+# them, and the pyhami key (or the words) the refusal must name.
+HAMI_VALUES_MOVED: list[tuple[str, object, str]] = [
+    ("global.imageRegistry", "registry.example.com", "image.repository"),
+    ("global.imagePullSecrets", ["pull"], "global.imagePullSecrets: imagePullSecrets"),
+    ("global.gpuHookPath", "/opt", "devicePlugin.hamiCoreDir, which is <gpuHookPath>/vgpu"),
+    ("global.somethingNew", True, "global.somethingNew: HAMi's value, with no pyhami"),
+    ("namespaceOverride", "kube-system", "helm install --namespace"),
+    ("devices", {"nvidia": {"gpuCorePolicy": "force"}}, "device-config.content"),
+    ("mluResourceName", "cambricon.com/vmlu", "pyhami schedules NVIDIA cards only"),
+    ("legacyMetrics", True, "legacyMetrics: not needed"),
+    ("scheduler.nodeName", "master-1", "scheduler.nodeSelector"),
+    ("scheduler.nodeLabelSelector", {"gpu": "on"}, "agent.nodeSelector"),
+    ("scheduler.overwriteEnv", "true", "nvidia.overwriteEnv, through device-config.content"),
+    ("scheduler.forceOverwriteDefaultScheduler", False, "always gives a GPU pod naming"),
+    ("scheduler.leaderElect", True, "scheduler.leaderElection"),
+    ("scheduler.admissionWebhook", {"enabled": False}, "webhook.enabled"),
+    ("scheduler.certManager", {"enabled": True}, "webhook.tls.existingSecret"),
+    ("scheduler.kubeScheduler.enabled", True, "kube-scheduler always runs beside the daemon"),
+    ("scheduler.kubeScheduler.extraNewArgs", ["--config=/config/config.yaml"],
+     "scheduler.kubeScheduler.extraArgs"),
+    ("scheduler.kubeScheduler.image.registry", "registry.example.com",
+     "scheduler.kubeScheduler.image.repository, with the registry in it"),
+    ("scheduler.kubeScheduler.extraArgs", ["--policy-config-file=/config/config.json"],
+     "HAMi's for Kubernetes before 1.22"),
+    ("scheduler.extender.image", {"repository": "projecthami/hami"}, "image.repository"),
+    ("scheduler.extender.extraArgs", ["--debug", "-v=4"], "--log-level=debug"),
+    ("devicePlugin.pluginPath", "/var/lib/kubelet/device-plugins", "devicePlugin.kubeletDir"),
+    ("devicePlugin.libPath", "/usr/local/vgpu", "devicePlugin.hamiCoreDir"),
+    ("devicePlugin.nvidiaNodeSelector", {"gpu": "on"}, "devicePlugin.nvidiaNodeSelector: "
+     "agent.nodeSelector"),
+    ("devicePlugin.tolerations", [], "devicePlugin.tolerations: agent.tolerations"),
+    ("devicePlugin.extraArgs", ["-v=4"], "agent.extraArgs"),
+    ("devicePlugin.hostPID", True, "agent.monitor.hostPID"),
+    ("devicePlugin.monitor", {"ctrPath": "/usr/local/vgpu/containers"}, "agent.monitor"),
+    ("devicePlugin.enableNumaTopology", True, "nvidia.enableNumaTopology"),
+    ("devicePlugin.securityContext", {"privileged": True}, "agent.migPrivileged"),
+    ("devicePlugin.resources", {}, "devicePlugin.resources: agent.resources"),
+]
+
+
+def helm_template_json(helm: Path, values: dict[str, object],
+                       ) -> subprocess.CompletedProcess[str]:
+    command = [str(helm), "template", "pyhami", str(CHART), "--kube-version", KUBE_VERSION]
+    for path, value in values.items():
+        command += ["--set-json", f"{path}={json.dumps(value)}"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(("path", "value", "instead"), HAMI_VALUES_MOVED,
+                         ids=[path for path, _, _ in HAMI_VALUES_MOVED])
+def test_a_hami_value_pyhami_names_otherwise_is_refused_with_its_new_name(
+        helm: Path, path: str, value: object, instead: str) -> None:
+    done = helm_template_json(helm, {path: value})
+    assert done.returncode != 0
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert "HAMi's chart values, which pyhami's chart names otherwise" in line, line
+    assert instead in line and path.rsplit(".", maxsplit=1)[-1] in line, line
+
+
+def test_every_hami_value_of_a_values_file_is_named_in_one_refusal(helm: Path) -> None:
+    done = helm_template_json(helm, {path: value for path, value, _ in HAMI_VALUES_MOVED})
+    assert done.returncode != 0
+    for path, _, instead in HAMI_VALUES_MOVED:
+        assert instead in done.stderr, (path, done.stderr)
+        assert path.rsplit(".", 1)[-1] in done.stderr, (path, done.stderr)
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ("schedulerName", "hami-scheduler"),
+    ("resourceName", "nvidia.com/gpu"),
+    ("resourceMem", "nvidia.com/gpumem"),
+    ("scheduler.defaultSchedulerPolicy", {"nodeSchedulerPolicy": "spread",
+                                          "gpuSchedulerPolicy": "binpack"}),
+    ("scheduler.replicas", 1),
+    ("scheduler.podAnnotations", {}),
+    ("scheduler.tolerations", []),
+    ("scheduler.kubeScheduler.image.tag", ""),
+    ("scheduler.kubeScheduler.image.repository", "registry.k8s.io/kube-scheduler"),
+    ("scheduler.kubeScheduler.resources", {}),
+    ("scheduler.extender.resources", {}),
+    ("devicePlugin.enabled", True),
+    ("devicePlugin.deviceSplitCount", 10),
+    ("devicePlugin.deviceMemoryScaling", 1),
+    ("devicePlugin.deviceCoreScaling", 1),
+    ("devicePlugin.migStrategy", "none"),
+    ("devicePlugin.runtimeClassName", ""),
+    ("devicePlugin.nodeConfiguration", {"config": '{"nodeconfig": []}',
+                                        "externalConfigName": ""}),
+    ("device-config", {"content": ""}),
+    ("nameOverride", ""),
+])
+def test_hamis_values_of_the_same_name_and_meaning_are_taken(helm: Path, path: str,
+                                                             value: object) -> None:
+    done = helm_template_json(helm, {path: value})
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("kube_version", "image"), [
+    ("v1.30.2+k3s1", "registry.k8s.io/kube-scheduler:v1.30.2"),
+    ("v1.28.5-eks-2d5f260", "registry.k8s.io/kube-scheduler:v1.28.5"),
+])
+def test_an_empty_kube_scheduler_tag_is_the_clusters_version_as_in_hami(
+        helm: Path, kube_version: str, image: str) -> None:
+    command = [str(helm), "template", "pyhami", str(CHART), "--kube-version", kube_version,
+               "--set", "scheduler.kubeScheduler.image.tag="]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    deployment = next(doc for doc in yaml.safe_load_all(done.stdout)
+                      if doc and doc["kind"] == "Deployment")
+    images = {c["name"]: c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert images["kube-scheduler"] == image
+
+
 def test_an_affinity_of_the_users_keeps_the_anti_affinity_unless_it_has_its_own(
         helm: Path) -> None:
     def affinity(*settings: str) -> dict[str, Any]:
@@ -943,6 +1090,9 @@ def test_network_policies_can_be_turned_off(helm: Path) -> None:
      "devicePlugin.nodeConfiguration.config is not JSON"),
     (["device-config.path=/device-config.yaml"],
      "at '/device-config': additional properties 'path' not allowed"),
+    (["schedulerName=default-scheduler"],
+     "schedulerName default-scheduler is the cluster's own scheduler"),
+    (["schedulerName=HAMi_Scheduler"], "at '/schedulerName': 'HAMi_Scheduler' does not match"),
 ])
 def test_values_that_cannot_work_are_refused_by_name(helm: Path, settings: list[str],
                                                      message: str) -> None:

@@ -24,8 +24,10 @@ pyhami gives pyhami-scheduler, pyhami-agent, ...), else release-chart. */}}
 {{/* The Secret the daemon keeps its own webhook CA and certificate in. */}}
 {{- define "pyhami.webhookSecret" -}}{{ include "pyhami.scheduler" . }}-webhook-tls{{- end -}}
 
-{{/* The profile kube-scheduler runs and the daemon serves: fixed, as the daemon's. */}}
-{{- define "pyhami.schedulerName" -}}pyhami-scheduler{{- end -}}
+{{/* The profile kube-scheduler runs, the name the daemon serves (--scheduler-name: the
+webhook writes it, /bind takes only pods naming it, Events come from it): schedulerName,
+HAMi's chart value of the same name. */}}
+{{- define "pyhami.schedulerName" -}}{{ .Values.schedulerName }}{{- end -}}
 
 {{/* labels: the dict (root, component). */}}
 {{- define "pyhami.selectorLabels" -}}
@@ -258,6 +260,10 @@ milliseconds. */}}
 
 {{/* Refuse settings that cannot work, naming the value. */}}
 {{- define "pyhami.validate" -}}
+{{- include "pyhami.hamiValues" . -}}
+{{- if eq .Values.schedulerName "default-scheduler" -}}
+{{- fail "schedulerName default-scheduler is the cluster's own scheduler: it and pyhami's would race for every pod; pyhami runs under a name of its own (pyhami-scheduler, or hami-scheduler once HAMi is removed)" -}}
+{{- end -}}
 {{- $servers := int .Values.nats.replicas -}}
 {{- if and .Values.nats.enabled (eq (mod $servers 2) 0) -}}
 {{- fail (printf "nats.replicas (%d) must be odd: the servers decide by majority, so %d of them ride out no more server losses than %d would (use 1, 3 or 5)" $servers $servers (sub $servers 1)) -}}
