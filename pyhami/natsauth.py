@@ -67,7 +67,8 @@ def register(commands: Subcommands) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     init = actions.add_parser("init", help="write the issuer key, passwords and a nats-server "
                               "configuration into DIR")
-    init.add_argument("directory", metavar="DIR")
+    init.add_argument("directory", metavar="DIR",
+                      help="the folder to write into (made if missing)")
     init.add_argument("--tls", metavar="CERTS_DIR",
                       help="serve TLS with the nats.pem, nats.key and ca.pem of this folder "
                            "(written by `pyhami certs init`; give the path the server sees)")
