@@ -8,10 +8,11 @@ just before its fence, in a comment GitHub does not show::
 
     <!-- doc-test: needs kubernetes -->
 
-with one of ``NEEDS``. Every ``pyhami`` command anywhere in a doc (blocks of either
-kind, indented synopses, inline code) must name options its command has. Every fence
-opened is closed and names its language; every relative link and ``#anchor`` resolves
-as GitHub resolves it.
+with one of ``NEEDS``. A block of input a command below reads, marked
+``<!-- doc-test: file NAME -->``, is written to NAME before the page's commands run.
+Every ``pyhami`` command anywhere in a doc (blocks of either kind, indented synopses,
+inline code) must name options its command has. Every fence opened is closed and names
+its language; every relative link and ``#anchor`` resolves as GitHub resolves it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ OFFLINE = {("decide",), ("explain",), ("simulate",), ("certs", "init"),
            ("nats-auth", "init"), ("nats-auth", "agent-token"), ("bench", "decide")}
 """The commands that run on this machine alone, as they are written in the docs."""
 
-MARKER = re.compile(r"^\s*<!--\s*doc-test:\s*needs\s+([\w-]+)\s*-->\s*$")
+MARKER = re.compile(r"^\s*<!--\s*doc-test:\s*(needs|file)\s+([\w.-]+)\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^`\s]*)")
 FENCED = re.compile(r"^\s*(`{3,}|~{3,}).*?^\s*\1\s*$", re.DOTALL | re.MULTILINE)
 SHELL_OPERATORS = re.compile(r"[|;<>&`]|\$\(")
@@ -62,6 +63,7 @@ class Block:
     language: str
     lines: list[str]
     needs: str | None
+    file: str | None = None
 
 
 @dataclass
@@ -102,7 +104,8 @@ def read_doc(name: str, text: str) -> Doc:
             continue
         indent, fence, language = opened.groups()
         marker = MARKER.match(previous)
-        needs = marker.group(1) if marker else None
+        needs = marker.group(2) if marker and marker.group(1) == "needs" else None
+        file = marker.group(2) if marker and marker.group(1) == "file" else None
         if needs is not None and needs not in NEEDS:
             doc.problems.append(f"{name}:{index}: doc-test marker needs {needs!r}: not one "
                                 f"of {', '.join(NEEDS)}")
@@ -117,7 +120,7 @@ def read_doc(name: str, text: str) -> Doc:
             close += 1
         if close == len(lines):
             doc.problems.append(f"{name}:{index + 1}: the fence opened here is never closed")
-        doc.blocks.append(Block(name, index + 1, language, body, needs))
+        doc.blocks.append(Block(name, index + 1, language, body, needs, file))
         if language not in COMMAND_LANGUAGES:
             for offset, inner in enumerate(body):
                 _mentions(doc, index + 2 + offset, inner)
@@ -139,6 +142,12 @@ def _inline_mentions(doc: Doc, text: str) -> None:
     for span in re.finditer(r"`(pyhami [^`]+)`", outside):
         number = outside.count("\n", 0, span.start()) + 1
         doc.mentions.append((number, " ".join(span.group(1).replace("\\|", "|").split())))
+
+
+def input_files(doc: Doc) -> dict[str, str]:
+    """The blocks marked as files the page's commands read, by name."""
+    return {block.file: "\n".join(block.lines) + "\n" for block in doc.blocks
+            if block.file is not None}
 
 
 def commands(block: Block) -> list[Command]:
