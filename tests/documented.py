@@ -34,7 +34,6 @@ NEEDS = {
     "control-plane": "the binaries scripts/build-control-plane.sh builds",
     "long-run": "minutes of a benchmark's run",
     "files": "input files the doc describes but does not hold whole",
-    "shell": "a shell loop or pipe around commands checked elsewhere",
 }
 """What a marked block needs, the words a marker may use."""
 
