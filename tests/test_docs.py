@@ -27,6 +27,8 @@ from tests.documented import (
 from tests.paths import REPO
 
 DOCS = {str(path.relative_to(REPO)): path for path in documents()}
+# The chart's README too, for its fences and links (its commands are Helm's).
+PAGES = {**DOCS, "charts/pyhami/README.md": REPO / "charts" / "pyhami" / "README.md"}
 RUNS_AT_LEAST = 10
 """Commands the docs run offline today; fewer means a runnable one was marked away."""
 
@@ -48,9 +50,11 @@ def test_every_command_is_known_runs_offline_or_says_what_it_needs(
     assert problems == []
 
 
-@pytest.mark.parametrize("name", DOCS)
-def test_links_and_anchors_resolve(name: str) -> None:
-    assert link_problems(DOCS[name], DOCS[name].read_text(encoding="utf-8")) == []
+@pytest.mark.parametrize("name", PAGES)
+def test_fences_close_and_links_and_anchors_resolve(name: str) -> None:
+    text = PAGES[name].read_text(encoding="utf-8")
+    assert read_doc(name, text).problems == []
+    assert link_problems(PAGES[name], text) == []
 
 
 def run(command: Command, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
