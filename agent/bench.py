@@ -33,10 +33,12 @@ def register(benches: Subcommands) -> None:
     parser = benches.add_parser("agent", help="time the agent's publishing and a subscriber's "
                                               "decoding of many agents' inventories")
     parser.add_argument("--publishes", type=positive_int, default=20000,
-                        help="publishes timed for the per-publish CPU cost")
-    parser.add_argument("--agents", type=positive_int, default=1000)
+                        help="publishes timed for the per-publish CPU cost (default 20000)")
+    parser.add_argument("--agents", type=positive_int, default=1000,
+                        help="simulated agents whose inventories the subscriber decodes "
+                             "(default 1000)")
     parser.add_argument("--rounds", type=positive_int, default=10,
-                        help="messages each simulated agent sends")
+                        help="messages each simulated agent sends (default 10)")
     parser.add_argument("--nats", metavar="URL", help="an existing server (default: start one)")
     parser.set_defaults(handler=run)
 

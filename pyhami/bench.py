@@ -30,12 +30,21 @@ def register(commands: Subcommands) -> None:
     parser = commands.add_parser("bench", help="benchmarks")
     benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     decide_parser = benches.add_parser("decide", help="time the decision core on a random cluster")
-    decide_parser.add_argument("--nodes", type=positive_int, required=True)
-    decide_parser.add_argument("--cards", type=positive_int, default=8)
-    decide_parser.add_argument("--chain", type=policy_chain, default="spread")
-    decide_parser.add_argument("--gpus", type=positive_int, default=1)
-    decide_parser.add_argument("--pods", type=positive_int, default=2000)
-    decide_parser.add_argument("--seed", type=int, default=1)
+    decide_parser.add_argument("--nodes", type=positive_int, required=True,
+                               help="nodes of the random cluster (required)")
+    decide_parser.add_argument("--cards", type=positive_int, default=8,
+                               help="cards of each node; half of all cards' worth of pods "
+                                    "stay placed while the others come and go (default 8)")
+    decide_parser.add_argument("--chain", type=policy_chain, default="spread",
+                               help="the card policy chain the timed pods name, e.g. "
+                                    "mutex,binpack (default spread)")
+    decide_parser.add_argument("--gpus", type=positive_int, default=1,
+                               help="cards each timed pod asks for (default 1)")
+    decide_parser.add_argument("--pods", type=positive_int, default=2000,
+                               help="pods decided and timed (default 2000)")
+    decide_parser.add_argument("--seed", type=int, default=1,
+                               help="seed of the random cluster and pods: the same seed, the "
+                                    "same run (default 1)")
     decide_parser.set_defaults(handler=_run_decide)
     agent_bench.register(benches)
     monitor_bench.register(benches)

@@ -88,8 +88,10 @@ def register(benches: Subcommands) -> None:
     parser = benches.add_parser(
         "cluster", help="kube-scheduler with pyhami against kube-scheduler alone, on a real "
                         "control plane (needs scripts/build-control-plane.sh's binaries)")
-    parser.add_argument("--nodes", type=positive_int, default=100, help="Node objects")
-    parser.add_argument("--pods", type=positive_int, default=500, help="pods of each phase")
+    parser.add_argument("--nodes", type=positive_int, default=100,
+                        help="Node objects (default 100)")
+    parser.add_argument("--pods", type=positive_int, default=500,
+                        help="pods of each phase (default 500)")
     parser.add_argument("--cards", type=int, choices=sorted(CARD_PROFILES), default=8,
                         help="cards of each node (default 8)")
     parser.add_argument("--concurrency", type=positive_int, default=32,

@@ -57,19 +57,24 @@ CLIENTS = ("socket", "aiohttp")
 
 def register(benches: Subcommands) -> None:
     parser = benches.add_parser("extender", help="time /filter and /bind of a running daemon")
-    parser.add_argument("--nodes", type=positive_int, default=1000, help="simulated 8-card nodes")
+    parser.add_argument("--nodes", type=positive_int, default=1000,
+                        help="simulated 8-card nodes (default 1000)")
     parser.add_argument("--requests", type=positive_int, default=2000,
-                        help="sequential /filter, /bind and no-op calls timed for latency")
+                        help="sequential /filter, /bind and no-op calls timed for latency "
+                             "(default 2000)")
     parser.add_argument("--pods", type=positive_int, default=2000,
-                        help="filter+bind pairs for the throughput figure")
+                        help="filter+bind pairs for the throughput figure (default 2000)")
     parser.add_argument("--concurrency", type=positive_int, default=16,
-                        help="filter+bind pairs in flight for the throughput figure")
+                        help="filter+bind pairs in flight for the throughput figure "
+                             "(default 16)")
     parser.add_argument("--updates", type=positive_int, default=20000,
-                        help="inventory messages published for the ingestion figure")
+                        help="inventory messages published for the ingestion figure "
+                             "(default 20000)")
     parser.add_argument("--client", choices=CLIENTS, default="socket",
                         help="the load generator: raw HTTP/1.1 sockets from processes of "
                              "their own (socket, the default), or aiohttp's client in the "
-                             "bench's process (aiohttp, the bench before issue 41); the no-op "
+                             "bench's process (aiohttp, the client of the older figures in "
+                             "docs/performance.md); the no-op "
                              "floor is measured with both either way")
     parser.add_argument("--client-processes", type=positive_int, default=4, metavar="P",
                         help="with --client socket: the throughput phase's connections "

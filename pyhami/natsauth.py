@@ -67,7 +67,8 @@ def register(commands: Subcommands) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     init = actions.add_parser("init", help="write the issuer key, passwords and a nats-server "
                               "configuration into DIR")
-    init.add_argument("directory", metavar="DIR")
+    init.add_argument("directory", metavar="DIR",
+                      help="the folder to write into (made if missing)")
     init.add_argument("--tls", metavar="CERTS_DIR",
                       help="serve TLS with the nats.pem, nats.key and ca.pem of this folder "
                            "(written by `pyhami certs init`; give the path the server sees)")
@@ -93,13 +94,20 @@ def register(commands: Subcommands) -> None:
                           help="leave a complete existing set as it is and succeed")
     init.set_defaults(handler=run_init)
     token = actions.add_parser("agent-token", help="mint the token of one node's agent")
-    token.add_argument("--issuer-seed", metavar="FILE", required=True,
-                       help=f"the {ISSUER_SEED} that `init` wrote")
+    token.add_argument("directory", metavar="DIR", nargs="?", default=".",
+                       help=f"the folder `init` wrote: its {ISSUER_SEED} signs the token "
+                            "(default: the current folder)")
+    token.add_argument("--issuer-seed", metavar="FILE",
+                       help=f"the issuer seed to sign with, when it is not DIR/{ISSUER_SEED} "
+                            f"(default DIR/{ISSUER_SEED})")
     token.add_argument("--node", required=True, help="the node the agent speaks for")
     token.add_argument("--days", type=int, default=DEFAULT_TOKEN_DAYS,
                        help=f"validity (default {DEFAULT_TOKEN_DAYS})")
-    token.add_argument("--output", metavar="FILE",
-                       help="write the token to FILE (mode 0600) instead of printing it")
+    # Not --output: every command's PYHAMI_OUTPUT is the table/json switch, which would
+    # have named the token's file.
+    token.add_argument("--token-file", metavar="FILE",
+                       help="write the token to FILE (mode 0600), which the agent's "
+                            "--nats-token-file reads (default: print it)")
     token.set_defaults(handler=run_agent_token)
 
 
@@ -188,7 +196,35 @@ def run_init(args: argparse.Namespace) -> int:
         return _fail(f"{directory}: cannot write the credentials: {error.strerror or error}")
     for path in written:
         print(f"wrote {path}")
+    print(next_steps(directory, args))
     return 0
+
+
+def next_steps(directory: Path, args: argparse.Namespace) -> str:
+    """What to run with the set just written, all on this machine: the commands a user
+    would otherwise piece together from three docs."""
+    configs = ([directory / cluster_config_name(index + 1) for index in range(args.cluster)]
+               if args.cluster else [directory / SERVER_CONFIG])
+    scheme = "tls" if args.tls else "nats"
+    url = ",".join(f"{scheme}://127.0.0.1:{4222 + index}" for index in range(len(configs)))
+    client = f" --nats-ca {Path(args.tls) / 'ca.pem'}" if args.tls else ""
+    if args.verify_clients:
+        client += " --nats-cert CLIENT.pem --nats-key CLIENT.key"
+    servers = [f"  nats-server --config {config} --jetstream --store_dir "
+               f"{directory / 'jetstream'}" + (f"-{index + 1} --port {4222 + index}"
+                                                 if len(configs) > 1 else "")
+               for index, config in enumerate(configs)]
+    node, token = ((args.agents[0], directory / f"{args.agents[0]}.token") if args.agents
+                   else ("NODE", Path("NODE.token")))
+    return "\n".join([
+        "Next (docs/security.md):",
+        *servers,
+        f"  pyhami scheduler --standalone --nats {url}{client} --nats-auth-dir {directory}",
+        *([] if args.agents else [
+            f"  pyhami nats-auth agent-token {directory} --node NODE --token-file {token}"]),
+        f"  pyhami agent --node {node} --nats {url}{client} --nats-token-file {token} "
+        "--inventory nvml",
+    ])
 
 
 def cluster_block(index: int, routes: list[tuple[str, int]], password: str) -> str:
@@ -218,21 +254,24 @@ def cluster_block(index: int, routes: list[tuple[str, int]], password: str) -> s
 def run_agent_token(args: argparse.Namespace) -> int:
     if args.days < 1:
         return _fail(f"--days: {args.days} must be at least 1")
-    seed_path = Path(args.issuer_seed)
+    seed_path = Path(args.issuer_seed or Path(args.directory) / ISSUER_SEED)
     try:
         signer = signer_from_seed(seed_path.read_bytes(), f"--issuer-seed {seed_path}")
         now = int(time.time())
         token = node_token(args.node, signer, now, now + args.days * 86400)
     except OSError as error:
-        return _fail(f"--issuer-seed: {seed_path}: {error.strerror or error}")
+        hint = "" if args.issuer_seed else (
+            " (give the folder `pyhami nats-auth init` wrote, or --issuer-seed FILE)")
+        flag = "--issuer-seed: " if args.issuer_seed else ""
+        return _fail(f"{flag}{seed_path}: {error.strerror or error}{hint}")
     except (JwtError, InvalidName) as error:
         return _fail(str(error))
-    if args.output:
+    if args.token_file:
         try:
-            _write_secrets({Path(args.output): token + "\n"})
+            _write_secrets({Path(args.token_file): token + "\n"})
         except OSError as error:
-            return _fail(f"--output: {args.output}: {error.strerror or error}")
-        print(f"wrote {args.output}")
+            return _fail(f"--token-file: {args.token_file}: {error.strerror or error}")
+        print(f"wrote {args.token_file}")
     else:
         print(token)
     return 0

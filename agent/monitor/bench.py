@@ -37,8 +37,11 @@ MIB = 1024 * 1024
 def register(benches: Subcommands) -> None:
     parser = benches.add_parser("monitor", help="time the node monitor's rounds and scrapes "
                                                 "on a node of eight cards")
-    parser.add_argument("--containers", type=positive_int, default=80)
-    parser.add_argument("--rounds", type=positive_int, default=50)
+    parser.add_argument("--containers", type=positive_int, default=80,
+                        help="containers on the node, each with its HAMi-core cache file "
+                             "(default 80)")
+    parser.add_argument("--rounds", type=positive_int, default=50,
+                        help="monitor rounds and scrapes timed (default 50)")
     parser.set_defaults(handler=_run)
 
 

@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -244,6 +245,46 @@ def pods(tmp_path: Path) -> dict[str, Path]:
         "rejected": write_pod(tmp_path / "odd.json", {"nvidia.com/gpumem": "lots"}),
         "no-gpu": write_pod(tmp_path / "web.json", {"cpu": 1}),
     }
+
+
+def options(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Action]]:
+    """Every option and argument a user reads in ``--help``, named as ``pyhami X --flag``."""
+    for command_parser in commands(parser):
+        for action in command_parser._actions:
+            if isinstance(action, argparse._HelpAction | argparse._VersionAction |
+                          argparse._SubParsersAction) or action.help == argparse.SUPPRESS:
+                continue
+            name = action.option_strings[-1] if action.option_strings else action.metavar
+            yield f"{command_parser.prog} {name}", action
+
+
+class TestHelp:
+    def test_every_option_says_what_it_means_and_its_default(self) -> None:
+        checked = 0
+        for name, action in options(build_parser({})):
+            meaning = (action.help or "").split("[$PYHAMI_")[0].strip()
+            assert meaning, f"{name}: no help"
+            given = action.default not in (None, False, "", (), [])
+            if given and not isinstance(action, argparse._StoreTrueAction):
+                assert "default" in meaning.lower(), f"{name}: default {action.default!r} " \
+                    "not shown"
+            checked += 1
+        assert checked > 150  # the walk reached every subcommand, nested ones included
+
+    def test_no_help_text_speaks_of_the_project_s_issues(self) -> None:
+        for parser in commands(build_parser({})):
+            texts = [parser.description or "", parser.epilog or "",
+                     *(action.help or "" for action in parser._actions),
+                     *(choice.help or "" for action in parser._actions
+                       if isinstance(action, argparse._SubParsersAction)
+                       for choice in action._choices_actions)]
+            for text in texts:
+                assert not re.search(r"\bissues? #?\d", text), f"{parser.prog}: {text}"
+
+    def test_pyhami_output_is_only_ever_the_table_or_json_switch(self) -> None:
+        for name, action in options(build_parser({})):
+            if "--output" in action.option_strings:
+                assert set(action.choices or ()) == {"table", "json"}, name
 
 
 class TestOutput:

@@ -55,7 +55,7 @@ def test_agent_token_names_its_node_and_refuses_bad_input(
     seed = str(directory / "issuer.seed")
     out = tmp_path / "node.token"
     assert main(["nats-auth", "agent-token", "--issuer-seed", seed, "--node", "gpu-1",
-                 "--output", str(out)]) == 0
+                 "--token-file", str(out)]) == 0
     issuer = (directory / "issuer.pub").read_text().strip()
     assert node_of_token(out.read_text().strip(), issuer, int(time.time())) == "gpu-1"
     capsys.readouterr()
@@ -65,6 +65,60 @@ def test_agent_token_names_its_node_and_refuses_bad_input(
         full = ["nats-auth", "agent-token", "--issuer-seed", seed, *args]
         assert main(full) == 2
         assert named in capsys.readouterr().err
+
+
+def test_agent_token_signs_with_the_folder_init_wrote_as_the_docs_write_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    directory = tmp_path / "auth"
+    assert main(["nats-auth", "init", str(directory)]) == 0
+    issuer = (directory / "issuer.pub").read_text().strip()
+    capsys.readouterr()
+    # PYHAMI_OUTPUT is every command's table/json switch: it must not name a token file.
+    monkeypatch.setenv("PYHAMI_OUTPUT", "json")
+    monkeypatch.chdir(tmp_path)
+    assert main(["nats-auth", "agent-token", str(directory), "--node", "gpu-node-1"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert node_of_token(printed, issuer, int(time.time())) == "gpu-node-1"
+    assert not (tmp_path / "json").exists()
+    # Without DIR, the current folder is the one init wrote.
+    monkeypatch.chdir(directory)
+    assert main(["nats-auth", "agent-token", "--node", "gpu-node-2"]) == 0
+    assert node_of_token(capsys.readouterr().out.strip(), issuer,
+                         int(time.time())) == "gpu-node-2"
+    monkeypatch.chdir(tmp_path)
+    assert main(["nats-auth", "agent-token", "--node", "gpu-node-1"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "issuer.seed" in error and "nats-auth init" in error
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ([], ["nats-server --config {d}/nats.conf --jetstream --store_dir {d}/jetstream",
+          "pyhami scheduler --standalone --nats nats://127.0.0.1:4222 --nats-auth-dir {d}",
+          "pyhami nats-auth agent-token {d} --node NODE --token-file NODE.token",
+          "pyhami agent --node NODE --nats nats://127.0.0.1:4222 --nats-token-file NODE.token"
+          " --inventory nvml"]),
+    (["--agents", "sim-t4", "--cluster", "3"],
+     ["nats-server --config {d}/nats-3.conf --jetstream --store_dir {d}/jetstream-3 "
+      "--port 4224",
+      "pyhami agent --node sim-t4 --nats nats://127.0.0.1:4222,nats://127.0.0.1:4223,"
+      "nats://127.0.0.1:4224 --nats-token-file {d}/sim-t4.token --inventory nvml"]),
+])
+def test_init_says_what_to_run_next(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    options: list[str], expected: list[str]) -> None:
+    directory = tmp_path / "auth"
+    assert main(["nats-auth", "init", str(directory), *options]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert "Next (docs/security.md):" in lines
+    for line in expected:
+        assert line.format(d=directory) in lines
+
+
+def test_agent_token_has_no_output_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["nats-auth", "agent-token", "--node", "n", "--output", "t"])
+    assert stopped.value.code == 2
+    assert "--output" in capsys.readouterr().err
 
 
 def test_the_daemon_refuses_auth_settings_that_do_not_fit(tmp_path: Path) -> None:
@@ -112,8 +166,8 @@ def test_a_folder_that_cannot_be_written_is_named_and_nothing_is_left(
     assert main(["nats-auth", "init", str(directory)]) == 0
     capsys.readouterr()
     assert main(["nats-auth", "agent-token", "--issuer-seed", str(directory / "issuer.seed"),
-                 "--node", "gpu-1", "--output", str(tmp_path / "missing" / "t")]) == 2
-    assert "--output" in capsys.readouterr().err
+                 "--node", "gpu-1", "--token-file", str(tmp_path / "missing" / "t")]) == 2
+    assert "--token-file" in capsys.readouterr().err
     assert not (tmp_path / "missing").exists()
 
 
