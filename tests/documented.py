@@ -38,11 +38,11 @@ NEEDS = {
 """What a marked block needs, the words a marker may use."""
 
 COMMAND_LANGUAGES = ("sh", "bash", "shell", "console")
-OFFLINE = {("decide",), ("explain",), ("simulate",), ("certs", "init"),
+OFFLINE = {("decide",), ("explain",), ("simulate",), ("preflight",), ("certs", "init"),
            ("nats-auth", "init"), ("nats-auth", "agent-token"), ("bench", "decide")}
 """The commands that run on this machine alone, as they are written in the docs."""
 
-MARKER = re.compile(r"^\s*<!--\s*doc-test:\s*(needs|file)\s+([\w.-]+)\s*-->\s*$")
+MARKER = re.compile(r"^\s*<!--\s*doc-test:\s*(needs|file|exits)\s+([\w.-]+)\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^`\s]*)")
 FENCED = re.compile(r"^\s*(`{3,}|~{3,}).*?^\s*\1\s*$", re.DOTALL | re.MULTILINE)
 SHELL_OPERATORS = re.compile(r"[|;<>&`]|\$\(")
@@ -63,6 +63,8 @@ class Block:
     lines: list[str]
     needs: str | None
     file: str | None = None
+    status: int = 0
+    """The exit status its commands end with (``exits N``: a page showing a refusal)."""
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Command:
     words: list[str]
     output: list[str] | None
     needs: str | None
+    status: int = 0
 
 
 @dataclass
@@ -105,6 +108,11 @@ def read_doc(name: str, text: str) -> Doc:
         marker = MARKER.match(previous)
         needs = marker.group(2) if marker and marker.group(1) == "needs" else None
         file = marker.group(2) if marker and marker.group(1) == "file" else None
+        exits = marker.group(2) if marker and marker.group(1) == "exits" else "0"
+        if not exits.isdigit():
+            doc.problems.append(f"{name}:{index}: doc-test marker exits {exits!r}: not a "
+                                "number")
+            exits = "0"
         if needs is not None and needs not in NEEDS:
             doc.problems.append(f"{name}:{index}: doc-test marker needs {needs!r}: not one "
                                 f"of {', '.join(NEEDS)}")
@@ -119,7 +127,7 @@ def read_doc(name: str, text: str) -> Doc:
             close += 1
         if close == len(lines):
             doc.problems.append(f"{name}:{index + 1}: the fence opened here is never closed")
-        doc.blocks.append(Block(name, index + 1, language, body, needs, file))
+        doc.blocks.append(Block(name, index + 1, language, body, needs, file, int(exits)))
         if language not in COMMAND_LANGUAGES:
             for offset, inner in enumerate(body):
                 _mentions(doc, index + 2 + offset, inner)
@@ -181,7 +189,8 @@ def commands(block: Block) -> list[Command]:
             words = ["<shell>", text]
         if words:
             found.append(Command(where, words,
-                                 [] if block.language == "console" else None, block.needs))
+                                 [] if block.language == "console" else None, block.needs,
+                                 block.status))
     return found
 
 

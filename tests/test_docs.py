@@ -100,7 +100,7 @@ def test_documented_commands_run_as_written(
         _, runnable = check_doc(parser, doc)
         for command in runnable:
             code, printed = run(command, capsys)
-            assert code == 0, f"{command.where}: exit {code}\n{printed}"
+            assert code == command.status, f"{command.where}: exit {code}\n{printed}"
             if command.output is not None:
                 shown = [line.rstrip() for line in command.output]
                 while shown and not shown[-1]:
