@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyhami._controlplane import SCHEDULER_NAME, WAIT_S, ApiError, wait_for
@@ -17,6 +18,9 @@ ALLOCATED = "hami.io/vgpu-devices-allocated"
 POLICY = "hami.io/gpu-scheduler-policy"
 USE_UUID = "nvidia.com/use-gpuuuid"
 LAB_LIMITS = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}
+HAMI_EXAMPLE = Path(__file__).parent / "hami" / "default_use.yaml"
+"""HAMi v2.10.0's own example pod, byte for byte (test_hami_scheduler_name.py says where
+it comes from and pins its digest)."""
 
 
 def card_uuid(index: int) -> str:

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pyhami._controlplane import chart_scheduler_config
+from pyhami._controlplane import chart_scheduler_config, wait_for
 from tests.e2e.controlplane import NODE, ControlPlane
-from tests.e2e.pods import Lab
+from tests.e2e.pods import HAMI_EXAMPLE, Lab
 
-HAMI_EXAMPLE = Path(__file__).parent / "hami" / "default_use.yaml"
 HAMI_EXAMPLE_SHA256 = "38d1437c530a6d763f7e593c2c9e1a16fa1f609a7644e83c9b164c8086f30159"
 HAMI_NAME = "hami-scheduler"
 # Long enough for kube-scheduler and the daemon to have placed a pod they serve (the
@@ -73,7 +71,12 @@ def test_a_pod_naming_hamis_scheduler_waits_under_pyhamis_name_and_is_bound_unde
         # 3000 MiB and 30 % of the card's cores, in HAMi's allocation annotation.
         assert placed.allocated.split(":")[0].split(",")[2:] == ["3000", "30"], placed.allocated
         assert lab.read(name)["spec"]["schedulerName"] == HAMI_NAME
-        event = lab.wait_event(name, "BindingSucceed", NODE)
+        uid = lab.read(name)["metadata"]["uid"]
+        # This pod's, by its uid: an earlier test may have created one of the same name.
+        event = wait_for(lambda: next((e for e in lab.events(name)
+                                       if e.get("reason") == "BindingSucceed"
+                                       and e["involvedObject"].get("uid") == uid), None),
+                         f"the BindingSucceed Event of {name}", watch=lab.plane.all_processes())
         assert event["source"]["component"] == HAMI_NAME
     finally:
         control_plane.restart_scheduler(nodes=1)

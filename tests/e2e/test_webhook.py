@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
 
 from common.natsserver import free_port
@@ -37,7 +38,7 @@ from pyhami._controlplane import (
 from scheduler.cluster.kube import Kubernetes
 from scheduler.tls.webhook import self_managed, service_names
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
-from tests.e2e.pods import Lab, card_uuid, lab_pod
+from tests.e2e.pods import HAMI_EXAMPLE, Lab, card_uuid, lab_pod
 
 CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 OPT_OUT_NAMESPACE = "pyhami-e2e-opted-out"
@@ -136,6 +137,18 @@ def test_a_lab_pod_without_scheduler_name_is_placed_by_pyhami(lab: Lab) -> None:
     assert placed.allocated == f"{card_uuid(0)},NVIDIA,1000,0:;", placed.allocated
     assert placed.annotations.get("hami.io/vgpu-node") == NODE
     assert placed.annotations.get("hami.io/bind-phase") == "allocating"
+
+
+def test_hamis_own_example_unchanged_is_given_pyhamis_name_and_bound(lab: Lab) -> None:
+    # HAMi's examples/nvidia/default_use.yaml, byte for byte (test_hami_scheduler_name.py
+    # pins its digest): it names no scheduler, as HAMi's webhook fills the name in.
+    manifest = yaml.safe_load(HAMI_EXAMPLE.read_text())
+    name = manifest["metadata"]["name"]
+    lab.create_manifest(manifest)
+    assert lab.read(name)["spec"]["schedulerName"] == SCHEDULER_NAME
+    placed = lab.wait_placed(name)
+    assert placed.node == NODE
+    assert placed.allocated.split(":")[0].split(",")[2:] == ["3000", "30"], placed.allocated
 
 
 def test_a_pod_naming_another_scheduler_is_left_alone(lab: Lab) -> None:
