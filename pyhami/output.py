@@ -2,7 +2,9 @@
 
 - **A terminal** (a tty, ``TERM`` not ``dumb``): rich lays tables out for the window
   (``COLUMNS`` where set, else the window's width), with colours unless ``NO_COLOR`` is
-  set, and live views and progress bars redraw in place.
+  set, and live views and progress bars redraw in place. A result table wider than the
+  window is stacked (:class:`FittedTable`): one block of ``column  value`` lines per row,
+  every value whole, rather than cut short.
 - **A dumb terminal** (``TERM=dumb``): the same width, but no colours, no cursor moves,
   no live views and no progress bars.
 - **A pipe or a file**: there is no window. Each table is printed as wide as its content
@@ -29,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, NewLine, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.rule import Rule
 from rich.table import Table
@@ -123,9 +125,59 @@ class ContentWidthConsole(_Console):
         if any(width >= _UNBOUNDED_WIDTH for width in measured):  # no width of its own
             return fallback
         natural = max(1, sum(measured) + len(objects) - 1)  # objects are joined by spaces
-        if any(isinstance(item, Table) for item in objects):
+        if any(isinstance(item, (Table, FittedTable)) for item in objects):
             self._widest_table = max(self._widest_table, natural)
         return natural
+
+
+class FittedTable:
+    """A table printed as it is where it fits the width, else stacked.
+
+    Narrower than its content, rich would cut cells short (``mutex,bi…``, ``0.0…``, a
+    number cut to one digit) or fold words apart. Stacked, each row is a block of
+    ``column  value`` lines, blocks apart by a blank line, every value whole: a value
+    longer than the line wraps at its spaces, and only a single word longer than the
+    whole line is folded. In a pipe a table is as wide as its content, so it always fits.
+    """
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.table)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        natural = Measurement.get(console, options.update_width(_UNBOUNDED_WIDTH), self.table)
+        if natural.maximum <= options.max_width:
+            yield self.table
+            return
+        yield from stacked(self.table)
+
+
+def stacked(table: Table) -> list[RenderableType]:
+    """``table`` as one block of ``header  value`` lines per row (its title first)."""
+    parts: list[RenderableType] = []
+    if table.title:
+        parts.append(table.title if isinstance(table.title, Text)
+                     else Text(str(table.title), style="bold"))
+    rows = zip(*(list(column.cells) for column in table.columns), strict=True)
+    for number, cells in enumerate(rows):
+        block = Table.grid(padding=(0, 2))
+        block.add_column(style="dim", no_wrap=True)
+        block.add_column(overflow="fold")
+        for column, cell in zip(table.columns, cells, strict=True):
+            if cell == "" or (isinstance(cell, Text) and not cell.plain):
+                continue  # nothing to say: a blank header stays blank too
+            block.add_row(column.header, cell)
+        if number:
+            parts.append(NewLine())
+        parts.append(block)
+    return parts
+
+
+def fitted(table: Table) -> FittedTable:
+    """A result table as every command prints it: see :class:`FittedTable`."""
+    return FittedTable(table)
 
 
 def stdout_console(file: TextIO | None = None) -> Console:
@@ -207,8 +259,9 @@ def _card_words(device: dict[str, Any]) -> str:
     return f"GPU {device['index']} (MIG {mig['profile']} at slice {mig['placement']['start']})"
 
 
-def selection_path(document: dict[str, Any]) -> Table:
-    """The article's figure as a table: every card, its score, what removed it, its rank."""
+def selection_path(document: dict[str, Any]) -> FittedTable:
+    """The article's figure as a table: every card, its score, what removed it, its rank
+    (stacked, a card a block, on a terminal too narrow for it)."""
     rows = document.get("explain", ())
     several_nodes = len({row["node"] for row in rows}) > 1
     table = Table(show_edge=False, pad_edge=False, box=None, padding=(0, 1, 0, 2))
@@ -221,7 +274,7 @@ def selection_path(document: dict[str, Any]) -> Table:
                  row["filtered_by"] or "-", "-" if row["rank"] is None else str(row["rank"]),
                  "[bold green]<- chosen[/]" if row["chosen"] else ""]
         table.add_row(*([row["node"]] if several_nodes else []), *cells)
-    return table
+    return fitted(table)
 
 
 def _isatty(stream: TextIO) -> bool:
