@@ -60,6 +60,11 @@ class Reporting:
     def mark_changed(self, *nodes: str) -> None:
         self._changed_nodes.update(nodes)
 
+    def usage_asked(self, node: str) -> None:
+        """Publish ``node``'s usage soon, changed or not."""
+        self._changed_nodes.add(node)
+        self._send_soon()
+
     async def capacity_changed(self, *nodes: str, retry_waiting: bool = True) -> None:
         self._changed_nodes.update(nodes)
         self._send_soon()

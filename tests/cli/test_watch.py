@@ -36,9 +36,11 @@ from common.wire import (
     inventory_subject,
 )
 from common.wire import encode as encode_wire
+from pyhami.demo import GPU_POLICY, lab_pod
 from pyhami.output import print_json, stdout_console
 from pyhami.sandbox import DEFAULTS
 from pyhami.watch import WatchModel, render, snapshot_document
+from tests.harness import Lab, card_of
 from tests.paths import EXAMPLES
 
 NOW = 1_700_000_000.0
@@ -602,3 +604,28 @@ async def test_watch_keeps_receiving_after_its_nats_server_is_killed(
         watch.send_signal(signal.SIGTERM)
         await asyncio.wait_for(watch.communicate(), 10)
     assert watch.returncode == 0
+
+
+class TestOnTheLab:
+    """``--once`` against the real standalone daemon and a simulated agent (tests/harness)."""
+
+    async def test_once_shows_the_tenants_of_pods_bound_before_it_started(self, lab: Lab) -> None:
+        # Two pods bound, their usage published, before the watcher connects: it hears
+        # nothing change while it waits, yet shows the cards' tenants as they stand.
+        cards = [card_of(await lab.pods.submit_and_place(lab_pod(f"bound-{i}",
+                                                                  {GPU_POLICY: "spread"})))
+                 for i in range(2)]
+        assert len(set(cards)) == 2  # spread: a card each
+        await asyncio.sleep(0.5)  # their usage gone out, unheard by anyone
+        watch = await run_watch("--nats", lab.nats.url, "--once", "--wait", "2",
+                                "--output", "json")
+        out, err = await asyncio.wait_for(watch.communicate(), 30)
+        assert watch.returncode == 0, err.decode()
+        snapshot = json.loads(out)
+        (node,) = snapshot["nodes"]
+        tenants = {card["uuid"]: card["usage"]["tenants"] for card in node["cards"]
+                   if card["usage"] is not None}
+        assert len(node["cards"]) == 4 and len(tenants) == 4  # every card's usage known
+        assert tenants == {card["uuid"]: int(card["uuid"] in cards) for card in node["cards"]}
+        assert {card["uuid"]: card["usage"]["usedmem"] for card in node["cards"]} == {
+            card["uuid"]: 1000 * int(card["uuid"] in cards) for card in node["cards"]}
