@@ -21,6 +21,8 @@ quietly: see :func:`stdout_reader_gone` and :data:`READER_GONE_EXIT`.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import errno
 import json
 import os
@@ -133,8 +135,9 @@ class ContentWidthConsole(_Console):
 class FittedTable:
     """A table printed as it is where it fits the width, else stacked.
 
-    Narrower than its content, rich would cut cells short (``mutex,bi…``, ``0.0…``, a
-    number cut to one digit) or fold words apart. Stacked, each row is a block of
+    Where rich can lay it out by wrapping cells at their spaces, it does. Narrower than
+    that, rich would cut cells short (``mutex,bi…``, ``0.0…``, a number cut to one
+    digit), fold words apart or drop columns. Stacked instead, each row is a block of
     ``column  value`` lines, blocks apart by a blank line, every value whole: a value
     longer than the line wraps at its spaces, and only a single word longer than the
     whole line is folded. In a pipe a table is as wide as its content, so it always fits.
@@ -147,11 +150,43 @@ class FittedTable:
         return Measurement.get(console, options, self.table)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        natural = Measurement.get(console, options.update_width(_UNBOUNDED_WIDTH), self.table)
-        if natural.maximum <= options.max_width:
-            yield self.table
+        whole = laid_out(self.table, console, options)
+        if whole is not None:
+            yield whole
             return
         yield from stacked(self.table)
+
+
+def laid_out(table: Table, console: Console, options: ConsoleOptions) -> Table | None:
+    """``table`` as it prints in ``options.max_width`` with every cell whole, or None
+    where it cannot: each column at least as wide as its widest cell where it may not
+    wrap, and as its longest word where it may (a column's own ``max_width`` is its
+    choice to cut). The table itself where it fits unnarrowed."""
+    unbounded = options.update_width(_UNBOUNDED_WIDTH)
+    if Measurement.get(console, unbounded, table).maximum <= options.max_width:
+        return table
+    # rich narrows a table by sharing the excess out without regard to the words, then
+    # cuts, drops or crops columns: the widths are chosen here instead, and fixed. The
+    # measures are rich's own, as Table.__rich_console__ takes them (rich 15): widths
+    # with the cells' padding, the rules between columns apart.
+    available = options.max_width - table._extra_width
+    ranges = [table._measure_column(console, unbounded, column) for column in table.columns]
+    widths = [measure.maximum if column.no_wrap else measure.minimum
+              for column, measure in zip(table.columns, ranges, strict=True)]
+    slack = available - sum(widths)
+    if slack < 0:
+        return None
+    # The room left goes to the wrapping columns, those that need least to be whole on
+    # one line first.
+    for index in sorted(range(len(widths)), key=lambda i: ranges[i].maximum - widths[i]):
+        more = min(slack, ranges[index].maximum - widths[index])
+        widths[index] += more
+        slack -= more
+    narrowed = copy.copy(table)
+    narrowed.columns = [
+        dataclasses.replace(column, width=width - table._get_padding_width(column._index))
+        for column, width in zip(table.columns, widths, strict=True)]
+    return narrowed
 
 
 def stacked(table: Table) -> list[RenderableType]:

@@ -178,3 +178,19 @@ class TestStacked:
         Console(file=fit, width=40, color_system=None).print(fitted(self.table()))
         Console(file=plain, width=40, color_system=None).print(self.table())
         assert fit.getvalue() == plain.getvalue()
+
+    def test_a_table_that_fits_by_wrapping_at_spaces_stays_a_table(self) -> None:
+        table = Table(box=None, pad_edge=False, show_edge=False)
+        table.add_column("policy", no_wrap=True)
+        table.add_column("refused for")
+        table.add_column("wait", justify="right", no_wrap=True)
+        table.add_row("mutex,binpack", "ExclusiveDeviceAllocateConflict (16), "
+                      "CardTypeMismatch (11)", "12.4 s")
+        out = io.StringIO()
+        Console(file=out, width=60, color_system=None).print(fitted(table))
+        lines = [line.rstrip() for line in out.getvalue().splitlines()]
+        assert lines[0].split() == ["policy", "refused", "for", "wait"]
+        assert lines[1].split() == ["mutex,binpack", "ExclusiveDeviceAllocateConflict",
+                                    "(16),", "12.4", "s"]
+        assert lines[2].split() == ["CardTypeMismatch", "(11)"]
+        assert all(len(line) <= 60 for line in lines)

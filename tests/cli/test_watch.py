@@ -268,6 +268,25 @@ class TestModel:
         assert "…" not in text
 
 
+    @pytest.mark.parametrize("width", [80, 60])
+    def test_narrower_every_value_is_whole_and_no_column_is_lost(self, width: int) -> None:
+        # At 80 the nodes' table wraps the type and a heading at their spaces; at 60 it
+        # is stacked, a card a block: never a value cut short, never a column dropped.
+        model = WatchModel()
+        model.apply_usage(lab_usage())
+        model.apply_inventory(lab_inventory(timestamp=NOW - 3))
+        model.apply_decision(lab_decision("mutex-binpack-pod.yaml"))
+        text = text_of(model, width=width)
+        assert "…" not in text
+        assert all(len(line) <= width for line in text.splitlines())
+        for value in ("2000/15360", "1000/15360", "0/100", "default/mutex-binpack",
+                      "3.302083", "ExclusiveDeviceAllocateConflict", "◀ chosen"):
+            assert value in text
+        assert text.count(" ok") == 4  # the health column, every card
+        assert ("NVIDIA-Tesla T4" in text) == (width == 60)  # wrapped at its space at 80
+        assert text.count("NVIDIA-Tesla") == 4
+
+
 class TestPlainOutput:
     """In a pipe or a file there is no window to fit: every value is whole, nothing is
     drawn (memory bars) or coloured."""
