@@ -2,9 +2,10 @@
 
 - **A terminal** (a tty, ``TERM`` not ``dumb``): rich lays tables out for the window
   (``COLUMNS`` where set, else the window's width), with colours unless ``NO_COLOR`` is
-  set, and live views and progress bars redraw in place. A result table wider than the
-  window is stacked (:class:`FittedTable`): one block of ``column  value`` lines per row,
-  every value whole, rather than cut short.
+  set, and live views and progress bars redraw in place. A table wider than the window
+  wraps its cells at their spaces, or where that is not enough is stacked
+  (:class:`FittedTable`): one block of ``column  value`` lines per row, every value
+  whole, never cut short.
 - **A dumb terminal** (``TERM=dumb``): the same width, but no colours, no cursor moves,
   no live views and no progress bars.
 - **A pipe or a file**: there is no window. Each table is printed as wide as its content
@@ -133,14 +134,14 @@ class ContentWidthConsole(_Console):
 
 
 class FittedTable:
-    """A table printed as it is where it fits the width, else stacked.
+    """A table printed whole at the width: as it is where it fits, its cells wrapped at
+    their spaces where that is enough (:func:`laid_out`), else stacked (:func:`stacked`).
 
-    Where rich can lay it out by wrapping cells at their spaces, it does. Narrower than
-    that, rich would cut cells short (``mutex,bi…``, ``0.0…``, a number cut to one
-    digit), fold words apart or drop columns. Stacked instead, each row is a block of
-    ``column  value`` lines, blocks apart by a blank line, every value whole: a value
-    longer than the line wraps at its spaces, and only a single word longer than the
-    whole line is folded. In a pipe a table is as wide as its content, so it always fits.
+    Narrower than its content, rich alone would cut cells short (``mutex,bi…``, ``0.0…``,
+    a number cut to one digit), fold words apart or drop columns. Stacked, each row is a
+    block of ``column  value`` lines, blocks apart by a blank line, every value whole: a
+    value longer than the line wraps at its spaces, and only a single word longer than
+    the whole line is folded. In a pipe a table is as wide as its content: it fits.
     """
 
     def __init__(self, table: Table) -> None:

@@ -77,8 +77,9 @@ class Snapshot:
         bars = fit and options.max_width >= MEMORY_BARS_MIN_WIDTH
 
         def fitting(part: RenderableType) -> RenderableType:
-            # Too narrow for a table, rich would cut numbers short or drop columns: the
-            # table is stacked instead, a row a block (pyhami.output.FittedTable).
+            # Narrower than a table, rich would cut numbers short or drop columns: its
+            # cells wrap at their spaces instead, or it is stacked, a row a block
+            # (pyhami.output.FittedTable).
             return fitted(part) if fit and isinstance(part, Table) else part
 
         parts: list[RenderableType] = [
