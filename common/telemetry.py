@@ -17,6 +17,9 @@ SCHEMA_VERSION = 1
 DECISIONS_SUBJECT = "pyhami.decisions"
 USAGE_SUBJECT_PREFIX = "pyhami.usage"
 USAGE_SUBJECTS = f"{USAGE_SUBJECT_PREFIX}.>"
+# Who ``pyhami watch`` says it is in its resync request (``ResyncRequest.requested_by``):
+# the leading daemon answers it with its recent decisions, replayed.
+WATCH_CLIENT = "pyhami-watch"
 
 
 def usage_subject(node: str) -> str:
@@ -48,6 +51,9 @@ class DecisionEvent(msgspec.Struct, frozen=True, kw_only=True):
     term: int = 0
     """The decider's term of leadership, where terms are counted (standalone: the lease's
     revision when it took it, so later terms have larger numbers); 0 elsewhere."""
+    replayed: bool = False
+    """Sent again, for a watcher that just connected (``pyhami watch`` asks on connecting):
+    a decision made before, which those listening then heard already."""
 
     @classmethod
     def of(cls, decision: Decision, verb: Literal["filter", "bind"], timestamp: float,

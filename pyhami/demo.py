@@ -35,7 +35,7 @@ from common.core.errors import PyhamiError
 from common.core.pod import DEFAULT_NAMESPACE
 from common.natsserver import NatsServerError
 from common.stopping import stop_on_signals
-from pyhami.output import selection_path, stdout_console
+from pyhami.output import fitted, selection_path, stdout_console
 from pyhami.sandbox import Sandbox
 
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
@@ -397,7 +397,7 @@ async def play_steps(driver: Driver, steps: list[Step]) -> None:
             await driver.delete(step.delete)
         elif step.quota is not None:
             await driver.set_quota(step.quota)
-    driver.console.print(summary(driver.placements))
+    driver.console.print(fitted(summary(driver.placements)))
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -2,7 +2,10 @@
 
 - **A terminal** (a tty, ``TERM`` not ``dumb``): rich lays tables out for the window
   (``COLUMNS`` where set, else the window's width), with colours unless ``NO_COLOR`` is
-  set, and live views and progress bars redraw in place.
+  set, and live views and progress bars redraw in place. A table wider than the window
+  wraps its cells at their spaces, or where that is not enough is stacked
+  (:class:`FittedTable`): one block of ``column  value`` lines per row, every value
+  whole, never cut short.
 - **A dumb terminal** (``TERM=dumb``): the same width, but no colours, no cursor moves,
   no live views and no progress bars.
 - **A pipe or a file**: there is no window. Each table is printed as wide as its content
@@ -19,6 +22,8 @@ quietly: see :func:`stdout_reader_gone` and :data:`READER_GONE_EXIT`.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import errno
 import json
 import os
@@ -29,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, NewLine, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.rule import Rule
 from rich.table import Table
@@ -123,9 +128,92 @@ class ContentWidthConsole(_Console):
         if any(width >= _UNBOUNDED_WIDTH for width in measured):  # no width of its own
             return fallback
         natural = max(1, sum(measured) + len(objects) - 1)  # objects are joined by spaces
-        if any(isinstance(item, Table) for item in objects):
+        if any(isinstance(item, (Table, FittedTable)) for item in objects):
             self._widest_table = max(self._widest_table, natural)
         return natural
+
+
+class FittedTable:
+    """A table printed whole at the width: as it is where it fits, its cells wrapped at
+    their spaces where that is enough (:func:`laid_out`), else stacked (:func:`stacked`).
+
+    Narrower than its content, rich alone would cut cells short (``mutex,bi…``, ``0.0…``,
+    a number cut to one digit), fold words apart or drop columns. Stacked, each row is a
+    block of ``column  value`` lines, blocks apart by a blank line, every value whole: a
+    value longer than the line wraps at its spaces, and only a single word longer than
+    the whole line is folded. In a pipe a table is as wide as its content: it fits.
+    """
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.table)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        whole = laid_out(self.table, console, options)
+        if whole is not None:
+            yield whole
+            return
+        yield from stacked(self.table)
+
+
+def laid_out(table: Table, console: Console, options: ConsoleOptions) -> Table | None:
+    """``table`` as it prints in ``options.max_width`` with every cell whole, or None
+    where it cannot: each column at least as wide as its widest cell where it may not
+    wrap, and as its longest word where it may (a column's own ``max_width`` is its
+    choice to cut). The table itself where it fits unnarrowed."""
+    unbounded = options.update_width(_UNBOUNDED_WIDTH)
+    if Measurement.get(console, unbounded, table).maximum <= options.max_width:
+        return table
+    # rich narrows a table by sharing the excess out without regard to the words, then
+    # cuts, drops or crops columns: the widths are chosen here instead, and fixed. The
+    # measures are rich's own, as Table.__rich_console__ takes them (rich 15): widths
+    # with the cells' padding, the rules between columns apart.
+    available = options.max_width - table._extra_width
+    ranges = [table._measure_column(console, unbounded, column) for column in table.columns]
+    widths = [measure.maximum if column.no_wrap else measure.minimum
+              for column, measure in zip(table.columns, ranges, strict=True)]
+    slack = available - sum(widths)
+    if slack < 0:
+        return None
+    # The room left goes to the wrapping columns, those that need least to be whole on
+    # one line first.
+    for index in sorted(range(len(widths)), key=lambda i: ranges[i].maximum - widths[i]):
+        more = min(slack, ranges[index].maximum - widths[index])
+        widths[index] += more
+        slack -= more
+    narrowed = copy.copy(table)
+    narrowed.columns = [
+        dataclasses.replace(column, width=width - table._get_padding_width(column._index))
+        for column, width in zip(table.columns, widths, strict=True)]
+    return narrowed
+
+
+def stacked(table: Table) -> list[RenderableType]:
+    """``table`` as one block of ``header  value`` lines per row (its title first)."""
+    parts: list[RenderableType] = []
+    if table.title:
+        parts.append(table.title if isinstance(table.title, Text)
+                     else Text(str(table.title), style="bold"))
+    rows = zip(*(list(column.cells) for column in table.columns), strict=True)
+    for number, cells in enumerate(rows):
+        block = Table.grid(padding=(0, 2))
+        block.add_column(style="dim", no_wrap=True)
+        block.add_column(overflow="fold")
+        for column, cell in zip(table.columns, cells, strict=True):
+            if cell == "" or (isinstance(cell, Text) and not cell.plain):
+                continue  # nothing to say: a blank header stays blank too
+            block.add_row(column.header, cell)
+        if number:
+            parts.append(NewLine())
+        parts.append(block)
+    return parts
+
+
+def fitted(table: Table) -> FittedTable:
+    """A result table as every command prints it: see :class:`FittedTable`."""
+    return FittedTable(table)
 
 
 def stdout_console(file: TextIO | None = None) -> Console:
@@ -207,8 +295,9 @@ def _card_words(device: dict[str, Any]) -> str:
     return f"GPU {device['index']} (MIG {mig['profile']} at slice {mig['placement']['start']})"
 
 
-def selection_path(document: dict[str, Any]) -> Table:
-    """The article's figure as a table: every card, its score, what removed it, its rank."""
+def selection_path(document: dict[str, Any]) -> FittedTable:
+    """The article's figure as a table: every card, its score, what removed it, its rank
+    (stacked, a card a block, on a terminal too narrow for it)."""
     rows = document.get("explain", ())
     several_nodes = len({row["node"] for row in rows}) > 1
     table = Table(show_edge=False, pad_edge=False, box=None, padding=(0, 1, 0, 2))
@@ -221,7 +310,7 @@ def selection_path(document: dict[str, Any]) -> Table:
                  row["filtered_by"] or "-", "-" if row["rank"] is None else str(row["rank"]),
                  "[bold green]<- chosen[/]" if row["chosen"] else ""]
         table.add_row(*([row["node"]] if several_nodes else []), *cells)
-    return table
+    return fitted(table)
 
 
 def _isatty(stream: TextIO) -> bool:

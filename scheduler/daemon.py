@@ -45,6 +45,8 @@ from common.wire import (
     INVENTORY_SUBJECTS,
     RESYNC_SUBJECT,
     ResyncRequest,
+    WireError,
+    decode_resync,
     encode,
 )
 from scheduler.busauth import (
@@ -541,6 +543,18 @@ async def _subscribe_to_agents(connection: Connection, supervisor: Supervisor,
             if pending is not None and message.reply:
                 await connection.publish(message.reply, encode(pending))
 
+    async def on_resync(message: Msg) -> None:
+        # A watcher connecting asks the agents to report; the leader answers it with the
+        # decisions it made before (the agents' answers bring the usage: reactions.py).
+        if not leadership.leading():
+            return
+        try:
+            asker = decode_resync(message.data).requested_by
+        except WireError:
+            return  # the agents answer it as a request to all; nothing here to replay
+        if asker == telemetry.WATCH_CLIENT:
+            service.reporting.replay_decisions()
+
     async def on_allocation_outcome(message: Msg) -> None:
         if not leadership.leading():
             # Kept a while: the lease may move before the holder wrote it.
@@ -552,6 +566,7 @@ async def _subscribe_to_agents(connection: Connection, supervisor: Supervisor,
     await connection.subscribe(INVENTORY_SUBJECTS, on_inventory)
     await connection.subscribe(ALLOCATIONS_SUBJECTS, on_allocations_request)
     await connection.subscribe(ALLOCATED_SUBJECTS, on_allocation_outcome)
+    await connection.subscribe(RESYNC_SUBJECT, on_resync)
 
 
 def telemetry_publisher(connection: Connection) -> Callable[

@@ -509,6 +509,7 @@ def _explain(view: PodView, codes: CodeArray, considered: BoolArray, chosen_node
     if len(shown) > 1:
         view.scores()  # many nodes: score the whole fleet in one pass
     chosen_cards = {card for cards in placement for card in cards}
+    first = view.pod.gpu_containers[0]
     rows: list[ExplainRow] = []
     for node in shown:
         where = layout.node_slice(node)
@@ -516,6 +517,20 @@ def _explain(view: PodView, codes: CodeArray, considered: BoolArray, chosen_node
         used = layout.used[where].tolist()
         index = layout.index[where].tolist()
         local_codes = codes[where].tolist()
+        # A node refused before its cards are looked at (fewer cards than asked) refuses
+        # every card for that reason, as its failed_nodes entry says: a card's own check
+        # (too little memory) would name a reason the node was not refused for.
+        whole_node = node_level_failure(first, int(layout.node_cards[node]),
+                                        layout.topology[node], view.pod.chain.topology_aware,
+                                        view.takes_mig and bool(layout.node_has_mig[node]))
+        if whole_node is not None:
+            reason = next(iter(whole_node))
+            rows += [ExplainRow(node=layout.node_names[node], index=index[local],
+                                uuid=layout.devices[where.start + local].uuid,
+                                used=used[local], score=scores[local], filtered_by=reason,
+                                rank=None, chosen=False)
+                     for local in range(len(local_codes))]
+            continue
         eligible = [i for i, code in enumerate(local_codes) if code == CardCheck.ELIGIBLE]
         rank = {card: r + 1 for r, card in enumerate(view.rank(node, eligible))}
         for local, code in enumerate(local_codes):

@@ -15,7 +15,13 @@ from common.core import NodePolicy
 from common.core.errors import SettingsError
 from common.deviceconfig import add_device_config_argument, device_config_from
 from common.files import InputFileError
-from pyhami.output import add_output_argument, print_json, stderr_console, stdout_console
+from pyhami.output import (
+    add_output_argument,
+    fitted,
+    print_json,
+    stderr_console,
+    stdout_console,
+)
 from pyhami.simulate._formats import load_trace
 from pyhami.simulate._parallel import PolicyRuns
 from pyhami.simulate._report import (
@@ -140,12 +146,12 @@ def run(args: argparse.Namespace) -> int:
         in_groups = f" ({jobs} group{'s' if jobs != 1 else ''})" if jobs else ""
         console.print(Text(f"{nodes} nodes, {cards} cards{under}; {len(trace.pods)} pods"
                            f"{in_groups}"))
-        console.print(summary_table(runs))
+        console.print(fitted(summary_table(runs)))
         for line in mig_lines(runs):
             console.print(Text(line))
         if namespaces:
             console.print(Text("\nPods by namespace"))
-            console.print(namespace_table(runs))
+            console.print(fitted(namespace_table(runs)))
     return 0
 
 

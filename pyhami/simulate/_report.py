@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from html import escape
 
 from rich.console import Console
@@ -195,8 +196,12 @@ def progress_bars(labels: Sequence[str],
 
 # The plot.
 
-# An axis ends at one of these times a power of ten: a fifth of each is a round tick.
+# A round axis top is one of these times a power of ten: a fifth of each is a round tick.
 AXIS_TOPS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
+# How far past its last value an axis may run: a round top further out than this leaves
+# the lines in the left of the panel (data to 126% on an axis to 150%), so the axis then
+# ends this far past the data, with the round top's ticks that fall on it.
+AXIS_MARGIN = 0.04
 
 
 def nice_ceiling(value: float) -> float:
@@ -208,6 +213,57 @@ def nice_ceiling(value: float) -> float:
         if multiple * power >= value * (1 - 1e-9):  # a value already round stays
             return multiple * power
     return 10 * power
+
+
+@dataclass(frozen=True)
+class Axis:
+    """Where an axis ends and the values its ticks mark (0 first)."""
+
+    end: float
+    ticks: tuple[float, ...]
+
+
+def axis_to(value: float, cap: float | None = None) -> Axis:
+    """An axis for data reaching ``value``: to the round top above it where that is within
+    AXIS_MARGIN of it, else AXIS_MARGIN past it; ticks a fifth of the round top apart.
+    ``cap``: no axis runs past it (a share that cannot pass 100%)."""
+    top = nice_ceiling(value) if cap is None else min(cap, nice_ceiling(value))
+    step = top / TICK_INTERVALS
+    if value <= 0 or top <= value * (1 + AXIS_MARGIN):
+        return Axis(top, tuple(step * i for i in range(TICK_INTERVALS + 1)))
+    end = value * (1 + AXIS_MARGIN)
+    last = math.floor(end / step + 1e-9)
+    return Axis(end, tuple(step * i for i in range(last + 1)))
+
+
+def coinciding(runs: Sequence[PolicyRun]) -> list[str]:
+    """For each run, what the legend says of its lines that are an earlier run's (the same
+    points), and so drawn over that run's and hiding them; "" where none is."""
+    notes: list[str] = []
+    for index, run in enumerate(runs):
+        twins = [_first_same(runs[:index], run, panel) for panel in ("allocation",
+                                                                      "fragmentation")]
+        allocation, fragmentation = (None if twin is None else twin.policy for twin in twins)
+        if allocation is None and fragmentation is None:
+            notes.append("")
+        elif allocation == fragmentation:
+            notes.append(f"the same lines as {allocation}, drawn over them")
+        elif fragmentation is None:
+            notes.append(f"the same allocation line as {allocation}, drawn over it")
+        elif allocation is None:
+            notes.append(f"the same fragmentation line as {fragmentation}, drawn over it")
+        else:
+            notes.append(f"the same allocation line as {allocation} and fragmentation "
+                         f"line as {fragmentation}, drawn over them")
+    return notes
+
+
+def _first_same(earlier: Sequence[PolicyRun], run: PolicyRun, panel: str) -> PolicyRun | None:
+    def line(each: PolicyRun) -> list[tuple[float, float]]:
+        return [(s.arrived, getattr(s, panel)) for s in each.samples]
+
+    drawn = line(run)
+    return next((other for other in earlier if line(other) == drawn), None)
 
 
 def percent_label(value: float) -> str:
@@ -226,16 +282,16 @@ def line_style(index: int) -> str:
 class Panel:
     """One chart: its place in the picture and the scales of its axes."""
 
-    def __init__(self, index: int, x_top: float, y_top: float) -> None:
+    def __init__(self, index: int, x_axis: Axis, y_axis: Axis) -> None:
         self.left = index * PANEL_WIDTH + MARGIN_LEFT
-        self.x_top = x_top
-        self.y_top = y_top
+        self.x_axis = x_axis
+        self.y_axis = y_axis
 
     def x(self, value: float) -> float:
-        return self.left + PLOT_WIDTH * value / self.x_top
+        return self.left + PLOT_WIDTH * value / self.x_axis.end
 
     def y(self, value: float) -> float:
-        return MARGIN_TOP + PLOT_HEIGHT - PLOT_HEIGHT * value / self.y_top
+        return MARGIN_TOP + PLOT_HEIGHT - PLOT_HEIGHT * value / self.y_axis.end
 
     def draw(self, title: str, y_label: str, lines: list[tuple[int, list[tuple[float, float]]]],
              ) -> list[str]:
@@ -244,19 +300,21 @@ class Panel:
         parts = [f'<g class="panel" data-title="{escape(title)}">',
                  f'<text x="{self.left}" y="{MARGIN_TOP - 14}" font-weight="bold">'
                  f'{escape(title)}</text>']
-        for step in range(TICK_INTERVALS + 1):
-            x_tick = self.x_top * step / TICK_INTERVALS
-            y_tick = self.y_top * step / TICK_INTERVALS
-            x, y = self.x(x_tick), self.y(y_tick)
+        for y_tick in self.y_axis.ticks:
+            y = self.y(y_tick)
             parts += [
                 f'<line class="grid" x1="{self.left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" '
                 f'stroke="#e0e0e0"/>',
+                f'<text class="y-tick" x="{self.left - 6}" y="{y + 4:.1f}" text-anchor="end">'
+                f'{percent_label(y_tick)}</text>',
+            ]
+        for x_tick in self.x_axis.ticks:
+            x = self.x(x_tick)
+            parts += [
                 f'<line class="grid" x1="{x:.1f}" y1="{MARGIN_TOP}" x2="{x:.1f}" y2="{bottom}" '
                 f'stroke="#e0e0e0"/>',
                 f'<text class="x-tick" x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">'
                 f'{percent_label(x_tick)}</text>',
-                f'<text class="y-tick" x="{self.left - 6}" y="{y + 4:.1f}" text-anchor="end">'
-                f'{percent_label(y_tick)}</text>',
             ]
         parts += [
             f'<path class="axes" d="M{self.left},{MARGIN_TOP} V{bottom} H{right}" fill="none" '
@@ -278,11 +336,11 @@ def plot_svg(runs: Sequence[PolicyRun], title: str) -> str:
     """Allocation and fragmentation against the arrived workload, one line per run, and
     a legend: a standalone SVG document."""
     series = [thinned(run.samples, PLOT_POINTS) for run in runs]
-    x_top = nice_ceiling(max((s.arrived for samples in series for s in samples), default=0))
-    fragmentation_top = min(1.0, nice_ceiling(
-        max((s.fragmentation for samples in series for s in samples), default=0)))
-    allocation = Panel(0, x_top, 1.0)
-    fragmentation = Panel(1, x_top, fragmentation_top)
+    x_axis = axis_to(max((s.arrived for samples in series for s in samples), default=0))
+    fragmentation_axis = axis_to(
+        max((s.fragmentation for samples in series for s in samples), default=0), cap=1.0)
+    allocation = Panel(0, x_axis, axis_to(1.0))
+    fragmentation = Panel(1, x_axis, fragmentation_axis)
     width = 2 * PANEL_WIDTH
     height = PANEL_HEIGHT + 8 + LEGEND_ROW * len(runs)
     parts = [f'<svg xmlns="{SVG_NAMESPACE}" width="{width}" height="{height}" '
@@ -297,11 +355,14 @@ def plot_svg(runs: Sequence[PolicyRun], title: str) -> str:
         [(i, [(s.arrived, s.fragmentation) for s in samples])
          for i, samples in enumerate(series)])
     parts.append('<g class="legend">')
-    for index, run in enumerate(runs):
+    for index, (run, note) in enumerate(zip(runs, coinciding(runs), strict=True)):
         y = PANEL_HEIGHT + 8 + LEGEND_ROW * index + LEGEND_ROW / 2
+        # A line the same as an earlier run's hides it: said, or the earlier run would
+        # seem missing from the panel.
+        label = f"{run_label(run)}: {note}" if note else run_label(run)
         parts += [f'<line x1="{MARGIN_LEFT}" y1="{y}" x2="{MARGIN_LEFT + 28}" y2="{y}" '
                   f'stroke-width="2" {line_style(index)}/>',
-                  f'<text x="{MARGIN_LEFT + 36}" y="{y + 4}">{escape(run_label(run))}</text>']
+                  f'<text x="{MARGIN_LEFT + 36}" y="{y + 4}">{escape(label)}</text>']
     parts += ["</g>", "</svg>"]
     return "\n".join(parts) + "\n"
 

@@ -105,6 +105,8 @@ class WatchModel:
         self.decisions_seen = 0
         self.pending_seen = 0
         self.undecodable = 0
+        self.heard_live = False
+        """Whether a decision has been heard as it was made (not replayed)."""
 
     def _node(self, name: str) -> NodeView:
         return self.nodes.setdefault(name, NodeView(name))
@@ -135,16 +137,31 @@ class WatchModel:
                 card, health_detail=card.health_detail, cordoned=card.uuid in inventory.cordoned,
                 usage=known.usage if known else None, measured=measured.get(card.uuid))
 
-    def apply_decision(self, event: DecisionEvent) -> None:
+    def apply_decision(self, event: DecisionEvent) -> bool:
+        """Fold a decision in; False for a replayed one left out: the daemon replays its
+        recent decisions whenever a watcher connects, to every watcher. Replays are taken
+        only before any decision is heard as it is made (after, this watcher heard them
+        itself, or newer ones matter more), and each once."""
+        if event.replayed:
+            if self.heard_live or any(_same(event, held) for held in self.decisions):
+                return False
+        else:
+            self.heard_live = True
         self.decisions.append(event)
         self.decisions_seen += 1
         if not event.scheduled:
             self.pending_seen += 1
         elif event.explain:
             self.last_explained = event
+        return True
 
     def note_undecodable(self) -> None:
         self.undecodable += 1
+
+
+def _same(one: DecisionEvent, other: DecisionEvent) -> bool:
+    return (one.pod, one.verb, one.timestamp, one.decider) == (
+        other.pod, other.verb, other.timestamp, other.decider)
 
 
 def pending_reason(event: DecisionEvent) -> str:

@@ -42,7 +42,7 @@ from pyhami.output import add_output_argument, print_json, silence_stdout, stdou
 from pyhami.watch._model import WatchModel
 from pyhami.watch._view import message_document, render, snapshot_document
 
-CLIENT_NAME = "pyhami-watch"
+CLIENT_NAME = telemetry.WATCH_CLIENT
 REFRESH_S = 0.25
 
 Decoded = TypeVar("Decoded", bound=msgspec.Struct)
@@ -241,10 +241,11 @@ async def listen(settings: NatsSettings, model: WatchModel, emit: Emit | None = 
 
 
 def folding(model: WatchModel, kind: str, decode: Callable[[bytes], Decoded],
-            apply: Callable[[Decoded], None],
+            apply: Callable[[Decoded], bool | None],
             emit: Emit | None = None) -> Callable[[Msg], Awaitable[None]]:
     """A subscription callback: decode, fold into the model, count what does not decode;
-    with ``emit``, print each as a JSON line too."""
+    with ``emit``, print each the model takes (a replayed decision it leaves out is not)
+    as a JSON line too."""
 
     async def on_message(message: Msg) -> None:
         try:
@@ -254,7 +255,8 @@ def folding(model: WatchModel, kind: str, decode: Callable[[bytes], Decoded],
             if emit is not None:
                 emit({"event": "undecodable", "subject": message.subject, "error": str(error)})
             return
-        apply(event)
+        if apply(event) is False:
+            return
         if emit is not None:
             emit(message_document(kind, event))
 

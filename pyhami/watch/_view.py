@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from common.telemetry import DecisionEvent
+from pyhami.output import fitted
 from pyhami.watch._model import CardView, WatchModel, pending_reason, plural
 
 MEMORY_BAR_WIDTH = 10
@@ -74,10 +75,18 @@ class Snapshot:
         # numbers beside them, are left out.
         fit = options.is_terminal
         bars = fit and options.max_width >= MEMORY_BARS_MIN_WIDTH
-        parts: list[RenderableType] = [nodes_table(nodes_at(model, self.now), bars, fit),
-                                       Text(), decisions_table(model, fit)]
+
+        def fitting(part: RenderableType) -> RenderableType:
+            # Narrower than a table, rich would cut numbers short or drop columns: its
+            # cells wrap at their spaces instead, or it is stacked, a row a block
+            # (pyhami.output.FittedTable).
+            return fitted(part) if fit and isinstance(part, Table) else part
+
+        parts: list[RenderableType] = [
+            fitting(nodes_table(nodes_at(model, self.now), bars, fit)), Text(),
+            fitting(decisions_table(model, fit))]
         if model.last_explained is not None:
-            parts += [Text(), selection_path(model.last_explained)]
+            parts += [Text(), fitting(selection_path(model.last_explained))]
         return [*parts, Text(), footer(model)]
 
 
@@ -90,15 +99,17 @@ def nodes_table(nodes: list[NodeAt], bars: bool = True, fit: bool = True) -> Ren
     if not nodes:
         return Text("nodes: none heard yet (agents were asked to report)", style="dim")
     table = titled_table("nodes")
-    # Only the node column gives way on a narrow terminal: a long name is cut short.
-    table.add_column("node", overflow="ellipsis", min_width=12)
+    # On a narrow terminal the node's line, the type and the "used MiB" heading wrap at
+    # their spaces (the table fits 80 columns with the lab's T4 cards); narrower still,
+    # the table is stacked (see _parts). A type longer than 22 is cut short.
+    table.add_column("node", overflow="ellipsis")
     table.add_column("GPU", justify="right", no_wrap=True)
-    table.add_column("type", overflow="ellipsis", no_wrap=True, max_width=22 if fit else None)
+    table.add_column("type", overflow="ellipsis", max_width=22 if fit else None)
     table.add_column("tenants", justify="right", no_wrap=True)
     table.add_column("booked MiB", justify="right", no_wrap=True)
     if bars:
         table.add_column("", no_wrap=True)
-    table.add_column("used MiB", justify="right", no_wrap=True)
+    table.add_column("used MiB", justify="right")
     table.add_column("util", justify="right", no_wrap=True)
     table.add_column("cores", justify="right", no_wrap=True)
     table.add_column("health", overflow="ellipsis", no_wrap=True, max_width=12 if fit else None)

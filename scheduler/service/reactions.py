@@ -133,6 +133,12 @@ class Reactions(ServicePart):
         if result is None:
             return
         inventory, vanished = result
+        if inventory.reason == "resync" and self.shared.leadership.leading():
+            # Usage goes out on change only: a watcher that asked the agents to report
+            # (``pyhami watch``, on connecting) would see the node's cards without their
+            # tenants until the next pod came or went. The answers to a resync are
+            # answered with the node's usage as it stands (the leader's, which decides).
+            self.reports.usage_asked(inventory.node)
         await self._watch_slices(inventory)
         if not vanished:
             return

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Literal
+
+import msgspec
 
 from common.core import Decision
 from common.core.fleet import occupied_slots
@@ -24,6 +27,9 @@ TELEMETRY_BATCH_S = 0.02
 """Decisions and usage go out together at most this long after the first of them: under
 a burst one usage message covers every pod placed on a node meanwhile, and one write to
 NATS carries them all, where each pod cost a usage message and a write of its own."""
+RECENT_DECISIONS = 100
+"""The decisions kept to replay to a watcher that connects (``pyhami watch --decisions``
+shows 10 by default)."""
 
 
 class Reporting:
@@ -52,6 +58,7 @@ class Reporting:
         self._changed_nodes: set[str] = set()
         self._retry_signals: list[asyncio.Event] = []
         self._outbox: list[DecisionEvent] = []
+        self._recent: deque[DecisionEvent] = deque(maxlen=RECENT_DECISIONS)
         self._sending: asyncio.TimerHandle | None = None
         shared.before_settle(self._send_now)
 
@@ -59,6 +66,22 @@ class Reporting:
 
     def mark_changed(self, *nodes: str) -> None:
         self._changed_nodes.update(nodes)
+
+    def replay_decisions(self) -> None:
+        """Publish the RECENT_DECISIONS last decisions sent again, oldest first, marked
+        ``replayed``: a watcher that just connected sees what was decided before it."""
+        recent = [msgspec.structs.replace(event, replayed=True) for event in self._recent]
+        if recent:
+            self.shared.in_background(self._replay(recent))
+
+    async def _replay(self, recent: list[DecisionEvent]) -> None:
+        for event in recent:
+            await self._publish(event)
+
+    def usage_asked(self, node: str) -> None:
+        """Publish ``node``'s usage soon, changed or not."""
+        self._changed_nodes.add(node)
+        self._send_soon()
 
     async def capacity_changed(self, *nodes: str, retry_waiting: bool = True) -> None:
         self._changed_nodes.update(nodes)
@@ -115,6 +138,7 @@ class Reporting:
     async def _send(self, decisions: list[DecisionEvent]) -> None:
         for decision in decisions:
             await self._publish(decision)
+            self._recent.append(decision)
         await self._publish_usage()
 
     async def _publish_usage(self) -> None:

@@ -125,6 +125,10 @@ class Reports(Protocol):
     def mark_changed(self, *nodes: str) -> None:
         """These nodes' usage changed; it goes out with the next usage report."""
 
+    def usage_asked(self, node: str) -> None:
+        """Someone asked for this node's usage (an agent answered a resync): it goes out
+        with the next usage report, changed or not."""
+
     async def capacity_changed(self, *nodes: str, retry_waiting: bool = True) -> None:
         """The ending every path that books, frees or cordons cards shares: mark the
         nodes changed, publish their usage, and retry the pods waiting for capacity."""

@@ -20,6 +20,8 @@ from pyhami.output import stdout_console
 from pyhami.simulate import PolicyRun, Sample
 from pyhami.simulate._report import (
     allocation_at_arrived,
+    axis_to,
+    coinciding,
     duration,
     namespace_table,
     nice_ceiling,
@@ -243,10 +245,73 @@ class TestPlot:
         assert tops == pytest.approx([1.0, 0.004, 0.2, 0.25, 0.15, 1.0, 1.5, 3.0, 8.0, 10.0])
         run = policy_run(samples=[sample(1.0, 0.5, 0.0), sample(1.3, 0.6, 0.0)])
         svg = ET.fromstring(plot_svg([run], "inflated"))
-        # Arrived up to 130%: the axis runs to 150%, x = 60 + 360 * arrived / 1.5.
-        assert polylines(svg)["GPU allocation"] == ["300.0,144.0 372.0,122.4"]
+        # Arrived up to 130%: the round top, 150%, would leave the right of the panel
+        # empty; the axis ends 4% past the data, at 135.2%: x = 60 + 360 * arrived / 1.352,
+        # the last point 4% short of the right edge (420), with the round top's ticks.
+        assert polylines(svg)["GPU allocation"] == ["326.3,144.0 406.2,122.4"]
         x_ticks = [t.text for t in svg.iter(f"{SVG}text") if t.get("class") == "x-tick"]
-        assert x_ticks[:6] == ["0%", "30%", "60%", "90%", "120%", "150%"]
+        assert x_ticks[:6] == ["0%", "30%", "60%", "90%", "120%", "0%"]  # then panel two
+        axes = [g.find(f"{SVG}path") for g in svg.iter(f"{SVG}g") if g.get("class") == "panel"]
+        assert [axis.attrib["d"] for axis in axes if axis is not None] == [
+            "M60,36 V252 H420", "M500,36 V252 H860"]
+
+    @pytest.mark.parametrize(("value", "cap", "end", "ticks"), [
+        (0.0, None, 1.0, [0, 0.2, 0.4, 0.6, 0.8, 1.0]),  # nothing: 0 to 100%
+        (1.0, None, 1.0, [0, 0.2, 0.4, 0.6, 0.8, 1.0]),  # a round last value ends it
+        (0.97, None, 1.0, [0, 0.2, 0.4, 0.6, 0.8, 1.0]),  # the round top within 4%
+        (1.26, None, 1.3104, [0, 0.3, 0.6, 0.9, 1.2]),  # the example's: 150% is far
+        (0.13, None, 0.1352, [0, 0.03, 0.06, 0.09, 0.12]),
+        (0.9, 1.0, 0.936, [0, 0.2, 0.4, 0.6, 0.8]),  # under the cap, 4% past the data
+        (0.99, 1.0, 1.0, [0, 0.2, 0.4, 0.6, 0.8, 1.0]),  # never past the cap
+    ])
+    def test_an_axis_ends_at_its_data(self, value: float, cap: float | None, end: float,
+                                      ticks: list[float]) -> None:
+        axis = axis_to(value, cap)
+        assert axis.end == pytest.approx(end)
+        assert list(axis.ticks) == pytest.approx(ticks)
+        assert value <= axis.end <= max(value * 1.04, 1.0 if value == 0 else 0.0)
+
+    def test_lines_drawn_over_others_are_said_in_the_legend(self) -> None:
+        twin = policy_run("spread", FILLING.samples)
+        # The same allocation as FILLING, another fragmentation; a different time does
+        # not matter (the x axis is the arrived workload).
+        half = policy_run("numa", [sample(s.arrived, s.allocation, s.fragmentation / 2)
+                                   for s in FILLING.samples])
+        svg = ET.fromstring(plot_svg([FILLING, STALLING, twin, half], "twins"))
+        legend = next(g for g in svg.iter(f"{SVG}g") if g.get("class") == "legend")
+        assert [t.text for t in legend.iter(f"{SVG}text")] == [
+            "binpack (nodes: binpack)", "mutex,spread (nodes: binpack)",
+            "spread (nodes: binpack): the same lines as binpack, drawn over them",
+            "numa (nodes: binpack): the same allocation line as binpack, drawn over it"]
+        # Drawn on top of each other, as said: the same points.
+        lines = polylines(svg)
+        assert lines["GPU allocation"][3] == lines["GPU allocation"][2] == \
+            lines["GPU allocation"][0] != lines["GPU allocation"][1]
+        assert lines["Fragmentation"][2] == lines["Fragmentation"][0] != \
+            lines["Fragmentation"][3]
+
+    @pytest.mark.parametrize(("runs", "notes"), [
+        ([FILLING, STALLING], ["", ""]),
+        ([FILLING, FILLING, FILLING], ["", "the same lines as binpack, drawn over them",
+                                       "the same lines as binpack, drawn over them"]),
+        ([FILLING, policy_run("a", [sample(0.25, 0.25, 0.05), sample(0.5, 0.5, 0.2),
+                                    sample(1.0, 0.75, 0.2)])],
+         ["", "the same allocation line as binpack, drawn over it"]),
+        ([STALLING, policy_run("f", [sample(0.25, 0.1, 0.05), sample(0.5, 0.1, 0.2)])],
+         ["", "the same fragmentation line as mutex,spread, drawn over it"]),
+        ([FILLING, STALLING, policy_run("m", [sample(0.25, 0.25, 0.05),
+                                               sample(0.5, 0.5, 0.2),
+                                               sample(1.0, 0.75, 0.2)]),
+          policy_run("both", [sample(0.25, 0.25, 0.05), sample(0.5, 0.5, 0.2),
+                              sample(1.0, 0.75, 0.2)])],
+         ["", "", "the same allocation line as binpack, drawn over it",
+          # The first run each line is the same as: binpack's allocation, m's
+          # fragmentation.
+          "the same allocation line as binpack and fragmentation line as m, drawn over "
+          "them"]),
+    ])
+    def test_which_lines_coincide(self, runs: list[PolicyRun], notes: list[str]) -> None:
+        assert coinciding(runs) == notes
 
     def test_text_is_escaped(self) -> None:
         title = "a<b & 'c' \"d\""

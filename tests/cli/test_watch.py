@@ -10,7 +10,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import msgspec
 import nats
@@ -36,9 +37,12 @@ from common.wire import (
     inventory_subject,
 )
 from common.wire import encode as encode_wire
+from pyhami.demo import GPU_POLICY, lab_pod
 from pyhami.output import print_json, stdout_console
 from pyhami.sandbox import DEFAULTS
 from pyhami.watch import WatchModel, render, snapshot_document
+from pyhami.watch._shell import folding
+from tests.harness import Lab, card_of
 from tests.paths import EXAMPLES
 
 NOW = 1_700_000_000.0
@@ -264,6 +268,65 @@ class TestModel:
                       "ExclusiveDeviceAllocateConflict"):
             assert value in text
         assert "…" not in text
+
+
+    @pytest.mark.parametrize("width", [80, 60])
+    def test_narrower_every_value_is_whole_and_no_column_is_lost(self, width: int) -> None:
+        # At 80 the nodes' table wraps the type and a heading at their spaces; at 60 it
+        # is stacked, a card a block: never a value cut short, never a column dropped.
+        model = WatchModel()
+        model.apply_usage(lab_usage())
+        model.apply_inventory(lab_inventory(timestamp=NOW - 3))
+        model.apply_decision(lab_decision("mutex-binpack-pod.yaml"))
+        text = text_of(model, width=width)
+        assert "…" not in text
+        assert all(len(line) <= width for line in text.splitlines())
+        for value in ("2000/15360", "1000/15360", "0/100", "default/mutex-binpack",
+                      "3.302083", "ExclusiveDeviceAllocateConflict", "◀ chosen"):
+            assert value in text
+        assert text.count(" ok") == 4  # the health column, every card
+        assert ("NVIDIA-Tesla T4" in text) == (width == 60)  # wrapped at its space at 80
+        assert text.count("NVIDIA-Tesla") == 4
+
+
+class TestReplayedDecisions:
+    """The daemon replays its recent decisions to every watcher whenever one connects."""
+
+    @staticmethod
+    def replayed(pod: str, at: float) -> DecisionEvent:
+        return msgspec.structs.replace(pending(pod, {NODE: "4/4 CardInsufficientMemory"}),
+                                       timestamp=at, replayed=True)
+
+    def test_taken_once_before_any_decision_heard_live(self) -> None:
+        model = WatchModel()
+        assert model.apply_decision(self.replayed("default/a", NOW - 9))
+        assert model.apply_decision(self.replayed("default/b", NOW - 8))
+        # Another watcher connects: the same replays again, left out.
+        assert not model.apply_decision(self.replayed("default/a", NOW - 9))
+        assert model.apply_decision(pending("default/live", {}))
+        # Heard live since: later replays are old news to this watcher.
+        assert not model.apply_decision(self.replayed("default/c", NOW - 7))
+        assert [event.pod for event in model.decisions] == ["default/a", "default/b",
+                                                            "default/live"]
+        assert (model.decisions_seen, model.pending_seen) == (3, 3)
+
+    def test_a_live_watcher_s_json_stream_leaves_the_replays_out(self) -> None:
+        model = WatchModel()
+        lines: list[dict[str, Any]] = []
+        heard = folding(model, "decision", telemetry.decode_decision, model.apply_decision,
+                        lines.append)
+
+        async def hear(event: DecisionEvent) -> None:
+            await heard(cast(Msg, SimpleNamespace(subject=telemetry.DECISIONS_SUBJECT,
+                                                  data=telemetry.encode(event))))
+
+        async def scenario() -> None:
+            await hear(pending("default/live", {}))
+            await hear(self.replayed("default/a", NOW - 9))
+
+        asyncio.run(scenario())
+        assert [(line["event"], line["pod"], line["replayed"]) for line in lines] == [
+            ("decision", "default/live", False)]
 
 
 class TestPlainOutput:
@@ -602,3 +665,34 @@ async def test_watch_keeps_receiving_after_its_nats_server_is_killed(
         watch.send_signal(signal.SIGTERM)
         await asyncio.wait_for(watch.communicate(), 10)
     assert watch.returncode == 0
+
+
+class TestOnTheLab:
+    """``--once`` against the real standalone daemon and a simulated agent (tests/harness)."""
+
+    async def test_once_shows_the_pods_bound_before_it_started(self, lab: Lab) -> None:
+        # Two pods bound, their usage and decisions published, before the watcher
+        # connects: it hears nothing change while it waits, yet shows the cards' tenants
+        # as they stand and the decisions made, replayed.
+        cards = [card_of(await lab.pods.submit_and_place(lab_pod(f"bound-{i}",
+                                                                  {GPU_POLICY: "spread"})))
+                 for i in range(2)]
+        assert len(set(cards)) == 2  # spread: a card each
+        await asyncio.sleep(0.5)  # their usage gone out, unheard by anyone
+        watch = await run_watch("--nats", lab.nats.url, "--once", "--wait", "2",
+                                "--output", "json")
+        out, err = await asyncio.wait_for(watch.communicate(), 30)
+        assert watch.returncode == 0, err.decode()
+        snapshot = json.loads(out)
+        (node,) = snapshot["nodes"]
+        tenants = {card["uuid"]: card["usage"]["tenants"] for card in node["cards"]
+                   if card["usage"] is not None}
+        assert len(node["cards"]) == 4 and len(tenants) == 4  # every card's usage known
+        assert tenants == {card["uuid"]: int(card["uuid"] in cards) for card in node["cards"]}
+        assert {card["uuid"]: card["usage"]["usedmem"] for card in node["cards"]} == {
+            card["uuid"]: 1000 * int(card["uuid"] in cards) for card in node["cards"]}
+        decisions = snapshot["decisions"]
+        assert {(d["pod"], d["scheduled"], d["node"], d["replayed"]) for d in decisions} == {
+            (f"default/bound-{i}", True, NODE, True) for i in range(2)}
+        assert {d["cards"][0][0]["uuid"] for d in decisions} == set(cards)
+        assert snapshot["decisions_seen"] == len(decisions)  # each once

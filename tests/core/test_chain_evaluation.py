@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
-from common.core import Chain, Node, parse_chain, parse_default_chain
+from common.core import (
+    Chain,
+    Node,
+    decide,
+    decision_document,
+    parse_chain,
+    parse_default_chain,
+    parse_pod,
+)
 from common.core.policy import Filter, SortKey
+from pyhami.output import print_decision, stdout_console
+from pyhami.sandbox import DEFAULTS
 from tests.builders import (
     fleet_of,
     hold,
@@ -82,6 +94,30 @@ class TestWorkedExample:
             assert rows[gpu].rank is None
         assert (rows[2].rank, rows[3].rank) == (1, 2)
         assert [r.index for r in decision.explain if r.chosen] == [2]
+
+    def test_a_node_refused_before_its_cards_shows_every_card_refused_for_it(self) -> None:
+        # "small" has 2 cards, too few for 3; "big" has 4 cards of 15360 MiB, too small
+        # for 20000 MiB each. Both nodes' cards are also too small: the small node's must
+        # still read as its node-level refusal, as failed_nodes and the sentence say.
+        fleet = fleet_of(node("small", 2), node("big", 4))
+        decision = decide(fleet, parse_pod(manifest(gpus=3, gpumem=20000), DEFAULTS),
+                          explain=True, describe=True)
+        assert decision.node is None and decision.explain is not None
+        by_node: dict[str, set[str | None]] = {}
+        for row in decision.explain:
+            by_node.setdefault(row.node, set()).add(row.filtered_by)
+            assert row.rank is None and not row.chosen
+        assert by_node == {"small": {"NodeInsufficientDevice"},
+                           "big": {"CardInsufficientMemory"}}
+        assert decision_document(decision)["failed_nodes"]["small"] == \
+            "2/2 NodeInsufficientDevice"
+        out = io.StringIO()
+        print_decision(decision_document(decision), stdout_console(out))
+        rows = [line.split() for line in out.getvalue().splitlines()]
+        # node, card (two words), tenants, score, filtered by, rank
+        assert [(row[0], row[5], row[6]) for row in rows if row[0] in ("small", "big")] == [
+            ("big", "CardInsufficientMemory", "-")] * 4 + [
+            ("small", "NodeInsufficientDevice", "-")] * 2
 
 
 class TestOrder:

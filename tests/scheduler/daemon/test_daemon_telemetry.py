@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -15,7 +16,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common import telemetry
 from common.natsserver import LocalNatsServer, free_port
-from common.wire import SCHEMA_VERSION, Inventory, ReportedCard, encode, inventory_subject
+from common.wire import (
+    RESYNC_SUBJECT,
+    SCHEMA_VERSION,
+    Inventory,
+    ReportedCard,
+    ResyncRequest,
+    encode,
+    inventory_subject,
+)
 from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from tests.harness import Lab, PodClient, eventually
@@ -212,5 +221,45 @@ async def test_a_scaled_card_shows_its_registered_and_its_own_figures(
         card = next(c for e in usage for c in e.cards if c.usedmem == 30000)
         assert (card.memory, card.cores, card.physical_memory, card.physical_cores) == (
             30720, 150, 15360, 100)
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(("request_body", "replays"), [
+    (encode(ResyncRequest(requested_by=telemetry.WATCH_CLIENT)), True),
+    (encode(ResyncRequest(requested_by="pyhami-scheduler")), False),  # another daemon's
+    (encode(ResyncRequest()), False),
+    (b"\xc1 not msgpack", False),
+    (b"", False),
+    (msgspec.msgpack.encode({"requested_by": 5}), False),
+    (msgspec.msgpack.encode(["pyhami-watch"]), False),
+], ids=["watch", "daemon", "anonymous", "garbage", "empty", "wrong-type", "not-a-map"])
+async def test_a_resync_request_replays_the_decisions_only_for_a_watcher(
+        lab: Lab, request_body: bytes, replays: bool) -> None:
+    await lab.pods.submit_and_place(lab_pod("before"))
+    client = await nats.connect(lab.nats.url)
+    replayed: list[telemetry.DecisionEvent] = []
+
+    async def on_decision(message: nats.aio.msg.Msg) -> None:
+        event = telemetry.decode_decision(message.data)
+        if event.replayed:
+            replayed.append(event)
+
+    await client.subscribe(telemetry.DECISIONS_SUBJECT, cb=on_decision)
+    await client.flush()
+    try:
+        await client.publish(RESYNC_SUBJECT, request_body)
+        await client.flush()
+        if replays:
+            async def heard() -> bool:
+                return bool(replayed)
+
+            await eventually(heard, "the decisions replayed")
+            assert {event.pod for event in replayed} == {"default/before"}
+        else:
+            await asyncio.sleep(0.5)
+            assert replayed == []
+        # Whatever came, the daemon goes on: a pod is still placed.
+        await lab.pods.submit_and_place(lab_pod("after"))
     finally:
         await client.close()

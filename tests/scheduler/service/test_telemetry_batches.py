@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from common.telemetry import DecisionEvent, UsageEvent
+from common.wire import Reason, inventory_subject
 from pyhami.sandbox import DEFAULTS
 from scheduler.service import SchedulerService, ServiceSettings
-from scheduler.service.reporting import TELEMETRY_BATCH_S
+from scheduler.service.reporting import RECENT_DECISIONS, TELEMETRY_BATCH_S
 from scheduler.web.protocol import ExtenderArgs
 from tests.builders import manifest
-from tests.fakes.node_list import NodeList, inventory_message
+from tests.fakes.node_list import NodeList, inventory, inventory_message
 
 NODES = ("n1", "n2")
 
@@ -91,3 +93,53 @@ async def test_the_decision_event_names_the_failed_nodes_the_answer_does(
     (event,) = [event for event in published if isinstance(event, DecisionEvent)]
     assert answer.failed_nodes  # some node failed, with its reasons
     assert event.failed_nodes == answer.failed_nodes
+
+
+@pytest.mark.parametrize(("reason", "republished"), [
+    ("resync", ["n2"]),  # an agent answering a resync (a watcher connecting): usage again
+    ("heartbeat", []),  # nothing changed and nobody asked: nothing
+])
+async def test_an_agent_answering_a_resync_gets_its_node_s_usage_published_unchanged(
+        reason: Reason, republished: list[str]) -> None:
+    published: list[DecisionEvent | UsageEvent] = []
+    service = await service_recording(published)
+    await filter_pods(service, ["a"], "n2")
+    await service.shared.settle()
+    published.clear()
+    answer = msgspec.structs.replace(inventory("n2", 2), reason=reason)
+    await service.reactions.receive_inventory(inventory_subject("n2"),
+                                              msgspec.msgpack.encode(answer))
+    await asyncio.sleep(TELEMETRY_BATCH_S * 3)
+    assert [event.node for event in published if isinstance(event, UsageEvent)] == republished
+    assert all(sum(card.tenants for card in event.cards) == 1 for event in published
+               if isinstance(event, UsageEvent))
+
+
+async def test_the_recent_decisions_are_replayed_in_order_marked_replayed() -> None:
+    published: list[DecisionEvent | UsageEvent] = []
+    service = await service_recording(published)
+    await filter_pods(service, ["a", "b"], "n1")
+    await service.shared.settle()
+    sent = [event for event in published if isinstance(event, DecisionEvent)]
+    published.clear()
+    service.reporting.replay_decisions()
+    await service.shared.settle()
+    assert published == [msgspec.structs.replace(event, replayed=True) for event in sent]
+    assert [event.pod for event in sent] == ["default/a", "default/b"]
+    assert not any(event.replayed for event in sent)
+
+
+async def test_only_the_last_recent_decisions_are_kept() -> None:
+    published: list[DecisionEvent | UsageEvent] = []
+    service = await service_recording(published)
+    names = [f"p{i}" for i in range(RECENT_DECISIONS + 5)]
+    for name in names:  # refused (too big for a T4), and published all the same
+        answer = await service.verbs.filter(
+            ExtenderArgs(pod=manifest(name, gpumem=100_000), node_names=NODES))
+        assert answer.node_names == []
+    await service.shared.settle()
+    published.clear()
+    service.reporting.replay_decisions()
+    await service.shared.settle()
+    assert [event.pod for event in published if isinstance(event, DecisionEvent)] == [
+        f"default/{name}" for name in names[5:]]
