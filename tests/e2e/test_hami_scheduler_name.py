@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from pyhami._controlplane import chart_scheduler_config, wait_for
-from tests.e2e.controlplane import NODE, ControlPlane
+from tests.e2e.controlplane import LEASE_NAME, NODE, SYSTEM_NAMESPACE, ControlPlane
 from tests.e2e.pods import HAMI_EXAMPLE, Lab
 
 HAMI_EXAMPLE_SHA256 = "38d1437c530a6d763f7e593c2c9e1a16fa1f609a7644e83c9b164c8086f30159"
@@ -62,8 +62,11 @@ def test_a_pod_naming_hamis_scheduler_waits_under_pyhamis_name_and_is_bound_unde
     config = control_plane.rendered_scheduler_config(
         chart_scheduler_config(control_plane.bin_dir, [f"schedulerName={HAMI_NAME}"]))
     assert [profile["schedulerName"] for profile in config["profiles"]] == [HAMI_NAME]
-    control_plane.restart_scheduler("--scheduler-name", HAMI_NAME, nodes=1,
-                                    scheduler_config=config)
+    # As the chart renders the daemon: its Lease is kube-scheduler's, named after the
+    # release, whatever name the pods ask for.
+    control_plane.restart_scheduler("--scheduler-name", HAMI_NAME,
+                                    "--leader-lease", f"{SYSTEM_NAMESPACE}/{LEASE_NAME}",
+                                    nodes=1, scheduler_config=config)
     try:
         placed = lab.wait_placed(name)
         assert placed.node == NODE
