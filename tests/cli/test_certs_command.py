@@ -10,21 +10,15 @@ import pytest
 from cryptography import x509
 
 from common.certificates import FILE_NAMES
-from pyhami.cli import build_parser, main
+from pyhami.cli import main
+from tests.commands import run_command
 
 
 def certs_init(capsys: pytest.CaptureFixture[str], *argv: str | Path,
                environ: dict[str, str] | None = None) -> tuple[int, str, str]:
     """The exit code, stdout and stderr of ``pyhami certs init ARGV``; an argparse error
     (exit 2) included."""
-    try:
-        args = build_parser(environ or {}).parse_args(["certs", "init", *map(str, argv)])
-        code: int = args.handler(args)
-    except SystemExit as stopped:
-        assert isinstance(stopped.code, int)
-        code = stopped.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_command(capsys, "certs", "init", *argv, environ=environ)
 
 
 def server_names(path: Path) -> list[str]:

@@ -20,6 +20,7 @@ from common.core.errors import SettingsError
 from common.deviceconfig import CONFIG_FILE_MAX_BYTES, device_config_from, node_config_from
 from pyhami.cli import build_parser
 from pyhami.preflight import preflight_report, print_report
+from tests.commands import run_command
 from tests.paths import EXAMPLES, REPO
 
 HAMI = REPO / "tests" / "common" / "hami"
@@ -31,15 +32,7 @@ CLI_DOC = REPO / "docs" / "cli.md"
 def preflight(capsys: pytest.CaptureFixture[str], *argv: str | Path,
               environ: dict[str, str] | None = None) -> tuple[int, str, str]:
     """The exit code, stdout and stderr of ``pyhami preflight ARGV`` (in a pipe)."""
-    try:
-        args = build_parser(environ or {}, only="preflight").parse_args(
-            ["preflight", *map(str, argv)])
-        code: int = args.handler(args)
-    except SystemExit as stopped:
-        assert isinstance(stopped.code, int)
-        code = stopped.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_command(capsys, "preflight", *argv, environ=environ, only="preflight")
 
 
 def report(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, Any, str]:
