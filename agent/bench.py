@@ -20,7 +20,7 @@ import nats
 from nats.aio.msg import Msg
 
 from agent.report import Report
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.arguments import Subcommands, positive_int
 from common.natsserver import LocalNatsServer
 from common.wire import INVENTORY_SUBJECTS, Inventory, decode_inventory, encode, inventory_subject

@@ -31,7 +31,7 @@ import msgspec
 import uvloop
 
 from agent.report import Report
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.wire import encode, inventory_subject
 from pyhami.bench_extender import PROFILES, pod
 from pyhami.bench_load import filter_body

@@ -43,7 +43,7 @@ import nats
 import yaml
 
 from agent.report import Report
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.arguments import Subcommands, positive_int
 from common.certificates import Bundle, write_bundle
 from common.natsserver import free_port, nats_server_binary

@@ -36,7 +36,7 @@ import nats.aio.client
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.report import Report
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.arguments import Subcommands, positive_int
 from common.natsserver import LocalNatsServer, free_port
 from common.wire import Reason, encode, inventory_subject

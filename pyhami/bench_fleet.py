@@ -41,7 +41,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from agent.report import Report
-from agent.simulated import PROFILES, profile_cards
+from agent.vendors.nvidia.simulated import PROFILES, profile_cards
 from common.arguments import Subcommands, positive_int, positive_seconds
 from common.natsserver import LocalNatsCluster, free_port
 from common.wire import (

@@ -23,7 +23,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from agent.simulated import PROFILES
+from agent.vendors.nvidia.simulated import PROFILES
 from common.arguments import (
     Subcommands,
     add_policy_defaults,

@@ -14,7 +14,7 @@ from typing import Any
 
 from agent.mig.setup import simulated_mig_node
 from agent.service import Agent, AgentSettings
-from agent.simulated import MIG_PROFILES, SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import MIG_PROFILES, SimulatedSource, profile_cards
 from common.core import Defaults, NodePolicy, parse_default_chain
 from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer, free_port

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.registration import registered_cards
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.core import Node
 from common.core.annotations import (
     ALLOCATED_ANNOTATION,
@@ -32,7 +32,8 @@ from common.core.annotations import (
     encode_devices,
 )
 from common.core.deviceconfig import NodeDeviceConfig
-from common.core.registration import REGISTER_ANNOTATION, node_register
+from common.core.registration import node_register
+from common.core.vendors import NVIDIA
 from common.natsserver import free_port
 from pyhami._controlplane import ApiServerPlane
 
@@ -70,7 +71,8 @@ def prepare(plane: ApiServerPlane) -> str:
     cards = registered_cards(profile_cards("a100x8-nvswitch", NODE), NodeDeviceConfig())
     register = node_register(Node(name=NODE, devices=[card.card() for card in cards]))
     node = api.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
-        "name": NODE, "labels": {"gpu": "on"}, "annotations": {REGISTER_ANNOTATION: register}}})
+        "name": NODE, "labels": {"gpu": "on"},
+        "annotations": {NVIDIA.register_annotation: register}}})
     node["status"] = {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                       "message": "ok",

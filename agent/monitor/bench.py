@@ -25,7 +25,7 @@ from agent.monitor.cache import MAGIC, V1
 from agent.monitor.containers import CacheSettings
 from agent.monitor.monitor import MonitorSettings, NodeMonitor
 from agent.report import Report
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.arguments import Subcommands, positive_int
 from common.wire import HoldingContainer, HoldingPod, encode
 

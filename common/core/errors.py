@@ -21,10 +21,10 @@ raises it, and the agent and the scheduler each add a package root
     ├── SettingsError (ValueError)       a flag or PYHAMI_* variable that cannot be used
     ├── ExternalFailure                  NATS, the Kubernetes API or NVML failed or refused
     │   ├── NatsServerError              common.natsserver
-    │   ├── CardReadError                agent.nvml (also an AgentError)
+    │   ├── CardReadError                agent.vendors.nvidia.nvml (also an AgentError)
     │   └── ClusterError > StoreUnavailable  scheduler.cluster (also a SchedulerError)
     ├── AgentError                       agent.errors
-    │   └── InventoryError               agent.inventory
+    │   └── InventoryError               agent.vendors.port
     ├── SchedulerError                   scheduler.errors
     │   ├── TlsError                     scheduler.tls.webhook
     │   ├── IdentityRefused              scheduler.busauth (an agent's token)

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.monitor.containers import CacheSettings
 from agent.monitor.monitor import MonitorSettings
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer, free_port
 from common.wire import (

@@ -12,7 +12,7 @@ import nats
 from nats.aio.subscription import Subscription
 
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer
 from common.wire import (

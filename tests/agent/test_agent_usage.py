@@ -14,8 +14,8 @@ from nats.aio.subscription import Subscription
 
 from agent.monitor.model import ContainerUsage, DeviceUsage, HostCard
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
 from agent.usage import LatestUsage, measured_from
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer
 from common.wire import (

@@ -1,5 +1,6 @@
 # ruff: noqa: N802 - the stand-in answers to NVML's own function names
-"""A stand-in for the NVML library (there is no GPU in the tests), for ``agent.nvml``.
+"""A stand-in for the NVML library (there is no GPU in the tests), for
+``agent.vendors.nvidia.nvml``.
 
 ``NvmlStandIn`` answers the same calls as ``pynvml`` from ``StandInCard`` records and
 raises ``pynvml``'s own errors, so everything from the library call up is the production

@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 import nats
 
-from agent.nvml import NvmlSource
+from agent.vendors.nvidia.nvml import NvmlSource
 from common.core.cluster import ClusterFile
 from common.natsserver import LocalNatsServer
 from common.wire import INVENTORY_SUBJECTS, Inventory, decode_inventory

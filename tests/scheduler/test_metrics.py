@@ -19,7 +19,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import parser as openmetrics_parser
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.core.annotations import ALLOCATED_ANNOTATION, decode_devices
 from common.core.fleet import Fleet
 from common.natsserver import LocalNatsServer, free_port

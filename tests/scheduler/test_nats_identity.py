@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common import telemetry
 from common.busaccess import DAEMON_USER, WATCH_USER, BusCredentials, agent_inbox_prefix
 from common.certificates import Bundle

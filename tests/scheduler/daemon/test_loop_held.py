@@ -13,7 +13,7 @@ import aiohttp
 import msgspec
 
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource
+from agent.vendors.nvidia.simulated import SimulatedSource
 from common.core.groups import GROUP_MAX
 from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer

@@ -19,7 +19,7 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.messaging import MAX_CONTROL_LINE, Connection, NatsSettings
 from common.natsserver import LocalNatsServer
 from common.wire import SCHEMA_VERSION, Inventory, encode, inventory_subject

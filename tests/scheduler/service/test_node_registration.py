@@ -14,7 +14,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from common.core.registration import REGISTER_ANNOTATION, decode_register, registered_card
+from common.core.registration import decode_register, registered_card
+from common.core.vendors import NVIDIA
 from common.wire import inventory_subject
 from pyhami.sandbox import DEFAULTS
 from scheduler.cluster import SCHEDULER_NAME
@@ -26,6 +27,8 @@ from tests.builders import manifest
 from tests.fakes.apiserver import StubApiServer, pod_json, serve, write_kubeconfig
 from tests.fakes.clock import Clock
 from tests.fakes.node_list import inventory, silent
+
+REGISTER_ANNOTATION = NVIDIA.register_annotation
 
 RETENTION = 600.0
 SETTINGS = ServiceSettings(defaults=DEFAULTS, node_retention=None, nodes_listed=True,

@@ -14,7 +14,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.messaging import MAX_CONTROL_LINE
 from common.natsserver import LocalNatsServer
 from common.wire import (

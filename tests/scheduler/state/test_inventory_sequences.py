@@ -9,7 +9,7 @@ import logging
 import msgspec
 import pytest
 
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.wire import SCHEMA_VERSION, Inventory, inventory_subject
 from pyhami.sandbox import DEFAULTS
 from scheduler.service import SchedulerService, ServiceSettings

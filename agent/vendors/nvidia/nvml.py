@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
 from agent.errors import AgentError
-from agent.inventory import InventoryError
 from agent.monitor.model import GpuProcess, HostCard
 from agent.monitor.processes import tenants_seen
+from agent.vendors.port import InventoryError
 from common.core.errors import ExternalFailure
-from common.core.registration import card_type_from_nvml
+from common.core.vendors import NVIDIA
 from common.messaging import RateLimitedLog
 from common.wire import ReportedCard
 
@@ -475,7 +475,7 @@ class NvmlSource:
         pci = self._call("nvmlDeviceGetPciInfo", lambda: nvml.nvmlDeviceGetPciInfo(handle))
         bus_id = sysfs_bus_id(pci.busId)
         return _Identity(handle=handle, index=index, uuid=uuid, name=name,
-                         model=card_type_from_nvml(name), memory=memory, bus_id=bus_id,
+                         model=NVIDIA.card_type(name), memory=memory, bus_id=bus_id,
                          numa=self._numa(handle, bus_id), sm_count=self._sm_count(handle))
 
     def _memory(self, handle: object) -> int:

@@ -12,12 +12,12 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from agent.inventory import InventoryError
 from agent.mig.tables import A100_80GB, H100_80GB, H200_141GB, MigCardTable
 from agent.monitor.model import GpuProcess, HostCard
 from agent.monitor.processes import tenants_per_card
+from agent.vendors.port import InventoryError
 from common.core.model import NonNegative, NumaId
-from common.core.registration import card_type_from_nvml
+from common.core.vendors import NVIDIA
 from common.wire import ReportedCard
 
 MIB = 1024 * 1024
@@ -28,7 +28,7 @@ def uuid_for(node: str, index: int) -> str:
 
 
 T4_NAME = "Tesla T4"
-NVML_NAMES = {card_type_from_nvml(name): name for name in (
+NVML_NAMES = {NVIDIA.card_type(name): name for name in (
     T4_NAME, A100_80GB.name, H100_80GB.name, H200_141GB.name)}
 """The NVML name of each model the profiles simulate (the MIG tables' names for the others),
 by the type it registers as."""
@@ -45,7 +45,7 @@ def _cards(node: str, count: int, *, name: str, memory: int, sm_count: int | Non
            numa_of: Callable[[int], int],
            peers_of: Callable[[int], dict[int, int]]) -> list[ReportedCard]:
     """``count`` cards NVML names ``name``, typed as HAMi registers that name."""
-    model = card_type_from_nvml(name)
+    model = NVIDIA.card_type(name)
     return [ReportedCard(uuid=uuid_for(node, index), index=index, type=model, memory=memory,
                          numa=numa_of(index), sm_count=sm_count,
                          links={uuid_for(node, peer): lanes

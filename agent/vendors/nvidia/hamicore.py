@@ -13,12 +13,24 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from agent.vendors.port import ContainerRefused
 from common.core.deviceconfig import NodeDeviceConfig
 from common.core.errors import InvalidInput
 from common.core.names import InvalidName, check_label, shown
 
 HAMI_VERSION = "v2.10.0"
 """The HAMi release pyhami follows; its device plugin image ships ``libvgpu.so.v2.10.0``."""
+CONTAINERS_FOLDER = "containers"
+"""The folder, in HAMi-core's host folder, holding one folder per container."""
+# Where HAMi-core's library appears in a container: the path HAMi uses, so images and
+# tools made for HAMi find it.
+CONTAINER_VGPU_DIR = "/usr/local/vgpu"
+CONTAINER_LIBRARY = f"{CONTAINER_VGPU_DIR}/libvgpu.so"
+CONTAINER_PRELOAD = "/etc/ld.so.preload"
+CONTAINER_LOCK_DIR = "/tmp/vgpulock"
+"""HAMi-core flocks ``lock`` in it to serialise its processes across containers."""
+SHARED_CACHE_DIR = "/tmp/vgpu"
+"""Where the cache file goes without HAMi-core: nothing reads it then."""
 
 # A Kubernetes uid is a UUID; standalone uids are too. No '_' (HAMi's monitor splits the
 # folder name at the first '_'), no '/', and a leading letter or digit rules out '.' and '..'.
@@ -63,7 +75,7 @@ def hami_core_settings(config: NodeDeviceConfig) -> HamiCoreSettings:
                             device_memory_scaling=config.settings.device_memory_scaling)
 
 
-class UnsafeFolderName(InvalidInput):
+class UnsafeFolderName(InvalidInput, ContainerRefused):
     """A pod uid or container name that cannot name a host folder; the text says which."""
 
 
