@@ -20,12 +20,12 @@ import numpy as np
 from common.core import Card, Node, NodePolicy, PodManifest
 from common.core.pod import (
     GPU_POLICY_ANNOTATION,
-    USE_TYPE_ANNOTATION,
     Container,
     ObjectMeta,
     PodSpec,
     ResourceRequirements,
 )
+from common.core.vendors import NVIDIA
 from pyhami.simulate._engine import simulate
 from pyhami.simulate._results import PolicyRun, percentile
 from pyhami.simulate._trace import SimPod, Trace
@@ -69,7 +69,7 @@ def pod(position: int, rng: np.random.Generator) -> PodManifest:
         limits = {"nvidia.com/gpu": cards, "nvidia.com/gpucores": 100}
     annotations: dict[str, str] = {}
     if rng.random() < 0.1:
-        annotations[USE_TYPE_ANNOTATION] = MODELS[int(rng.integers(len(MODELS)))][0]
+        annotations[NVIDIA.pod_annotations.use_type] = MODELS[int(rng.integers(len(MODELS)))][0]
     if rng.random() < 0.05:
         annotations[GPU_POLICY_ANNOTATION] = "spread"
     return PodManifest(

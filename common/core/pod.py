@@ -13,7 +13,7 @@ import msgspec
 
 from common.core.annotations import comma_list
 from common.core.deviceconfig import INT32_MAX, DeviceConfig, ResourceNames
-from common.core.mig import POD_MODES, VGPU_MODE_ANNOTATION
+from common.core.mig import POD_MODES
 from common.core.names import shown
 from common.core.policy import (
     WEIGHTS_ANNOTATION,
@@ -25,6 +25,7 @@ from common.core.policy import (
     parse_node_policy,
     parse_weights,
 )
+from common.core.vendors import NVIDIA
 
 # Whole numbers as msgpack stores them (the standalone pod store): a larger one is refused
 # when the manifest is read, with the field named, not when the pod is stored.
@@ -50,11 +51,6 @@ GPU_RESOURCES = gpu_resources(DEFAULT_NAMES)
 
 GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
-USE_UUID_ANNOTATION = "nvidia.com/use-gpuuuid"
-NOUSE_UUID_ANNOTATION = "nvidia.com/nouse-gpuuuid"
-USE_TYPE_ANNOTATION = "nvidia.com/use-gputype"
-NOUSE_TYPE_ANNOTATION = "nvidia.com/nouse-gputype"
-NUMA_BIND_ANNOTATION = "nvidia.com/numa-bind"
 
 
 # The subset of a v1.Pod that pyhami reads; every other field is ignored on decode.
@@ -501,22 +497,23 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
     if WEIGHTS_ANNOTATION in annotations:
         weights = parse_weights(annotations[WEIGHTS_ANNOTATION])
 
+    choice = NVIDIA.pod_annotations
     numa_bind = False
-    if NUMA_BIND_ANNOTATION in annotations:
-        flag = annotations[NUMA_BIND_ANNOTATION].strip().lower()
+    if choice.numa_bind in annotations:
+        flag = annotations[choice.numa_bind].strip().lower()
         if flag not in _TRUE | _FALSE:
             raise PodRejected(
-                f"{NUMA_BIND_ANNOTATION}: {annotations[NUMA_BIND_ANNOTATION]!r} "
+                f"{choice.numa_bind}: {annotations[choice.numa_bind]!r} "
                 "is not true or false"
             )
         numa_bind = flag in _TRUE
 
     modes = None
-    if VGPU_MODE_ANNOTATION in annotations:
-        modes = parse_pod_modes(annotations[VGPU_MODE_ANNOTATION])
+    if choice.mode in annotations:
+        modes = parse_pod_modes(annotations[choice.mode])
 
-    use_uuids = comma_list(annotations.get(USE_UUID_ANNOTATION, ""))
-    use_types = comma_list(annotations.get(USE_TYPE_ANNOTATION, ""))
+    use_uuids = comma_list(annotations.get(choice.use_uuid, ""))
+    use_types = comma_list(annotations.get(choice.use_type, ""))
     return PodRequest(
         key=manifest.key,
         containers=tuple(containers),
@@ -525,10 +522,10 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
         node_policy=node_policy,
         weights=weights,
         use_uuids=frozenset(use_uuids) if use_uuids else None,
-        nouse_uuids=frozenset(comma_list(annotations.get(NOUSE_UUID_ANNOTATION, ""))),
+        nouse_uuids=frozenset(comma_list(annotations.get(choice.nouse_uuid, ""))),
         use_types=tuple(t.lower() for t in use_types) if use_types else None,
         nouse_types=tuple(
-            t.lower() for t in comma_list(annotations.get(NOUSE_TYPE_ANNOTATION, ""))
+            t.lower() for t in comma_list(annotations.get(choice.nouse_type, ""))
         ),
         numa_bind=numa_bind,
         subject=QuotaSubject.of(manifest),
@@ -548,6 +545,6 @@ def parse_pod_modes(text: str) -> frozenset[str]:
     modes = [part.strip() for part in text.split(",")]
     if not text.strip() or any(mode not in POD_MODES for mode in modes):
         raise PodRejected(
-            f"{VGPU_MODE_ANNOTATION}: {shown(text)} must name hami-core, mig or mps, "
+            f"{NVIDIA.pod_annotations.mode}: {shown(text)} must name hami-core, mig or mps, "
             "comma-separated")
     return frozenset(modes)

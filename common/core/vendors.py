@@ -24,6 +24,24 @@ class DefaultResources:
 
 
 @dataclass(frozen=True, slots=True)
+class PodAnnotations:
+    """The annotations a pod chooses the vendor's cards with (HAMi's names)."""
+
+    use_uuid: str
+    """The cards a pod may use, by UUID, comma-separated."""
+    nouse_uuid: str
+    """The cards it may not use, by UUID."""
+    use_type: str
+    """The card types it may use (a type matches when it contains one, any case)."""
+    nouse_type: str
+    """The card types it may not use."""
+    numa_bind: str
+    """``true``: every card of a container on one NUMA node."""
+    mode: str
+    """The card modes it may use (``hami-core``, ``mig``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Vendor:
     """One card vendor as HAMi names it on the wire. Pure data and one rule: nothing here
     reads hardware."""
@@ -41,6 +59,8 @@ class Vendor:
     """The key of the vendor's section in HAMi's ``device-config.yaml``."""
     resources: DefaultResources
     """The resources a pod asks with where the device configuration names none."""
+    pod_annotations: PodAnnotations
+    """What a pod chooses the vendor's cards with."""
     visible_devices_env: str
     """The container variable naming the cards a container may see (the webhook writes it
     ``none`` for a container asking for no card, under ``overwriteEnv``)."""
@@ -79,6 +99,13 @@ NVIDIA = Vendor(
         memory_percentage="nvidia.com/gpumem-percentage",
         cores="nvidia.com/gpucores",
         priority="nvidia.com/priority"),
+    pod_annotations=PodAnnotations(
+        use_uuid="nvidia.com/use-gpuuuid",
+        nouse_uuid="nvidia.com/nouse-gpuuuid",
+        use_type="nvidia.com/use-gputype",
+        nouse_type="nvidia.com/nouse-gputype",
+        numa_bind="nvidia.com/numa-bind",
+        mode="nvidia.com/vgpu-mode"),
     visible_devices_env="NVIDIA_VISIBLE_DEVICES",
 )
 """NVIDIA's cards as HAMi v2.10 names them: the vendor pyhami schedules."""
