@@ -31,7 +31,9 @@ from common.core.annotations import CardGrant
 from common.core.vendors import NVIDIA
 from common.wire import PendingPod
 
-logger = logging.getLogger(__name__)
+# The logger its lines have carried since HAMi-core was looked for in the device plugin's
+# module: a log line keeps its name when the code moves (operators filter on it).
+logger = logging.getLogger("agent.deviceplugin.plugin")
 
 VISIBLE_DEVICES_ENV = NVIDIA.visible_devices_env
 
