@@ -33,8 +33,8 @@ from common.core.annotations import (
 )
 from common.core.deviceconfig import NodeDeviceConfig
 from common.core.registration import REGISTER_ANNOTATION, node_register
-from common.natsserver import free_port
-from pyhami._controlplane import ApiServerPlane
+from harness.controlplane import ApiServerPlane
+from pyhami.natsserver import free_port
 
 BIN = Path.home() / ".cache/pyhami/control-plane/v1.36.3"
 NODE = "lab-node"
