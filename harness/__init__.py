@@ -9,6 +9,8 @@ contract holds it); it may import the product. Here:
 - ``bench_cluster``: kube-scheduler with pyhami against kube-scheduler alone on that plane
   (``scripts/bench-cluster``, the flags ``pyhami bench cluster`` had).
 - ``bench_simulate``: the simulator's engine on a synthetic trace (``scripts/bench-simulate``).
+- ``check_hami_webui``: HAMi-WebUI's server against the nodes pyhami registers, on the
+  control plane (``scripts/check-hami-webui``, a manual check).
 - ``benchmarks/``: micro-benchmarks run as scripts (``python harness/benchmarks/NAME.py``),
   some on the test suite's builders.
 
