@@ -275,7 +275,7 @@ class FittingNodes(Mapping[str, float]):
         """The first ``count`` nodes of the order with their scores, without ordering
         them all: a placed pod's ``FilteringSucceed`` Event names a few among what may be
         thousands (5,000 nodes ordered: 1.6 ms; their head: 0.04 ms; measured by
-        benchmarks/event_messages.py, figures in docs/performance.md)."""
+        harness/benchmarks/event_messages.py, figures in docs/performance.md)."""
         if count <= 0:
             return []
         if self._built is not None or count >= len(self._positions):

@@ -37,7 +37,6 @@ from common.core.deviceconfig import (
     ResourceNames,
 )
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
     HoldingPod,
@@ -49,6 +48,7 @@ from common.wire import (
     decode_outcome,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 
 NODE = "gpu-node-1"

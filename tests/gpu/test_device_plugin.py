@@ -37,7 +37,6 @@ from agent.nvml import NvmlSource
 from agent.service import Agent, AgentSettings
 from common.core.annotations import CardGrant, encode_devices
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
     PendingAllocations,
@@ -48,6 +47,7 @@ from common.wire import (
     decode_outcome,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 from tests.fakes.kubelet import FakeKubelet
 from tests.gpu.machine import gpu_marks
 from tests.gpu.report import CheckLog
