@@ -33,8 +33,8 @@ from common.arguments import (
 )
 from common.core.errors import PyhamiError
 from common.core.pod import DEFAULT_NAMESPACE
-from common.natsserver import NatsServerError
 from common.stopping import stop_on_signals
+from pyhami.natsserver import NatsServerError
 from pyhami.output import fitted, selection_path, stdout_console
 from pyhami.sandbox import Sandbox
 

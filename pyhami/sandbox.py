@@ -17,7 +17,7 @@ from agent.service import Agent, AgentSettings
 from agent.vendors.nvidia.simulated import MIG_PROFILES, SimulatedSource, profile_cards
 from common.core import Defaults, NodePolicy, parse_default_chain
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 from scheduler.config import DaemonConfig
 from scheduler.daemon import run_daemon
 from scheduler.service import SchedulerService, ServiceSettings

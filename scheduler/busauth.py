@@ -25,7 +25,8 @@ from nats.aio.msg import Msg
 
 from common.busaccess import ACCOUNT, BusCredentials, agent_permissions, agent_user
 from common.core.names import InvalidName, check_subdomain, shown
-from common.core.natsjwt import (
+from common.messaging import Connection, RateLimitedLog
+from common.natsjwt import (
     AuthorizationRequest,
     JwtError,
     authorization_request,
@@ -34,7 +35,6 @@ from common.core.natsjwt import (
     public_key,
     user_jwt,
 )
-from common.messaging import Connection, RateLimitedLog
 from scheduler.cluster import ClusterError
 from scheduler.errors import SchedulerError
 

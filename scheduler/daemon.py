@@ -35,9 +35,9 @@ from common import telemetry
 from common.buckets import BucketReplicasError, default_replicas
 from common.busaccess import DAEMON_USER, CredentialsError
 from common.core.deviceconfig import DeviceConfig
-from common.core.natsjwt import public_key
 from common.core.pod import PodManifest
 from common.messaging import Connection, describe_error
+from common.natsjwt import public_key
 from common.supervision import Supervisor
 from common.wire import (
     ALLOCATED_SUBJECTS,
@@ -350,7 +350,7 @@ class Daemon:
         """The extender (and in standalone mode the pod API) and the metrics, in place of
         the probes."""
         config = self._config
-        verbs = extender_verbs(service, url_prefix=config.url_prefix, noop=config.noop_endpoint)
+        verbs = extender_verbs(service, url_prefix=config.url_prefix)
         app = extender_app(service, verbs, url_prefix=config.url_prefix)
         if self._standalone is not None:
             self._pending = PendingLoop(service, self._standalone, config.retry_period,

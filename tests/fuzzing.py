@@ -28,7 +28,7 @@ from nats.aio.client import Client
 
 from agent.vendors.nvidia.simulated import uuid_for
 from common.messaging import NatsSettings, connect
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from tests.invariants import settled_violations_sync
 

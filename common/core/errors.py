@@ -15,12 +15,12 @@ raises it, and the agent and the scheduler each add a package root
     │   ├── ClusterFileError             common.core.cluster (a cluster description)
     │   ├── InputFileError               common.files
     │   ├── WireError > WrongSubject     common.wire
-    │   ├── JwtError                     common.core.natsjwt (a JWT, NKey or node token)
+    │   ├── JwtError                     common.natsjwt (a JWT, NKey or node token)
     │   ├── CredentialsError             common.busaccess (stored NATS credentials)
     │   └── BadReview                    scheduler.web.webhook (also a SchedulerError)
     ├── SettingsError (ValueError)       a flag or PYHAMI_* variable that cannot be used
     ├── ExternalFailure                  NATS, the Kubernetes API or NVML failed or refused
-    │   ├── NatsServerError              common.natsserver
+    │   ├── NatsServerError              pyhami.natsserver
     │   ├── CardReadError                agent.vendors.nvidia.nvml (also an AgentError)
     │   └── ClusterError > StoreUnavailable  scheduler.cluster (also a SchedulerError)
     ├── AgentError                       agent.errors

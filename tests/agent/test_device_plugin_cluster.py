@@ -22,8 +22,8 @@ from agent.vendors.nvidia.plugin import DEVICE_PLUGIN
 from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.core.annotations import ALLOCATED_ANNOTATION, decode_devices
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsCluster, LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsCluster, LocalNatsServer
 from pyhami.sandbox import RunningDaemon, servers_of, standalone_config
 from tests.agent.test_device_plugin_kubelet import CARDS, NODE, folders
 from tests.fakes.kubelet import WAIT_S, FakeKubelet

@@ -19,8 +19,8 @@ from agent.vendors.nvidia.plugin import DEVICE_PLUGIN
 from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.core.annotations import ALLOCATED_ANNOTATION, BIND_PHASE_ANNOTATION, decode_devices
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, standalone_config
 from tests.agent.test_device_plugin_kubelet import CARDS, NODE, folders
 from tests.fakes.kubelet import WAIT_S, FakeKubelet

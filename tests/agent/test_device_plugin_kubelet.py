@@ -38,7 +38,6 @@ from common.core.deviceconfig import (
     ResourceNames,
 )
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
     HoldingPod,
@@ -50,6 +49,7 @@ from common.wire import (
     decode_outcome,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 
 NODE = "gpu-node-1"

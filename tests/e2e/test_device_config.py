@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from common.core.annotations import ALLOCATED_ANNOTATION, CardGrant, decode_devices
-from pyhami._controlplane import (
+from harness.controlplane import (
     ApiError,
     Process,
     chart_scheduler_config,

@@ -44,8 +44,9 @@ from common.core.registration import (
     decode_register_json,
 )
 from common.core.vendors import NVIDIA
-from common.natsserver import free_port
-from pyhami._controlplane import Process, http_get, wait_for
+from harness.controlplane import Process, wait_for
+from pyhami.bench.loopback import http_get
+from pyhami.natsserver import free_port
 from scheduler.service.reactions import CORDON_REFRESH_S
 from tests.e2e.controlplane import KUBELET_NODE, TEST_NAMESPACE, ControlPlane, recorded_env
 from tests.e2e.pods import PODS, lab_pod

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from pyhami._controlplane import wait_for
+from harness.controlplane import wait_for
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import EVENTS, Lab, lab_pod
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pyhami._controlplane import SCHEDULER_NAME, wait_for
+from harness.controlplane import SCHEDULER_NAME, wait_for
 from tests.e2e.controlplane import NODE, ControlPlane
 from tests.e2e.pods import (
     ALLOCATED,

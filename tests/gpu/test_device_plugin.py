@@ -38,7 +38,6 @@ from agent.vendors.nvidia.nvml import NvmlSource
 from agent.vendors.nvidia.plugin import DEVICE_PLUGIN
 from common.core.annotations import CardGrant, encode_devices
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
     PendingAllocations,
@@ -49,6 +48,7 @@ from common.wire import (
     decode_outcome,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 from tests.fakes.kubelet import FakeKubelet
 from tests.gpu.machine import gpu_marks
 from tests.gpu.report import CheckLog

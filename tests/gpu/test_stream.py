@@ -22,8 +22,8 @@ import nats
 
 from agent.vendors.nvidia.nvml import NvmlSource
 from common.core.cluster import ClusterFile
-from common.natsserver import LocalNatsServer
 from common.wire import INVENTORY_SUBJECTS, Inventory, decode_inventory
+from pyhami.natsserver import LocalNatsServer
 from tests.gpu.machine import gpu_marks
 from tests.gpu.report import CheckLog
 

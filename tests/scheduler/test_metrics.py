@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.vendors.nvidia.simulated import profile_cards
 from common.core.annotations import ALLOCATED_ANNOTATION, decode_devices
 from common.core.fleet import Fleet
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.metrics import Metrics, Sources
 from scheduler.service import SchedulerService, ServiceSettings

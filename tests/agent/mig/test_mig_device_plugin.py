@@ -28,7 +28,6 @@ from common.core.annotations import CardGrant, encode_devices, mig_reservations
 from common.core.deviceconfig import CHART_MIG_PROFILE_ALLOWLIST
 from common.core.mig import MigInstance, MigPlacement, encode_reservations
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
     HoldingPod,
@@ -40,6 +39,7 @@ from common.wire import (
     decode_outcome,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 
 NODE = "gpu-mig-1"

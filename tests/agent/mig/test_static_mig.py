@@ -36,7 +36,6 @@ from common.core.deviceconfig import (
 from common.core.errors import SettingsError
 from common.core.mig import MigPlacement
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     PendingAllocations,
     PendingContainer,
@@ -44,6 +43,7 @@ from common.wire import (
     allocations_subject,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 
 NODE = "gpu-static-1"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 
 KUBECONFIG_WITHOUT_CONTEXT = """\
 apiVersion: v1

@@ -32,7 +32,7 @@ import aiohttp
 import pytest
 
 from agent.vendors.nvidia.simulated import uuid_for
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 from tests.invariants import settled_violations
 from tests.processes import Process
 

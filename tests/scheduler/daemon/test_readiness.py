@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 
 from common.core import parse_pod
-from common.natsserver import LocalNatsServer
 from common.supervision import Supervisor, restart_delay
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cluster import PodChange
 from scheduler.service import SchedulerService, ServiceSettings

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 from tests.harness import eventually
 
 STOP_LIMIT_S = 10.0

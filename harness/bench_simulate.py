@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Time ``pyhami simulate``'s engine on a synthetic trace the size of the openb default
 trace (8,152 pods, 1,213 GPU nodes, 6,212 GPUs), one run per policy chain.
 
@@ -7,7 +6,7 @@ The cluster mixes five GPU models, 1 to 8 cards a node; 70% of the pods share on
 whole cards; 10% ask for one GPU model. Arrivals are spread over a week; 70% of the pods
 run for an exponentially distributed time (mean four days), the rest stay.
 
-    PYTHONPATH=. .venv/bin/python scripts/bench-simulate.py [--inflate 1.2]
+    scripts/bench-simulate [--inflate 1.2]     (python -m harness.bench_simulate)
 """
 
 from __future__ import annotations

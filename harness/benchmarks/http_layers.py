@@ -2,7 +2,7 @@
 checked as /filter does, the first node answered) behind aiohttp's web framework,
 aiohttp's low-level server, and pyhami's lean reader (scheduler/web/fastpath.py).
 
-    python benchmarks/http_layers.py [--names 1000] [--requests 3000]
+    python harness/benchmarks/http_layers.py [--names 1000] [--requests 3000]
 
 Each server runs in a process of its own on uvloop, as the daemon does; one client
 process sends the requests one after the other over one kept-alive connection, as a
@@ -26,9 +26,9 @@ import time
 import uvloop
 from aiohttp import web
 
-from common.natsserver import free_port
-from pyhami.bench_extender import cpu_seconds, daemon_memory
-from scheduler.web.extender import noop_verb
+from pyhami.bench.extender import cpu_seconds, daemon_memory
+from pyhami.bench.floor import noop_verb
+from pyhami.natsserver import free_port
 from scheduler.web.fastpath import VerbsServer
 from scheduler.web.limits import EXTENDER_BODY_LIMIT, read_body
 

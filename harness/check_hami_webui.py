@@ -7,7 +7,7 @@ slice of its first card as pyhami binds one; runs HAMi-WebUI's server (built by
 scripts/build-hami-webui.sh) against it, and prints what its node and card lists say.
 Exit status 1 when they do not show the node's eight cards and the pod's slice.
 
-    .venv/bin/python scripts/check-hami-webui.py /tmp/hami-webui/hami-webui-server
+    scripts/check-hami-webui /tmp/hami-webui/hami-webui-server
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from common.core.annotations import (
 from common.core.deviceconfig import NodeDeviceConfig
 from common.core.registration import node_register
 from common.core.vendors import NVIDIA
-from common.natsserver import free_port
-from pyhami._controlplane import ApiServerPlane
+from harness.controlplane import ApiServerPlane
+from pyhami.natsserver import free_port
 
 BIN = Path.home() / ".cache/pyhami/control-plane/v1.36.3"
 NODE = "lab-node"

@@ -2,7 +2,7 @@
 through ``scheduler.cluster.kube``'s transport, against a real kube-apiserver (etcd and
 kube-apiserver of the end-to-end suite, over TLS with a token).
 
-    PYTHONPATH=. python benchmarks/kube_client.py [--pods 400] [--rounds 2]
+    PYTHONPATH=. python harness/benchmarks/kube_client.py [--pods 400] [--rounds 2]
 
 For each HTTP client the transport has (the lean one; aiohttp's, which it keeps for a
 proxy), alternating, ``--rounds`` times: ``--pods`` Binding POSTs one after the other
@@ -28,7 +28,7 @@ from typing import Any
 
 import uvloop
 
-from pyhami._controlplane import ApiServerPlane, binaries_dir
+from harness.controlplane import ApiServerPlane, binaries_dir
 from scheduler.cluster.kube import _client, _transport, _watch
 from scheduler.cluster.kube._requests import binding_body
 
@@ -96,7 +96,7 @@ async def watch_all(api: _transport.ApiTransport, version: str, events: int) -> 
 PATCHER = """
 import json, sys
 from pathlib import Path
-from pyhami._controlplane import KubeApi
+from harness.controlplane import KubeApi
 job = json.load(sys.stdin)
 api = KubeApi(job["server"], job["token"], Path(job["ca"]))
 for number, name in enumerate(job["names"]):

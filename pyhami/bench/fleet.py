@@ -1,6 +1,6 @@
 """``pyhami bench fleet``: many simulated agents over a NATS cluster of three, and the daemon.
 
-Three routed nats-servers with JetStream (``common.natsserver.LocalNatsCluster``, unless
+Three routed nats-servers with JetStream (``pyhami.natsserver.LocalNatsCluster``, unless
 ``--nats`` names running servers) and one ``pyhami scheduler --standalone`` daemon, each a
 process of its own on loopback. ``--agents`` simulated agents, spread over ``--processes``
 worker processes with one asyncio loop each, hold one NATS connection apiece and behave as
@@ -43,7 +43,6 @@ from nats.errors import Error as NatsError
 from agent.report import Report
 from agent.vendors.nvidia.simulated import PROFILES, profile_cards
 from common.arguments import Subcommands, positive_int, positive_seconds
-from common.natsserver import LocalNatsCluster, free_port
 from common.wire import (
     RESYNC_SUBJECT,
     Reason,
@@ -52,8 +51,9 @@ from common.wire import (
     encode,
     inventory_subject,
 )
-from pyhami._controlplane import http_get
-from pyhami.bench_extender import cpu_seconds
+from pyhami.bench.extender import cpu_seconds
+from pyhami.bench.loopback import http_get
+from pyhami.natsserver import LocalNatsCluster, free_port
 
 AGENTS_PER_PROCESS = 5000
 """The default share of one worker process (see docs/performance.md for the measurement)."""

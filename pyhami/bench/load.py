@@ -9,7 +9,7 @@ request is its head and body written at once on a kept-alive connection with
 of their own; the throughput phase spreads its connections over several, so that no
 client process shares the event loop of another connection's answers.
 
-A worker is started as ``python -m pyhami.bench_load``: it reads its ``Job`` (one JSON
+A worker is started as ``python -m pyhami.bench.load``: it reads its ``Job`` (one JSON
 line) from stdin, connects, prints ``ready``, waits for a ``go`` line, runs, and prints
 its ``Timings`` as one JSON line; on failure it prints one line to stderr and exits 1.
 The module imports little, so that a worker starts in a fraction of a second.

@@ -2,7 +2,7 @@
 45, one /filter placed the whole group in one call) against in slices (``in_slices``: a
 member a step, the loop served every ``SLICE_SECONDS``).
 
-    .venv/bin/python benchmarks/group_slices.py [--nodes 4 1000 5000] [--members 1024]
+    .venv/bin/python harness/benchmarks/group_slices.py [--nodes 4 1000 5000] [--members 1024]
 
 Prints, per fleet size, the time to place the group in one call, the longest single step
 (one member's decision, the least the loop can be held), and the number of steps.
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.core import parse_pod
 from common.core.groups import idle_placement_steps, place_group, placement_steps

@@ -1,11 +1,12 @@
 """A real Kubernetes control plane on this machine: etcd and kube-apiserver as processes.
 
-What the end-to-end suite (tests/e2e) and ``pyhami bench cluster`` share: where the
+What the end-to-end suite (tests/e2e) and ``scripts/bench-cluster`` share: where the
 binaries of ``scripts/build-control-plane.sh`` are, child processes stopped with their
 whole group, a small REST client of the API server, kubeconfigs, kube-apiserver with token
 authentication and RBAC, the manifests of ``k8s/`` and the shipped kube-scheduler
 configuration. Both need a checkout of the repository (``k8s/``, ``charts/`` and the build
-script are not part of the installed package).
+script are not part of the installed package), and so does this module: it lives in the
+repository's harness, never in the wheel.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from urllib.parse import quote, urlencode
 import yaml
 
 from common.core.errors import PyhamiError
-from common.natsserver import free_port
+from pyhami.bench.loopback import direct_opener, http_get
+from pyhami.natsserver import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 K8S_DIR = REPO / "k8s"
@@ -379,23 +381,6 @@ def wait_for(check: Callable[[], T | None], what: str, timeout: float = WAIT_S,
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{detail}"
                                  + (f"\n{logs}" if logs else ""))
         time.sleep(interval)
-
-
-def direct_opener(context: ssl.SSLContext | None = None) -> urllib.request.OpenerDirector:
-    """Straight to the loopback address, whatever proxy the environment names."""
-    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
-    if context is not None:
-        handlers.append(urllib.request.HTTPSHandler(context=context))
-    return urllib.request.build_opener(*handlers)
-
-
-def http_get(url: str, *, context: ssl.SSLContext | None = None,
-             timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with direct_opener(context).open(url, timeout=timeout) as response:
-            return int(response.status), bytes(response.read())
-    except urllib.error.HTTPError as error:
-        return int(error.code), bytes(error.read())
 
 
 def openssl(*args: str) -> None:

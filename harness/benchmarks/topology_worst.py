@@ -1,6 +1,6 @@
 """The worst ``topology-aware`` decision on link graphs built to be hard (issue 45).
 
-    python benchmarks/topology_worst.py [--cards 8,16,32,64,128,256] [--repeat 3]
+    python harness/benchmarks/topology_worst.py [--cards 8,16,32,64,128,256] [--repeat 3]
                                         [--old-search] [--cap 10]
 
 For each node size, one node reports each of these link graphs (``tests/linkgraphs.py``):
@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.core import Fleet, decide, linksets, parse_pod, placement
 from common.core.fleet import NodeTopology

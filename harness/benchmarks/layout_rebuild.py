@@ -1,6 +1,6 @@
 """The layout's rebuild after one node changes, as the daemon's loop pays it (issue 45).
 
-    python benchmarks/layout_rebuild.py [--nodes 1000,5000] [--repeat 7] [--before REV]
+    python harness/benchmarks/layout_rebuild.py [--nodes 1000,5000] [--repeat 7] [--before REV]
 
 A fleet of ``--nodes`` nodes of 8 cards (``tests.builders.node``), the garbage collector
 frozen after building it as the daemon does (``gc.freeze()``); timed, best of
@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from common.core import Fleet  # noqa: E402

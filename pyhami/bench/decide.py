@@ -9,8 +9,6 @@ import statistics
 import time
 from collections import deque
 
-from agent import bench as agent_bench
-from agent.monitor import bench as monitor_bench
 from common.arguments import Subcommands, policy_chain, positive_int
 from common.core import (
     Defaults,
@@ -22,13 +20,10 @@ from common.core import (
     parse_pod,
 )
 from common.core.pod import Container, ObjectMeta, PodSpec, ResourceRequirements
-from common.synthetic import random_nodes
-from pyhami import bench_cluster, bench_extender, bench_fleet
+from pyhami.bench.synthetic import random_nodes
 
 
-def register(commands: Subcommands) -> None:
-    parser = commands.add_parser("bench", help="benchmarks")
-    benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+def register(benches: Subcommands) -> None:
     decide_parser = benches.add_parser("decide", help="time the decision core on a random cluster")
     decide_parser.add_argument("--nodes", type=positive_int, required=True,
                                help="nodes of the random cluster (required)")
@@ -46,11 +41,6 @@ def register(commands: Subcommands) -> None:
                                help="seed of the random cluster and pods: the same seed, the "
                                     "same run (default 1)")
     decide_parser.set_defaults(handler=_run_decide)
-    agent_bench.register(benches)
-    monitor_bench.register(benches)
-    bench_extender.register(benches)
-    bench_cluster.register(benches)
-    bench_fleet.register(benches)
 
 
 def _run_decide(args: argparse.Namespace) -> int:

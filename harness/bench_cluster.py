@@ -1,4 +1,8 @@
-"""``pyhami bench cluster``: kube-scheduler with pyhami against kube-scheduler alone, end to end.
+"""``scripts/bench-cluster``: kube-scheduler with pyhami against kube-scheduler alone, end to end.
+
+A command of the repository's harness (``python -m harness.bench_cluster``), not of the
+installed ``pyhami``: it needs ``k8s/``, ``charts/`` and ``scripts/build-control-plane.sh``'s
+binaries. ``pyhami bench cluster`` on an installed product names this command and stops.
 
 One control plane of the end-to-end suite's kind (etcd, kube-apiserver, nats-server and the
 ``pyhami scheduler`` daemon in Kubernetes mode, as processes of their own), N Node objects
@@ -44,14 +48,9 @@ import yaml
 
 from agent.report import Report
 from agent.vendors.nvidia.simulated import profile_cards
-from common.arguments import Subcommands, positive_int
+from common.arguments import positive_int
 from common.certificates import Bundle, write_bundle
-from common.natsserver import free_port, nats_server_binary
-from pyhami import bench_extender
-from pyhami._controlplane import (
-    BUILD_SCRIPT,
-    CHART,
-    K8S_DIR,
+from harness.controlplane import (
     SCHEDULER_NAME,
     START_TIMEOUT_S,
     SYSTEM_NAMESPACE,
@@ -60,14 +59,18 @@ from pyhami._controlplane import (
     binaries_dir,
     chart_scheduler_config,
     create_ready_node,
-    direct_opener,
-    http_get,
     insecure_context,
     missing_binaries,
     render_scheduler_config,
     shipped_scheduler_config,
     wait_for,
 )
+from pyhami.bench import extender as bench_extender
+from pyhami.bench.loopback import direct_opener, http_get
+from pyhami.natsserver import free_port, nats_server_binary
+from pyhami.output import READER_GONE_EXIT, silence_stdout, stdout_reader_gone
+
+PROG = "bench-cluster"
 
 NAMESPACE = "pyhami-bench"
 DAEMON = "pyhami-scheduler"
@@ -84,10 +87,12 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MAX_REWATCHES = 100  # the bench's pod watch ended early this often: give up
 
 
-def register(benches: Subcommands) -> None:
-    parser = benches.add_parser(
-        "cluster", help="kube-scheduler with pyhami against kube-scheduler alone, on a real "
-                        "control plane (needs scripts/build-control-plane.sh's binaries)")
+def build_parser() -> argparse.ArgumentParser:
+    """The flags ``pyhami bench cluster`` had when it shipped in the package, unchanged."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="kube-scheduler with pyhami against kube-scheduler alone, on a "
+                               "real control plane (needs scripts/build-control-plane.sh's "
+                               "binaries)")
     parser.add_argument("--nodes", type=positive_int, default=100,
                         help="Node objects (default 100)")
     parser.add_argument("--pods", type=positive_int, default=500,
@@ -110,19 +115,29 @@ def register(benches: Subcommands) -> None:
     parser.add_argument("--profile-daemon", type=Path, metavar="FILE",
                         help="run the daemon under cProfile and write its profile to FILE "
                              "(the profiler slows the daemon: keep such a run's figures apart)")
-    parser.set_defaults(handler=run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code = run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not stdout_reader_gone():
+            raise
+        # The reader of stdout has gone (`| head -1`): end as pyhami's commands do.
+        silence_stdout()
+        return READER_GONE_EXIT
+    return code
 
 
 def requirements_problem() -> str | None:
     """Why the bench cannot run here, in one line; None when it can."""
-    for needed in (K8S_DIR, CHART, BUILD_SCRIPT):
-        if not needed.exists():
-            return (f"pyhami bench cluster needs a checkout of the repository: no {needed} "
-                    "(k8s/, charts/ and scripts/build-control-plane.sh are not installed)")
     directory = binaries_dir()
     missing = missing_binaries(directory, NEEDED_BINARIES)
     if missing:
-        return (f"pyhami bench cluster: no {', '.join(missing)} in {directory}; "
+        return (f"{PROG}: no {', '.join(missing)} in {directory}; "
                 "build them with scripts/build-control-plane.sh")
     return None
 
@@ -130,12 +145,12 @@ def requirements_problem() -> str | None:
 def run(args: argparse.Namespace) -> int:
     problem = requirements_problem()
     if problem is None and args.pods > args.nodes * args.cards:
-        problem = (f"pyhami bench cluster: --pods {args.pods} do not fit on --nodes "
+        problem = (f"{PROG}: --pods {args.pods} do not fit on --nodes "
                    f"{args.nodes} x --cards {args.cards}")
     profile = args.profile_daemon
     if problem is None and profile is not None and not profile.resolve().parent.is_dir():
         # The daemon writes its profile only as it stops: refused before any work.
-        problem = (f"pyhami bench cluster: --profile-daemon {profile}: no directory "
+        problem = (f"{PROG}: --profile-daemon {profile}: no directory "
                    f"{profile.resolve().parent} to write it in")
     if problem is not None:
         print(problem, file=sys.stderr)
@@ -148,12 +163,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = bench(plane, args)
     except KeyboardInterrupt:
-        print(f"pyhami bench cluster: interrupted; logs in {logs}", file=sys.stderr)
+        print(f"{PROG}: interrupted; logs in {logs}", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader of stdout went away: pyhami.cli ends quietly
+    except BrokenPipeError:  # the reader of stdout went away: main ends quietly
         raise
     except Exception as error:
-        print(f"pyhami bench cluster failed: {error!r}\nlogs in {logs}", file=sys.stderr)
+        print(f"{PROG} failed: {error!r}\nlogs in {logs}", file=sys.stderr)
         return 1
     finally:
         plane.stop()
@@ -613,3 +628,7 @@ def report(args: argparse.Namespace, phases: dict[str, dict[str, Any]]) -> dict[
                                if key not in ("cpu_ms_per_pod", "kernel_ms_per_pod")}
                         for name, phase in phases.items()}
     return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

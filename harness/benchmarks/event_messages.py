@@ -1,6 +1,6 @@
 """What the messages of HAMi's Events cost the daemon's loop (issue 46).
 
-    python benchmarks/event_messages.py [--nodes 1000,5000] [--repeat 7]
+    python harness/benchmarks/event_messages.py [--nodes 1000,5000] [--repeat 7]
 
 For ``--nodes`` nodes that all hold the pod, with scores of a third of them tied: the
 ``FilteringSucceed`` message as the daemon writes it (the ten best through
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.core import NodePolicy, NodeReasons
 from common.core.decide import FittingNodes

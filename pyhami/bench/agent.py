@@ -22,8 +22,8 @@ from nats.aio.msg import Msg
 from agent.report import Report
 from agent.vendors.nvidia.simulated import profile_cards
 from common.arguments import Subcommands, positive_int
-from common.natsserver import LocalNatsServer
 from common.wire import INVENTORY_SUBJECTS, Inventory, decode_inventory, encode, inventory_subject
+from pyhami.natsserver import LocalNatsServer
 
 PROFILE = "a100x8-nvswitch"  # eight cards, every pair linked: the largest message of the profiles
 FLUSH_EVERY = 100

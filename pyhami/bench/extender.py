@@ -4,9 +4,10 @@ A nats-server and ``pyhami scheduler --standalone`` run as their own processes;
 this process publishes simulated inventories (as the agents would), submits the
 pods, and then plays kube-scheduler: /filter with every node name, then /bind.
 
-The client is ``pyhami.bench_load``'s raw sockets, from processes of its own
+The client is ``pyhami.bench.load``'s raw sockets, from processes of its own
 (``--client socket``), or aiohttp's in this process as before (``--client aiohttp``);
-the no-op floor is measured with both, each under its own key.
+the no-op floor (``pyhami.bench.floor``: the daemon's listener and decoding, no decision,
+a process of its own) is measured with both, each under its own key.
 
 With ``--quota-namespaces N`` the pods are spread over N namespaces, each under a
 ResourceQuota of GPU memory and cores posted to the pod API as a user would
@@ -28,6 +29,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
@@ -38,9 +40,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.report import Report
 from agent.vendors.nvidia.simulated import profile_cards
 from common.arguments import Subcommands, positive_int
-from common.natsserver import LocalNatsServer, free_port
 from common.wire import Reason, encode, inventory_subject
-from pyhami.bench_load import BenchError, BenchPod, Job, Phase, Timings, filter_body
+from pyhami.bench.floor import HOST
+from pyhami.bench.floor import PATH as FLOOR_PATH
+from pyhami.bench.load import BenchError, BenchPod, Job, Phase, Timings, filter_body
+from pyhami.natsserver import LocalNatsServer, free_port
 
 PROFILES = ("a100x8-nvswitch", "h100x8-islands")
 WAIT_S = 60.0
@@ -157,9 +161,12 @@ class Bench:
         self.names_json = json.dumps(names).encode()
 
     async def post(self, verb: str, body: bytes) -> Any:
-        async with self.http.post(f"{self.url}/{verb}", data=body,
+        return await self.post_to(f"{self.url}/{verb}", body)
+
+    async def post_to(self, url: str, body: bytes) -> Any:
+        async with self.http.post(url, data=body,
                                   headers={"Content-Type": "application/json"}) as response:
-            await refuse_unless_2xx(f"/{verb}", response)
+            await refuse_unless_2xx(urlsplit(url).path, response)
             return await response.json()
 
     async def submit(self, names: list[str]) -> dict[str, str]:
@@ -311,24 +318,39 @@ async def run_daemon(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch:
         server = LocalNatsServer(extra_args=["-js", "-sd", str(Path(scratch) / "js")])
         server.start()
-        port, metrics_port = free_port(), free_port()
+        port, metrics_port, floor_port = free_port(), free_port(), free_port()
         daemon = subprocess.Popen(
             [sys.executable, "-m", "pyhami.cli", "scheduler", "--standalone", "--nats",
              server.url, "--listen", f"127.0.0.1:{port}", "--metrics",
              f"127.0.0.1:{metrics_port}", "--node-timeout", "3600", "--node-retention", "7200",
              "--resync-wait", "0.1",
-             "--log-level", "warning", "--noop-endpoint", "--no-pending-loop"])
+             "--log-level", "warning", "--no-pending-loop"])
+        floor = subprocess.Popen([sys.executable, "-m", "pyhami.bench.floor", str(floor_port)],
+                                 stdout=subprocess.PIPE)
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         try:
+            await floor_ready(floor)
             result = await measure(args, ("127.0.0.1", port), server.url, daemon.pid,
-                                   metrics_url)
+                                   metrics_url, floor=(HOST, floor_port))
             result.update(await server_side(metrics_url))
             result.update(daemon_memory(daemon.pid))
         finally:
-            daemon.terminate()
-            daemon.wait(timeout=30)
+            for process in (daemon, floor):
+                process.terminate()
+                process.wait(timeout=30)
+            if floor.stdout is not None:
+                floor.stdout.close()
             server.stop()
     return result
+
+
+async def floor_ready(floor: subprocess.Popen[bytes]) -> None:
+    """Wait for the floor's "ready" (it starts while the daemon does); ``BenchError`` if
+    it ends or says something else."""
+    assert floor.stdout is not None
+    line = await asyncio.to_thread(floor.stdout.readline)
+    if line.strip() != b"ready":
+        raise BenchError(f"the no-op floor did not start (exit {floor.poll()}, said {line!r})")
 
 
 class Driven(NamedTuple):
@@ -354,11 +376,11 @@ async def _line(worker: asyncio.subprocess.Process) -> bytes:
 
 
 async def drive(jobs: Sequence[Job], daemon_pid: int | None = None) -> Driven:
-    """Run each job in a worker process of its own (``python -m pyhami.bench_load``):
+    """Run each job in a worker process of its own (``python -m pyhami.bench.load``):
     all connect first, then start together; the clock and the daemon's CPU time are read
     around the run alone."""
     workers = [await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pyhami.bench_load", stdin=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "pyhami.bench.load", stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE) for _ in jobs]
     try:
         for worker, job in zip(workers, jobs, strict=True):
@@ -404,18 +426,20 @@ def spread(names: Sequence[str], concurrency: int, processes: int) -> list[tuple
 
 class Player:
     """Plays kube-scheduler against the daemon with one client (``CLIENTS``): the no-op
-    floor, sequential filter+bind pairs, and pairs with several in flight."""
+    floor (at ``floor``), sequential filter+bind pairs, and pairs with several in flight."""
 
     def __init__(self, bench: Bench, address: tuple[str, int], uids: dict[str, str],
-                 daemon_pid: int) -> None:
+                 daemon_pid: int, floor: tuple[str, int]) -> None:
         self.bench = bench
         self.address = address
         self.uids = uids
         self.daemon_pid = daemon_pid
+        self.floor = floor
 
     def job(self, phase: Phase, names: Sequence[str], connections: int = 1) -> Job:
         bench = self.bench
-        return Job(host=self.address[0], port=self.address[1], phase=phase,
+        host, port = self.floor if phase == "noop" else self.address
+        return Job(host=host, port=port, phase=phase,
                    names=bench.names, connections=connections,
                    pods=[BenchPod(pod(name, bench.namespaces[name]), self.uids[name])
                          for name in names])
@@ -424,11 +448,12 @@ class Player:
         """Each /noop's time, one after the other."""
         if client == "socket":
             return seconds((await drive([self.job("noop", names)])).timings.noop)
+        floor_url = f"http://{self.floor[0]}:{self.floor[1]}{FLOOR_PATH}"
         times = []
         for name in names:
             body = self.bench.filter_body(name)
             started = time.perf_counter()
-            await self.bench.post("noop", body)
+            await self.bench.post_to(floor_url, body)
             times.append(time.perf_counter() - started)
         return times
 
@@ -468,7 +493,8 @@ class Player:
 
 
 async def measure(args: argparse.Namespace, address: tuple[str, int], nats_url: str,
-                  daemon_pid: int, metrics_url: str) -> dict[str, Any]:
+                  daemon_pid: int, metrics_url: str, *,
+                  floor: tuple[str, int]) -> dict[str, Any]:
     url = f"http://{address[0]}:{address[1]}"
     client = await nats.connect(nats_url)
     reports = {f"node-{i:05d}": Report(f"node-{i:05d}", "bench", 3600.0)
@@ -505,7 +531,7 @@ async def measure(args: argparse.Namespace, address: tuple[str, int], nats_url: 
 
         await wait_for(quotas_applied, "every ResourceQuota to apply")
         uids = await bench.submit(names)
-        player = Player(bench, address, uids, daemon_pid)
+        player = Player(bench, address, uids, daemon_pid, floor)
         sequential = names[:args.requests]
 
         # The floor with each client, the one the run uses first, so that the two can be

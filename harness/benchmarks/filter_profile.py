@@ -3,7 +3,7 @@ calls it (body in, answer bytes out), over a service that holds N simulated 8-ca
 inventories (as ``pyhami bench extender`` publishes them), each pod's booking confirmed
 after its /filter as its /bind would.
 
-    python benchmarks/filter_profile.py [--nodes 5000] [--pods 2000] [--window 0]
+    python harness/benchmarks/filter_profile.py [--nodes 5000] [--pods 2000] [--window 0]
                                         [--profile cprofile|sample|none]
 
 ``--window W`` sends a window of W names, from where the last one stopped, as
@@ -33,8 +33,8 @@ import uvloop
 from agent.report import Report
 from agent.vendors.nvidia.simulated import profile_cards
 from common.wire import encode, inventory_subject
-from pyhami.bench_extender import PROFILES, pod
-from pyhami.bench_load import filter_body
+from pyhami.bench.extender import PROFILES, pod
+from pyhami.bench.load import filter_body
 from pyhami.sandbox import DEFAULTS
 from scheduler.cli import GC_YOUNG_THRESHOLD
 from scheduler.service import SchedulerService, ServiceSettings
