@@ -387,11 +387,11 @@ class Daemon:
     def _start_background(self, service: SchedulerService, leadership: Leadership) -> None:
         start = self._supervisor.start
         start("leadership", leadership.run)
-        start("follow-cluster", service.reactions.follow_cluster)
-        start("follow-quotas", service.reactions.follow_quotas)
-        start("expire-reservations", service.reactions.expire_reservations)
-        start("follow-cordons", service.reactions.follow_cordons)
-        start("watch-nodes", service.reactions.watch_nodes)
+        start("follow-cluster", service.handlers.pods.follow_cluster)
+        start("follow-quotas", service.handlers.quotas.follow_quotas)
+        start("expire-reservations", service.handlers.reservations.expire_reservations)
+        start("follow-cordons", service.handlers.cordons.follow_cordons)
+        start("watch-nodes", service.handlers.inventories.watch_nodes)
         if self._config.service.node_registration:
             start("register-nodes", service.registration.run)
         if self._standalone is not None:
@@ -434,7 +434,7 @@ class Daemon:
         now. The first connection is the start-up's, which subscribes and asks itself."""
         if self._service is None:
             return
-        self._service.reactions.connection_resumed()
+        self._service.handlers.inventories.connection_resumed()
         if new_client and self._standalone is not None:
             # A replacement client: what was built on the old one is built again.
             await self._standalone.reattach(client)
@@ -449,7 +449,7 @@ class Daemon:
         service = self._service
         assert service is not None, "the leadership starts after the service is built"
         if self._standalone is None:
-            await service.reactions.reconcile()
+            await service.handlers.pods.reconcile()
             return
         try:
             await self._standalone.reload()
@@ -462,7 +462,7 @@ class Daemon:
         if late:
             logger.warning("%d pod(s) bound by the previous lease holder after this daemon "
                            "read the pod store: read now", late)
-        await service.reactions.rebuild()
+        await service.handlers.ledger.rebuild()
         self._stop_catching_up()
         self._catching_up = asyncio.create_task(self._catch_up(self._standalone))
         if self._pending is not None:
@@ -503,7 +503,7 @@ class Daemon:
         """Standing by: the standalone daemon drops its reservations."""
         assert self._service is not None, "the leadership starts after the service is built"
         self._stop_catching_up()
-        await self._service.reactions.stand_by()
+        await self._service.handlers.reservations.stand_by()
 
 
 # Helpers of the steps ---------------------------------------------------------------------
@@ -533,19 +533,19 @@ async def _subscribe_to_agents(connection: Connection, supervisor: Supervisor,
 
     async def on_inventory(message: Msg) -> None:
         with supervisor.contained("inventory message"):
-            await service.reactions.receive_inventory(message.subject, message.data)
+            await service.handlers.inventories.receive_inventory(message.subject, message.data)
 
     async def on_allocations_request(message: Msg) -> None:
         if not leadership.leading():
             return
         with supervisor.contained("allocations request"):
-            pending = await service.reactions.pending_allocations(message.subject)
+            pending = await service.handlers.allocations.pending_allocations(message.subject)
             if pending is not None and message.reply:
                 await connection.publish(message.reply, encode(pending))
 
     async def on_resync(message: Msg) -> None:
         # A watcher connecting asks the agents to report; the leader answers it with the
-        # decisions it made before (the agents' answers bring the usage: reactions.py).
+        # decisions it made before (the agents' answers bring the usage: handlers/inventories.py).
         if not leadership.leading():
             return
         try:
@@ -558,10 +558,10 @@ async def _subscribe_to_agents(connection: Connection, supervisor: Supervisor,
     async def on_allocation_outcome(message: Msg) -> None:
         if not leadership.leading():
             # Kept a while: the lease may move before the holder wrote it.
-            service.reactions.keep_outcome(message.subject, message.data)
+            service.handlers.allocations.keep_outcome(message.subject, message.data)
             return
         with supervisor.contained("allocation outcome"):
-            await service.reactions.allocation_outcome(message.subject, message.data)
+            await service.handlers.allocations.allocation_outcome(message.subject, message.data)
 
     await connection.subscribe(INVENTORY_SUBJECTS, on_inventory)
     await connection.subscribe(ALLOCATIONS_SUBJECTS, on_allocations_request)
@@ -800,7 +800,7 @@ async def _rebuilt(service: SchedulerService) -> bool:
     """Rebuild the ledger, trying again while the cluster cannot list its pods."""
     while True:
         try:
-            await service.reactions.rebuild()
+            await service.handlers.ledger.rebuild()
         except ClusterError as error:
             logger.warning("rebuilding the ledger failed, trying again in %gs: %s",
                            REBUILD_RETRY_S, error)

@@ -46,7 +46,7 @@ from common.core.registration import (
 )
 from common.natsserver import free_port
 from pyhami._controlplane import Process, http_get, wait_for
-from scheduler.service.reactions import CORDON_REFRESH_S
+from scheduler.service.handlers.cordons import CORDON_REFRESH_S
 from tests.e2e.controlplane import KUBELET_NODE, TEST_NAMESPACE, ControlPlane, recorded_env
 from tests.e2e.pods import PODS, lab_pod
 from tests.fakes.hami_core_cache import FakeCache, Proc, Used, write_cache
