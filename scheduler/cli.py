@@ -35,7 +35,8 @@ from scheduler.config import (
     LeadershipConfig,
     WebhookConfig,
 )
-from scheduler.daemon import StartupError, run_daemon
+from scheduler.daemon import run_daemon
+from scheduler.errors import StartupError
 from scheduler.leadership import check_lease_timing
 from scheduler.service import ServiceSettings
 from scheduler.tls.files import TlsError

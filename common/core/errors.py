@@ -28,7 +28,7 @@ raises it, and the agent and the scheduler each add a package root
     ├── SchedulerError                   scheduler.errors
     │   ├── TlsError                     scheduler.tls.webhook
     │   ├── IdentityRefused              scheduler.busauth (an agent's token)
-    │   └── StartupError                 scheduler.daemon
+    │   └── StartupError                 scheduler.errors
     └── ScenarioError                    pyhami.demo
 
 Errors of other libraries (nats-py, kubernetes, pynvml, cryptography, yaml, msgspec)

@@ -53,7 +53,8 @@ async def service_with(nodes: int) -> tuple[SchedulerService, list[str]]:
         report = Report(name, "bench", 3600.0)
         report.observe(profile_cards(PROFILES[i % len(PROFILES)], name))
         message = report.message("start", time.time())
-        await service.reactions.receive_inventory(inventory_subject(name), encode(message))
+        await service.handlers.inventories.receive_inventory(inventory_subject(name),
+                                                             encode(message))
     return service, names
 
 

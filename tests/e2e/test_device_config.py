@@ -41,7 +41,7 @@ from harness.controlplane import (
     chart_scheduler_config,
     wait_for,
 )
-from scheduler.service.reactions import CORDON_REFRESH_S
+from scheduler.service.handlers.cordons import CORDON_REFRESH_S
 from tests.e2e.controlplane import (
     KUBELET_NODE,
     ControlPlane,

@@ -47,7 +47,7 @@ from common.core.vendors import NVIDIA
 from harness.controlplane import Process, wait_for
 from pyhami.bench.loopback import http_get
 from pyhami.natsserver import free_port
-from scheduler.service.reactions import CORDON_REFRESH_S
+from scheduler.service.handlers.cordons import CORDON_REFRESH_S
 from tests.e2e.controlplane import KUBELET_NODE, TEST_NAMESPACE, ControlPlane, recorded_env
 from tests.e2e.pods import PODS, lab_pod
 from tests.fakes.hami_core_cache import FakeCache, Proc, Used, write_cache

@@ -20,7 +20,7 @@ import pytest
 
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION, decode_reservations
 from harness.controlplane import Process, wait_for
-from scheduler.service.reactions import CORDON_REFRESH_S
+from scheduler.service.handlers.cordons import CORDON_REFRESH_S
 from tests.e2e.controlplane import KUBELET_NODE, ControlPlane, recorded_env
 from tests.e2e.pods import Lab, lab_pod
 

@@ -235,7 +235,7 @@ async def test_a_stale_node_shows_in_metrics_and_is_logged_once_each_way(
                   "pyhami_node_last_heard_timestamp_seconds", node=NODE)
     # More checks and scrapes while it stays stale log nothing more.
     for _ in range(3):
-        metered.service.reactions.check_nodes()
+        metered.service.handlers.inventories.check_nodes()
         assert await stale() == 1.0
     assert logged("is stale") == 1
 
@@ -248,7 +248,7 @@ async def test_a_stale_node_shows_in_metrics_and_is_logged_once_each_way(
     accepted = metered.service.inventory_accepted
 
     async def heartbeats() -> bool:
-        metered.service.reactions.check_nodes()
+        metered.service.handlers.inventories.check_nodes()
         return metered.service.inventory_accepted >= accepted + 2
 
     await eventually(heartbeats, "two more heartbeats from the node")

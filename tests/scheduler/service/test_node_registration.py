@@ -75,7 +75,7 @@ def report(service: SchedulerService, node: str, sequence: int, *,
         cards = [msgspec.structs.replace(card, health=card.index != unhealthy)
                  for card in sent.cards]
         sent = msgspec.structs.replace(sent, cards=cards)
-    assert service.reactions.ingest(inventory_subject(node),
+    assert service.handlers.inventories.ingest(inventory_subject(node),
                                     msgspec.msgpack.encode(sent)) is not None
 
 
@@ -153,7 +153,7 @@ async def test_a_node_deleted_from_the_cluster_is_forgotten_without_error(lab: L
     await service.registration.refresh()
     lab.api.nodes = [node for node in lab.api.nodes if node["metadata"]["name"] != "n1"]
     lab.clock.now += 1
-    await service.reactions.refresh_cordons()  # the Node list no longer names n1
+    await service.handlers.cordons.refresh_cordons()  # the Node list no longer names n1
     await service.registration.refresh()
     assert lab.node_patches()[-1] == {"metadata": {"annotations": {REGISTER_ANNOTATION: None}}}
     assert (counted(service, "removed"), counted(service, "failed")) == (1, 0)

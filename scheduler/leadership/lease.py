@@ -1,18 +1,5 @@
-"""Who decides when several daemons run: the ``Leadership`` port, chosen at start-up.
-
-- ``Sole``: one daemon, always the leader (the tests' in-process daemons, the demo).
-- ``FollowedLease`` (Kubernetes): kube-scheduler elects the leader among the scheduler
-  pods and calls only the extender beside it; the daemon reads kube-scheduler's Lease to
-  know whether it is that extender. Every daemon keeps its ledger from its pod watch and
-  answers every verb, so a standby answers correctly the moment its kube-scheduler wins;
-  only the leader answers the device plugins and asks kube-scheduler to retry pods.
-- ``NatsLease`` (standalone): the daemons elect one among themselves with a JetStream
-  key-value entry that expires ``ttl`` seconds after it was last written. Only the holder
-  decides and writes; the others answer 503 saying who holds it. The holder stops
-  deciding ``renew_deadline`` seconds after sending its last renewal that succeeded:
-  the entry cannot expire sooner than ``ttl`` after that send, so across a partition the
-  old holder has stopped before anyone else can hold the lease (docs/ha.md).
-"""
+"""``NatsLease`` (standalone): the daemons elect one among themselves with a JetStream
+key-value entry that expires ``ttl`` seconds after it was last written."""
 
 from __future__ import annotations
 
@@ -20,8 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Literal, Protocol
+from collections.abc import Callable
 
 import nats.errors
 import nats.js.errors
@@ -31,159 +17,13 @@ from nats.js.kv import KeyValue
 from common.buckets import open_key_value
 from common.core.errors import SettingsError
 from common.messaging import describe_error
-from scheduler.cluster import ClusterError
 from scheduler.errors import SchedulerError
+from scheduler.leadership.port import Hook, Role
 
 logger = logging.getLogger(__name__)
 
-Role = Literal["leader", "standby"]
 LEASE_BUCKET = "pyhami-leader"
 LEASE_KEY = "leader"
-LEASE_READ_PERIOD_S = 1.0
-Hook = Callable[[], Awaitable[None]]
-
-
-class Leadership(Protocol):
-    identity: str
-    """This daemon's name (``--identity``), carried by every decision it publishes."""
-    term: int
-    """Which term of leadership its decisions belong to, where terms are counted (the
-    standalone lease); 0 elsewhere."""
-
-    @property
-    def role(self) -> Role: ...
-
-    def leading(self) -> bool:
-        """This daemon decides now: it may answer the device plugins and stamp retries."""
-        ...
-
-    def refusal(self) -> str | None:
-        """Why the verbs and the pod API answer 503 now; None when they serve."""
-        ...
-
-    def describe(self) -> dict[str, object]:
-        """``/statusz``'s ``leadership``: role, identity, holder, what is followed."""
-        ...
-
-    async def start(self) -> None:
-        """Learn the role before the daemon answers (standalone: try to take the lease)."""
-        ...
-
-    async def run(self) -> None:
-        """Keep the role current, for as long as the daemon runs."""
-        ...
-
-    async def resign(self) -> None:
-        """Stopping: hand the lease on at once instead of letting it expire."""
-        ...
-
-
-class Sole:
-    """The only daemon: always the leader."""
-
-    role: Role = "leader"
-    term = 0
-
-    def __init__(self, identity: str) -> None:
-        self.identity = identity
-
-    def leading(self) -> bool:
-        return True
-
-    def refusal(self) -> str | None:
-        return None
-
-    def describe(self) -> dict[str, object]:
-        return {"role": self.role, "identity": self.identity, "holder": self.identity,
-                "lease": None}
-
-    async def start(self) -> None:
-        return None
-
-    async def run(self) -> None:
-        await asyncio.Event().wait()
-
-    async def resign(self) -> None:
-        return None
-
-
-class LeaseReader(Protocol):
-    async def lease_holder(self, namespace: str, name: str) -> str | None:
-        """The Lease's ``holderIdentity`` ("" when it names none); None when there is no
-        such Lease. Raises ``ClusterError``."""
-        ...
-
-
-class FollowedLease:
-    """The role of the daemon beside a kube-scheduler, read from kube-scheduler's Lease.
-
-    kube-scheduler names itself ``<host name>_<uuid>``; in a pod the host name is the
-    pod's name, the daemon's default identity. No such Lease (leader election off): the
-    leader. A Lease that cannot be read: the last role, or leader at first, so that an
-    RBAC mistake never leaves the device plugins unanswered (logged).
-    """
-
-    def __init__(self, reader: LeaseReader, namespace: str, name: str, identity: str, *,
-                 period: float = LEASE_READ_PERIOD_S, on_elected: Hook | None = None) -> None:
-        self._reader = reader
-        self._namespace, self._name = namespace, name
-        self.identity = identity
-        self._period = period
-        self._on_elected = on_elected
-        self.term = 0
-        self.role: Role = "leader"
-        self.holder: str | None = None
-        self._unread: str | None = None
-
-    def leading(self) -> bool:
-        return self.role == "leader"
-
-    def refusal(self) -> str | None:
-        return None
-
-    def describe(self) -> dict[str, object]:
-        described: dict[str, object] = {
-            "role": self.role, "identity": self.identity, "holder": self.holder,
-            "lease": f"kube-scheduler Lease {self._namespace}/{self._name}"}
-        if self._unread is not None:
-            described["lease_unread"] = self._unread
-        return described
-
-    def mine(self, holder: str) -> bool:
-        return holder == self.identity or holder.startswith(f"{self.identity}_")
-
-    async def start(self) -> None:
-        await self.refresh()
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self._period)
-            await self.refresh()
-
-    async def refresh(self) -> None:
-        try:
-            holder = await self._reader.lease_holder(self._namespace, self._name)
-        except ClusterError as error:
-            if self._unread is None:
-                logger.warning("%s; keeping the role %s", error, self.role)
-            self._unread = str(error)
-            return
-        self._unread = None
-        self.holder = holder
-        role: Role = "leader" if holder is None or self.mine(holder) else "standby"
-        if role == self.role:
-            return
-        self.role = role
-        if role == "standby":
-            logger.info("standing by: kube-scheduler %s leads", holder or "(none yet)")
-            return
-        logger.info("leading: this pod's kube-scheduler holds Lease %s/%s", self._namespace,
-                    self._name)
-        if self._on_elected is not None:
-            await self._on_elected()
-
-    async def resign(self) -> None:
-        return None
 
 
 class LeaseSettingsError(SettingsError):
