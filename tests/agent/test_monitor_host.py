@@ -126,7 +126,7 @@ def test_a_card_failing_a_call_is_left_out_counted_and_logged_at_a_bounded_rate(
                            StandInCard("GPU-ccc", _bus(0x87))])
     source = open_source(library)
     library.cards[1].failing.add(call)
-    with caplog.at_level(logging.WARNING, logger="agent.nvml"):
+    with caplog.at_level(logging.WARNING, logger="agent.vendors.nvidia.nvml"):
         for _ in range(3):
             assert [card.uuid for card in source.host_cards()] == ["GPU-aaa", "GPU-ccc"]
         clock[0] += 61

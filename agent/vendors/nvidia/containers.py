@@ -31,9 +31,7 @@ from common.core.annotations import CardGrant
 from common.core.vendors import NVIDIA
 from common.wire import PendingPod
 
-# The logger its lines have carried since HAMi-core was looked for in the device plugin's
-# module: a log line keeps its name when the code moves (operators filter on it).
-logger = logging.getLogger("agent.deviceplugin.plugin")
+logger = logging.getLogger(__name__)
 
 VISIBLE_DEVICES_ENV = NVIDIA.visible_devices_env
 

@@ -38,9 +38,7 @@ from common.core.vendors import NVIDIA
 from common.messaging import RateLimitedLog
 from common.wire import ReportedCard
 
-# The logger its lines have carried since before the vendors' packages: a log line keeps
-# its name when the code moves (operators filter on it).
-logger = logging.getLogger("agent.nvml")
+logger = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 
