@@ -36,7 +36,7 @@ async def service(leadership: Sole | None = None) -> SchedulerService:
                              leadership=leadership)
     built.shared.ready = True
     for node in ("n1", "n2"):
-        await built.reactions.receive_inventory(*inventory_message(node, 1))
+        await built.handlers.inventories.receive_inventory(*inventory_message(node, 1))
     return built
 
 
