@@ -23,7 +23,7 @@ from agent.monitor.processes import CgroupFileError, pod_uid_of_cgroup
 from common.core.annotations import AnnotationError
 from common.core.registration import decode_register
 from common.wire import WireError, decode_inventory
-from tests.agent.inotify import OpenWatch
+from tests.agent.monitor.inotify import OpenWatch
 from tests.fakes.hami_core_cache import FakeCache, Proc, Used, gpu_uuid, write_cache
 
 FUZZ = settings(max_examples=200, deadline=None,

@@ -21,7 +21,7 @@ from common.messaging import NatsSettings
 from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
 from pyhami.sandbox import RunningDaemon, standalone_config
-from tests.agent.test_device_plugin_kubelet import CARDS, NODE, folders
+from tests.agent.deviceplugin.test_device_plugin_kubelet import CARDS, NODE, folders
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 from tests.harness import PodClient, eventually
 
