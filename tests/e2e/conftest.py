@@ -24,6 +24,7 @@ from pyhami._controlplane import (
     wait_for,
 )
 from tests.e2e.controlplane import TEST_NAMESPACE, ControlPlane, running_control_plane
+from tests.e2e.pods import ClusterLab
 
 HERE = Path(__file__).parent
 TEST_TIMEOUT_S = 300
@@ -119,3 +120,11 @@ def clean_namespace(control_plane: ControlPlane) -> Iterator[None]:
     if control_plane.processes["pyhami-scheduler"].running:
         wait_for(ledger_empty, "pyhami's ledger to release every pod of the test",
                  watch=control_plane.all_processes())
+
+
+@pytest.fixture
+def lab(control_plane: ControlPlane, clean_namespace: None) -> ClusterLab:
+    """The suite's one lab: the test's pods in the test namespace, created and read as a
+    user would; deleted after the test (``clean_namespace``). It stands in, under tests/e2e,
+    for the standalone ``lab`` of tests/conftest.py."""
+    return ClusterLab(control_plane)
