@@ -1,9 +1,10 @@
 """The end-to-end suite: pyhami beside a real kube-apiserver and kube-scheduler.
 
 Every test here is marked ``e2e`` (``pytest -m e2e`` runs only these, ``-m "not e2e"``
-everything else). The control plane starts once per session. Without the binaries and
-without Go to build them the suite is skipped with one line saying why, except under CI
-(``CI=true``), where it fails instead.
+everything else) and ``slow``: it needs the control plane (``-m "not slow"``, the quick
+run, leaves the suite out). The control plane starts once per session. Without the
+binaries and without Go to build them the suite is skipped with one line saying why,
+except under CI (``CI=true``), where it fails instead.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     timeout = TEST_TIMEOUT_S + (BUILD_TIMEOUT_S if _needs_build() and go_command() else 0)
     for item in ours:
         item.add_marker(pytest.mark.e2e)
+        item.add_marker(pytest.mark.slow)
         item.add_marker(pytest.mark.timeout(timeout))
 
 

@@ -60,6 +60,7 @@ def server_index(cluster: LocalNatsCluster, agent: Agent) -> int | None:
     return None if server is None else cluster.index_of_port(int(server.rpartition(":")[2]))
 
 
+@pytest.mark.slow  # a cluster of three nats-servers
 async def test_allocate_is_answered_through_another_server_when_the_agents_is_killed(
         nats_cluster: LocalNatsCluster, folders: tuple[Path, Path],
         http: aiohttp.ClientSession) -> None:
