@@ -23,6 +23,8 @@ from pyhami._controlplane import Process, http_get, wait_for
 from tests.cli.test_demo import assert_the_lab_played_on
 from tests.paths import REPO
 
+pytestmark = pytest.mark.slow  # the compose stack replayed, in processes
+
 SHARED = "/var/lib/pyhami"
 START_S = 60.0
 
