@@ -12,17 +12,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from agent.deviceplugin.hamicore import hami_core_settings
 from agent.deviceplugin.plugin import PluginSettings
-from agent.inventory import InventoryError
 from agent.mig.nvml import NvmlMigDevices, pynvml_library
 from agent.mig.setup import MigNode, nvml_mig_node, simulated_mig_node
 from agent.mig.static import MigStrategy, StaticMigSource
 from agent.monitor.containers import CacheSettings
 from agent.monitor.monitor import MonitorSettings
-from agent.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
 from agent.service import Agent, AgentSettings
-from agent.simulated import MIG_PROFILES, PROFILES, SimulatedSource, file_cards, profile_cards
+from agent.vendors.nvidia.hamicore import hami_core_settings
+from agent.vendors.nvidia.nvml import DEFAULT_SPLIT_COUNT, NvmlSource
+from agent.vendors.nvidia.plugin import DEVICE_PLUGIN
+from agent.vendors.nvidia.simulated import (
+    MIG_PROFILES,
+    PROFILES,
+    SimulatedSource,
+    file_cards,
+    profile_cards,
+)
+from agent.vendors.port import DevicePluginVendor, InventoryError
 from common.arguments import Subcommands, positive_int, variable_for
 from common.core.deviceconfig import NodeDeviceConfig, effective_for
 from common.core.errors import SettingsError
@@ -37,6 +44,11 @@ from common.stopping import stop_on_signals
 logger = logging.getLogger(__name__)
 
 NODE_NAME_ENV = "NODE_NAME"
+# The command is the one place the agent chooses its cards' vendor (the imports of
+# agent.vendors.nvidia above: its inventory sources, MIG, its device plugin part); nothing
+# below the command asks which.
+VENDOR_DEVICE_PLUGIN: DevicePluginVendor = DEVICE_PLUGIN
+"""What the device plugin asks of the cards' vendor."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +203,8 @@ def plugin_settings(args: argparse.Namespace, device: NodeDeviceConfig) -> Plugi
     """The device plugin's flags, and what the node's device configuration tells it: the
     resource name, whether it steers the kubelet's choice or names the cards' NUMA nodes,
     HAMi-core's settings."""
-    return settings_from(PluginSettings, args, hami_core=hami_core_settings(device),
+    return settings_from(PluginSettings, args, vendor=VENDOR_DEVICE_PLUGIN,
+                         hami_core=hami_core_settings(device),
                          resource_name=device.device.resources.count,
                          preferred_allocation=device.enable_get_preferred_allocation,
                          numa_topology=device.settings.enable_numa_topology)

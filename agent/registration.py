@@ -22,8 +22,8 @@ import logging
 
 import msgspec
 
-from agent.inventory import InventorySource
 from agent.mig.static import is_mig_device
+from agent.vendors.port import InventorySource
 from common.core.deviceconfig import NodeDeviceConfig
 from common.core.mig import MIG_MODE
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB

@@ -23,7 +23,6 @@ from nats.aio.msg import Msg
 
 from agent.deviceplugin.plugin import DevicePlugin, PluginSettings
 from agent.deviceplugin.source import ASK_PATIENCE_S, NatsAllocationSource
-from agent.inventory import InventorySource
 from agent.mig.manager import MigManager
 from agent.mig.static import StaticMigSource
 from agent.monitor.model import HostProbe
@@ -32,6 +31,7 @@ from agent.monitor.server import serve_monitor
 from agent.registration import ConfiguredSource
 from agent.report import Report
 from agent.usage import UsageSnapshot
+from agent.vendors.port import InventorySource
 from common.arguments import positive_seconds, seconds_or_off
 from common.busaccess import agent_inbox_prefix
 from common.core.annotations import comma_list

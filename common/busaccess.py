@@ -26,14 +26,14 @@ from pathlib import Path
 import nkeys
 
 from common.core.errors import InvalidInput
-from common.core.natsjwt import (
+from common.files import SECRET_FILE_MAX_BYTES, InputFileError, read_bounded
+from common.natsjwt import (
     JwtError,
     Permissions,
     public_key,
     seed_from_random,
     signer_from_seed,
 )
-from common.files import SECRET_FILE_MAX_BYTES, InputFileError, read_bounded
 from common.wire import (
     RESYNC_SUBJECT,
     allocated_subject,

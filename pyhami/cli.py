@@ -15,7 +15,7 @@ COMMANDS = {
     "decide": "pyhami.decide",
     "explain": "pyhami.explain",
     "simulate": "pyhami.simulate",
-    "bench": "pyhami.bench",
+    "bench": "pyhami.bench.command",
     "demo": "pyhami.demo",
     "watch": "pyhami.watch",
     "certs": "pyhami.certs",

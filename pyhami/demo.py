@@ -23,7 +23,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from agent.simulated import PROFILES
+from agent.vendors.nvidia.simulated import PROFILES
 from common.arguments import (
     Subcommands,
     add_policy_defaults,
@@ -33,8 +33,8 @@ from common.arguments import (
 )
 from common.core.errors import PyhamiError
 from common.core.pod import DEFAULT_NAMESPACE
-from common.natsserver import NatsServerError
 from common.stopping import stop_on_signals
+from pyhami.natsserver import NatsServerError
 from pyhami.output import fitted, selection_path, stdout_console
 from pyhami.sandbox import Sandbox
 

@@ -31,8 +31,8 @@ from common.busaccess import (
 )
 from common.core.annotations import comma_list
 from common.core.names import InvalidName, check_subdomain
-from common.core.natsjwt import JwtError, node_token, signer_from_seed
 from common.files import PRIVATE_MODE, write_files
+from common.natsjwt import JwtError, node_token, signer_from_seed
 
 SERVER_CONFIG = "nats.conf"
 FILES = (ISSUER_SEED, ISSUER_PUBLIC, DAEMON_PASSWORD, WATCH_PASSWORD, SERVER_CONFIG)

@@ -14,10 +14,10 @@ from typing import Any
 
 from agent.mig.setup import simulated_mig_node
 from agent.service import Agent, AgentSettings
-from agent.simulated import MIG_PROFILES, SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import MIG_PROFILES, SimulatedSource, profile_cards
 from common.core import Defaults, NodePolicy, parse_default_chain
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 from scheduler.config import DaemonConfig
 from scheduler.daemon import run_daemon
 from scheduler.service import SchedulerService, ServiceSettings

@@ -23,9 +23,17 @@ from typing import Literal, Protocol
 import nkeys
 from nats.aio.msg import Msg
 
-from common.busaccess import ACCOUNT, BusCredentials, agent_permissions, agent_user
+from common.busaccess import (
+    ACCOUNT,
+    DAEMON_USER,
+    BusCredentials,
+    CredentialsError,
+    agent_permissions,
+    agent_user,
+)
 from common.core.names import InvalidName, check_subdomain, shown
-from common.core.natsjwt import (
+from common.messaging import Connection, RateLimitedLog
+from common.natsjwt import (
     AuthorizationRequest,
     JwtError,
     authorization_request,
@@ -34,9 +42,9 @@ from common.core.natsjwt import (
     public_key,
     user_jwt,
 )
-from common.messaging import Connection, RateLimitedLog
 from scheduler.cluster import ClusterError
-from scheduler.errors import SchedulerError
+from scheduler.errors import SchedulerError, StartupError
+from scheduler.retry import while_the_api_fails
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +154,28 @@ async def self_managed_credentials(store: SecretStore, namespace: str,
             raise ClusterError(f"{where} was created by another and is gone again")
     return BusCredentials.from_stored(data, where)
 
+
+
+async def callout_signer(credentials: BusCredentials | None, connection: Connection, *,
+                         secrets: SecretStore | None, namespace: str, secret: str | None,
+                         phase: Callable[[str], None]) -> nkeys.KeyPair:
+    """The issuer key, the daemon's password set on ``connection``: from ``credentials``
+    (the files), or read (made first if need be) from the Secret ``namespace/secret``,
+    tried again while the API fails; ``phase`` is told what the start waits on."""
+    if credentials is not None:
+        connection.authenticate(DAEMON_USER, credentials.daemon_password)
+        return credentials.signer
+    assert secret is not None, "checked by the CLI"
+    assert secrets is not None, "checked by the CLI: the Secret is a Kubernetes one"
+    phase(f"reading the NATS credentials from Secret {namespace}/{secret}")
+    try:
+        kept = await while_the_api_fails("NATS credentials", lambda: (
+            self_managed_credentials(secrets, namespace, secret)))
+    except CredentialsError as error:
+        raise StartupError(f"--nats-auth-secret: {error}; delete the Secret to have the "
+                           "daemon make a new one (and restart NATS)") from None
+    connection.authenticate(DAEMON_USER, kept.daemon_password)
+    return kept.signer
 
 class AuthCallout:
     """Answers ``$SYS.REQ.USER.AUTH`` on the daemon's connection, in the daemon's account."""

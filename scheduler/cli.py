@@ -35,7 +35,8 @@ from scheduler.config import (
     LeadershipConfig,
     WebhookConfig,
 )
-from scheduler.daemon import StartupError, run_daemon
+from scheduler.daemon import run_daemon
+from scheduler.errors import StartupError
 from scheduler.leadership import check_lease_timing
 from scheduler.service import ServiceSettings
 from scheduler.tls.files import TlsError
@@ -76,9 +77,6 @@ def register(commands: Subcommands) -> None:
                         help="write no Normal Events, HAMi's FilteringSucceed and "
                              "BindingSucceed on every pod placed (two API writes a pod; "
                              "written unless this is given); the Warnings stay")
-    parser.add_argument("--noop-endpoint", action="store_true",
-                        help="serve POST /noop, which only decodes ExtenderArgs: the HTTP "
-                             "floor for benchmarks")
     add_log_arguments(parser)
     add_settings(parser, DaemonConfig, "scheduler_name")
     parser.add_argument("--namespace", metavar="NS",
@@ -304,7 +302,7 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
                               registration_retention=node_retention,
                               success_events=not args.no_success_events),
         listen=args.listen, metrics=args.metrics, kubeconfig=args.kubeconfig,
-        noop_endpoint=args.noop_endpoint, drive_pending=not args.no_pending_loop,
+        drive_pending=not args.no_pending_loop,
         webhook=_webhook_config(args, mode), extender_tls=_extender_tls(args),
         bus_auth=_bus_auth_config(args, mode, daemon_namespace(args)),
         leadership=_leadership_config(args, mode),

@@ -147,7 +147,6 @@ class DaemonConfig:
     retry_period: float = setting(
         5.0, parse=positive_seconds,
         help="standalone: try pending pods again at least this often (default {default})")
-    noop_endpoint: bool = False
     # Standalone: place submitted pods ourselves (off when an outside driver calls the verbs).
     drive_pending: bool = True
     nats_grace: float = setting(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds HAMi-WebUI's backend ("server", Go module `vgpu`) from its source, for the manual
-# check scripts/check-hami-webui.py (docs/scheduler.md, "HAMi-WebUI and the node annotation").
+# check scripts/check-hami-webui (docs/scheduler.md, "HAMi-WebUI and the node annotation").
 # CI cannot run it: the source and two of its code generators are not served by the Go
 # module proxy, only by a fetched copy of their repositories.
 #

@@ -89,7 +89,7 @@ ready() {
     "$PY" - <<'EOF' 2>/dev/null
 import pynvml, pytest, pytest_timeout  # noqa: F401
 import agent.cli, agent.deviceplugin.plugin, pyhami.cli, tests.conftest  # noqa: F401
-from common.natsserver import nats_server_binary
+from pyhami.natsserver import nats_server_binary
 nats_server_binary()
 EOF
 }
@@ -98,7 +98,7 @@ why_not_ready() {
     "$PY" - <<'EOF' 2>&1 | tail -1
 import pynvml, pytest, pytest_timeout  # noqa: F401
 import agent.cli, agent.deviceplugin.plugin, pyhami.cli, tests.conftest  # noqa: F401
-from common.natsserver import nats_server_binary
+from pyhami.natsserver import nats_server_binary
 nats_server_binary()
 EOF
 }

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from common.natsserver import LocalNatsCluster, LocalNatsServer
+from pyhami.natsserver import LocalNatsCluster, LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from tests.harness import Lab, PodClient
 

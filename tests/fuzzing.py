@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 from aiohttp.http_exceptions import HttpProcessingError
 from nats.aio.client import Client
 
-from agent.simulated import uuid_for
+from agent.vendors.nvidia.simulated import uuid_for
 from common.messaging import NatsSettings, connect
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from tests.invariants import settled_violations_sync
 

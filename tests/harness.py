@@ -13,8 +13,8 @@ import nats
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
 from common.core.groups import KUEUE_COUNT_ANNOTATION, KUEUE_GROUP_LABEL
-from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cluster.standalone import BUCKET
 from scheduler.service import SchedulerService

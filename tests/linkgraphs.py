@@ -1,7 +1,7 @@
 """NVLink graphs hostile to the linked-set search, as adjacency bitmasks (bit j of entry i:
 cards i and j are linked), and the nodes that report them.
 
-Shared by the search's tests, its fuzz target and ``benchmarks/topology_worst.py``.
+Shared by the search's tests, its fuzz target and ``harness/benchmarks/topology_worst.py``.
 """
 
 from __future__ import annotations

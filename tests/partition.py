@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from common.natsserver import free_port
+from pyhami.natsserver import free_port
 
 CHUNK = 65536
 

@@ -11,36 +11,19 @@ many of its annotation's containers were served.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.deviceplugin.hamicore import (
-    HAMI_DEFAULTS,
-    HamiCoreSettings,
-    UnsafeFolderName,
-    container_folder,
-)
-from agent.errors import AgentError
-from agent.mig.static import is_mig_device
+from agent.vendors.port import ContainerRefused, ContainerRuntime, Mount
 from common.core.annotations import AnnotationError, CardGrant, decode_allocation
+from common.core.vendors import NVIDIA
 from common.wire import AllocationOutcome, PendingPod, ReportedCard
 
-DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
+DEFAULT_RESOURCE_NAME = NVIDIA.resources.count
 """HAMi's default ``resourceCountName``: the resource the plugin registers unless the
 device configuration names another."""
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-
-# Where HAMi-core's library appears in a container: the path HAMi uses, so images and
-# tools made for HAMi find it.
-CONTAINER_VGPU_DIR = "/usr/local/vgpu"
-CONTAINER_LIBRARY = f"{CONTAINER_VGPU_DIR}/libvgpu.so"
-CONTAINER_PRELOAD = "/etc/ld.so.preload"
-CONTAINER_LOCK_DIR = "/tmp/vgpulock"
-"""HAMi-core flocks ``lock`` in it to serialise its processes across containers."""
-SHARED_CACHE_DIR = "/tmp/vgpu"
-"""Where the cache file goes without HAMi-core: nothing reads it then."""
 
 Progress = Mapping[str, int]
 """Per pod UID: the position, in its annotation, after the last container served."""
@@ -74,30 +57,9 @@ def advertised_devices(cards: Sequence[ReportedCard], *,
 
 
 @dataclass(frozen=True, slots=True)
-class HamiCore:
-    """HAMi-core installed on the node: the host paths the containers mount, and what
-    HAMi's device configuration tells the containers."""
-
-    library: str
-    """``libvgpu.so.<version>`` where the node has it, else ``libvgpu.so``."""
-    preload: str
-    containers: str
-    """The folder holding one folder per container, ``<pod uid>_<container name>``."""
-    lock: str
-    settings: HamiCoreSettings = HAMI_DEFAULTS
-
-
-@dataclass(frozen=True, slots=True)
-class Mount:
-    container_path: str
-    host_path: str
-    read_only: bool = True
-
-
-@dataclass(frozen=True, slots=True)
 class ContainerAllocation:
-    """What one container gets: its pod's cards for that container, as HAMi-core reads them,
-    or the MIG instances reserved for it."""
+    """What one container gets: its pod's cards for that container, as the vendor gives
+    them (``agent.vendors.port.ContainerRuntime``), or the MIG instances reserved for it."""
 
     pod: PendingPod
     position: int
@@ -106,13 +68,13 @@ class ContainerAllocation:
     envs: dict[str, str]
     mounts: tuple[Mount, ...]
     folder: str | None = None
-    """The host folder to make (empty, 0777) before the container starts; None without
-    HAMi-core."""
+    """The host folder to make (empty, 0777) before the container starts; None where the
+    vendor needs none (NVIDIA: without HAMi-core)."""
 
     @property
     def on_mig(self) -> bool:
         """The container's cards are MIG instances: the plugin makes them and names them in
-        ``NVIDIA_VISIBLE_DEVICES``; no HAMi-core."""
+        the vendor's variable (``NVIDIA_VISIBLE_DEVICES``); no HAMi-core."""
         return any(grant.instance is not None for grant in self.grants)
 
 
@@ -136,10 +98,6 @@ class _Candidate:
     pod: PendingPod
     position: int
     grants: tuple[CardGrant, ...]
-
-
-class MixedCards(AgentError):
-    """A container given MIG instances and shared cards at once: no node serves both."""
 
 
 def outcome(pod: PendingPod, reason: str = "") -> AllocationOutcome:
@@ -190,63 +148,18 @@ def _choose(candidates: Sequence[_Candidate], devices: Sequence[str]) -> _Candid
     return next((c for c in candidates if len(c.grants) == len(devices)), None)
 
 
-def new_cache_id() -> str:
-    """A fresh name for a container's cache file, as HAMi names it (a random UUID)."""
-    return str(uuid.uuid4())
-
-
-def container_allocation(candidate: _Candidate, hami_core: HamiCore | None,
-                         cache_id: Callable[[], str] = new_cache_id) -> ContainerAllocation:
-    """Raises ``UnsafeFolderName`` when, with HAMi-core, the pod's uid or the container's
-    name cannot name its host folder (or the daemon sent no name for it), and
-    ``MixedCards`` for a container given both MIG instances and shared cards."""
-    grants = candidate.grants
-    pod = candidate.pod
-    mig = [grant.instance is not None for grant in grants]
-    if any(mig):
-        if not all(mig):
-            raise MixedCards(f"container #{candidate.position} is given both MIG instances "
-                             "and shared cards")
-        # The instances' UUIDs are known once they are made: the plugin names them.
-        return ContainerAllocation(pod, candidate.position, grants, {}, ())
-    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(grant.uuid for grant in grants)}
-    if all(is_mig_device(grant.uuid) for grant in grants):
-        # Static MIG devices, each whole: the hardware isolates them, HAMi-core has no part.
-        return ContainerAllocation(pod, candidate.position, grants, envs, ())
-    envs.update({f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{grant.memory}m"
-                 for i, grant in enumerate(grants)})
-    envs["CUDA_DEVICE_SM_LIMIT"] = str(grants[0].cores)
-    if hami_core is None:
-        envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{SHARED_CACHE_DIR}/{pod.uid}.cache"
-        return ContainerAllocation(pod, candidate.position, grants, envs, ())
-    if candidate.position >= len(pod.containers):
-        raise UnsafeFolderName(f"the daemon sent no name for container #{candidate.position}"
-                               " (a daemon older than the agent): its HAMi-core folder "
-                               "cannot be named")
-    container = pod.containers[candidate.position]
-    folder = f"{hami_core.containers}/{container_folder(pod.uid, container.name)}"
-    settings = hami_core.settings
-    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CONTAINER_VGPU_DIR}/{cache_id()}.cache"
-    if settings.oversubscribed:
-        envs["CUDA_OVERSUBSCRIBE"] = "true"
-    if settings.lib_cuda_log_level:
-        envs["LIBCUDA_LOG_LEVEL"] = settings.lib_cuda_log_level
-    if settings.disable_core_limit:
-        envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
-    # HAMi's order. The library's mount lies inside the folder's: runtimes mount a parent
-    # before its children (containerd sorts by depth), so the library shows over the folder.
-    mounts = [Mount(CONTAINER_LIBRARY, hami_core.library),
-              Mount(CONTAINER_VGPU_DIR, folder, read_only=False),
-              Mount(CONTAINER_LOCK_DIR, hami_core.lock, read_only=False)]
-    if not container.control_disabled:
-        mounts.append(Mount(CONTAINER_PRELOAD, hami_core.preload))
-    return ContainerAllocation(pod, candidate.position, grants, envs, tuple(mounts), folder)
+def container_allocation(candidate: _Candidate,
+                         runtime: ContainerRuntime) -> ContainerAllocation:
+    """The container's cards as the vendor gives them; raises ``ContainerRefused``."""
+    setup = runtime.setup(candidate.pod, candidate.position, candidate.grants)
+    return ContainerAllocation(candidate.pod, candidate.position, candidate.grants,
+                               setup.envs, setup.mounts, setup.folder)
 
 
 def allocate(pending: Sequence[PendingPod], progress: Progress,
              requests: Sequence[Sequence[str]], *, node: str, node_cards: Collection[str],
-             hami_core: HamiCore | None, resource: str = DEFAULT_RESOURCE_NAME,
-             cache_id: Callable[[], str] = new_cache_id) -> Granted | Refused:
+             runtime: ContainerRuntime,
+             resource: str = DEFAULT_RESOURCE_NAME) -> Granted | Refused:
     """Serve one Allocate call: ``requests`` holds, per container, the device IDs the
     kubelet chose. Either every container is served or none is. ``resource`` is the
     resource the plugin registered (HAMi's ``resourceCountName``), which a refusal names."""
@@ -265,8 +178,8 @@ def allocate(pending: Sequence[PendingPod], progress: Progress,
                       f"is not one of node {node}'s cards")
             return Refused(reason, (*malformed, outcome(chosen.pod, reason)))
         try:
-            allocations.append(container_allocation(chosen, hami_core, cache_id))
-        except (UnsafeFolderName, MixedCards) as error:
+            allocations.append(container_allocation(chosen, runtime))
+        except ContainerRefused as error:
             reason = f"pod {_pod_name(chosen.pod)}: {error}"
             return Refused(reason, (*malformed, outcome(chosen.pod, reason)))
         working[chosen.pod.uid] = chosen.position + 1

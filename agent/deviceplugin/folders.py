@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.deviceplugin.hamicore import folder_pod
+from agent.vendors.nvidia.hamicore import folder_pod
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ default), served again when the kubelet restarts.
 
 The kubelet removes every plugin socket and makes its own ``kubelet.sock`` anew when it
 starts; the plugin notices either within one ``watch_interval`` and serves and registers
-again. The decisions (which devices, which pod, what env) live in
-``agent.deviceplugin.allocation``; this module moves them over gRPC.
+again. The decisions (which devices, which pod) live in ``agent.deviceplugin.allocation``,
+what a container gets with its cards in the vendor's package (``agent.vendors.port``'s
+``DevicePluginVendor``, chosen by the command); this module moves them over gRPC.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,15 +25,12 @@ import msgspec
 
 from agent.deviceplugin._v1beta1 import api_pb2, api_pb2_grpc
 from agent.deviceplugin.allocation import (
-    CONTAINER_LIBRARY,
-    CONTAINER_LOCK_DIR,
     DEFAULT_RESOURCE_NAME,
     HEALTHY,
     UNHEALTHY,
     ContainerAllocation,
     Device,
     Granted,
-    HamiCore,
     Refused,
     advertised_devices,
     allocate,
@@ -40,7 +38,6 @@ from agent.deviceplugin.allocation import (
     preferred_devices,
 )
 from agent.deviceplugin.folders import ContainerFolders, make_open_folder
-from agent.deviceplugin.hamicore import HAMI_DEFAULTS, HamiCoreSettings
 from agent.deviceplugin.outcomes import CONFIRM_INTERVAL_S, OwedOutcomes
 from agent.deviceplugin.source import (
     ASK_PATIENCE_S,
@@ -52,6 +49,13 @@ from agent.deviceplugin.source import (
 from agent.mig.manager import InstanceKey, MigManager
 from agent.mig.port import MigError
 from agent.mig.static import MigDevice, MigStrategy, mig_strategy
+from agent.vendors.nvidia.hamicore import (
+    CONTAINER_LOCK_DIR,
+    CONTAINERS_FOLDER,
+    HAMI_DEFAULTS,
+    HamiCoreSettings,
+)
+from agent.vendors.port import ContainerRuntime, DevicePluginVendor
 from common.arguments import positive_seconds
 from common.core.annotations import AnnotationError
 from common.core.mig import MigReservation, MigReservationError, decode_reservations
@@ -64,53 +68,20 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_HAMI_CORE_DIR = Path("/usr/local/vgpu")
+# HAMi-core's flags and its container folders' sweep are still the plugin's (the one
+# import of a vendor's package here, named in the import contract); the rest of what
+# NVIDIA gives a container comes through the vendor's ContainerRuntime.
 DEFAULT_LOCK_DIR = Path(CONTAINER_LOCK_DIR)
-CONTAINERS_FOLDER = "containers"
 UNLISTED_PATIENCE_S = 10.0
 """How long Allocate asks the daemon again when its answer lists no pod the kubelet's
 devices could be for: longer than a standalone daemon that has just taken the lease needs
 to read the binds its predecessor's last writes made (``CATCH_UP_AFTER_S``)."""
 UNLISTED_PAUSE_S = 0.5
-PLUGIN_SOCKET = "pyhami-nvidia-gpu.sock"
 WATCH_INTERVAL_S = 1.0
 REGISTER_TIMEOUT_S = 10.0
 STOP_GRACE_S = 0.5
 MIG_RECONCILE_S = 5.0
 """How often MIG instances no pod references are destroyed (HAMi's reconciler's period)."""
-
-
-def library_path(directory: Path, version: str) -> Path:
-    """``libvgpu.so.<version>`` where the node has it (HAMi's image installs it so), else
-    the plain ``libvgpu.so``."""
-    versioned = directory / f"libvgpu.so.{version}"
-    return versioned if version and versioned.is_file() else directory / "libvgpu.so"
-
-
-def hami_core(directory: Path, settings: HamiCoreSettings = HAMI_DEFAULTS,
-              lock_dir: Path = DEFAULT_LOCK_DIR) -> HamiCore | None:
-    """HAMi-core's host paths when ``directory`` holds libvgpu.so, writing the
-    ld.so.preload that loads it and making the lock folder; None (logged) when memory
-    slices cannot be enforced."""
-    library = library_path(directory, settings.libvgpu_version)
-    preload = directory / "ld.so.preload"
-    if not library.is_file():
-        logger.warning("no HAMi-core on this node (%s is missing): containers get their "
-                       "cards and limits in their environment, but memory slices are not "
-                       "enforced", library)
-        return None
-    content = CONTAINER_LIBRARY + "\n"
-    try:
-        if not preload.is_file() or preload.read_text() != content:
-            preload.write_text(content)
-        make_open_folder(lock_dir, fresh=False)
-    except OSError as error:
-        logger.warning("cannot prepare HAMi-core's files (%s: %s): memory slices are not "
-                       "enforced on this node", error.filename, error.strerror or error)
-        return None
-    logger.info("HAMi-core found at %s: containers preload it", library)
-    return HamiCore(library=str(library), preload=str(preload),
-                    containers=str(directory / CONTAINERS_FOLDER), lock=str(lock_dir),
-                    settings=settings)
 
 
 class DeviceFeed:
@@ -192,18 +163,40 @@ def _with_folders(granted: Granted) -> Granted | Refused:
     return granted
 
 
-class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+class ListingServicer(api_pb2_grpc.DevicePluginServicer):
+    """What every resource's servicer does alike: list its feed's devices, and again each
+    time they change; nothing before a container starts."""
+
+    def __init__(self, feed: DeviceFeed) -> None:
+        self._feed = feed
+
+    async def ListAndWatch(self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
+                           ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        version = 0
+        while True:
+            version, devices = await self._feed.after(version)
+            yield api_pb2.ListAndWatchResponse(devices=[_device_message(d) for d in devices])
+
+    async def PreStartContainer(self, request: api_pb2.PreStartContainerRequest,
+                                context: grpc.aio.ServicerContext
+                                ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
+
+
+class DevicePluginServicer(ListingServicer):
     """The kubelet's calls; allocations are served one call at a time, in order."""
 
     def __init__(self, node: str, feed: DeviceFeed, source: AllocationSource,
-                 hami: HamiCore | None, options: api_pb2.DevicePluginOptions, *,
-                 resource: str = DEFAULT_RESOURCE_NAME, mig: MigManager | None = None) -> None:
+                 runtime: ContainerRuntime, options: api_pb2.DevicePluginOptions, *,
+                 visible_devices_env: str, resource: str = DEFAULT_RESOURCE_NAME,
+                 mig: MigManager | None = None) -> None:
+        super().__init__(feed)
         self._node = node
         self._resource = resource
         self._options = options
-        self._feed = feed
         self._source = source
-        self._hami = hami
+        self._runtime = runtime
+        self._visible_devices_env = visible_devices_env
         self._mig = mig
         # Per pod uid: the MIG instances made for its containers so far, sent with its
         # outcome once every container is served.
@@ -217,13 +210,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                                      context: grpc.aio.ServicerContext
                                      ) -> api_pb2.DevicePluginOptions:
         return self._options
-
-    async def ListAndWatch(self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
-                           ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
-        version = 0
-        while True:
-            version, devices = await self._feed.after(version)
-            yield api_pb2.ListAndWatchResponse(devices=[_device_message(d) for d in devices])
 
     async def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest,
                                      context: grpc.aio.ServicerContext
@@ -254,7 +240,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             self._reconcile(pending, asked_at)
             requests = [list(c.devices_ids) for c in request.container_requests]
             result = allocate(pending, self._progress, requests, node=self._node,
-                              node_cards=self._feed.cards, hami_core=self._hami,
+                              node_cards=self._feed.cards, runtime=self._runtime,
                               resource=self._resource)
             asked_until = asyncio.get_running_loop().time() + UNLISTED_PATIENCE_S
             while _nobody_waits(result) and asyncio.get_running_loop().time() < asked_until:
@@ -266,7 +252,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 except AllocationSourceError:
                     continue
                 result = allocate(pending, self._progress, requests, node=self._node,
-                                  node_cards=self._feed.cards, hami_core=self._hami,
+                                  node_cards=self._feed.cards, runtime=self._runtime,
                                   resource=self._resource)
             if isinstance(result, Granted):
                 result = await self._with_instances(result)
@@ -282,14 +268,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         for allocation in result.allocations:
             logger.info("allocated container #%d of pod %s/%s: %s", allocation.position,
                         allocation.pod.namespace, allocation.pod.name,
-                        allocation.envs["NVIDIA_VISIBLE_DEVICES"])
+                        allocation.envs[self._visible_devices_env])
         return api_pb2.AllocateResponse(
             container_responses=[_container_response(a) for a in result.allocations])
-
-    async def PreStartContainer(self, request: api_pb2.PreStartContainerRequest,
-                                context: grpc.aio.ServicerContext
-                                ) -> api_pb2.PreStartContainerResponse:
-        return api_pb2.PreStartContainerResponse()
 
     async def confirm_outcomes(self) -> None:
         """Ask which pods still wait for their cards, and send again each outcome the
@@ -312,7 +293,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     async def _with_instances(self, granted: Granted) -> Granted | Refused:
         """``granted`` with the MIG instances of its MIG containers made (all of them, or
-        none: ``MigManager.ensure``) and named in their ``NVIDIA_VISIBLE_DEVICES``; the
+        none: ``MigManager.ensure``) and named in the vendor's variable
+        (``NVIDIA_VISIBLE_DEVICES``); the
         outcome of a pod now served carries the instances made for it."""
         on_mig = [allocation for allocation in granted.allocations if allocation.on_mig]
         if not on_mig:
@@ -337,7 +319,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 continue
             made = [next(instances) for _ in allocation.grants]
             allocations.append(replace(allocation, envs={
-                "NVIDIA_VISIBLE_DEVICES": ",".join(i.mig_uuid for i in made)}))
+                self._visible_devices_env: ",".join(i.mig_uuid for i in made)}))
             runtime = self._made.setdefault(allocation.pod.uid, {})
             for device, instance in enumerate(made):
                 runtime[(allocation.position, device)] = MigRuntime(
@@ -420,6 +402,9 @@ class PluginSettings:
     """The host's lock folder HAMi-core shares across containers (tests move it)."""
     watch_interval: float = WATCH_INTERVAL_S
     """How often the kubelet's socket and the plugin's own are looked at (tests shorten it)."""
+    vendor: DevicePluginVendor = field(kw_only=True)
+    """The cards' vendor: its socket, its variable, what a container gets (no flag: the
+    command chooses it, ``agent.cli``)."""
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
@@ -445,12 +430,14 @@ class DevicePlugin:
         self._mig_servicers: dict[str, tuple[str, MigPassThroughServicer]] = {}
         self._group: asyncio.TaskGroup | None = None
         self._feed = DeviceFeed(numa_topology=settings.numa_topology)
-        self._hami = hami_core(settings.hami_core_dir, settings.hami_core, settings.lock_dir)
+        self._vendor = settings.vendor
+        self._runtime = settings.vendor.open_runtime(settings)
         self._options = api_pb2.DevicePluginOptions(
             get_preferred_allocation_available=settings.preferred_allocation)
-        self._servicer = DevicePluginServicer(node, self._feed, source, self._hami,
-                                              self._options, resource=settings.resource_name,
-                                              mig=mig)
+        self._servicer = DevicePluginServicer(
+            node, self._feed, source, self._runtime, self._options,
+            visible_devices_env=settings.vendor.visible_devices_env,
+            resource=settings.resource_name, mig=mig)
         self.folders = ContainerFolders(settings.hami_core_dir / CONTAINERS_FOLDER,
                                         settings.folder_grace)
         """HAMi-core's container folders, swept by ``sweep_folders``."""
@@ -464,12 +451,13 @@ class DevicePlugin:
 
     @property
     def slices_enforced(self) -> bool:
-        """Whether HAMi-core is on this node to enforce the slices (looked at once, at start)."""
-        return self._hami is not None
+        """Whether the node enforces the slices (NVIDIA: HAMi-core is on it; looked at once,
+        at start)."""
+        return self._runtime.slices_enforced
 
     @property
     def socket(self) -> Path:
-        return self._settings.kubelet_dir / PLUGIN_SOCKET
+        return self._settings.kubelet_dir / self._vendor.socket
 
     @property
     def kubelet_socket(self) -> Path:
@@ -484,7 +472,8 @@ class DevicePlugin:
         own, on a socket of its own."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._keep_registered(_Endpoint(
-                PLUGIN_SOCKET, self._settings.resource_name, self._servicer, self._options)))
+                self._vendor.socket, self._settings.resource_name, self._servicer,
+                self._options)))
             for suffix in sorted(self._mig_servicers):
                 self._serve_mig_resource(group, suffix)
             self._group = group
@@ -522,7 +511,8 @@ class DevicePlugin:
         for suffix in sorted({device.resource_suffix for device in devices}):
             if suffix not in self._mig_servicers:
                 resource = f"{prefix}/{suffix}"
-                self._mig_servicers[suffix] = (resource, MigPassThroughServicer(resource))
+                self._mig_servicers[suffix] = (resource, MigPassThroughServicer(
+                    resource, self._vendor.visible_devices_env))
                 if self._group is not None:
                     self._serve_mig_resource(self._group, suffix)
         for suffix, (_, servicer) in self._mig_servicers.items():
@@ -618,7 +608,7 @@ class DevicePlugin:
                                error.code().name, error.details())
                 await asyncio.sleep(self._settings.watch_interval)
                 continue
-            if endpoint.socket == PLUGIN_SOCKET:
+            if endpoint.socket == self._vendor.socket:
                 self.registrations += 1
             logger.info("registered %s with the kubelet at %s (socket %s)", resource,
                         self.kubelet_socket, endpoint.socket)
@@ -639,16 +629,17 @@ class _Endpoint:
 _PLAIN = api_pb2.DevicePluginOptions()
 
 
-class MigPassThroughServicer(api_pb2_grpc.DevicePluginServicer):
+class MigPassThroughServicer(ListingServicer):
     """One static MIG profile's resource (``nvidia.com/mig-<profile>``, ``--mig-strategy
     mixed``): its devices as the inventory finds them, and HAMi's pass-through Allocate:
     the devices the kubelet chose, each one of this resource's, named in
     ``NVIDIA_VISIBLE_DEVICES``; no pod looked up, nothing written. The kubelet counts the
     resource; pyhami does not schedule it."""
 
-    def __init__(self, resource: str) -> None:
+    def __init__(self, resource: str, visible_devices_env: str) -> None:
+        super().__init__(DeviceFeed(numa_topology=False))
         self._resource = resource
-        self._feed = DeviceFeed(numa_topology=False)
+        self._visible_devices_env = visible_devices_env
 
     async def observe(self, devices: Sequence[MigDevice]) -> None:
         await self._feed.show(tuple(Device(device.uuid, True, None) for device in devices))
@@ -657,13 +648,6 @@ class MigPassThroughServicer(api_pb2_grpc.DevicePluginServicer):
                                      context: grpc.aio.ServicerContext
                                      ) -> api_pb2.DevicePluginOptions:
         return _PLAIN
-
-    async def ListAndWatch(self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
-                           ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
-        version = 0
-        while True:
-            version, devices = await self._feed.after(version)
-            yield api_pb2.ListAndWatchResponse(devices=[_device_message(d) for d in devices])
 
     async def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest,
                                      context: grpc.aio.ServicerContext
@@ -687,14 +671,9 @@ class MigPassThroughServicer(api_pb2_grpc.DevicePluginServicer):
                 logger.warning("Allocate refused: %s", reason)
                 await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, reason)
             responses.append(api_pb2.ContainerAllocateResponse(
-                envs={"NVIDIA_VISIBLE_DEVICES": ",".join(ids)}))
+                envs={self._visible_devices_env: ",".join(ids)}))
             logger.info("allocated %s %s (pass-through)", self._resource, ",".join(ids))
         return api_pb2.AllocateResponse(container_responses=responses)
-
-    async def PreStartContainer(self, request: api_pb2.PreStartContainerRequest,
-                                context: grpc.aio.ServicerContext
-                                ) -> api_pb2.PreStartContainerResponse:
-        return api_pb2.PreStartContainerResponse()
 
 
 def _reservations(pod: HoldingPod) -> tuple[MigReservation, ...]:

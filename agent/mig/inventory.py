@@ -9,7 +9,6 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from agent.inventory import InventoryError, InventorySource
 from agent.mig.port import MigDevices, MigError
 from agent.mig.tables import (
     GpuInstanceProfileInfo,
@@ -18,6 +17,7 @@ from agent.mig.tables import (
     register_profiles,
     slot_count,
 )
+from agent.vendors.port import InventoryError, InventorySource
 from common.core.deviceconfig import MigProfiles as AllowedProfiles
 from common.core.mig import MIG_MODE, MigProfile
 from common.wire import ReportedCard

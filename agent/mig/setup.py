@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent.inventory import InventorySource
 from agent.mig.inventory import MigSource
 from agent.mig.manager import MigManager
 from agent.mig.nvml import NvmlMigDevices, pynvml_library
 from agent.mig.simulated import SimulatedMigLibrary
 from agent.mig.tables import MigCardTable
+from agent.vendors.port import InventorySource
 from common.core.deviceconfig import MigProfiles as AllowedProfiles
 
 

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from agent.inventory import InventorySource
 from agent.mig.inventory import close_with, open_with
 from agent.mig.port import MigDevices, MigError
 from agent.mig.tables import GpuInstanceProfileInfo, profile_name
+from agent.vendors.port import InventorySource
 from common.wire import ReportedCard
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.deviceplugin.hamicore import folder_pod
 from agent.monitor.cache import (
     UUID_LABEL_BYTES,
     Reason,
@@ -40,6 +39,7 @@ from agent.monitor.cache import (
 )
 from agent.monitor.feedback import PAUSED, Control, decide, read_control, write_control
 from agent.monitor.model import ContainerUsage
+from agent.vendors.nvidia.hamicore import folder_pod
 from common.arguments import positive_seconds
 from common.messaging import RateLimitedLog
 from common.settings import setting

@@ -28,11 +28,11 @@ from common.core.pod import (
     whole_quantity,
 )
 from common.core.policy import PodRejected
+from common.core.vendors import NVIDIA
 
 DEFAULT_SCHEDULER = "default-scheduler"
 TASK_PRIORITY_ENV = "CUDA_TASK_PRIORITY"
 CORE_POLICY_ENV = "GPU_CORE_UTILIZATION_POLICY"
-VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 DEFAULT_CORE_POLICY = "default"
 """``gpuCorePolicy`` value (as the empty one) that writes no variable."""
 
@@ -193,5 +193,5 @@ def container_env(container: Container, has_gpu: bool,
     if device.gpu_core_policy not in ("", DEFAULT_CORE_POLICY):
         variables.append((CORE_POLICY_ENV, device.gpu_core_policy))
     if not has_gpu and device.overwrite_env:
-        variables.append((VISIBLE_DEVICES_ENV, "none"))
+        variables.append((NVIDIA.visible_devices_env, "none"))
     return tuple(variables)

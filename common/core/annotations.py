@@ -15,6 +15,7 @@ from common.core.mig import (
 )
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB
 from common.core.names import shown
+from common.core.vendors import NVIDIA, Vendor
 
 ALLOCATED_ANNOTATION = "hami.io/vgpu-devices-allocated"
 TO_ALLOCATE_ANNOTATION = "hami.io/vgpu-devices-to-allocate"
@@ -25,8 +26,6 @@ TIME_ANNOTATION = "hami.io/vgpu-time"
 BIND_PHASE_ANNOTATION = "hami.io/bind-phase"
 BIND_TIME_ANNOTATION = "hami.io/bind-time"
 CORDON_ANNOTATION = "hami.io/device-cordon"
-
-VENDOR = "NVIDIA"
 
 
 class AnnotationError(InvalidInput):
@@ -59,10 +58,11 @@ class CardGrant:
 Containers = tuple[tuple[CardGrant, ...], ...]
 
 
-def encode_devices(containers: Sequence[Sequence[CardGrant]]) -> str:
-    """``UUID,NVIDIA,mem,cores:`` per card and ``;`` closing each container."""
+def encode_devices(containers: Sequence[Sequence[CardGrant]], vendor: Vendor = NVIDIA) -> str:
+    """``UUID,NVIDIA,mem,cores:`` per card (the vendor's name) and ``;`` closing each
+    container."""
     return "".join(
-        "".join(f"{g.uuid},{VENDOR},{g.memory},{g.cores}:" for g in grants) + ";"
+        "".join(f"{g.uuid},{vendor.name},{g.memory},{g.cores}:" for g in grants) + ";"
         for grants in containers
     )
 

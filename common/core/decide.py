@@ -27,7 +27,7 @@ from common.core.annotations import (
     encode_devices,
     mig_reservations,
 )
-from common.core.fleet import BoolArray, Fleet, FloatArray, IntArray, round_scores
+from common.core.fleet import BoolArray, Fleet, FloatArray, IntArray, Layout, round_scores
 from common.core.ledger import Allocation
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION, MigInstance, encode_reservations
 from common.core.placement import (
@@ -54,7 +54,7 @@ from common.core.reasons import (
     NodeReasons,
     failed_node_texts,
 )
-from common.core.refusal import quota_refusal, refusal_message
+from common.core.refusal import refusal_message
 
 _ELIGIBLE = int(CardCheck.ELIGIBLE)
 """Compared with a numpy array, a plain integer: an IntEnum member costs a lookup of numpy's
@@ -275,7 +275,7 @@ class FittingNodes(Mapping[str, float]):
         """The first ``count`` nodes of the order with their scores, without ordering
         them all: a placed pod's ``FilteringSucceed`` Event names a few among what may be
         thousands (5,000 nodes ordered: 1.6 ms; their head: 0.04 ms; measured by
-        benchmarks/event_messages.py, figures in docs/performance.md)."""
+        harness/benchmarks/event_messages.py, figures in docs/performance.md)."""
         if count <= 0:
             return []
         if self._built is not None or count >= len(self._positions):
@@ -375,9 +375,40 @@ def decide(
                         ignored_policies=pod.ignored_policies, adjusted=pod.adjusted,
                         asks_for_gpu=False)
     layout = fleet.layout
+    # The quotas asked once: what the pod may still be charged, which its card checks
+    # consume as one limit.
     view = PodView(layout, pod, fleet.quotas.left(pod.subject))
-    node_count = len(layout.node_names)
-    considered = np.ones(node_count, dtype=np.bool_)
+    considered = _considered(layout, nodes)
+    codes, by_node = view.first_checks()
+    fits, counted, placed_in_full = _judged_by_counts(view, codes, by_node, considered,
+                                                      exhaustive)
+    placements, failed = _placed_in_full(view, codes, placed_in_full, fits)
+    failures = _counted_failures(view, pod.gpu_containers[0], by_node, counted, failed)
+    node_scores = layout.node_scores()
+    chosen_node = _best_node(node_scores, fits, pod.node_policy)
+    fitting = FittingNodes(layout.node_names, fits.nonzero()[0], node_scores, pod.node_policy)
+    placement = _chosen_placement(view, chosen_node, placements, codes)
+    rows = None
+    if explain:
+        rows = _explain(view, codes, considered, chosen_node, placement)
+    elif explain_chosen and chosen_node is not None:
+        only_chosen = np.zeros(len(layout.node_names), dtype=np.bool_)
+        only_chosen[chosen_node] = True
+        rows = _explain(view, codes, only_chosen, chosen_node, placement)
+    quota = _quota_refusal(fleet, view, codes, by_node=by_node, considered=considered,
+                           failed=failed)
+    if chosen_node is None:
+        message = refusal_message(fleet, pod, failures) if describe else None
+        return Decision(pod=pod.key, scheduled=False, failures=failures,
+                        ignored_policies=pod.ignored_policies, adjusted=pod.adjusted,
+                        message=message, explain=rows, quota=quota, fitting=fitting)
+    return _scheduled(view, chosen_node, placement, failures, rows=rows, quota=quota,
+                      fitting=fitting)
+
+
+def _considered(layout: Layout, nodes: Collection[str] | None) -> BoolArray:
+    """The nodes the pod is judged on, as a mask of the layout's: ``nodes`` (None: all)."""
+    considered = np.ones(len(layout.node_names), dtype=np.bool_)
     if nodes is not None:
         wanted = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
         if not wanted.issuperset(layout.name_set):
@@ -387,13 +418,21 @@ def decide(
             known = wanted & layout.name_set
             considered[np.fromiter(map(layout.node_position.__getitem__, known),
                                    dtype=np.intp, count=len(known))] = True
+    return considered
 
+
+def _judged_by_counts(view: PodView, codes: CodeArray, by_node: IntArray,
+                      considered: BoolArray,
+                      exhaustive: bool) -> tuple[BoolArray, BoolArray, BoolArray]:
+    """The considered nodes split by how they are judged: those the check counts say fit,
+    those they say fail (``counted``), and the rest, placed one by one
+    (``placed_in_full``): every node for a pod of several GPU containers or with
+    ``exhaustive``; for one container, the nodes whose counts do not tell (irregular
+    NVLink shapes, NUMA groups under numa-bind, MIG cards)."""
+    layout, pod = view.layout, view.pod
     first = pod.gpu_containers[0]
-    codes, by_node = view.first_checks()
-
-    failed: dict[str, FailedNode] = {}
+    node_count = len(layout.node_names)
     counted = np.zeros(node_count, dtype=np.bool_)
-    placements: dict[int, Placement] = {}
     fits = np.zeros(node_count, dtype=np.bool_)
     placed_in_full = considered.copy()
     if len(pod.gpu_containers) == 1 and not exhaustive:
@@ -417,7 +456,16 @@ def decide(
             placed_in_full |= on_mig
             fits &= ~on_mig
             counted &= ~on_mig
+    return fits, counted, placed_in_full
 
+
+def _placed_in_full(view: PodView, codes: CodeArray, placed_in_full: BoolArray,
+                    fits: BoolArray) -> tuple[dict[int, Placement], dict[str, FailedNode]]:
+    """The pod placed on each of those nodes in turn: the placements found (their nodes
+    marked in ``fits``) and the reasons of the nodes that failed."""
+    layout = view.layout
+    placements: dict[int, Placement] = {}
+    failed: dict[str, FailedNode] = {}
     if placed_in_full.any():
         view.scores()
     for node in placed_in_full.nonzero()[0].tolist():
@@ -428,42 +476,36 @@ def decide(
         else:
             placements[node] = result
             fits[node] = True
+    return placements, failed
 
-    failures = _counted_failures(view, first, by_node, counted, failed)
-    node_scores = layout.node_scores()
-    chosen_node = _best_node(node_scores, fits, pod.node_policy)
-    fitting = FittingNodes(layout.node_names, fits.nonzero()[0], node_scores, pod.node_policy)
-    placement: Placement = []
-    if chosen_node is not None:
-        found = placements.get(chosen_node)
-        if found is None:
-            result = place_pod(view, chosen_node, codes[layout.node_slice(chosen_node)])
-            assert not isinstance(result, NodeFailure), "a node that fits places the pod"
-            found = result
-        placement = found
 
-    rows = None
-    if explain:
-        rows = _explain(view, codes, considered, chosen_node, placement)
-    elif explain_chosen and chosen_node is not None:
-        only_chosen = np.zeros(node_count, dtype=np.bool_)
-        only_chosen[chosen_node] = True
-        rows = _explain(view, codes, only_chosen, chosen_node, placement)
-    quota = None
+def _chosen_placement(view: PodView, chosen_node: int | None,
+                      placements: dict[int, Placement], codes: CodeArray) -> Placement:
+    """The pod's cards on the chosen node: placed already, or placed now (a node the
+    counts said fits); none when no node was chosen."""
+    if chosen_node is None:
+        return []
+    found = placements.get(chosen_node)
+    if found is None:
+        result = place_pod(view, chosen_node, codes[view.layout.node_slice(chosen_node)])
+        assert not isinstance(result, NodeFailure), "a node that fits places the pod"
+        found = result
+    return found
+
+
+def _quota_refusal(fleet: Fleet, view: PodView, codes: CodeArray, *, by_node: IntArray,
+                   considered: BoolArray, failed: dict[str, FailedNode]) -> QuotaRefusal | None:
+    """The ResourceQuota that refused the pod cards on a node considered, when one did,
+    as the quota room words it."""
+    if view.quota is None:
+        return None
     # The first checks hold QUOTA_NOT_FIT only where the quota refused cards (most pods
     # under a quota: nowhere, and then the counts need no look).
-    if view.quota is not None and (
-            (view.quota_refused_first and by_node[considered, CardCheck.QUOTA_NOT_FIT].any())
+    if ((view.quota_refused_first and by_node[considered, CardCheck.QUOTA_NOT_FIT].any())
             or any(reason == QUOTA_REASON for failure in failed.values()
                    for reason, _ in failure.removed())):
-        quota = quota_refusal(fleet, pod, codes)
-    if chosen_node is None:
-        message = refusal_message(fleet, pod, failures) if describe else None
-        return Decision(pod=pod.key, scheduled=False, failures=failures,
-                        ignored_policies=pod.ignored_policies, adjusted=pod.adjusted,
-                        message=message, explain=rows, quota=quota, fitting=fitting)
-    return _scheduled(view, chosen_node, placement, failures, rows=rows, quota=quota,
-                      fitting=fitting)
+        return fleet.quotas.card_refusal(view.pod, view.layout.memory, codes)
+    return None
 
 
 def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[str, FailedNode],

@@ -22,10 +22,10 @@ from typing import Generic, TypedDict, TypeVar
 from common.core.errors import InvalidInput
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB, CARDS_PER_NODE_MAX
 from common.core.names import SUBDOMAIN_MAX, shown
+from common.core.vendors import NVIDIA, Vendor
 
 T = TypeVar("T")
 
-NVIDIA_SECTION = "nvidia"
 NODECONFIG_KEY = "nodeconfig"
 
 INT32_MAX = 2**31 - 1
@@ -62,18 +62,27 @@ class DeviceConfigError(InvalidInput):
 
 @dataclass(frozen=True, slots=True)
 class ResourceNames:
-    """The extended resources a pod asks for cards with (HAMi's ``resource*Name``)."""
+    """The extended resources a pod asks for cards with (HAMi's ``resource*Name``); each
+    defaults to the vendor's (``common.core.vendors``)."""
 
-    count: str = "nvidia.com/gpu"
+    count: str = NVIDIA.resources.count
     """``resourceCountName``: how many cards."""
-    memory: str = "nvidia.com/gpumem"
+    memory: str = NVIDIA.resources.memory
     """``resourceMemoryName``: MiB of each card (times ``memoryFactor``)."""
-    memory_percentage: str = "nvidia.com/gpumem-percentage"
+    memory_percentage: str = NVIDIA.resources.memory_percentage
     """``resourceMemoryPercentageName``: a share of each card's memory."""
-    cores: str = "nvidia.com/gpucores"
+    cores: str = NVIDIA.resources.cores
     """``resourceCoreName``: percent of each card's SMs."""
-    priority: str = "nvidia.com/priority"
+    priority: str = NVIDIA.resources.priority
     """``resourcePriorityName``: the task priority HAMi-core reads."""
+
+
+def vendor_resource_names(vendor: Vendor) -> ResourceNames:
+    """The resources ``vendor``'s pods ask with where the device configuration names none."""
+    defaults = vendor.resources
+    return ResourceNames(count=defaults.count, memory=defaults.memory,
+                         memory_percentage=defaults.memory_percentage, cores=defaults.cores,
+                         priority=defaults.priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,33 +516,36 @@ def _allowlist(section: _Section, source: str, key: str, value: object,
     return tuple(allowlist)
 
 
-def parse_device_config(document: object, source: str) -> Parsed[DeviceConfig]:
+def parse_device_config(document: object, source: str,
+                        vendor: Vendor = NVIDIA) -> Parsed[DeviceConfig]:
     """``device-config.yaml``'s contents (a mapping, or None for an empty file) as a
     ``DeviceConfig``. Raises ``DeviceConfigError`` (the first refusal of
     ``read_device_config``); ignores, and names in ``ignored``, the other vendors'
     sections and the ``nvidia:`` keys pyhami does not read."""
-    return read_device_config(document, source).parsed()
+    return read_device_config(document, source, vendor).parsed()
 
 
-def read_device_config(document: object, source: str) -> Reading[DeviceConfig]:
+def read_device_config(document: object, source: str,
+                       vendor: Vendor = NVIDIA) -> Reading[DeviceConfig]:
     """``device-config.yaml``'s contents read through: every key refused is named, in the
     order the keys are taken, and read as its default. The one reading behind
     ``parse_device_config``, so that what ``pyhami preflight`` refuses is what the daemon
     and the agents refuse."""
     refused: list[Refusal] = []
+    default = DeviceConfig(resources=vendor_resource_names(vendor))
     try:
         top = _Section(source, "", {} if document is None else document)
     except DeviceConfigError as error:
-        return Reading(DeviceConfig(), refused=(Refusal("the document", str(error)),))
-    nvidia = top.take(NVIDIA_SECTION, lambda key, value: value, None)
+        return Reading(default, refused=(Refusal("the document", str(error)),))
+    section_key = vendor.config_section
+    found = top.take(section_key, lambda key, value: value, None)
     ignored = top.rest()
     try:
-        section = _Section(source, NVIDIA_SECTION, {} if nvidia is None else nvidia,
+        section = _Section(source, section_key, {} if found is None else found,
                            refused=refused)
     except DeviceConfigError as error:
-        return Reading(DeviceConfig(), ignored=ignored,
-                       refused=(Refusal(NVIDIA_SECTION, str(error)),))
-    default = DeviceConfig()
+        return Reading(default, ignored=ignored,
+                       refused=(Refusal(section_key, str(error)),))
     names = default.resources
     resources = ResourceNames(
         count=section.take("resourceCountName", section.resource_name, names.count),
@@ -545,9 +557,9 @@ def read_device_config(document: object, source: str) -> Reading[DeviceConfig]:
                               names.priority))
     if not refused:  # a refused name stands at its default, which may clash falsely
         try:
-            _check_distinct(resources, source)
+            _check_distinct(resources, source, section_key)
         except DeviceConfigError as error:
-            refused.append(Refusal(f"{NVIDIA_SECTION}.resource*Name", str(error)))
+            refused.append(Refusal(f"{section_key}.resource*Name", str(error)))
     config = DeviceConfig(
         resources=resources,
         overwrite_env=section.take("overwriteEnv", section.boolean, default.overwrite_env),
@@ -574,7 +586,7 @@ def read_device_config(document: object, source: str) -> Reading[DeviceConfig]:
     return Reading(config, tuple(section.written), ignored + section.rest(), tuple(refused))
 
 
-def _check_distinct(resources: ResourceNames, source: str) -> None:
+def _check_distinct(resources: ResourceNames, source: str, section: str) -> None:
     seen: dict[str, str] = {}
     keys = ("resourceCountName", "resourceMemoryName", "resourceMemoryPercentageName",
             "resourceCoreName", "resourcePriorityName")
@@ -582,8 +594,8 @@ def _check_distinct(resources: ResourceNames, source: str) -> None:
                                 resources.memory_percentage, resources.cores,
                                 resources.priority), strict=True):
         if name in seen:
-            raise DeviceConfigError(f"{source}: {NVIDIA_SECTION}.{key} is {shown(name)}: "
-                                    f"already {NVIDIA_SECTION}.{seen[name]}'s name")
+            raise DeviceConfigError(f"{source}: {section}.{key} is {shown(name)}: "
+                                    f"already {section}.{seen[name]}'s name")
         seen[name] = key
 
 

@@ -15,20 +15,20 @@ raises it, and the agent and the scheduler each add a package root
     │   ├── ClusterFileError             common.core.cluster (a cluster description)
     │   ├── InputFileError               common.files
     │   ├── WireError > WrongSubject     common.wire
-    │   ├── JwtError                     common.core.natsjwt (a JWT, NKey or node token)
+    │   ├── JwtError                     common.natsjwt (a JWT, NKey or node token)
     │   ├── CredentialsError             common.busaccess (stored NATS credentials)
     │   └── BadReview                    scheduler.web.webhook (also a SchedulerError)
     ├── SettingsError (ValueError)       a flag or PYHAMI_* variable that cannot be used
     ├── ExternalFailure                  NATS, the Kubernetes API or NVML failed or refused
-    │   ├── NatsServerError              common.natsserver
-    │   ├── CardReadError                agent.nvml (also an AgentError)
+    │   ├── NatsServerError              pyhami.natsserver
+    │   ├── CardReadError                agent.vendors.nvidia.nvml (also an AgentError)
     │   └── ClusterError > StoreUnavailable  scheduler.cluster (also a SchedulerError)
     ├── AgentError                       agent.errors
-    │   └── InventoryError               agent.inventory
+    │   └── InventoryError               agent.vendors.port
     ├── SchedulerError                   scheduler.errors
     │   ├── TlsError                     scheduler.tls.webhook
     │   ├── IdentityRefused              scheduler.busauth (an agent's token)
-    │   └── StartupError                 scheduler.daemon
+    │   └── StartupError                 scheduler.errors
     └── ScenarioError                    pyhami.demo
 
 Errors of other libraries (nats-py, kubernetes, pynvml, cryptography, yaml, msgspec)

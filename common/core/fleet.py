@@ -14,7 +14,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain
-from typing import overload
+from typing import NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -235,6 +235,16 @@ _DYNAMIC_ARRAYS = ("tenants", "usedmem", "usedcores", "used", "node_used", "node
 """The arrays of a ``Layout`` that change after it is built (usage, health, cordons)."""
 
 
+class _Span(NamedTuple):
+    """A run of one layout's nodes ``lo:hi``, whose cards are ``start:stop`` there."""
+
+    layout: Layout
+    lo: int
+    hi: int
+    start: int
+    stop: int
+
+
 class Layout:
     """Flat per-card arrays for a fixed set of nodes and cards.
 
@@ -248,6 +258,16 @@ class Layout:
 
     def __init__(self, nodes: Iterable[Node]) -> None:
         ordered = sorted(nodes, key=lambda n: n.name)
+        node_of, cordoned = self._lay_out_nodes(ordered)
+        self._read_cards(node_of, cordoned)
+        self._index_cards(node_of)
+        self._start_usage()
+        self._start_derived()
+        self._group_cards(node_of)
+
+    def _lay_out_nodes(self, ordered: list[Node]) -> tuple[list[int], list[bool]]:
+        """The nodes in name order and their cards in index order, one run per node; per
+        card, its node's position and whether it is cordoned."""
         self.node_names: list[str] = [n.name for n in ordered]
         self.node_position: dict[str, int] = {n: i for i, n in enumerate(self.node_names)}
         self.name_set: frozenset[str] = frozenset(self.node_names)
@@ -266,6 +286,10 @@ class Layout:
             self.topology.append(_topology(devices))
         self.start: IntArray = np.array([*starts, len(self.devices)], dtype=np.int64)
         self.node_cards: IntArray = np.diff(self.start)
+        return node_of, cordoned
+
+    def _read_cards(self, node_of: list[int], cordoned: list[bool]) -> None:
+        """The cards' figures as flat arrays, and the MIG profiles of the MIG cards."""
         self.node_of: IntArray = np.array(node_of, dtype=np.int64)
         devs = self.devices
         self.index: IntArray = np.array([d.index for d in devs], dtype=np.int64)
@@ -286,6 +310,10 @@ class Layout:
         self.instances: dict[int, tuple[MigPlacement, ...]] = {}
         """Per MIG card, the placements its pods' instances occupy (cards without any are
         left out)."""
+
+    def _index_cards(self, node_of: list[int]) -> None:
+        """The lookups by card: its type's id, its position by node and uuid, by uuid."""
+        devs = self.devices
         self.types: list[str] = sorted({d.type for d in devs})
         type_ids = {t: i for i, t in enumerate(self.types)}
         self.type_id: IntArray = np.array([type_ids[d.type] for d in devs], dtype=np.int64)
@@ -294,12 +322,14 @@ class Layout:
         for i, device in enumerate(devs):
             self.card_position[(self.node_names[node_of[i]], device.uuid)] = i
             self.uuid_positions.setdefault(device.uuid, []).append(i)
-        size = len(devs)
+
+    def _start_usage(self) -> None:
+        """No usage yet: the ledger's is applied card by card (``set_usage``)."""
+        size = len(self.devices)
         self.tenants: IntArray = np.zeros(size, dtype=np.int64)
         self.usedmem: IntArray = np.zeros(size, dtype=np.int64)
         self.usedcores: IntArray = np.zeros(size, dtype=np.int64)
         self.used: IntArray = occupied_slots(self.tenants, self.processes)
-        self.check_base: IntArray = self.node_of * CHECK_COUNT
         node_total = len(self.node_names)
 
         def per_node(values: IntArray) -> IntArray:
@@ -311,16 +341,22 @@ class Layout:
         self.node_used: IntArray = per_node(self.used)
         self.node_usedmem: IntArray = np.zeros(node_total, dtype=np.int64)
         self.node_usedcores: IntArray = np.zeros(node_total, dtype=np.int64)
+
+    def _start_derived(self) -> None:
+        """What is derived from the cards and kept up to date with them: nothing yet."""
+        self.check_base: IntArray = self.node_of * CHECK_COUNT
         self._node_score: FloatArray | None = None
         self._stale_scores: set[int] = set()
         self.changed: list[int] = []
         self.check_cache: dict[tuple[object, ...], CachedChecks] = {}
 
-        # Which cards may form one set under numa-bind, topology-aware, or both.
+    def _group_cards(self, node_of: list[int]) -> None:
+        """Which cards may form one set under numa-bind, topology-aware, or both, and the
+        nodes' topology and MIG at a glance."""
         cliques: list[int | None] = []
         for topology in self.topology:
             cliques.extend(topology.cliques or [None] * len(topology.adjacency))
-        numa_ids = [d.numa for d in devs]
+        numa_ids = [d.numa for d in self.devices]
         self.numa_groups = CardGroups(
             [(n, numa) if numa >= 0 else None for n, numa in zip(node_of, numa_ids, strict=True)],
             node_of)
@@ -336,7 +372,7 @@ class Layout:
         self.irregular_links: BoolArray = np.array(
             [t.known and t.cliques is None for t in self.topology], dtype=np.bool_)
         self.node_has_mig: BoolArray = (
-            np.bincount(self.node_of[self.mig], minlength=node_total) > 0)
+            np.bincount(self.node_of[self.mig], minlength=len(self.node_names)) > 0)
         self.has_mig = bool(self.mig.any())
 
     def copy(self) -> Layout:
@@ -366,45 +402,61 @@ class Layout:
         if not runs:
             raise ValueError("a spliced layout needs at least one run of nodes")
         new = cls.__new__(cls)
-        spans = [(layout, lo, hi, int(layout.start[lo]), int(layout.start[hi]))
+        spans = [_Span(layout, lo, hi, int(layout.start[lo]), int(layout.start[hi]))
                  for layout, lo, hi in runs]
+        new._splice_nodes(spans)
+        new._splice_arrays(spans)
+        sources = {id(span.layout): span.layout for span in spans}
+        new._splice_mig(spans, sources)
+        new._splice_types(spans)
+        new._splice_positions(spans, sources)
+        new._start_derived()
+        for name in ("numa_groups", "link_groups", "numa_link_groups"):
+            setattr(new, name, CardGroups.spliced(
+                [(getattr(layout, name), lo, hi, start, stop)
+                 for layout, lo, hi, start, stop in spans]))
+        new.has_mig = bool(new.mig.any())
+        return new
 
-        def cards(name: str) -> npt.NDArray[np.generic]:
-            return np.concatenate([getattr(layout, name)[start:stop]
-                                   for layout, _, _, start, stop in spans])
-
-        def nodes(name: str) -> npt.NDArray[np.generic]:
-            return np.concatenate([getattr(layout, name)[lo:hi] for layout, lo, hi, _, _ in spans])
-
-        new.node_names = list(chain.from_iterable(
+    def _splice_nodes(self, spans: list[_Span]) -> None:
+        """The runs' nodes and cards one after the other, numbered afresh."""
+        self.node_names = list(chain.from_iterable(
             layout.node_names[lo:hi] for layout, lo, hi, _, _ in spans))
-        new.node_position = {n: i for i, n in enumerate(new.node_names)}
-        new.name_set = frozenset(new.node_names)
-        new.devices = list(chain.from_iterable(
+        self.node_position = {n: i for i, n in enumerate(self.node_names)}
+        self.name_set = frozenset(self.node_names)
+        self.devices = list(chain.from_iterable(
             layout.devices[start:stop] for layout, _, _, start, stop in spans))
-        new.topology = list(chain.from_iterable(
+        self.topology = list(chain.from_iterable(
             layout.topology[lo:hi] for layout, lo, hi, _, _ in spans))
-        new.node_cards = np.concatenate([layout.node_cards[lo:hi]
-                                         for layout, lo, hi, _, _ in spans])
-        new.start = np.zeros(len(new.node_cards) + 1, dtype=np.int64)
-        np.cumsum(new.node_cards, out=new.start[1:])
-        new.node_of = np.repeat(np.arange(len(new.node_cards), dtype=np.int64), new.node_cards)
+        self.node_cards = np.concatenate([layout.node_cards[lo:hi]
+                                          for layout, lo, hi, _, _ in spans])
+        self.start = np.zeros(len(self.node_cards) + 1, dtype=np.int64)
+        np.cumsum(self.node_cards, out=self.start[1:])
+        self.node_of = np.repeat(np.arange(len(self.node_cards), dtype=np.int64),
+                                 self.node_cards)
+
+    def _splice_arrays(self, spans: list[_Span]) -> None:
+        """The per-card and per-node arrays, each the runs' slices concatenated."""
         for name in ("index", "memory", "cores", "count", "numa", "healthy", "inconsistent",
                      "cordoned", "processes", "mig", "tenants", "usedmem", "usedcores", "used"):
-            setattr(new, name, cards(name))
+            setattr(self, name, np.concatenate([getattr(layout, name)[start:stop]
+                                                for layout, _, _, start, stop in spans]))
         for name in ("node_count", "node_cores", "node_memory", "node_used", "node_usedmem",
                      "node_usedcores", "topology_known", "irregular_links", "node_has_mig"):
-            setattr(new, name, nodes(name))
-        # The dicts keyed by card position: each source's positions mapped to the new ones
-        # (-1: not taken), then one pass over each source's entries.
-        sources = {id(layout): layout for layout, *_ in spans}
+            setattr(self, name, np.concatenate([getattr(layout, name)[lo:hi]
+                                                for layout, lo, hi, _, _ in spans]))
+
+    def _splice_mig(self, spans: list[_Span], sources: dict[int, Layout]) -> None:
+        """The dicts keyed by card position (MIG profiles, instances): each source's
+        positions mapped to the new ones (-1: not taken), then one pass over each source's
+        entries."""
         moved = {key: [-1] * len(layout.devices) for key, layout in sources.items()}
         first = 0
         for layout, _, _, start, stop in spans:
             moved[id(layout)][start:stop] = range(first, first + stop - start)
             first += stop - start
         mig_profiles: dict[int, tuple[MigProfile, ...]] = {}
-        new.instances = {}
+        self.instances = {}
         for key, layout in sources.items():
             where = moved[key]
             for card, profiles in layout.mig_profiles.items():
@@ -412,24 +464,29 @@ class Layout:
                     mig_profiles[where[card]] = profiles
             for card, placements in layout.instances.items():
                 if where[card] >= 0:
-                    new.instances[where[card]] = placements
-        new.mig_profiles = dict(sorted(mig_profiles.items()))  # in card order, as built
-        # Types: those still present, sorted; each source's ids mapped onto them.
+                    self.instances[where[card]] = placements
+        self.mig_profiles = dict(sorted(mig_profiles.items()))  # in card order, as built
+
+    def _splice_types(self, spans: list[_Span]) -> None:
+        """Types: those still present, sorted; each source's ids mapped onto them."""
         present: set[str] = set()
         for layout, _, _, start, stop in spans:
             used = np.bincount(layout.type_id[start:stop], minlength=len(layout.types))
             present.update(layout.types[t] for t in np.flatnonzero(used).tolist())
-        new.types = sorted(present)
-        type_ids = {t: i for i, t in enumerate(new.types)}
-        new.type_id = np.concatenate([
+        self.types = sorted(present)
+        type_ids = {t: i for i, t in enumerate(self.types)}
+        self.type_id = np.concatenate([
             np.array([type_ids.get(t, -1) for t in layout.types], dtype=np.int64)[
                 layout.type_id[start:stop]]
             for layout, _, _, start, stop in spans])
+
+    def _splice_positions(self, spans: list[_Span], sources: dict[int, Layout]) -> None:
+        """The cards' positions by node and uuid, and by uuid."""
         # card_position's keys are in card order, one per card: sliced, then numbered.
         keys_of = {key: list(layout.card_position) for key, layout in sources.items()}
         keys = list(chain.from_iterable(
             keys_of[id(layout)][start:stop] for layout, _, _, start, stop in spans))
-        new.card_position = dict(zip(keys, range(len(keys)), strict=True))
+        self.card_position = dict(zip(keys, range(len(keys)), strict=True))
         uuids = [uuid for _, uuid in keys]
         # Each uuid once: position i's entry is [i]. Those lists are never written (copies
         # of a layout share them already), so the largest source's serve again, in
@@ -438,22 +495,11 @@ class Layout:
         singles = (list(largest.uuid_positions.values())
                    if len(largest.uuid_positions) == len(largest.devices) else [])
         singles.extend([i] for i in range(len(singles), len(uuids)))
-        new.uuid_positions = dict(zip(uuids, singles, strict=False))
-        if len(new.uuid_positions) < len(uuids):  # a uuid on two nodes: all its positions
-            new.uuid_positions = {}
+        self.uuid_positions = dict(zip(uuids, singles, strict=False))
+        if len(self.uuid_positions) < len(uuids):  # a uuid on two nodes: all its positions
+            self.uuid_positions = {}
             for i, uuid in enumerate(uuids):
-                new.uuid_positions.setdefault(uuid, []).append(i)
-        new.check_base = new.node_of * CHECK_COUNT
-        new._node_score = None
-        new._stale_scores = set()
-        new.changed = []
-        new.check_cache = {}
-        for name in ("numa_groups", "link_groups", "numa_link_groups"):
-            setattr(new, name, CardGroups.spliced(
-                [(getattr(layout, name), lo, hi, start, stop)
-                 for layout, lo, hi, start, stop in spans]))
-        new.has_mig = bool(new.mig.any())
-        return new
+                self.uuid_positions.setdefault(uuid, []).append(i)
 
     def node_slice(self, node: int) -> slice:
         return slice(int(self.start[node]), int(self.start[node + 1]))

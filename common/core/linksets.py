@@ -37,7 +37,7 @@ SEARCH_STEPS = 50_000
 """Steps one pod's searches on one node may take in all. A step is a card looked at (one
 coloured, one peeled off the k-core) or a branch entered: a handful of operations on
 integers of at most 256 bits, 0.3 to 0.5 us in CPython on a 2-vCPU Xeon, so a node costs at
-most about 25 ms however its links are drawn (``benchmarks/topology_worst.py``). Far above
+most about 25 ms however its links are drawn (``harness/benchmarks/topology_worst.py``). Far above
 what real topologies need (unions of cliques need none; random and hill-climbed graphs of
 up to 32 cards answered within 5,000), and low enough that the event loop keeps answering
 /healthz while a node of adversarial links is judged. G(256, 0.3) asked for 8 cards is

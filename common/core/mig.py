@@ -36,7 +36,6 @@ POD_MODES = (HAMI_CORE_MODE, MIG_MODE, MPS_MODE)
 """What ``nvidia.com/vgpu-mode`` may name: HAMi's three (no card serves ``mps``: HAMi
 stubs it, and pyhami has no MPS mode either)."""
 
-VGPU_MODE_ANNOTATION = "nvidia.com/vgpu-mode"
 MIG_ALLOCATIONS_ANNOTATION = "hami.io/vgpu-mig-allocations"
 
 SLICES_MAX = 64

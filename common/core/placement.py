@@ -38,7 +38,7 @@ from common.core.mig import (
 )
 from common.core.pod import ContainerRequest, PodRequest
 from common.core.policy import SortKey
-from common.core.quota import QuotaLeft
+from common.core.quota import OwnCharge, QuotaLeft
 from common.core.reasons import (
     CARD_REASON,
     CHECK_COUNT,
@@ -87,61 +87,11 @@ class Extra:
     cores: IntArray
 
 
-@dataclass(frozen=True, slots=True)
-class OwnCharge:
-    """What the pod's earlier containers are charged on a node's cards under its quotas:
-    per card, init containers at their peak and app containers summed."""
-
-    init_memory: IntArray
-    init_cores: IntArray
-    app_memory: IntArray
-    app_cores: IntArray
-
-    @classmethod
-    def none(cls, cards: int) -> OwnCharge:
-        return cls(*(np.zeros(cards, dtype=np.int64) for _ in range(4)))
-
-    def add(self, request: ContainerRequest, card: int, memory: int) -> None:
-        if request.is_init:
-            self.init_memory[card] = max(int(self.init_memory[card]), memory)
-            self.init_cores[card] = max(int(self.init_cores[card]), request.cores)
-        else:
-            self.app_memory[card] += memory
-            self.app_cores[card] += request.cores
-
-    def increase(self, request: ContainerRequest, memory: IntArray,
-                 cores: IntArray) -> tuple[int, int, IntArray, IntArray]:
-        """The charge so far (memory, cores) and, per card, what giving it to ``request``
-        adds to it."""
-        base_memory = np.maximum(self.init_memory, self.app_memory)
-        base_cores = np.maximum(self.init_cores, self.app_cores)
-        if request.is_init:
-            memory = np.maximum(np.maximum(self.init_memory, memory), self.app_memory)
-            cores = np.maximum(np.maximum(self.init_cores, cores), self.app_cores)
-        else:
-            memory = np.maximum(self.init_memory, self.app_memory + memory)
-            cores = np.maximum(self.init_cores, self.app_cores + cores)
-        return (int(base_memory.sum()), int(base_cores.sum()),
-                memory - base_memory, cores - base_cores)
-
-
 def _past_quota(codes: CodeArray) -> BoolArray:
     """The cards whose first failing check, if any, comes after the quota's: those the
     quota's refusal becomes the reason of."""
     past: BoolArray = (codes == _ELIGIBLE) | (codes > _QUOTA_NOT_FIT)
     return past
-
-
-def _refuses_fixed(quota: QuotaLeft, request: ContainerRequest) -> bool:
-    """Whether the quota refuses every card to a pod's first container, of fixed MiB (each
-    card is charged alike): ``PodView.quota_fails`` for one card, on integers (a resource
-    the container adds nothing of is not checked)."""
-    assert request.memory_mib is not None
-    memory, cores = request.memory_mib, request.cores
-    return ((quota.memory is not None and memory > 0
-             and request.cards * memory > quota.memory)
-            or (quota.cores is not None and cores > 0
-                and request.cards * cores > quota.cores))
 
 
 class PodView:
@@ -224,36 +174,9 @@ class PodView:
         containers took (all node-local, ``where`` a node's run)."""
         codes = self._capacity_codes(request, where, extra, held)
         if self.quota is not None:
-            fails = self.quota_fails(request, where, own)
+            fails = self.quota.card_fails(request, self.layout.memory[where], own)
             codes[fails & _past_quota(codes)] = _QUOTA_NOT_FIT
         return codes
-
-    def quota_fails(self, request: ContainerRequest, where: slice | IntArray,
-                    own: OwnCharge | None = None) -> BoolArray:
-        """Per card, whether giving ``request`` that card (and as many more as it asks for,
-        each charged as much) takes the pod beyond what its quotas leave it.
-
-        Judged per card, as HAMi does: a multi-card container is charged for each card what
-        this one would cost, so a set that passes never exceeds the quota."""
-        assert self.quota is not None
-        lay = self.layout
-        capacity = lay.memory[where]
-        if request.memory_mib is not None:
-            memory = np.full(len(capacity), request.memory_mib, dtype=np.int64)
-        else:
-            memory = capacity * request.memory_percent // 100
-        cores = np.full(len(capacity), request.cores, dtype=np.int64)
-        spent_memory = spent_cores = 0
-        if own is not None:
-            spent_memory, spent_cores, memory, cores = own.increase(request, memory, cores)
-        fails = np.zeros(len(capacity), dtype=np.bool_)
-        # A resource the card would add nothing of is not checked, as Kubernetes checks
-        # only what a pod asks for: an exceeded cores quota refuses no pod of 0 cores.
-        if self.quota.memory is not None:
-            fails |= (memory > 0) & (spent_memory + request.cards * memory > self.quota.memory)
-        if self.quota.cores is not None:
-            fails |= (cores > 0) & (spent_cores + request.cards * cores > self.quota.cores)
-        return fails
 
     def _capacity_codes(self, request: ContainerRequest, where: slice | IntArray,
                         extra: Extra | None, held: HeldInstances | None = None) -> CodeArray:
@@ -411,26 +334,25 @@ class PodView:
                     by_node: IntArray) -> tuple[CodeArray, IntArray]:
         """The cached checks with the quota applied, copied where it refuses cards."""
         assert self.quota is not None
-        quota_code = CardCheck.QUOTA_NOT_FIT
         if request.memory_mib is not None:
             # The same charge on every card: the quota refuses all of them or none. Judged
-            # on plain integers, as ``quota_fails`` judges each card (the pod's first
+            # on plain integers, as ``card_fails`` judges each card (the pod's first
             # container: nothing charged before it); this is the usual pod's whole cost
             # of its quota.
-            if not len(codes) or not _refuses_fixed(self.quota, request):
+            if not len(codes) or not self.quota.refuses_every_card(request):
                 return codes, by_node
             later = _past_quota(codes)
             if not later.any():
                 return codes, by_node  # every card fails an earlier check
             self.quota_refused_first = True
             refused = codes.copy()
-            refused[later] = quota_code
+            refused[later] = _QUOTA_NOT_FIT
             counts = by_node.copy()
-            moved = [0, *range(quota_code + 1, CHECK_COUNT)]
-            counts[:, quota_code] += counts[:, moved].sum(axis=1)
+            moved = [0, *range(_QUOTA_NOT_FIT + 1, CHECK_COUNT)]
+            counts[:, _QUOTA_NOT_FIT] += counts[:, moved].sum(axis=1)
             counts[:, moved] = 0
             return refused, counts
-        fails = self.quota_fails(request, slice(None))
+        fails = self.quota.card_fails(request, self.layout.memory)
         if not fails.any():
             return codes, by_node
         fails &= _past_quota(codes)
@@ -438,7 +360,7 @@ class PodView:
             return codes, by_node
         self.quota_refused_first = True
         refused = codes.copy()
-        refused[fails] = quota_code
+        refused[fails] = _QUOTA_NOT_FIT
         lay = self.layout
         nodes = len(lay.node_names)
         counts = np.bincount(lay.check_base + refused, minlength=nodes * CHECK_COUNT)

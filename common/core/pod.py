@@ -13,7 +13,7 @@ import msgspec
 
 from common.core.annotations import comma_list
 from common.core.deviceconfig import INT32_MAX, DeviceConfig, ResourceNames
-from common.core.mig import POD_MODES, VGPU_MODE_ANNOTATION
+from common.core.mig import POD_MODES
 from common.core.names import shown
 from common.core.policy import (
     WEIGHTS_ANNOTATION,
@@ -25,6 +25,7 @@ from common.core.policy import (
     parse_node_policy,
     parse_weights,
 )
+from common.core.vendors import NVIDIA
 
 # Whole numbers as msgpack stores them (the standalone pod store): a larger one is refused
 # when the manifest is read, with the field named, not when the pod is stored.
@@ -50,11 +51,6 @@ GPU_RESOURCES = gpu_resources(DEFAULT_NAMES)
 
 GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
-USE_UUID_ANNOTATION = "nvidia.com/use-gpuuuid"
-NOUSE_UUID_ANNOTATION = "nvidia.com/nouse-gpuuuid"
-USE_TYPE_ANNOTATION = "nvidia.com/use-gputype"
-NOUSE_TYPE_ANNOTATION = "nvidia.com/nouse-gputype"
-NUMA_BIND_ANNOTATION = "nvidia.com/numa-bind"
 
 
 # The subset of a v1.Pod that pyhami reads; every other field is ignored on decode.
@@ -397,6 +393,35 @@ def _container_request(container: Container, is_init: bool, position: str,
     100 or not above 0, ``gpumem: 0``, cores above 100), the pod is read the same way and
     a sentence saying so is appended to ``adjusted``: a warning, not a refusal."""
     names = device.resources
+    values, places = _written_figures(container, position, device)
+    # The webhook's defaultGPUNum: a container naming memory, a share or cores but no
+    # count gets that many cards; 0 leaves it no GPU container.
+    cards = values.get(names.count, device.default_gpu_num if values else 0)
+    if cards == 0:
+        # No GPU container: nothing to default or to warn about (the figures are unused).
+        return ContainerRequest(name=container.name, is_init=is_init, cards=0,
+                                memory_mib=None, memory_percent=PERCENT_MAX,
+                                cores=min(values.get(names.cores) or 0, 100))
+    percent = _read_share(values, places, names, adjusted)
+    memory = _read_memory(values, places, names, adjusted, share=percent is not None)
+    cores = _read_cores(values, places, device, adjusted)
+    if memory is None and percent is None and device.default_memory > 0:
+        memory = device.default_memory
+    return ContainerRequest(
+        name=container.name,
+        is_init=is_init,
+        cards=cards,
+        memory_mib=memory,
+        memory_percent=PERCENT_MAX if percent is None else percent,
+        cores=cores,
+    )
+
+
+def _written_figures(container: Container, position: str,
+                     device: DeviceConfig) -> tuple[dict[str, int], dict[str, str]]:
+    """The GPU resources the container names, as whole figures (memory in MiB, scaled by
+    ``memoryFactor``), and where each was read: the limits first, then the requests."""
+    names = device.resources
     resources = container.resources or ResourceRequirements()
     limits = resources.limits or {}
     requests = resources.requests or {}
@@ -416,54 +441,55 @@ def _container_request(container: Container, is_init: bool, position: str,
             values[resource] = whole_quantity(raw, where, signed=True)
         else:
             values[resource] = whole_quantity(raw, where)
-    # The webhook's defaultGPUNum: a container naming memory, a share or cores but no
-    # count gets that many cards; 0 leaves it no GPU container.
-    cards = values.get(names.count, device.default_gpu_num if values else 0)
-    written_percent = values.get(names.memory_percentage)
-    written_cores = values.get(names.cores)
-    if cards == 0:
-        # No GPU container: nothing to default or to warn about (the figures are unused).
-        return ContainerRequest(name=container.name, is_init=is_init, cards=0,
-                                memory_mib=None, memory_percent=PERCENT_MAX,
-                                cores=min(written_cores or 0, 100))
-    percent = written_percent
+    return values, places
+
+
+def _read_share(values: dict[str, int], places: dict[str, str], names: ResourceNames,
+                adjusted: list[str]) -> int | None:
+    """The memory share as HAMi's scheduler reads it: clamped to 100; not above 0, unset."""
+    percent = values.get(names.memory_percentage)
     if percent is not None and percent > PERCENT_MAX:
         adjusted.append(f"{places[names.memory_percentage]}: {percent} is above "
                         f"{PERCENT_MAX}: read as {PERCENT_MAX} (HAMi's scheduler clamps it)")
-        percent = PERCENT_MAX
-    elif percent is not None and percent <= 0:
+        return PERCENT_MAX
+    if percent is not None and percent <= 0:
         adjusted.append(f"{places[names.memory_percentage]}: {percent} is not above 0: "
                         "ignored, the default memory applies (as HAMi's scheduler reads it)")
-        percent = None
+        return None
+    return percent
+
+
+def _read_memory(values: dict[str, int], places: dict[str, str], names: ResourceNames,
+                 adjusted: list[str], *, share: bool) -> int | None:
+    """The memory figure, MiB, as HAMi's scheduler reads it: ``gpumem: 0`` is no figure,
+    and the share (``share``: one is read), else the default, applies."""
     memory = values.get(names.memory)
     if memory == 0:
-        # HAMi reads gpumem 0 as no figure: the share, else the default, applies.
         adjusted.append(f"{places[names.memory]}: 0 is read as unset: "
-                        f"{'the share' if percent is not None else 'the default memory'} "
+                        f"{'the share' if share else 'the default memory'} "
                         "applies (as HAMi's scheduler reads it)")
-        memory = None
-    cores = written_cores
+        return None
+    return memory
+
+
+def _read_cores(values: dict[str, int], places: dict[str, str], device: DeviceConfig,
+                adjusted: list[str]) -> int:
+    """The cores figure: clamped to 100, or when unset the webhook's default."""
+    names = device.resources
+    cores = values.get(names.cores)
     if cores is None:
         # The webhook's exclusive default (defaultExclusiveCoreIfNeeded), judged on the
         # figures as written: a share of exactly 100, or, without a share, no memory
         # figure at all (gpumem: 0 is a figure), gives whole cards' cores.
+        written_percent = values.get(names.memory_percentage)
         exclusive = (written_percent == PERCENT_MAX if written_percent is not None
                      else names.memory not in places)
-        cores = 100 if exclusive else device.default_cores
-    elif cores > 100:
+        return 100 if exclusive else device.default_cores
+    if cores > 100:
         adjusted.append(f"{places[names.cores]}: {cores} is above 100: read as 100 "
                         "(HAMi's scheduler clamps it)")
-        cores = 100
-    if memory is None and percent is None and device.default_memory > 0:
-        memory = device.default_memory
-    return ContainerRequest(
-        name=container.name,
-        is_init=is_init,
-        cards=cards,
-        memory_mib=memory,
-        memory_percent=PERCENT_MAX if percent is None else percent,
-        cores=cores,
-    )
+        return 100
+    return cores
 
 
 _TRUE = {"1", "t", "true"}
@@ -501,22 +527,23 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
     if WEIGHTS_ANNOTATION in annotations:
         weights = parse_weights(annotations[WEIGHTS_ANNOTATION])
 
+    choice = NVIDIA.pod_annotations
     numa_bind = False
-    if NUMA_BIND_ANNOTATION in annotations:
-        flag = annotations[NUMA_BIND_ANNOTATION].strip().lower()
+    if choice.numa_bind in annotations:
+        flag = annotations[choice.numa_bind].strip().lower()
         if flag not in _TRUE | _FALSE:
             raise PodRejected(
-                f"{NUMA_BIND_ANNOTATION}: {annotations[NUMA_BIND_ANNOTATION]!r} "
+                f"{choice.numa_bind}: {annotations[choice.numa_bind]!r} "
                 "is not true or false"
             )
         numa_bind = flag in _TRUE
 
     modes = None
-    if VGPU_MODE_ANNOTATION in annotations:
-        modes = parse_pod_modes(annotations[VGPU_MODE_ANNOTATION])
+    if choice.mode in annotations:
+        modes = parse_pod_modes(annotations[choice.mode])
 
-    use_uuids = comma_list(annotations.get(USE_UUID_ANNOTATION, ""))
-    use_types = comma_list(annotations.get(USE_TYPE_ANNOTATION, ""))
+    use_uuids = comma_list(annotations.get(choice.use_uuid, ""))
+    use_types = comma_list(annotations.get(choice.use_type, ""))
     return PodRequest(
         key=manifest.key,
         containers=tuple(containers),
@@ -525,10 +552,10 @@ def parse_pod(manifest: PodManifest, defaults: Defaults) -> PodRequest:
         node_policy=node_policy,
         weights=weights,
         use_uuids=frozenset(use_uuids) if use_uuids else None,
-        nouse_uuids=frozenset(comma_list(annotations.get(NOUSE_UUID_ANNOTATION, ""))),
+        nouse_uuids=frozenset(comma_list(annotations.get(choice.nouse_uuid, ""))),
         use_types=tuple(t.lower() for t in use_types) if use_types else None,
         nouse_types=tuple(
-            t.lower() for t in comma_list(annotations.get(NOUSE_TYPE_ANNOTATION, ""))
+            t.lower() for t in comma_list(annotations.get(choice.nouse_type, ""))
         ),
         numa_bind=numa_bind,
         subject=QuotaSubject.of(manifest),
@@ -548,6 +575,6 @@ def parse_pod_modes(text: str) -> frozenset[str]:
     modes = [part.strip() for part in text.split(",")]
     if not text.strip() or any(mode not in POD_MODES for mode in modes):
         raise PodRejected(
-            f"{VGPU_MODE_ANNOTATION}: {shown(text)} must name hami-core, mig or mps, "
+            f"{NVIDIA.pod_annotations.mode}: {shown(text)} must name hami-core, mig or mps, "
             "comma-separated")
     return frozenset(modes)

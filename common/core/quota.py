@@ -1,5 +1,7 @@
-"""ResourceQuota for GPU memory and cores: which quotas apply to a pod, what its namespace
-has used, and what a pod may still be charged.
+"""ResourceQuota for GPU memory and cores: the one room of the decision core that knows
+quotas. It reads them, keeps the book of what pods are charged under them, tells one
+decision what its pod may still be charged, judges the cards against that, and words the
+quota that refused a pod.
 
 HAMi reads two keys of an ordinary ResourceQuota's ``spec.hard``:
 ``limits.nvidia.com/gpumem`` (MiB) and ``limits.nvidia.com/gpucores`` (percent of a card,
@@ -11,8 +13,10 @@ own quota.
 A pod is charged what its allocation puts on its cards (``Allocation.charge``): per card,
 its init containers at their peak and its app containers summed, then summed over the
 cards. ``QuotaBook`` keeps those charges for the pods that hold cards (bound or reserved)
-and the quotas the cluster holds; ``QuotaBook.left`` is what the decision core checks a
-card against.
+and the quotas the cluster holds. A decision asks it once: ``QuotaBook.left`` is what its
+pod may still be charged (``QuotaLeft``), which the card checks of ``common.core.placement``
+consume as one limit (``QuotaLeft.card_fails``); when the quota refused cards,
+``QuotaBook.card_refusal`` names the quota and its figures (``QuotaRefusal.text``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 from common.core.deviceconfig import DeviceConfig, ResourceNames
 from common.core.errors import InvalidInput
@@ -32,6 +38,7 @@ from common.core.pod import (
     DEFAULT_NAMES,
     RESOURCE_CORES,
     RESOURCE_MEMORY,
+    ContainerRequest,
     NamespacedObject,
     PodRequest,
     Quantity,
@@ -39,6 +46,12 @@ from common.core.pod import (
     whole_quantity,
 )
 from common.core.policy import PodRejected
+from common.core.reasons import CardCheck
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+"""Per card of a layout (``common.core.fleet`` names the same types; it imports this
+module, so they are named here again)."""
 
 QUOTA_PREFIX = "limits."
 """HAMi reads only ``limits.<resource>`` keys of a quota's ``spec.hard``."""
@@ -235,10 +248,87 @@ def parse_quota(manifest: ResourceQuotaManifest,
 @dataclass(frozen=True, slots=True)
 class QuotaLeft:
     """What a pod may still be charged under every quota that applies to it: the least
-    room among them, per resource (negative when a quota is already exceeded)."""
+    room among them, per resource (negative when a quota is already exceeded).
+
+    One decision asks the book for it once (``QuotaBook.left``); the card checks consume
+    it as one limit: ``card_fails`` per card, ``refuses_every_card`` for the usual pod."""
 
     memory: int | None
     cores: int | None
+
+    def card_fails(self, request: ContainerRequest, capacity: IntArray,
+                   own: OwnCharge | None = None) -> BoolArray:
+        """Per card (``capacity``: the cards' memory, MiB), whether giving ``request`` that
+        card (and as many more as it asks for, each charged as much) takes the pod beyond
+        this room; ``own``: what the pod's earlier containers are charged on the cards.
+
+        Judged per card, as HAMi does: a multi-card container is charged for each card what
+        this one would cost, so a set that passes never exceeds the quota."""
+        if request.memory_mib is not None:
+            memory = np.full(len(capacity), request.memory_mib, dtype=np.int64)
+        else:
+            memory = capacity * request.memory_percent // 100
+        cores = np.full(len(capacity), request.cores, dtype=np.int64)
+        spent_memory = spent_cores = 0
+        if own is not None:
+            spent_memory, spent_cores, memory, cores = own.increase(request, memory, cores)
+        fails = np.zeros(len(capacity), dtype=np.bool_)
+        # A resource the card would add nothing of is not checked, as Kubernetes checks
+        # only what a pod asks for: an exceeded cores quota refuses no pod of 0 cores.
+        if self.memory is not None:
+            fails |= (memory > 0) & (spent_memory + request.cards * memory > self.memory)
+        if self.cores is not None:
+            fails |= (cores > 0) & (spent_cores + request.cards * cores > self.cores)
+        return fails
+
+    def refuses_every_card(self, request: ContainerRequest) -> bool:
+        """Whether this room refuses every card to a pod's first container, of fixed MiB
+        (each card is charged alike): ``card_fails`` for one card, on integers (a resource
+        the container adds nothing of is not checked)."""
+        assert request.memory_mib is not None
+        memory, cores = request.memory_mib, request.cores
+        return ((self.memory is not None and memory > 0
+                 and request.cards * memory > self.memory)
+                or (self.cores is not None and cores > 0
+                    and request.cards * cores > self.cores))
+
+
+@dataclass(frozen=True, slots=True)
+class OwnCharge:
+    """What the pod's earlier containers are charged on a node's cards under its quotas:
+    per card, init containers at their peak and app containers summed."""
+
+    init_memory: IntArray
+    init_cores: IntArray
+    app_memory: IntArray
+    app_cores: IntArray
+
+    @classmethod
+    def none(cls, cards: int) -> OwnCharge:
+        return cls(*(np.zeros(cards, dtype=np.int64) for _ in range(4)))
+
+    def add(self, request: ContainerRequest, card: int, memory: int) -> None:
+        if request.is_init:
+            self.init_memory[card] = max(int(self.init_memory[card]), memory)
+            self.init_cores[card] = max(int(self.init_cores[card]), request.cores)
+        else:
+            self.app_memory[card] += memory
+            self.app_cores[card] += request.cores
+
+    def increase(self, request: ContainerRequest, memory: IntArray,
+                 cores: IntArray) -> tuple[int, int, IntArray, IntArray]:
+        """The charge so far (memory, cores) and, per card, what giving it to ``request``
+        adds to it."""
+        base_memory = np.maximum(self.init_memory, self.app_memory)
+        base_cores = np.maximum(self.init_cores, self.app_cores)
+        if request.is_init:
+            memory = np.maximum(np.maximum(self.init_memory, memory), self.app_memory)
+            cores = np.maximum(np.maximum(self.init_cores, cores), self.app_cores)
+        else:
+            memory = np.maximum(self.init_memory, self.app_memory + memory)
+            cores = np.maximum(self.init_cores, self.app_cores + cores)
+        return (int(base_memory.sum()), int(base_cores.sum()),
+                memory - base_memory, cores - base_cores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,6 +505,22 @@ class QuotaBook:
                                            limit, unit)
                     found.append((limit - spent - wanted, quota.name, refusal))
         return min(found, key=lambda item: item[:2])[2] if found else None
+
+    def card_refusal(self, pod: PodRequest, card_memory: IntArray,
+                     codes: npt.NDArray[np.int8]) -> QuotaRefusal | None:
+        """The quota that refused the pod cards (``card_memory``: every card's memory, MiB;
+        ``codes``: its first GPU container's checks of them), with what the pod asked: a
+        percentage of memory counted on the smallest card the quota refused (or the largest
+        card, when the charge fits on that one)."""
+        refused = card_memory[codes == CardCheck.QUOTA_NOT_FIT]
+        candidates: list[int | None] = [int(refused.min())] if len(refused) else []
+        if len(card_memory):
+            candidates.append(int(card_memory.max()))
+        for memory in candidates or [None]:
+            refusal = self.refusal(pod.subject, requested_charge(pod, memory))
+            if refusal is not None:
+                return refusal
+        return None
 
     # Reports ---------------------------------------------------------------------------
 

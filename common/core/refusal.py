@@ -27,7 +27,6 @@ import numpy as np
 from common.core.fleet import BoolArray, Fleet, IntArray, Layout
 from common.core.placement import CodeArray, NodeFailure, PodView, place_pod
 from common.core.pod import ContainerRequest, PodRequest
-from common.core.quota import QuotaRefusal, requested_charge
 from common.core.reasons import (
     CARD_REASON,
     INSUFFICIENT_CARDS,
@@ -91,22 +90,6 @@ class _Cards:
     free_cores: IntArray
     container: dict[int, int]
     """Node position -> the failing container's position among the GPU containers."""
-
-
-def quota_refusal(fleet: Fleet, pod: PodRequest, codes: CodeArray) -> QuotaRefusal | None:
-    """The quota that refused the pod cards (``codes``: its first GPU container's checks),
-    with what the pod asked: a percentage of memory counted on the smallest card the
-    quota refused (or the largest card, when the charge fits on that one)."""
-    memory = fleet.layout.memory
-    refused = memory[codes == CardCheck.QUOTA_NOT_FIT]
-    candidates: list[int | None] = [int(refused.min())] if len(refused) else []
-    if len(memory):
-        candidates.append(int(memory.max()))
-    for card_memory in candidates or [None]:
-        refusal = fleet.quotas.refusal(pod.subject, requested_charge(pod, card_memory))
-        if refusal is not None:
-            return refusal
-    return None
 
 
 def _failing_checks(layout: Layout, pod: PodRequest, nodes: list[int],
@@ -296,7 +279,7 @@ def refusal_message(fleet: Fleet, pod: PodRequest, failures: Mapping[str, Failed
     opening = asked_for(pod)
     quota_hit = any(reason == QUOTA_REASON for reasons in judged.values()
                     for reason, _ in reasons.counts)
-    refusal = quota_refusal(fleet, pod, cards.codes) if quota_hit else None
+    refusal = fleet.quotas.card_refusal(pod, layout.memory, cards.codes) if quota_hit else None
     if refusal is not None:
         # The quota first: it is what the namespace's owner can change.
         opening = f"{refusal.text()}; {opening}"

@@ -1,6 +1,6 @@
-"""The Node annotation HAMi's device plugin writes to register a node's cards,
-``hami.io/node-nvidia-register``, as pyhami's leader daemon writes it for HAMi-WebUI, and
-reading it back by the rules HAMi and HAMi-WebUI read it with.
+"""The Node annotation HAMi's device plugin writes to register a node's cards (the
+vendor's ``register_annotation``: ``hami.io/node-nvidia-register``), as pyhami's leader
+daemon writes it for HAMi-WebUI, and reading it back by the rules HAMi and HAMi-WebUI read it with.
 
 HAMi v2.8 and later write JSON: Go's ``json.Marshal`` of a list of ``DeviceInfo``, only
 some fields copied, keys in the struct's order, zero values left out (``omitempty``),
@@ -22,15 +22,11 @@ from common.core.annotations import AnnotationError
 from common.core.mig import MIG_MODE, MigProfile
 from common.core.model import Card, Node
 from common.core.names import shown
+from common.core.vendors import NVIDIA, Vendor
 
-REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 OPERATING_MODE = "hami-core"
 """The node's ``operatingmode`` as HAMi names it for a shared card (a card in MIG mode
 registers ``mig``)."""
-TYPE_PREFIX = "NVIDIA"
-# What HAMi puts before an NVML name that does not start with TYPE_PREFIX. Older pyhami
-# agents put it before every name ("NVIDIA-NVIDIA H200"): the daemon may still hear one.
-_ADDED_PREFIX = "NVIDIA-"
 # Go's encoding/json escapes these even in a valid string (its HTML-safe default).
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
                              "\u2028": "\\u2028", "\u2029": "\\u2029"})
@@ -59,42 +55,27 @@ class RegisteredCard:
     """A MIG card's profiles (HAMi's ``migProfiles``), none on a shared card."""
 
 
-def card_type_from_nvml(name: str) -> str:
-    """The ``type`` HAMi's device plugin registers for a card NVML names ``name``: the name,
-    with ``NVIDIA-`` before it only when it does not start with ``NVIDIA`` (``Tesla T4`` is
-    ``NVIDIA-Tesla T4``, ``NVIDIA H200`` stays as it is). Every card type made from an NVML
-    name is made here (the agent's inventory, its simulated cards); the node monitor's
-    ``device_type`` label follows another rule of HAMi's (``agent.monitor.exporter``)."""
-    return name if name.startswith(TYPE_PREFIX) else f"{_ADDED_PREFIX}{name}"
-
-
-def registered_type(card_type: str) -> str:
-    """The ``type`` written for a card reported (or given in a cluster file) as
-    ``card_type``: the card's type as HAMi's rule makes it (``card_type_from_nvml``), the
-    same for any type the rule made; an older agent's ``NVIDIA-NVIDIA A100-SXM4-80GB`` is
-    written ``NVIDIA A100-SXM4-80GB``, a bare ``Tesla T4`` ``NVIDIA-Tesla T4``."""
-    return card_type_from_nvml(card_type.removeprefix(_ADDED_PREFIX))
-
-
-def registered_card(card: Card, mode: str = OPERATING_MODE) -> RegisteredCard:
+def registered_card(card: Card, mode: str = OPERATING_MODE,
+                    vendor: Vendor = NVIDIA) -> RegisteredCard:
     """What HAMi's device plugin would register for ``card``: the registered (scaled)
     figures, a NUMA node of -1 (unknown) as 0; a card in MIG mode with ``mig`` and its
     profiles, whatever ``mode``."""
     mig = card.mode == MIG_MODE
     return RegisteredCard(id=card.uuid, index=card.index, count=card.count,
                           devmem=card.memory, devcore=card.cores,
-                          type=registered_type(card.type), numa=max(card.numa, 0),
+                          type=vendor.registered_type(card.type), numa=max(card.numa, 0),
                           mode=MIG_MODE if mig else mode, health=card.health,
                           mig_profiles=card.mig_profiles if mig else ())
 
 
-def node_register(node: Node, mode: str = OPERATING_MODE) -> str | None:
+def node_register(node: Node, mode: str = OPERATING_MODE,
+                  vendor: Vendor = NVIDIA) -> str | None:
     """The annotation's value for ``node``, its cards in index order; None for a node
     without cards (HAMi's scheduler reads an empty list as an error)."""
     cards = sorted(node.devices, key=lambda card: card.index)
     if not cards:
         return None
-    return encode_register(registered_card(card, mode) for card in cards)
+    return encode_register(registered_card(card, mode, vendor) for card in cards)
 
 
 def _go_string(text: str) -> str:
@@ -152,28 +133,28 @@ class _JsonCard(msgspec.Struct):
     health: bool = False
 
 
-def decode_register(text: str) -> list[RegisteredCard]:
+def decode_register(text: str, vendor: Vendor = NVIDIA) -> list[RegisteredCard]:
     """The cards of a register annotation, read as HAMi-WebUI reads it: the colon and comma
     format first (HAMi's ``DecodeNodeDevices``), the JSON when that fails (HAMi's
     ``UnMarshalNodeDevices``, which HAMi's scheduler alone uses). Raises ``AnnotationError``
     when neither reads it, or it lists no card (HAMi: "no gpu found on node")."""
     try:
-        cards = _decode_colons(text)
+        cards = _decode_colons(text, vendor.register_annotation)
     except AnnotationError:
-        cards = decode_register_json(text)
+        cards = decode_register_json(text, vendor)
     if not cards:
-        raise AnnotationError(f"{REGISTER_ANNOTATION}: no gpu found on node")
+        raise AnnotationError(f"{vendor.register_annotation}: no gpu found on node")
     return cards
 
 
-def decode_register_json(text: str) -> list[RegisteredCard]:
+def decode_register_json(text: str, vendor: Vendor = NVIDIA) -> list[RegisteredCard]:
     """The JSON format alone, as HAMi's scheduler reads it. Raises ``AnnotationError``."""
     try:
         decoded = msgspec.json.decode(text, type=list[_JsonCard] | None) or []
     except msgspec.ValidationError as error:
-        raise AnnotationError(f"{REGISTER_ANNOTATION}: {shown(text)}: {error}") from None
+        raise AnnotationError(f"{vendor.register_annotation}: {shown(text)}: {error}") from None
     except msgspec.DecodeError as error:
-        raise AnnotationError(f"{REGISTER_ANNOTATION}: {shown(text)} is not JSON: "
+        raise AnnotationError(f"{vendor.register_annotation}: {shown(text)} is not JSON: "
                               f"{error}") from None
     return [RegisteredCard(id=card.id, index=card.index, count=card.count,
                            devmem=card.devmem, devcore=card.devcore, type=card.type,
@@ -181,41 +162,43 @@ def decode_register_json(text: str) -> list[RegisteredCard]:
             for card in decoded]
 
 
-def _decode_colons(text: str) -> list[RegisteredCard]:
+def _decode_colons(text: str, annotation: str) -> list[RegisteredCard]:
     """HAMi v2.7's format: ``ID,count,devmem,devcore,type,numa,health[,index,mode]:`` a
     card; a piece between colons without a comma is skipped, one with another number of
     fields fails the whole annotation."""
     if ":" not in text:
-        raise AnnotationError(f"{REGISTER_ANNOTATION}: no ':' in {shown(text)}")
+        raise AnnotationError(f"{annotation}: no ':' in {shown(text)}")
     cards = []
     for piece in text.split(":"):
         if "," not in piece:
             continue
         fields = piece.split(",")
         if len(fields) not in _OLD_FIELDS:
-            raise AnnotationError(f"{REGISTER_ANNOTATION}: {shown(piece)} has {len(fields)} "
+            raise AnnotationError(f"{annotation}: {shown(piece)} has {len(fields)} "
                                   "fields, not 7 or 9")
-        index, mode = ((_go_int(fields[7]), fields[8]) if len(fields) == 9
+        index, mode = ((_go_int(fields[7], annotation), fields[8]) if len(fields) == 9
                        else (0, OPERATING_MODE))
         cards.append(RegisteredCard(
-            id=fields[0], index=index, count=_go_int(fields[1]), devmem=_go_int(fields[2]),
-            devcore=_go_int(fields[3]), type=fields[4], numa=_go_int(fields[5]), mode=mode,
-            health=_go_bool(fields[6])))
+            id=fields[0], index=index, count=_go_int(fields[1], annotation),
+            devmem=_go_int(fields[2], annotation),
+            devcore=_go_int(fields[3], annotation), type=fields[4],
+            numa=_go_int(fields[5], annotation), mode=mode,
+            health=_go_bool(fields[6], annotation)))
     return cards
 
 
-def _go_int(text: str) -> int:
+def _go_int(text: str, annotation: str) -> int:
     """Go's ``strconv.Atoi``: an optional sign, then decimal digits only."""
     digits = text[1:] if text[:1] in ("+", "-") else text
     if not (digits.isascii() and digits.isdigit()):
-        raise AnnotationError(f"{REGISTER_ANNOTATION}: {shown(text)} is not an integer")
+        raise AnnotationError(f"{annotation}: {shown(text)} is not an integer")
     return int(text)
 
 
-def _go_bool(text: str) -> bool:
+def _go_bool(text: str, annotation: str) -> bool:
     """Go's ``strconv.ParseBool``."""
     if text in _GO_TRUE:
         return True
     if text in _GO_FALSE:
         return False
-    raise AnnotationError(f"{REGISTER_ANNOTATION}: {shown(text)} is not a boolean")
+    raise AnnotationError(f"{annotation}: {shown(text)} is not a boolean")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.core.annotations import VENDOR
 from common.core.decide import Decision, PlacedCard
+from common.core.vendors import NVIDIA
 
 NO_GPU_NOTE = ("the pod asks for no GPU: pyhami passes every node and leaves the choice to "
                "kube-scheduler")
@@ -41,7 +41,7 @@ def decision_document(decision: Decision) -> dict[str, Any]:
 def _device(card: PlacedCard) -> dict[str, Any]:
     """One card given to a container; on a MIG card, the instance's profile and where it
     sits (``{"start": slice, "size": slices}``)."""
-    device: dict[str, Any] = {"uuid": card.uuid, "index": card.index, "type": VENDOR,
+    device: dict[str, Any] = {"uuid": card.uuid, "index": card.index, "type": NVIDIA.name,
                               "usedmem": card.memory, "usedcores": card.cores}
     if card.instance is not None:
         placement = card.instance.placement

@@ -32,13 +32,13 @@ from common.core.groups import (
 from common.core.model import CARDS_PER_NODE_MAX, Card, Node
 from common.core.pod import (
     DEFAULT_DEVICE,
-    USE_TYPE_ANNOTATION,
     Container,
     ObjectMeta,
     PodSpec,
     ResourceRequirements,
 )
 from common.core.quota import Quota
+from common.core.vendors import NVIDIA
 from common.files import InputFileError, parse_document, parse_pod_manifest
 from pyhami.simulate._trace import SimPod, Trace
 
@@ -388,7 +388,8 @@ def _openb_manifest(name: str, cards: int, milli: int, gpu_spec: str,
         names.count: cards, names.cores: share, names.memory_percentage: share}
     types = [model.strip() for model in gpu_spec.split("|")
              if model.strip() and model.strip().lower() != "nan"]
-    annotations = {USE_TYPE_ANNOTATION: ",".join(dict.fromkeys(types))} if types else None
+    annotations = ({NVIDIA.pod_annotations.use_type: ",".join(dict.fromkeys(types))}
+                   if types else None)
     return PodManifest(
         metadata=ObjectMeta(name=name, namespace=OPENB_NAMESPACE, annotations=annotations),
         spec=PodSpec(containers=[Container(

@@ -1,7 +1,7 @@
 """The decision daemon's service: five parts around one shared state.
 
 ``verbs`` answers kube-scheduler (Filter, Prioritize, Bind and the explain preview),
-``reactions`` handles the cluster's and the bus's events, ``preemption`` makes room for
+``handlers`` answers the cluster's and the bus's events, ``preemption`` makes room for
 GPU pods of higher priority, ``reporting`` tells others (telemetry, retries, metrics,
 status), ``registration`` writes the Nodes' HAMi register annotation for HAMi-WebUI.
 They share one ``Shared`` state and meet nowhere else (docs/architecture.md, "The
@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from scheduler.cluster import Cluster
 from scheduler.leadership import Leadership
+from scheduler.service.handlers import Handlers
 from scheduler.service.preemption import Preemptions
-from scheduler.service.reactions import Reactions
 from scheduler.service.registration import NodeRegistration
 from scheduler.service.reporting import Check, Publish, Reporting
 from scheduler.service.shared import (
@@ -30,7 +30,7 @@ __all__ = ["SchedulerService", "ServiceSettings"]
 
 class SchedulerService:
     """The service's five parts built around one shared state. Callers use the parts by
-    name: ``verbs`` (kube-scheduler's extender verbs), ``reactions`` (the event handlers),
+    name: ``verbs`` (kube-scheduler's extender verbs), ``handlers`` (the event handlers),
     ``preemptions``, ``reporting``, ``registration`` (the Nodes' register annotation)."""
 
     def __init__(self, settings: ServiceSettings, cluster: Cluster, publish: Publish,
@@ -50,7 +50,7 @@ class SchedulerService:
         self.preemptions = preemptions = Preemptions(shared, reporting.metrics, reporting)
         self.verbs = Verbs(shared, reporting.metrics, reporting,
                            on_unschedulable=preemptions.unschedulable)
-        self.reactions = Reactions(shared, reporting.metrics, reporting)
+        self.handlers = Handlers(shared, reporting.metrics, reporting)
         self.registration = NodeRegistration(shared, reporting.metrics, reporting)
         self.state = shared.state
         self.metrics = reporting.metrics

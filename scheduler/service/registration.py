@@ -9,7 +9,8 @@ import asyncio
 import logging
 
 from common.core import Node
-from common.core.registration import REGISTER_ANNOTATION, node_register
+from common.core.registration import node_register
+from common.core.vendors import NVIDIA
 from common.messaging import RateLimitedLog
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
@@ -73,7 +74,8 @@ class NodeRegistration(ServicePart):
                 written.pop(name, None)
                 self._mine.discard(name)
                 self.metrics.registrations.labels("removed").inc()
-                logger.info("node %s: %s removed, its agent gone", name, REGISTER_ANNOTATION)
+                logger.info("node %s: %s removed, its agent gone", name,
+                            NVIDIA.register_annotation)
             else:
                 written[name] = value
                 self._mine.add(name)

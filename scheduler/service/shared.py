@@ -120,7 +120,7 @@ Unschedulable = Callable[[PodManifest, PodRequest, Sequence[str]], None]
 
 
 class Reports(Protocol):
-    """What the verbs and the reactions tell reporting."""
+    """What the verbs and the handlers tell reporting."""
 
     def mark_changed(self, *nodes: str) -> None:
         """These nodes' usage changed; it goes out with the next usage report."""

@@ -19,6 +19,7 @@ import datetime
 import logging
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from common.files import SECRET_FILE_MAX_BYTES, InputFileError, read_bounded
-from scheduler.errors import SchedulerError
+from scheduler.errors import SchedulerError, StartupError
 
 logger = logging.getLogger(__name__)
 
@@ -180,3 +181,25 @@ class CertificateFiles:
         while True:
             await asyncio.sleep(self._period)
             self.reload_if_changed(datetime.datetime.now(datetime.UTC))
+
+
+def read_at_start(read: Callable[[], CertificateFiles]) -> CertificateFiles:
+    """The files ``read`` reads, read at once: a bad one stops the start
+    (``StartupError``, naming the flag and what is wrong)."""
+    try:
+        return read()
+    except TlsError as error:
+        raise StartupError(str(error)) from None
+
+
+def context_of(files: CertificateFiles | None) -> ssl.SSLContext | None:
+    """The TLS context a listener serving ``files`` keeps (it hands each connection the
+    files last loaded); None: plain HTTP."""
+    return files.context if files is not None else None
+
+
+def tls_status(files: CertificateFiles | None) -> dict[str, object]:
+    """What ``/statusz`` says of a listener's TLS: off, server or mutual, and its files."""
+    if files is None:
+        return {"tls": "off"}
+    return {"tls": "mutual" if files.mutual else "server", "certificate": files.describe()}

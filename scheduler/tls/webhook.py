@@ -30,7 +30,17 @@ from cryptography.hazmat.primitives import serialization
 
 from common.certificates import make_ca, server_certificate
 from scheduler.cluster import ClusterError, WebhookCluster
-from scheduler.tls.files import TlsError, TlsFlags, certificates, check_pair, server_context
+from scheduler.errors import StartupError
+from scheduler.retry import while_the_api_fails
+from scheduler.tls.files import (
+    CertificateFiles,
+    TlsError,
+    TlsFlags,
+    certificates,
+    check_pair,
+    read_at_start,
+    server_context,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -175,3 +185,26 @@ class CaBundleKeeper:
         while True:
             await self.check()
             await asyncio.sleep(self._period)
+
+
+def webhook_files(cert_file: str | None, key_file: str | None,
+                  period: float) -> CertificateFiles | None:
+    """The webhook's certificate files (``--tls-cert-file``, ``--tls-private-key-file``),
+    read at once: a bad one stops the start. None: the certificate is self-managed."""
+    if cert_file is None or key_file is None:
+        return None
+    return read_at_start(lambda: CertificateFiles("webhook", WEBHOOK_FLAGS, cert_file,
+                                                  key_file, period=period))
+
+
+async def self_managed_at_start(cluster: WebhookCluster, namespace: str, secret: str,
+                                service: str) -> ServingTls:
+    """The certificate in the Secret, made first if need be; tried again while the API
+    fails, refused (``StartupError``) when the Secret holds nothing servable."""
+    names = service_names(service, namespace)
+    try:
+        return await while_the_api_fails("webhook certificate", lambda: self_managed(
+            cluster, namespace, secret, names, datetime.datetime.now(datetime.UTC)))
+    except TlsError as error:
+        raise StartupError(f"--webhook-tls-secret: {error}; delete the Secret to have "
+                           "the daemon make a new one") from None

@@ -19,10 +19,8 @@ from scheduler.web.limits import (
     read_body,
 )
 from scheduler.web.protocol import (
-    ExtenderArgs,
     ExtenderArgsDecoder,
     ExtenderBindingArgs,
-    ExtenderFilterResult,
     ExtenderPreemptionArgs,
     check_binding_args,
     check_extender_args,
@@ -86,15 +84,13 @@ def _verb(decoder: Decoder[Args], what: str, check: Callable[[Args], None],
     return handle
 
 
-def extender_verbs(service: SchedulerService, *, url_prefix: str = "",
-                   noop: bool = False) -> dict[str, BodyVerb]:
+def extender_verbs(service: SchedulerService, *, url_prefix: str = "") -> dict[str, BodyVerb]:
     """The POST verbs kube-scheduler calls, by path (``url_prefix`` as its ``urlPrefix``
-    ends); with ``noop``, ``/noop`` decodes like /filter and answers at once (the HTTP
-    floor for benchmarks)."""
+    ends)."""
 
     prefix = url_prefix.rstrip("/")
     args = ExtenderArgsDecoder()
-    verbs = {
+    return {
         f"{prefix}/filter": _verb(args, "ExtenderArgs", check_extender_args,
                                   service.verbs.filter, service.refusal),
         f"{prefix}/prioritize": _verb(args, "ExtenderArgs", check_extender_args,
@@ -105,20 +101,6 @@ def extender_verbs(service: SchedulerService, *, url_prefix: str = "",
                                    check_preemption_args, service.preemptions.answer,
                                    service.refusal),
     }
-    if noop:
-        verbs[f"{prefix}/noop"] = noop_verb()
-    return verbs
-
-
-def noop_verb() -> BodyVerb:
-    """Decodes and checks ExtenderArgs as /filter does and answers at once with the first
-    node: what the HTTP layer and the decoding cost, without a decision."""
-
-    async def answer_at_once(args: ExtenderArgs) -> ExtenderFilterResult:
-        return ExtenderFilterResult(node_names=list((args.node_names or ())[:1]))
-
-    return _verb(ExtenderArgsDecoder(), "ExtenderArgs", check_extender_args, answer_at_once,
-                 lambda: None)
 
 
 def _aiohttp_handler(verb: BodyVerb) -> Handler:

@@ -56,3 +56,16 @@ def starting_app(why: Callable[[], list[str]]) -> web.Application:
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz),
                     web.get("/statusz", statusz), web.route("*", "/{path:.*}", starting)])
     return app
+
+
+class StartupPhase:
+    """What the daemon is doing while it starts, as ``/readyz`` and ``/statusz`` say it."""
+
+    def __init__(self, first: str) -> None:
+        self._now = first
+
+    def enter(self, what: str) -> None:
+        self._now = what
+
+    def not_ready_because(self) -> list[str]:
+        return [self._now]

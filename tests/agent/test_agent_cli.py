@@ -13,8 +13,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from common.natsserver import LocalNatsServer
 from common.wire import INVENTORY_SUBJECTS, Inventory, decode_inventory
+from pyhami.natsserver import LocalNatsServer
 
 
 def _environment(**extra: str) -> dict[str, str]:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from agent.cli import node_device_config
-from agent.deviceplugin.hamicore import HamiCoreSettings, hami_core_settings
-from agent.nvml import NvmlSource
 from agent.registration import ConfiguredSource, registered_cards
+from agent.vendors.nvidia.hamicore import HamiCoreSettings, hami_core_settings
+from agent.vendors.nvidia.nvml import NvmlSource
 from common.core.deviceconfig import (
     DeviceConfig,
     FilterDevices,

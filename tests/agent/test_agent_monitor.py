@@ -17,9 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.monitor.containers import CacheSettings
 from agent.monitor.monitor import MonitorSettings
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer, free_port
 from common.wire import (
     HoldingContainer,
     HoldingPod,
@@ -30,6 +29,7 @@ from common.wire import (
     encode,
     inventory_subject,
 )
+from pyhami.natsserver import LocalNatsServer, free_port
 from tests.fakes.hami_core_cache import FakeCache, Proc, Used, write_cache
 
 NODE = "gpu-node-1"

@@ -13,11 +13,11 @@ import nats
 import pytest
 
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.arguments import CommandParser, use_environment
 from common.messaging import NatsSettings, add_nats_arguments, nats_settings, tls_context
-from common.natsserver import LocalNatsServer
 from common.wire import INVENTORY_SUBJECTS, Inventory, decode_inventory
+from pyhami.natsserver import LocalNatsServer
 
 
 def _openssl(*args: str, cwd: Path) -> None:

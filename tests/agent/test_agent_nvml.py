@@ -14,9 +14,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from agent.inventory import InventoryError
-from agent.nvml import NvmlSource, sysfs_bus_id
 from agent.registration import registered_cards
+from agent.vendors.nvidia.nvml import NvmlSource, sysfs_bus_id
+from agent.vendors.port import InventoryError
 from common.core.deviceconfig import DeviceConfig, NodeDeviceConfig, NodeSettings
 from common.core.model import Node
 from common.core.registration import node_register

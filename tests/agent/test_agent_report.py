@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from agent.report import Report, describe_changes
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.wire import SCHEMA_VERSION
 
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.inventory import InventoryError
-from agent.simulated import (
+from agent.vendors.nvidia.simulated import (
     MIB,
     PROFILES,
     SimulatedProcess,
@@ -15,6 +14,7 @@ from agent.simulated import (
     file_cards,
     profile_cards,
 )
+from agent.vendors.port import InventoryError
 from common.core import Fleet, decide, parse_pod
 from common.files import parse_pod_manifest
 from common.wire import SCHEMA_VERSION, Inventory

@@ -12,9 +12,8 @@ import nats
 from nats.aio.subscription import Subscription
 
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     INVENTORY_SUBJECTS,
     RESYNC_SUBJECT,
@@ -23,6 +22,7 @@ from common.wire import (
     decode_inventory,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 
 NODE = "gpu-node-1"
 POLL_S = 0.3

@@ -14,10 +14,9 @@ from nats.aio.subscription import Subscription
 
 from agent.monitor.model import ContainerUsage, DeviceUsage, HostCard
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
 from agent.usage import LatestUsage, measured_from
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     INVENTORY_SUBJECTS,
     SCHEMA_VERSION,
@@ -28,6 +27,7 @@ from common.wire import (
     decode_inventory,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 
 NODE = "gpu-node-1"
 MIB = 1024 * 1024

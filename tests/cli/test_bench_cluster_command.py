@@ -1,5 +1,6 @@
-"""``pyhami bench cluster`` refusing to start (one line saying why, exit 2, no traceback),
-and how it reads kube-scheduler's histograms."""
+"""The cluster benchmark, a command of the repository's harness (``scripts/bench-cluster``):
+refusing to start (one line saying why, exit 2, no traceback) and how it reads
+kube-scheduler's histograms; and ``pyhami bench cluster``, which names it and stops."""
 
 from __future__ import annotations
 
@@ -8,14 +9,32 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pyhami.bench_cluster import histogram_mean_ms
+import pytest
+
+from harness.bench_cluster import histogram_mean_ms
+from tests.paths import REPO
+
+BENCH_CLUSTER = REPO / "scripts" / "bench-cluster"
 
 
 def bench_cluster(binaries: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``scripts/bench-cluster`` from elsewhere than the checkout, on this interpreter."""
     return subprocess.run(
-        [sys.executable, "-m", "pyhami.cli", "bench", "cluster", *args],
-        env={**os.environ, "PYHAMI_CONTROL_PLANE_DIR": str(binaries)},
+        [str(BENCH_CLUSTER), *args], cwd=binaries,
+        env={**os.environ, "PYHAMI_CONTROL_PLANE_DIR": str(binaries), "PYTHON": sys.executable},
         capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("args", [["--nodes", "2", "--pods", "2"], [], ["--help"]],
+                         ids=["flags", "none", "help"])
+def test_pyhami_bench_cluster_names_the_checkout_command(args: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "pyhami.cli", "bench", "cluster", *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == ("pyhami bench cluster needs a checkout of the repository: run "
+                           "scripts/bench-cluster there, with the same flags (k8s/, charts/ "
+                           "and scripts/build-control-plane.sh are not installed)\n")
 
 
 def test_missing_binaries_are_named_with_the_script_that_builds_them(tmp_path: Path) -> None:
@@ -23,7 +42,7 @@ def test_missing_binaries_are_named_with_the_script_that_builds_them(tmp_path: P
     done = bench_cluster(tmp_path, "--nodes", "2", "--pods", "2")
     assert done.returncode == 2
     assert done.stdout == ""
-    assert done.stderr == (f"pyhami bench cluster: no etcd, kube-apiserver, helm in {tmp_path}; "
+    assert done.stderr == (f"bench-cluster: no etcd, kube-apiserver, helm in {tmp_path}; "
                            "build them with scripts/build-control-plane.sh\n")
 
 
@@ -32,7 +51,7 @@ def test_more_pods_than_cards_is_refused(tmp_path: Path) -> None:
         (tmp_path / name).touch(mode=0o755)
     done = bench_cluster(tmp_path, "--nodes", "2", "--cards", "4", "--pods", "9")
     assert done.returncode == 2
-    assert done.stderr == ("pyhami bench cluster: --pods 9 do not fit on --nodes 2 x "
+    assert done.stderr == ("bench-cluster: --pods 9 do not fit on --nodes 2 x "
                            "--cards 4\n")
 
 
@@ -43,7 +62,7 @@ def test_a_profile_with_no_directory_to_go_to_is_refused(tmp_path: Path) -> None
     done = bench_cluster(tmp_path, "--nodes", "2", "--pods", "2", "--profile-daemon",
                          str(profile))
     assert done.returncode == 2
-    assert done.stderr == (f"pyhami bench cluster: --profile-daemon {profile}: no directory "
+    assert done.stderr == (f"bench-cluster: --profile-daemon {profile}: no directory "
                            f"{tmp_path / 'missing'} to write it in\n")
 
 

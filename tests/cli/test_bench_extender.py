@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pyhami.bench_extender import cpu_seconds, daemon_memory
+from pyhami.bench.extender import cpu_seconds, daemon_memory
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 

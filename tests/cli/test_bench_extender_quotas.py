@@ -10,7 +10,7 @@ import pytest
 
 from common.core import Fleet
 from common.core.quota import ResourceQuotaManifest, parse_quota
-from pyhami.bench_extender import (
+from pyhami.bench.extender import (
     CORES_LIMIT,
     POD_MEMORY_MIB,
     by_quota,

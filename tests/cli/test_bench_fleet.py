@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pyhami.bench_fleet import Share, home_first
+from pyhami.bench.fleet import Share, home_first
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 

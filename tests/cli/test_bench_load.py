@@ -1,4 +1,4 @@
-"""``pyhami bench extender``'s load generator (``pyhami.bench_load``): the bytes it sends,
+"""``pyhami bench extender``'s load generator (``pyhami.bench.load``): the bytes it sends,
 how it reads answers, how it spreads the throughput phase, and its workers driven against
 the daemon's own HTTP layer with stand-in verbs."""
 
@@ -12,9 +12,8 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from common.natsserver import free_port
-from pyhami.bench_extender import drive, pod, spread
-from pyhami.bench_load import (
+from pyhami.bench.extender import drive, pod, spread
+from pyhami.bench.load import (
     AnswerReader,
     BenchError,
     BenchPod,
@@ -24,6 +23,7 @@ from pyhami.bench_load import (
     filter_body,
     request,
 )
+from pyhami.natsserver import free_port
 from scheduler.web.extender import JSON, TEXT, Answer, BodyVerb
 from scheduler.web.fastpath import VerbsServer
 

@@ -24,9 +24,9 @@ import pytest
 
 from common.arguments import CommandParser, use_environment, variable_for
 from common.logs import JsonFormatter
-from common.natsserver import LocalNatsServer, free_port
 from pyhami.cli import build_parser
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer, free_port
 from tests.harness import Lab
 from tests.paths import EXAMPLES
 

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from common.natsserver import free_port, nats_server_binary
-from pyhami._controlplane import Process, http_get, wait_for
+from harness.controlplane import Process, wait_for
+from pyhami.bench.loopback import http_get
+from pyhami.natsserver import free_port, nats_server_binary
 from tests.cli.test_demo import assert_the_lab_played_on
 from tests.paths import REPO
 

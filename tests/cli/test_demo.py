@@ -14,8 +14,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from common.natsserver import free_port
 from pyhami.demo import DEMO_NAMESPACE, DEMO_SCHEDULER, lab_pod
+from pyhami.natsserver import free_port
 from pyhami.sandbox import SimulatedAgent
 from tests.harness import Lab
 from tests.paths import EXAMPLES

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from pyhami._controlplane import SCHEDULER_CONFIG_MAP, manifests, shipped_scheduler_config
+from harness.controlplane import SCHEDULER_CONFIG_MAP, manifests, shipped_scheduler_config
 from pyhami.cli import build_parser
 from scheduler.cluster import SCHEDULER_NAME
 from tests.paths import REPO

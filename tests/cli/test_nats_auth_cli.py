@@ -14,9 +14,9 @@ import pytest
 
 from common.busaccess import DAEMON_USER, BusCredentials
 from common.core.errors import SettingsError
-from common.core.natsjwt import node_of_token
-from common.natsserver import LocalNatsServer, free_port
+from common.natsjwt import node_of_token
 from pyhami.cli import build_parser, main
+from pyhami.natsserver import LocalNatsServer, free_port
 from scheduler.cli import config_from
 
 

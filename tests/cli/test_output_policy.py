@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from rich.table import Table
 
-from common.natsserver import free_port
 from pyhami.demo import lab_pod
+from pyhami.natsserver import free_port
 from pyhami.output import (
     PLAIN_RULE_WIDTH,
     READER_GONE_EXIT,

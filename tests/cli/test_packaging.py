@@ -3,8 +3,9 @@
 The rest of the suite runs from an editable install, which sees every source file
 whatever the packaging says; this test builds the distributions with
 ``scripts/build-dist.sh`` (the Dockerfile's command), checks that they hold every module
-of the source tree, and runs ``pyhami --version`` and ``pyhami demo`` from a virtual
-environment that has only the wheel, in a folder outside the repository.
+of the source tree and nothing of the repository's harness, and runs ``pyhami --version``,
+``pyhami demo`` and ``pyhami bench cluster`` (which names the harness's command) from a
+virtual environment that has only the wheel, in a folder outside the repository.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from common.natsserver import free_port
+from pyhami.natsserver import free_port
 from tests.paths import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -71,6 +72,28 @@ def test_the_wheel_holds_every_module_of_the_source_tree(dist: Path) -> None:
         assert "pyhami = pyhami.cli:main" in archive.read(entry_points).decode()
 
 
+def harness_in(names: set[str]) -> set[str]:
+    """The paths among ``names`` that need a checkout: the harness's package, the
+    micro-benchmarks, the control plane's runner and the cluster benchmark wherever they
+    would come back."""
+    return {name for name in names
+            if name.split("/", 1)[0] in ("harness", "benchmarks")
+            or "controlplane" in name or "bench_cluster" in name}
+
+
+def test_the_wheel_holds_no_harness(dist: Path) -> None:
+    wheel = one(dist, f"pyhami-{PROJECT['version']}-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    # The check itself sees the harness where it is: in the source tree.
+    harness_sources = {path.relative_to(REPO).as_posix()
+                       for path in (REPO / "harness").rglob("*.py")}
+    assert {"harness/controlplane.py", "harness/bench_cluster.py"} <= harness_in(
+        harness_sources)
+    assert harness_in(names) == set(), "the wheel holds what needs a checkout"
+    assert harness_sources & names == set()
+
+
 def test_the_sdist_holds_every_module_and_the_build_files(dist: Path) -> None:
     sdist = one(dist, f"pyhami-{PROJECT['version']}.tar.gz")
     prefix = f"pyhami-{PROJECT['version']}/"
@@ -105,6 +128,12 @@ def test_the_wheel_alone_runs_version_and_the_demo(dist: Path, tmp_path: Path) -
     demo = pyhami("demo", "--nats-port", str(free_port()))
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert "mutex was waiting and is now placed" in demo.stdout
+    # Installed, the cluster benchmark's checkout is nowhere: one line naming its command.
+    cluster = pyhami("bench", "cluster", "--nodes", "2")
+    assert (cluster.returncode, cluster.stdout) == (2, "")
+    assert cluster.stderr.startswith("pyhami bench cluster needs a checkout of the repository: "
+                                     "run scripts/bench-cluster there"), cluster.stderr
+    assert len(cluster.stderr.splitlines()) == 1
     located = subprocess.run(
         [str(python), "-c", "import common.core, pyhami; print(common.core.__file__)"],
         cwd=tmp_path, capture_output=True, text=True, env=clean_env, check=False, timeout=60)

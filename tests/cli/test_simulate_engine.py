@@ -23,13 +23,13 @@ from common.core import (
 )
 from common.core.pod import (
     GPU_POLICY_ANNOTATION,
-    NUMA_BIND_ANNOTATION,
     Container,
     ObjectMeta,
     PodSpec,
     ResourceRequirements,
 )
 from common.core.quota import Quota
+from common.core.vendors import NVIDIA
 from common.files import InputFileError
 from pyhami.simulate._engine import PolicyRun, simulate
 from pyhami.simulate._report import mig_lines
@@ -215,7 +215,7 @@ def test_pods_listed_out_of_order_arrive_in_time_order() -> None:
 
 
 def test_malformed_pods_and_pods_without_gpu() -> None:
-    bad = manifest("bad", annotations={NUMA_BIND_ANNOTATION: "maybe"})
+    bad = manifest("bad", annotations={NVIDIA.pod_annotations.numa_bind: "maybe"})
     no_gpu = PodManifest(metadata=ObjectMeta(name="cpu-only"),
                          spec=PodSpec(containers=[Container(name="main")]))
     pods = [SimPod(bad, 0.0), SimPod(no_gpu, 1.0), SimPod(manifest("good"), 2.0)]

@@ -25,7 +25,6 @@ from common.core import decide, fleet_from_cluster
 from common.core import parse_pod as parse_pod_request
 from common.core.pod import Container, ObjectMeta, PodManifest, PodSpec, ResourceRequirements
 from common.files import load_cluster, load_pod
-from common.natsserver import LocalNatsCluster, LocalNatsServer, free_port
 from common.telemetry import CardUsage, DecisionEvent, UsageEvent
 from common.wire import (
     RESYNC_SUBJECT,
@@ -38,6 +37,7 @@ from common.wire import (
 )
 from common.wire import encode as encode_wire
 from pyhami.demo import GPU_POLICY, lab_pod
+from pyhami.natsserver import LocalNatsCluster, LocalNatsServer, free_port
 from pyhami.output import print_json, stdout_console
 from pyhami.sandbox import DEFAULTS
 from pyhami.watch import WatchModel, render, snapshot_document

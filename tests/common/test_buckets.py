@@ -19,7 +19,7 @@ from common.buckets import (
     open_key_value,
     replica_count,
 )
-from common.natsserver import LocalNatsCluster, LocalNatsServer
+from pyhami.natsserver import LocalNatsCluster, LocalNatsServer
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from common.certificates import (
     write_bundle,
 )
 from common.core.errors import SettingsError
-from common.natsserver import LocalNatsServer
+from pyhami.natsserver import LocalNatsServer
 from tests.harness import eventually
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)

@@ -22,14 +22,14 @@ import pytest
 from agent.cli import node_device_config, plugin_settings
 from agent.deviceplugin.allocation import (
     Granted,
-    HamiCore,
     advertised_devices,
     allocate,
     device_id,
 )
-from agent.deviceplugin.hamicore import hami_core_settings
 from agent.registration import registered_card, registered_cards
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.containers import HamiCore, NvidiaContainers
+from agent.vendors.nvidia.hamicore import hami_core_settings
+from agent.vendors.nvidia.simulated import profile_cards
 from common.core import parse_pod
 from common.core.admission import AdmittedContainer, AdmittedPod, AdmittedPodSpec, admit
 from common.core.annotations import CardGrant, encode_devices
@@ -113,7 +113,7 @@ def container_env(config: NodeDeviceConfig) -> dict[str, str]:
                     containers="/usr/local/vgpu/containers", lock="/tmp/vgpulock",
                     settings=hami_core_settings(config))
     result = allocate([pod], {}, [[device_id(T4.uuid, 0)]], node=NODE, node_cards={T4.uuid},
-                      hami_core=hami, cache_id=lambda: "cache")
+                      runtime=NvidiaContainers(hami, lambda: "cache"))
     assert isinstance(result, Granted)
     (allocation,) = result.allocations
     return allocation.envs

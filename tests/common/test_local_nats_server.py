@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.natsserver import LocalNatsCluster, LocalNatsServer, NatsServerError, free_port
+from pyhami.natsserver import LocalNatsCluster, LocalNatsServer, NatsServerError, free_port
 
 
 def _ephemeral_range() -> range:

@@ -10,7 +10,7 @@ import pytest
 
 from common.busaccess import agent_permissions
 from common.core.names import InvalidName
-from common.core.natsjwt import (
+from common.natsjwt import (
     JwtError,
     decode,
     encode,

@@ -15,8 +15,8 @@ import logging
 import pytest
 
 from common.messaging import Connection, NatsSettings
-from common.natsserver import LocalNatsServer
 from common.supervision import STOP_TIMEOUT_S, Supervisor
+from pyhami.natsserver import LocalNatsServer
 
 
 async def test_a_task_that_swallows_its_cancellation_does_not_hold_the_supervisor(

@@ -8,13 +8,12 @@ import pytest
 from common.core import AnnotationError, Card, Node
 from common.core.registration import (
     RegisteredCard,
-    card_type_from_nvml,
     decode_register,
     decode_register_json,
     encode_register,
     node_register,
-    registered_type,
 )
+from common.core.vendors import NVIDIA
 
 NODE = Node(name="gpu-1", devices=[
     # Listed out of order: the annotation lists the cards by index.
@@ -63,8 +62,8 @@ def test_a_node_without_cards_gets_no_annotation() -> None:
 ], ids=["t4", "v100", "a100", "h100", "h200"])
 def test_a_cards_type_is_its_nvml_name_prefixed_only_where_it_lacks_nvidia(
         nvml_name: str, card_type: str) -> None:
-    assert card_type_from_nvml(nvml_name) == card_type
-    assert registered_type(card_type) == card_type  # written as the agent reports it
+    assert NVIDIA.card_type(nvml_name) == card_type
+    assert NVIDIA.registered_type(card_type) == card_type  # written as the agent reports it
 
 
 @pytest.mark.parametrize(("card_type", "registered"), [
@@ -74,7 +73,7 @@ def test_a_cards_type_is_its_nvml_name_prefixed_only_where_it_lacks_nvidia(
 ], ids=["older-agent-doubled-prefix", "cluster-file", "unprefixed"])
 def test_a_type_not_made_by_the_rule_is_written_as_the_rule_would(card_type: str,
                                                                   registered: str) -> None:
-    assert registered_type(card_type) == registered
+    assert NVIDIA.registered_type(card_type) == registered
 
 
 @pytest.mark.parametrize(("card_type", "written"), [

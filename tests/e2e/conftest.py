@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pyhami._controlplane import (
+from harness.controlplane import (
     BUILD_TIMEOUT_S,
     binaries_dir,
     build_binaries,

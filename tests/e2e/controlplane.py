@@ -35,8 +35,7 @@ from typing import Any
 import yaml
 
 from common.certificates import write_bundle
-from common.natsserver import free_port, nats_server_binary
-from pyhami._controlplane import (
+from harness.controlplane import (
     START_TIMEOUT_S,
     SYSTEM_NAMESPACE,
     ApiError,
@@ -45,12 +44,12 @@ from pyhami._controlplane import (
     Process,
     chart_scheduler_config,
     create_ready_node,
-    direct_opener,
-    http_get,
     render_scheduler_config,
     wait_for,
     write_kubeconfig,
 )
+from pyhami.bench.loopback import direct_opener, http_get
+from pyhami.natsserver import free_port, nats_server_binary
 from tests.certs import ClientFiles, ServerFiles, server_files
 
 LEASE_NAME = "pyhami-scheduler"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyhami._controlplane import SCHEDULER_NAME, WAIT_S, ApiError, wait_for
+from harness.controlplane import SCHEDULER_NAME, WAIT_S, ApiError, wait_for
 from pyhami.demo import lab_pod as demo_lab_pod
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 

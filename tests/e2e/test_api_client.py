@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from pyhami._controlplane import ApiServerPlane
+from harness.controlplane import ApiServerPlane
 from scheduler.cluster import ClusterError, ClusterPod, PodChange
 from scheduler.cluster.kube import _binding, _client, _transport, _watch
 from scheduler.cluster.kube._aiohttp import AiohttpClient

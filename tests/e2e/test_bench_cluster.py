@@ -1,6 +1,6 @@
-"""``pyhami bench cluster`` at a small size: every pod of every phase bound where it should be,
-and the figures it reports consistent with each other (no figure is judged: they depend on the
-machine)."""
+"""The harness's cluster benchmark (``scripts/bench-cluster``) at a small size: every pod of
+every phase bound where it should be, and the figures it reports consistent with each other
+(no figure is judged: they depend on the machine)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.paths import REPO
 
 NODES, PODS = 20, 40
 PHASES = ("pyhami_default_limits", "default_default_limits", "pyhami_raised_limits",
@@ -27,9 +29,10 @@ KEYS = {"nodes", "pods", "pyhami_pods_per_s", "default_pods_per_s", "ratio", "py
 def test_bench_cluster_binds_every_pod_of_every_phase(control_plane_binaries: Path,
                                                       flags: list[str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pyhami.cli", "bench", "cluster", "--nodes", str(NODES),
+        [str(REPO / "scripts" / "bench-cluster"), "--nodes", str(NODES),
          "--pods", str(PODS), "--idle-pods", "3", *flags],
-        env={**os.environ, "PYHAMI_CONTROL_PLANE_DIR": str(control_plane_binaries)},
+        env={**os.environ, "PYHAMI_CONTROL_PLANE_DIR": str(control_plane_binaries),
+             "PYTHON": sys.executable},
         capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr
     *summaries, last = done.stdout.strip().splitlines()

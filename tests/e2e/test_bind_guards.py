@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyhami._controlplane import wait_for
+from harness.controlplane import wait_for
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE
 from tests.e2e.pods import ALLOCATED, ClusterLab, lab_pod
 

@@ -29,7 +29,7 @@ import yaml
 
 from common.core.deviceconfig import DeviceConfig, NodeConfigFile, NodeSettings, ResourceNames
 from common.deviceconfig import load_device_config, load_node_config
-from pyhami._controlplane import K8S_DIR, REPO, ApiError, KubeApi, wait_for
+from harness.controlplane import K8S_DIR, REPO, ApiError, KubeApi, wait_for
 from tests.e2e.controlplane import ControlPlane, allowed
 
 CHART = REPO / "charts" / "pyhami"

@@ -20,7 +20,7 @@ from common.wire import (
     decode_pending,
     encode,
 )
-from pyhami._controlplane import wait_for
+from harness.controlplane import wait_for
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import ClusterLab
 

@@ -35,13 +35,13 @@ import pytest
 import yaml
 
 from common.core.annotations import ALLOCATED_ANNOTATION, CardGrant, decode_devices
-from pyhami._controlplane import (
+from harness.controlplane import (
     ApiError,
     Process,
     chart_scheduler_config,
     wait_for,
 )
-from scheduler.service.reactions import CORDON_REFRESH_S
+from scheduler.service.handlers.cordons import CORDON_REFRESH_S
 from tests.e2e.controlplane import (
     KUBELET_NODE,
     ControlPlane,

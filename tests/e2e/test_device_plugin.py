@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.deviceplugin.allocation import CONTAINER_VGPU_DIR
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.hamicore import CONTAINER_VGPU_DIR
+from agent.vendors.nvidia.simulated import profile_cards
 from common.core.annotations import (
     ALLOCATED_ANNOTATION,
     BIND_PHASE_ANNOTATION,
@@ -39,17 +39,20 @@ from common.core.annotations import (
     decode_devices,
 )
 from common.core.registration import (
-    REGISTER_ANNOTATION,
     RegisteredCard,
     decode_register,
     decode_register_json,
 )
-from common.natsserver import free_port
-from pyhami._controlplane import Process, http_get, wait_for
-from scheduler.service.reactions import CORDON_REFRESH_S
+from common.core.vendors import NVIDIA
+from harness.controlplane import Process, wait_for
+from pyhami.bench.loopback import http_get
+from pyhami.natsserver import free_port
+from scheduler.service.handlers.cordons import CORDON_REFRESH_S
 from tests.e2e.controlplane import KUBELET_NODE, TEST_NAMESPACE, ControlPlane, recorded_env
 from tests.e2e.pods import PODS, lab_pod
 from tests.fakes.hami_core_cache import FakeCache, Proc, Used, write_cache
+
+REGISTER_ANNOTATION = NVIDIA.register_annotation
 
 CARDS, SPLIT = 4, 10  # the simulated t4x4 and the default split count
 MIB = 1 << 20

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pyhami._controlplane import wait_for
+from harness.controlplane import wait_for
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import EVENTS, ClusterLab, lab_pod
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pyhami._controlplane import http_get
+from pyhami.bench.loopback import http_get
 from tests.certs import certificate_authority, client_files
 from tests.e2e.controlplane import NODE, ControlPlane, http_post_json
 from tests.e2e.pods import ClusterLab, lab_pod

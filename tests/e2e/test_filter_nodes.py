@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pyhami._controlplane import create_ready_node, wait_for
+from harness.controlplane import create_ready_node, wait_for
 from tests.e2e.controlplane import NODE, ControlPlane
 from tests.e2e.pods import ClusterLab, lab_pod
 

@@ -21,7 +21,7 @@ from common.core.groups import (
     KUEUE_COUNT_ANNOTATION,
     KUEUE_GROUP_LABEL,
 )
-from pyhami._controlplane import ApiError, wait_for
+from harness.controlplane import ApiError, wait_for
 from tests.e2e.controlplane import TEST_NAMESPACE, ControlPlane
 from tests.e2e.pods import ClusterLab, lab_pod
 

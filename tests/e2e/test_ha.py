@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
-from common.natsserver import free_port
-from pyhami._controlplane import ApiError, http_get, wait_for
+from harness.controlplane import ApiError, wait_for
+from pyhami.bench.loopback import http_get
+from pyhami.natsserver import free_port
 from tests.e2e.controlplane import DAEMON, KUBE_SCHEDULER, ControlPlane, DaemonPorts
 from tests.e2e.pods import ALLOCATED, PODS, POLICY, lab_pod
 from tests.harness import metric_sample

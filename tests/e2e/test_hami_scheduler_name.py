@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from pyhami._controlplane import chart_scheduler_config, wait_for
+from harness.controlplane import chart_scheduler_config, wait_for
 from tests.e2e.controlplane import LEASE_NAME, NODE, SYSTEM_NAMESPACE, ControlPlane
 from tests.e2e.pods import HAMI_EXAMPLE, ClusterLab
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pyhami._controlplane import ApiError, versions, wait_for
+from harness.controlplane import ApiError, versions, wait_for
 from tests.e2e.controlplane import (
     KUBELET_NODE,
     TEST_NAMESPACE,

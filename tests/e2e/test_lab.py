@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from pyhami._controlplane import SCHEDULER_NAME, wait_for
+from harness.controlplane import SCHEDULER_NAME, wait_for
 from tests.e2e.controlplane import NODE, ControlPlane
 from tests.e2e.pods import (
     ALLOCATED,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pyhami._controlplane import (
+from harness.controlplane import (
     SCHEDULER_SERVICE_ACCOUNT,
     SYSTEM_NAMESPACE,
     manifests,

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION, decode_reservations
-from pyhami._controlplane import Process, wait_for
-from scheduler.service.reactions import CORDON_REFRESH_S
+from harness.controlplane import Process, wait_for
+from scheduler.service.handlers.cordons import CORDON_REFRESH_S
 from tests.e2e.controlplane import KUBELET_NODE, ControlPlane, recorded_env
 from tests.e2e.pods import ClusterLab, lab_pod
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from pyhami._controlplane import SCHEDULER_SERVICE_ACCOUNT, Process, http_get, wait_for
+from harness.controlplane import SCHEDULER_SERVICE_ACCOUNT, Process, wait_for
+from pyhami.bench.loopback import http_get
 from tests.e2e.controlplane import NODE, ControlPlane
 from tests.harness import metric_sample
 

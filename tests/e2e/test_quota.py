@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pyhami._controlplane import ApiError, http_get, wait_for
+from harness.controlplane import ApiError, wait_for
+from pyhami.bench.loopback import http_get
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.pods import ClusterLab, lab_pod
 from tests.e2e.test_webhook import CONFIGURATIONS, configuration, gpu_pod, webhook

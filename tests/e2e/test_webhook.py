@@ -23,18 +23,18 @@ import pytest
 import yaml
 from cryptography import x509
 
-from common.natsserver import free_port
-from pyhami._controlplane import (
+from harness.controlplane import (
     SCHEDULER_NAME,
     SCHEDULER_SERVICE_ACCOUNT,
     START_TIMEOUT_S,
     SYSTEM_NAMESPACE,
     ApiError,
     Process,
-    http_get,
     tail,
     wait_for,
 )
+from pyhami.bench.loopback import http_get
+from pyhami.natsserver import free_port
 from scheduler.cluster.kube import Kubernetes
 from scheduler.tls.webhook import self_managed, service_names
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane

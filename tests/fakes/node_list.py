@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import msgspec
 
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.wire import SCHEMA_VERSION, Inventory, inventory_subject
 from scheduler.cluster import ClusterPod, EventType, PodChange
 

@@ -1,5 +1,6 @@
 # ruff: noqa: N802 - the stand-in answers to NVML's own function names
-"""The NVML the tests run ``agent.nvml`` against (there is no GPU in the tests).
+"""The NVML the tests run ``agent.vendors.nvidia.nvml`` against (there is no GPU in the
+tests).
 
 There is one in-memory NVML: the product's ``agent.mig.simulated.SimulatedMigLibrary``
 (the simulated inventory's MIG cards run on it). ``NvmlStandIn`` is that library with

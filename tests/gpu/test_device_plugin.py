@@ -33,11 +33,11 @@ from nats.aio.msg import Msg
 
 from agent.deviceplugin._v1beta1 import api_pb2
 from agent.deviceplugin.plugin import PluginSettings
-from agent.nvml import NvmlSource
 from agent.service import Agent, AgentSettings
+from agent.vendors.nvidia.nvml import NvmlSource
+from agent.vendors.nvidia.plugin import DEVICE_PLUGIN
 from common.core.annotations import CardGrant, encode_devices
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
     PendingAllocations,
@@ -48,6 +48,7 @@ from common.wire import (
     decode_outcome,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 from tests.fakes.kubelet import FakeKubelet
 from tests.gpu.machine import gpu_marks
 from tests.gpu.report import CheckLog
@@ -106,8 +107,9 @@ async def _admit(url: str, root: Path, card: str, pod: PendingPod) -> Admission:
     agent = Agent(AgentSettings(NODE, poll_interval=0.5, heartbeat_interval=30.0),
                   NvmlSource(), NatsSettings(servers=(url,), reconnect_max_wait=0.5),
                   device_plugin=PluginSettings(
-                      kubelet_dir=root / "kubelet", hami_core_dir=root / "vgpu",
-                      lock_dir=root / "vgpulock", watch_interval=0.1, numa_topology=True))
+                      vendor=DEVICE_PLUGIN, kubelet_dir=root / "kubelet",
+                      hami_core_dir=root / "vgpu", lock_dir=root / "vgpulock", watch_interval=0.1,
+                      numa_topology=True))
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     try:

@@ -1,5 +1,5 @@
 """Check 1, the inventory: what the agent reads of each card through the real NVML
-(``agent.nvml.NvmlSource``, as ``--inventory nvml`` runs it) against nvidia-smi's own
+(``agent.vendors.nvidia.nvml.NvmlSource``, as ``--inventory nvml`` runs it) against nvidia-smi's own
 answer and sysfs, field by field, and against the simulated profile of the same model.
 
 The fakes (``tests/fakes/nvml.py``) answer what nvml.h documents; only a real driver says
@@ -16,9 +16,9 @@ from typing import Any
 import pynvml
 
 from agent.mig.tables import table_for
-from agent.nvml import NvmlSource, sysfs_bus_id
-from agent.simulated import PROFILES, profile_cards
-from common.core.registration import card_type_from_nvml
+from agent.vendors.nvidia.nvml import NvmlSource, sysfs_bus_id
+from agent.vendors.nvidia.simulated import PROFILES, profile_cards
+from common.core.vendors import NVIDIA
 from common.wire import ReportedCard
 from tests.gpu.machine import (
     SMI_ERRORS,
@@ -100,7 +100,7 @@ def test_the_agents_nvml_inventory_is_nvidia_smis(seen: CheckLog) -> None:
             handle = pynvml.nvmlDeviceGetHandleByUUID(card.uuid)
             seen.saw(f"{gpu} nvlink_states", _link_states(handle))
             seen.compare(f"{gpu} index", card.index, witness.index)
-            seen.compare(f"{gpu} type", card.type, card_type_from_nvml(witness.name))
+            seen.compare(f"{gpu} type", card.type, NVIDIA.card_type(witness.name))
             seen.compare(f"{gpu} memory (MiB)", card.memory, witness.memory_mib)
             bus_id = sysfs_bus_id(pynvml.nvmlDeviceGetPciInfo(handle).busId)
             seen.compare(f"{gpu} PCI bus id", bus_id, sysfs_bus_id(witness.bus_id))

@@ -33,7 +33,7 @@ from agent.mig.tables import (
     allowed_profiles,
     table_for,
 )
-from agent.nvml import NvmlSource
+from agent.vendors.nvidia.nvml import NvmlSource
 from common.core.deviceconfig import CHART_MIG_PROFILE_ALLOWLIST
 from common.core.mig import MigPlacement
 from tests.builders import H100_NVML_NAMES, H200_NVML_NAMES

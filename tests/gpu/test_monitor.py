@@ -35,7 +35,7 @@ import pytest
 from agent.monitor.containers import CacheSettings
 from agent.monitor.model import ContainerUsage, GpuProcess
 from agent.monitor.monitor import MonitorSettings, NodeMonitor
-from agent.nvml import NvmlSource
+from agent.vendors.nvidia.nvml import NvmlSource
 from common.wire import HoldingContainer, HoldingPod
 from tests.gpu.machine import gpu_marks
 from tests.gpu.report import CheckLog

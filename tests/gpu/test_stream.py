@@ -20,10 +20,10 @@ from pathlib import Path
 import msgspec
 import nats
 
-from agent.nvml import NvmlSource
+from agent.vendors.nvidia.nvml import NvmlSource
 from common.core.cluster import ClusterFile
-from common.natsserver import LocalNatsServer
 from common.wire import INVENTORY_SUBJECTS, Inventory, decode_inventory
+from pyhami.natsserver import LocalNatsServer
 from tests.gpu.machine import gpu_marks
 from tests.gpu.report import CheckLog
 

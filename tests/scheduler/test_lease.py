@@ -10,7 +10,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from common.natsserver import LocalNatsServer
+from pyhami.natsserver import LocalNatsServer
 from scheduler.leadership import LeaseSettingsError, NatsLease, TakeOverFailed
 from tests.fakes.clock import Clock
 

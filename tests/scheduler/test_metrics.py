@@ -19,10 +19,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import parser as openmetrics_parser
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.core.annotations import ALLOCATED_ANNOTATION, decode_devices
 from common.core.fleet import Fleet
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.metrics import Metrics, Sources
 from scheduler.service import SchedulerService, ServiceSettings
@@ -235,7 +235,7 @@ async def test_a_stale_node_shows_in_metrics_and_is_logged_once_each_way(
                   "pyhami_node_last_heard_timestamp_seconds", node=NODE)
     # More checks and scrapes while it stays stale log nothing more.
     for _ in range(3):
-        metered.service.reactions.check_nodes()
+        metered.service.handlers.inventories.check_nodes()
         assert await stale() == 1.0
     assert logged("is stale") == 1
 
@@ -248,7 +248,7 @@ async def test_a_stale_node_shows_in_metrics_and_is_logged_once_each_way(
     accepted = metered.service.inventory_accepted
 
     async def heartbeats() -> bool:
-        metered.service.reactions.check_nodes()
+        metered.service.handlers.inventories.check_nodes()
         return metered.service.inventory_accepted >= accepted + 2
 
     await eventually(heartbeats, "two more heartbeats from the node")

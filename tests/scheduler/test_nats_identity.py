@@ -18,13 +18,12 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common import telemetry
 from common.busaccess import DAEMON_USER, WATCH_USER, BusCredentials, agent_inbox_prefix
 from common.certificates import Bundle
-from common.core.natsjwt import node_token, signer_from_seed
 from common.messaging import NatsSettings, connect, tls_context
-from common.natsserver import LocalNatsServer
+from common.natsjwt import node_token, signer_from_seed
 from common.wire import (
     PendingAllocations,
     allocations_subject,
@@ -34,6 +33,7 @@ from common.wire import (
     inventory_subject,
 )
 from pyhami.cli import main
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, standalone_config
 from pyhami.watch._model import WatchModel
 from pyhami.watch._shell import listen

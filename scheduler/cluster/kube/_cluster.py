@@ -14,7 +14,7 @@ import msgspec
 from common.core.annotations import cordoned_uuids
 from common.core.groups import GroupRef, GroupSource
 from common.core.quota import ResourceQuotaManifest
-from common.core.registration import REGISTER_ANNOTATION
+from common.core.vendors import NVIDIA
 from common.locks import KeyedLocks
 from scheduler.cluster.kube import _client
 from scheduler.cluster.kube._binding import PodBinder
@@ -144,15 +144,15 @@ class KubernetesCluster:
             raise ClusterError(f"listing nodes failed: {describe_failure(error)}") from error
         return {node.metadata.name: registered
                 for node in nodes
-                if (registered := (node.metadata.annotations or {}).get(REGISTER_ANNOTATION))
+                if (registered := (node.metadata.annotations or {}).get(NVIDIA.register_annotation))
                 is not None}
 
     async def register_node(self, node: str, value: str | None) -> None:
         action = "removing" if value is None else "writing"
-        what = f"{action} {REGISTER_ANNOTATION} on node {node}"
+        what = f"{action} {NVIDIA.register_annotation} on node {node}"
         try:
             await _client.patch_node(self._api, node,
-                                     node_annotation_patch(REGISTER_ANNOTATION, value))
+                                     node_annotation_patch(NVIDIA.register_annotation, value))
         except API_FAILURES as error:
             if value is None and answered_with(error, NOT_FOUND):
                 return  # the Node is gone, and its annotation with it

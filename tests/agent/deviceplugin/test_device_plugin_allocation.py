@@ -8,7 +8,6 @@ import pytest
 
 from agent.deviceplugin.allocation import (
     Granted,
-    HamiCore,
     Refused,
     advertised_devices,
     allocate,
@@ -16,8 +15,9 @@ from agent.deviceplugin.allocation import (
     device_id,
     preferred_devices,
 )
-from agent.deviceplugin.hamicore import HamiCoreSettings
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.containers import HamiCore, NvidiaContainers
+from agent.vendors.nvidia.hamicore import HamiCoreSettings
+from agent.vendors.nvidia.simulated import profile_cards
 from common.core.annotations import CardGrant, encode_devices
 from common.wire import AllocationOutcome, PendingContainer, PendingPod
 
@@ -45,7 +45,7 @@ def grant(uuid: str, memory: int = 3000, cores: int = 30) -> CardGrant:
 def run(pending: list[PendingPod], progress: dict[str, int],
         *requests: list[str]) -> Granted | Refused:
     return allocate(pending, progress, list(requests), node=NODE, node_cards=CARDS,
-                    hami_core=HAMI, cache_id=lambda: CACHE_ID)
+                    runtime=NvidiaContainers(HAMI, lambda: CACHE_ID))
 
 
 def granted(result: Granted | Refused) -> Granted:
@@ -109,7 +109,7 @@ def test_hami_core_settings_reach_the_environment(settings: HamiCoreSettings,
                     lock=HAMI.lock, settings=settings)
     one = pod("one", [[grant(A)]], bind_time=100)
     result = granted(allocate([one], {}, [[device_id(A, 0)]], node=NODE, node_cards=CARDS,
-                              hami_core=hami, cache_id=lambda: CACHE_ID))
+                              runtime=NvidiaContainers(hami, lambda: CACHE_ID)))
     envs = result.allocations[0].envs
     assert {key: envs[key] for key in HAMI_ENVS if key in envs} == expected
     assert envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == f"/usr/local/vgpu/{CACHE_ID}.cache"
@@ -118,7 +118,7 @@ def test_hami_core_settings_reach_the_environment(settings: HamiCoreSettings,
 def test_each_container_gets_a_fresh_cache_file() -> None:
     one = pod("one", [[grant(A)], [grant(B)]], bind_time=100)
     result = granted(allocate([one], {}, [[device_id(A, 0)], [device_id(B, 0)]], node=NODE,
-                              node_cards=CARDS, hami_core=HAMI))
+                              node_cards=CARDS, runtime=NvidiaContainers(HAMI)))
     caches = [a.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] for a in result.allocations]
     assert len(set(caches)) == 2
     assert [a.folder for a in result.allocations] == [
@@ -166,14 +166,14 @@ def test_a_pod_without_container_names_is_refused_with_hami_core_only() -> None:
     one = pod("one", [[grant(A)]], bind_time=100, named=())
     assert "sent no name for container #0" in refused(run([one], {}, [device_id(A, 0)])).reason
     served = granted(allocate([one], {}, [[device_id(A, 0)]], node=NODE, node_cards=CARDS,
-                              hami_core=None))
+                              runtime=NvidiaContainers(None)))
     assert served.allocations[0].folder is None
 
 
 def test_without_hami_core_the_container_gets_the_environment_only() -> None:
     one = pod("one", [[grant(A)]], bind_time=100)
     result = granted(allocate([one], {}, [[device_id(A, 0)]], node=NODE, node_cards=CARDS,
-                              hami_core=None))
+                              runtime=NvidiaContainers(None)))
     assert result.allocations[0].mounts == ()
     assert result.allocations[0].folder is None
     assert result.allocations[0].envs == {
@@ -280,7 +280,7 @@ def test_a_refusal_names_the_registered_resource(resource: str | None,
     unless the device configuration names another."""
     named = {} if resource is None else {"resource": resource}
     result = refused(allocate(pending, {}, [[device_id(A, 0)]], node=NODE, node_cards=CARDS,
-                              hami_core=HAMI, cache_id=lambda: CACHE_ID, **named))
+                              runtime=NvidiaContainers(HAMI, lambda: CACHE_ID), **named))
     assert result.reason == reason
 
 

@@ -18,11 +18,12 @@ import pytest
 from agent.deviceplugin.plugin import PluginSettings
 from agent.deviceplugin.source import ASK_PATIENCE_S, REQUEST_TIMEOUT_S, RETRY_PAUSE_S
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.plugin import DEVICE_PLUGIN
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.core.annotations import ALLOCATED_ANNOTATION, decode_devices
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsCluster, LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsCluster, LocalNatsServer
 from pyhami.sandbox import RunningDaemon, servers_of, standalone_config
 from tests.agent.deviceplugin.test_device_plugin_kubelet import CARDS, NODE, folders
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
@@ -41,8 +42,8 @@ async def agent_with_plugin(nats_url: str, folders: tuple[Path, Path],
     agent = Agent(AgentSettings(NODE, poll_interval=0.2, heartbeat_interval=0.5),
                   SimulatedSource(profile_cards("t4x4", NODE)),
                   NatsSettings(servers=servers_of(nats_url)),
-                  device_plugin=PluginSettings(kubelet_dir=kubelet_dir, hami_core_dir=hami_dir,
-                                               watch_interval=0.1,
+                  device_plugin=PluginSettings(vendor=DEVICE_PLUGIN, kubelet_dir=kubelet_dir,
+                                               hami_core_dir=hami_dir, watch_interval=0.1,
                                                allocate_patience=patience))
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
@@ -92,7 +93,7 @@ async def test_allocate_is_answered_through_another_server_when_the_agents_is_ki
 
 
 def test_the_patience_is_20_seconds_unless_set() -> None:
-    assert PluginSettings().allocate_patience == ASK_PATIENCE_S == 20.0
+    assert PluginSettings(vendor=DEVICE_PLUGIN).allocate_patience == ASK_PATIENCE_S == 20.0
 
 
 @pytest.mark.parametrize("patience", [1.0, 3.0], ids=["1s", "3s"])

@@ -15,11 +15,12 @@ import pytest
 
 from agent.deviceplugin.plugin import PluginSettings
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.plugin import DEVICE_PLUGIN
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.core.annotations import ALLOCATED_ANNOTATION, BIND_PHASE_ANNOTATION, decode_devices
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, standalone_config
 from tests.agent.deviceplugin.test_device_plugin_kubelet import CARDS, NODE, folders
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
@@ -47,8 +48,8 @@ async def placed_node(request: pytest.FixtureRequest, jetstream_server: LocalNat
     agent = Agent(AgentSettings(NODE, poll_interval=0.2, heartbeat_interval=0.5),
                   SimulatedSource(profile_cards("t4x4", NODE)),
                   NatsSettings(servers=(jetstream_server.url,)),
-                  device_plugin=PluginSettings(kubelet_dir=kubelet_dir, hami_core_dir=hami_dir,
-                                               watch_interval=0.1))
+                  device_plugin=PluginSettings(vendor=DEVICE_PLUGIN, kubelet_dir=kubelet_dir,
+                                               hami_core_dir=hami_dir, watch_interval=0.1))
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     daemon = await RunningDaemon(standalone_config(jetstream_server.url)).start()

@@ -25,9 +25,10 @@ from nats.aio.msg import Msg
 from agent.deviceplugin import plugin
 from agent.deviceplugin.allocation import card_of
 from agent.deviceplugin.outcomes import CONFIRM_INTERVAL_S
-from agent.deviceplugin.plugin import PLUGIN_SOCKET, PluginSettings
+from agent.deviceplugin.plugin import PluginSettings
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.plugin import DEVICE_PLUGIN, PLUGIN_SOCKET
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.core.annotations import CardGrant, encode_devices
 from common.core.deviceconfig import (
     DeviceConfig,
@@ -37,7 +38,6 @@ from common.core.deviceconfig import (
     ResourceNames,
 )
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
     HoldingPod,
@@ -49,6 +49,7 @@ from common.wire import (
     decode_outcome,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 
 NODE = "gpu-node-1"
@@ -112,7 +113,7 @@ async def node(url: str, kubelet_dir: Path, hami_dir: Path, source: SimulatedSou
                                 device=device), source,
                   NatsSettings(servers=(url,), reconnect_max_wait=0.5),
                   device_plugin=PluginSettings(
-                      kubelet_dir=kubelet_dir, hami_core_dir=hami_dir,
+                      vendor=DEVICE_PLUGIN, kubelet_dir=kubelet_dir, hami_core_dir=hami_dir,
                       lock_dir=hami_dir.parent / "vgpulock", watch_interval=0.1,
                       resource_name=device.device.resources.count,
                       preferred_allocation=device.enable_get_preferred_allocation,

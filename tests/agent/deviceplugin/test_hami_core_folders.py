@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from agent.deviceplugin.folders import ContainerFolders, Sweep
-from agent.deviceplugin.hamicore import HamiCoreSettings, folder_pod
-from agent.deviceplugin.plugin import DevicePlugin, PluginSettings, hami_core
+from agent.deviceplugin.plugin import DevicePlugin, PluginSettings
+from agent.vendors.nvidia.containers import hami_core
+from agent.vendors.nvidia.hamicore import HamiCoreSettings, folder_pod
+from agent.vendors.nvidia.plugin import DEVICE_PLUGIN
 from common.core.pod import Container, EnvVar, control_disabled
 from tests.fakes.clock import Clock
 from tests.fakes.live_pods import LivePodsByHand
@@ -148,8 +150,9 @@ async def test_the_agent_sweeps_periodically_and_not_while_pods_are_unknown(
     now = time.time()
     live = folder(containers, f"{LIVE}_main", 3600, now)
     gone = folder(containers, f"{GONE}_main", 3600, now)
-    settings = PluginSettings(kubelet_dir=tmp_path, hami_core_dir=vgpu, folder_grace=60.0,
-                              folder_sweep_interval=0.05, lock_dir=tmp_path / "lock")
+    settings = PluginSettings(vendor=DEVICE_PLUGIN, kubelet_dir=tmp_path, hami_core_dir=vgpu,
+                              folder_grace=60.0, folder_sweep_interval=0.05,
+                              lock_dir=tmp_path / "lock")
     plugin = DevicePlugin("gpu-node-1", settings, source=None)  # type: ignore[arg-type]
     pods = LivePodsByHand(LIVE)
     pods.unreachable = True

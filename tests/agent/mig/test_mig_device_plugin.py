@@ -22,12 +22,12 @@ from agent.mig.setup import mig_node
 from agent.mig.simulated import SimulatedMigLibrary
 from agent.mig.tables import A100_80GB
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.plugin import DEVICE_PLUGIN
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.core.annotations import CardGrant, encode_devices, mig_reservations
 from common.core.deviceconfig import CHART_MIG_PROFILE_ALLOWLIST
 from common.core.mig import MigInstance, MigPlacement, encode_reservations
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
     HoldingPod,
@@ -39,6 +39,7 @@ from common.wire import (
     decode_outcome,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 
 NODE = "gpu-mig-1"
@@ -95,8 +96,9 @@ async def mig_agent(url: str, library: SimulatedMigLibrary
     node = mig_node(source, NvmlMigDevices(library), CHART_MIG_PROFILE_ALLOWLIST)
     agent = Agent(AgentSettings(NODE, poll_interval=0.2, heartbeat_interval=30.0),
                   node.source, NatsSettings(servers=(url,), reconnect_max_wait=0.5),
-                  device_plugin=PluginSettings(kubelet_dir=kubelet_dir, hami_core_dir=hami_dir,
-                                               lock_dir=root / "vgpulock", watch_interval=0.1),
+                  device_plugin=PluginSettings(vendor=DEVICE_PLUGIN, kubelet_dir=kubelet_dir,
+                                               hami_core_dir=hami_dir, lock_dir=root / "vgpulock",
+                                               watch_interval=0.1),
                   mig=node.manager)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))

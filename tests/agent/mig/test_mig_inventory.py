@@ -8,13 +8,13 @@ import argparse
 import pytest
 
 from agent.cli import inventory_spec, mig_for
-from agent.inventory import InventoryError
 from agent.mig.nvml import NvmlMigDevices
 from agent.mig.setup import mig_node, simulated_mig_node
 from agent.mig.simulated import SimulatedMigLibrary
 from agent.mig.tables import A100_80GB
 from agent.registration import registered_cards
-from agent.simulated import MIG_PROFILES, SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import MIG_PROFILES, SimulatedSource, profile_cards
+from agent.vendors.port import InventoryError
 from common.core.deviceconfig import (
     CHART_MIG_PROFILE_ALLOWLIST,
     DeviceConfig,

@@ -23,7 +23,9 @@ from agent.mig.static import MIG_DEVICE_INDEX_BASE, StaticMigSource
 from agent.mig.tables import A100_80GB
 from agent.registration import registered_cards
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.containers import NvidiaContainers
+from agent.vendors.nvidia.plugin import DEVICE_PLUGIN
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.core.annotations import CardGrant, encode_devices
 from common.core.deviceconfig import (
     CHART_MIG_PROFILE_ALLOWLIST,
@@ -34,7 +36,6 @@ from common.core.deviceconfig import (
 from common.core.errors import SettingsError
 from common.core.mig import MigPlacement
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import (
     PendingAllocations,
     PendingContainer,
@@ -42,6 +43,7 @@ from common.wire import (
     allocations_subject,
     encode,
 )
+from pyhami.natsserver import LocalNatsServer
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 
 NODE = "gpu-static-1"
@@ -103,7 +105,8 @@ def test_a_whole_mig_device_is_handed_over_without_hami_core() -> None:
                      devices=encode_devices([[CardGrant(mig[1], 9728, 100)]]),
                      containers=(PendingContainer(name="c"),))
     result = allocate([pod], {}, [[device_id(mig[1], 0)]], node=NODE,
-                      node_cards=[c.uuid for c in static.read()], hami_core=None)
+                      node_cards=[c.uuid for c in static.read()],
+                      runtime=NvidiaContainers(None))
     (container,) = result.allocations
     assert container.envs == {"NVIDIA_VISIBLE_DEVICES": mig[1]}
     assert container.mounts == ()
@@ -141,7 +144,7 @@ async def test_mixed_registers_each_profile_and_passes_the_kubelets_choice_throu
     await kubelet.start()
     agent = Agent(AgentSettings(NODE, poll_interval=0.2, heartbeat_interval=30.0), static,
                   NatsSettings(servers=(nats_server.url,)),
-                  device_plugin=PluginSettings(kubelet_dir=kubelet_dir,
+                  device_plugin=PluginSettings(vendor=DEVICE_PLUGIN, kubelet_dir=kubelet_dir,
                                                hami_core_dir=root / "vgpu",
                                                lock_dir=root / "lock", watch_interval=0.1,
                                                mig_strategy="mixed"),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.deviceplugin.plugin import CONTAINERS_FOLDER, DEFAULT_HAMI_CORE_DIR
+from agent.deviceplugin.plugin import DEFAULT_HAMI_CORE_DIR
 from agent.monitor import cache as cache_module
 from agent.monitor import containers as containers_module
 from agent.monitor.cache import V0, V1, Refused, Region, read_cache_file
@@ -23,6 +23,7 @@ from agent.monitor.containers import (
     ContainerCaches,
 )
 from agent.monitor.model import DeviceUsage
+from agent.vendors.nvidia.hamicore import CONTAINERS_FOLDER
 from tests.fakes.clock import Clock
 from tests.fakes.hami_core_cache import OFFSETS, FakeCache, Proc, Used, gpu_uuid, write_cache
 

@@ -12,8 +12,8 @@ import pytest
 
 from agent.monitor.exporter import device_type
 from agent.monitor.model import GpuProcess, HostCard, HostProbe
-from agent.nvml import NvmlSource
-from agent.simulated import MIB, SimulatedProcess, SimulatedSource, profile_cards
+from agent.vendors.nvidia.nvml import NvmlSource
+from agent.vendors.nvidia.simulated import MIB, SimulatedProcess, SimulatedSource, profile_cards
 from tests.fakes.nvml import NvmlStandIn, StandInCard, StandInProcess, StandInSample
 
 NOW = 1_700_000_000.0
@@ -126,7 +126,7 @@ def test_a_card_failing_a_call_is_left_out_counted_and_logged_at_a_bounded_rate(
                            StandInCard("GPU-ccc", _bus(0x87))])
     source = open_source(library)
     library.cards[1].failing.add(call)
-    with caplog.at_level(logging.WARNING, logger="agent.nvml"):
+    with caplog.at_level(logging.WARNING, logger="agent.vendors.nvidia.nvml"):
         for _ in range(3):
             assert [card.uuid for card in source.host_cards()] == ["GPU-aaa", "GPU-ccc"]
         clock[0] += 61

@@ -18,7 +18,7 @@ from agent.monitor import cache as cache_module
 from agent.monitor.cache import Refused, Region, open_regular, read_cache_file
 from agent.monitor.containers import Allocation, CacheSettings, ContainerCaches, vouch
 from agent.monitor.monitor import MonitorSettings, NodeMonitor
-from agent.simulated import SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.wire import HoldingContainer, HoldingPod
 from tests.agent.monitor.inotify import OpenWatch
 from tests.fakes.hami_core_cache import (

@@ -14,7 +14,7 @@ from agent.deviceplugin.source import AllocationSourceError
 from agent.monitor.containers import CacheSettings
 from agent.monitor.model import GpuProcess, HostCard
 from agent.monitor.monitor import MonitorSettings, NodeMonitor
-from agent.simulated import SimulatedProcess, SimulatedSource, profile_cards
+from agent.vendors.nvidia.simulated import SimulatedProcess, SimulatedSource, profile_cards
 from common.wire import HoldingContainer, HoldingPod
 from tests.fakes.hami_core_cache import OFFSETS, FakeCache, Proc, Used, read_int32, write_cache
 

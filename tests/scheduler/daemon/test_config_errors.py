@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 
 pytestmark = pytest.mark.slow  # each test starts the daemon's process to see it refuse
 

@@ -15,7 +15,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common import telemetry
-from common.natsserver import LocalNatsServer, free_port
 from common.wire import (
     RESYNC_SUBJECT,
     SCHEMA_VERSION,
@@ -26,6 +25,7 @@ from common.wire import (
     inventory_subject,
 )
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from tests.harness import Lab, PodClient, eventually
 

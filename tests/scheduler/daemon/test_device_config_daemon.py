@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.core.annotations import decode_devices
-from common.natsserver import LocalNatsServer, free_port
 from pyhami.cli import build_parser
+from pyhami.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, SimulatedAgent
 from scheduler.cli import config_from
 from tests.certs import server_files

@@ -31,8 +31,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent.simulated import uuid_for
-from common.natsserver import LocalNatsServer, free_port
+from agent.vendors.nvidia.simulated import uuid_for
+from pyhami.natsserver import LocalNatsServer, free_port
 from tests.invariants import settled_violations
 from tests.processes import Process
 

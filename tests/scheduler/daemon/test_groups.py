@@ -19,8 +19,8 @@ from common.core.groups import (
     KUEUE_COUNT_ANNOTATION,
     KUEUE_GROUP_LABEL,
 )
-from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service import verbs
 from scheduler.service.shared import ServiceSettings

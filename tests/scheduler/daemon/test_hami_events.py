@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from common.natsserver import LocalNatsServer
 from pyhami.cli import build_parser
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cli import config_from
 from scheduler.service import SchedulerService

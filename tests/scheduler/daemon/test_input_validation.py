@@ -178,10 +178,10 @@ async def test_an_allocation_annotation_beyond_the_bounds_is_not_counted_and_sco
     """Item 2: anyone who may create a pod may write the annotation the ledger is rebuilt
     from; a number in it must not overflow the ledger's sums."""
     service = SchedulerService(ServiceSettings(DEFAULTS), NodeList(set()), silent)
-    service.reactions.ingest(*inventory_message("n", 1))
+    service.handlers.inventories.ingest(*inventory_message("n", 1))
     crafted = ClusterPod(manifest=manifest("crafted"), uid="u",  # asks for a GPU: decoded
                          node="n", phase="Running", annotations={ALLOCATED_ANNOTATION: grant})
-    await service.reactions.on_pod_change(PodChange(crafted, deleted=False))
+    await service.handlers.pods.on_pod_change(PodChange(crafted, deleted=False))
     assert service.state.fleet.allocation("default/crafted") is None
     assert "hami.io/vgpu-devices-allocated: card 'GPU-n-0,NVIDIA," in caplog.text
     scores = await service.verbs.prioritize(ExtenderArgs(pod=manifest(), node_names=["n"]))

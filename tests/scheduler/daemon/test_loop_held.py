@@ -14,12 +14,12 @@ import msgspec
 import pytest
 
 from agent.service import Agent, AgentSettings
-from agent.simulated import SimulatedSource
+from agent.vendors.nvidia.simulated import SimulatedSource
 from common.core.groups import GROUP_MAX
 from common.messaging import NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import ReportedCard
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, servers_of, standalone_config
 from tests.harness import PodClient, eventually
 from tests.linkgraphs import node_of_links, random_graph

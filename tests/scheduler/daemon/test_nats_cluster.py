@@ -18,8 +18,8 @@ import pytest
 from nats.aio.msg import Msg
 
 from common.messaging import Connection, NatsSettings
-from common.natsserver import LocalNatsCluster
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsCluster
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cluster.standalone import BUCKET
 from scheduler.leadership import LEASE_BUCKET

@@ -38,9 +38,9 @@ import aiohttp
 import grpc
 import pytest
 
-from agent.simulated import uuid_for
+from agent.vendors.nvidia.simulated import uuid_for
 from common.core.annotations import BIND_PHASE_ANNOTATION
-from common.natsserver import LocalNatsCluster, free_port
+from pyhami.natsserver import LocalNatsCluster, free_port
 from tests.fakes.kubelet import FakeKubelet
 from tests.invariants import settled_violations
 from tests.processes import Process

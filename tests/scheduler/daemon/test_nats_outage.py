@@ -19,11 +19,11 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.messaging import MAX_CONTROL_LINE, Connection, NatsSettings
-from common.natsserver import LocalNatsServer
 from common.wire import SCHEMA_VERSION, Inventory, encode, inventory_subject
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cluster.standalone import StandaloneCluster
 from tests.harness import PodClient, eventually

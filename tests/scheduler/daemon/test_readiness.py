@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 
 from common.core import parse_pod
-from common.natsserver import LocalNatsServer
 from common.supervision import Supervisor, restart_delay
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cluster import PodChange
 from scheduler.service import SchedulerService, ServiceSettings
@@ -156,16 +156,16 @@ class LostWatch(NodeList):
 
 async def test_following_the_cluster_again_releases_pods_deleted_while_it_was_down() -> None:
     service = SchedulerService(ServiceSettings(DEFAULTS), LostWatch(set()), silent)
-    service.reactions.ingest(*inventory_message("n", 1))
+    service.handlers.inventories.ingest(*inventory_message("n", 1))
     decision = service.state.bookings.filter(parse_pod(manifest("gone"), DEFAULTS), ["n"], now=0)
     assert decision.allocation is not None
     service.state.bookings.confirm("default/gone", decision.allocation)
     with pytest.raises(RuntimeError):
-        await service.reactions.follow_cluster()
+        await service.handlers.pods.follow_cluster()
     # The first start follows on from the rebuild.
     assert service.state.fleet.allocation("default/gone") is not None
     with pytest.raises(RuntimeError):  # started again: the pod list is read first
-        await service.reactions.follow_cluster()
+        await service.handlers.pods.follow_cluster()
     assert service.state.fleet.allocation("default/gone") is None
     assert "default/gone" not in service.state.bookings.bound
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 from tests.harness import eventually
 
 pytestmark = pytest.mark.slow  # daemon processes stopped with NATS or the API server gone

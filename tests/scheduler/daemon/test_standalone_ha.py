@@ -33,9 +33,9 @@ import aiohttp
 import nats
 import pytest
 
-from common.natsserver import LocalNatsServer, free_port
 from common.telemetry import DECISIONS_SUBJECT, decode_decision
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer, free_port
 from tests.invariants import settled_violations
 from tests.partition import Partition
 from tests.processes import Process

@@ -19,8 +19,8 @@ import pytest
 from common.core import Allocation, PodManifest, Usage, decode_devices
 from common.core.annotations import ALLOCATED_ANNOTATION
 from common.core.pod import ObjectMeta
-from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, Sandbox, standalone_config
 from scheduler.cluster import ClusterError
 from scheduler.cluster.standalone import StandaloneCluster

@@ -234,7 +234,7 @@ async def test_an_outcome_the_store_cannot_take_yet_is_written_once_it_can(
     await lab.pods.submit_and_place(lab_pod("outage"))
     pod = await lab.pods.get("outage")
     assert lab.daemon.service is not None
-    cluster = lab.daemon.service.reactions.cluster
+    cluster = lab.daemon.service.handlers.allocations.cluster
     write = cluster.set_bind_phase
     refused = 0
 
@@ -265,24 +265,24 @@ async def test_an_outcome_heard_while_standing_by_is_written_once_this_daemon_de
     await lab.pods.submit_and_place(lab_pod("handed-over"))
     pod = await lab.pods.get("handed-over")
     assert lab.daemon.service is not None
-    reactions = lab.daemon.service.reactions
+    allocations = lab.daemon.service.handlers.allocations
     writes: list[str] = []
-    write = reactions.cluster.set_bind_phase
+    write = allocations.cluster.set_bind_phase
 
     async def counted(namespace: str, name: str, uid: str, phase: AllocationPhase,
                       annotations: Mapping[str, str] | None = None) -> None:
         writes.append(name)
         await write(namespace, name, uid, phase, annotations)
 
-    monkeypatch.setattr(reactions.cluster, "set_bind_phase", counted)
-    monkeypatch.setattr(reactions.shared.leadership, "refusal",
+    monkeypatch.setattr(allocations.cluster, "set_bind_phase", counted)
+    monkeypatch.setattr(allocations.shared.leadership, "refusal",
                         lambda: "standby: another daemon decides")
     outcome = AllocationOutcome(namespace=pod["namespace"], name=pod["name"], uid=pod["uid"],
                                 ok=True, reason="")
-    reactions.keep_outcome(allocated_subject(NODE), encode(outcome))
+    allocations.keep_outcome(allocated_subject(NODE), encode(outcome))
     await asyncio.sleep(1.5)
     assert writes == []  # kept, not written, while standing by
-    monkeypatch.setattr(reactions.shared.leadership, "refusal", lambda: None)
+    monkeypatch.setattr(allocations.shared.leadership, "refusal", lambda: None)
 
     async def succeeded() -> bool:
         return (await lab.pods.get("handed-over"))["annotations"][
@@ -291,6 +291,6 @@ async def test_an_outcome_heard_while_standing_by_is_written_once_this_daemon_de
     await eventually(succeeded, "bind-phase success once this daemon decides")
     assert writes == ["handed-over"]
     # Kept by a standby too, an outcome the decider wrote already is not written again.
-    reactions.keep_outcome(allocated_subject(NODE), encode(outcome))
+    allocations.keep_outcome(allocated_subject(NODE), encode(outcome))
     await asyncio.sleep(1.5)
     assert writes == ["handed-over"]

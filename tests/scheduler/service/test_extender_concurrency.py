@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 
 from common.core import decode_devices
-from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from tests.harness import PodClient, eventually
 

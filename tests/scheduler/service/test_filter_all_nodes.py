@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 
 from common.core import decode_devices
-from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.service.shared import FilterNodes

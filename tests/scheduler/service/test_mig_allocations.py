@@ -13,7 +13,6 @@ import pytest
 from nats.aio.client import Client
 
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION, decode_reservations
-from common.natsserver import LocalNatsServer
 from common.wire import (
     AllocationOutcome,
     MigRuntime,
@@ -24,6 +23,7 @@ from common.wire import (
     encode,
 )
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from tests.harness import Lab, PodClient, eventually
 

@@ -14,7 +14,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from common.core.registration import REGISTER_ANNOTATION, decode_register, registered_card
+from common.core.registration import decode_register, registered_card
+from common.core.vendors import NVIDIA
 from common.wire import inventory_subject
 from pyhami.sandbox import DEFAULTS
 from scheduler.cluster import SCHEDULER_NAME
@@ -26,6 +27,8 @@ from tests.builders import manifest
 from tests.fakes.apiserver import StubApiServer, pod_json, serve, write_kubeconfig
 from tests.fakes.clock import Clock
 from tests.fakes.node_list import inventory, silent
+
+REGISTER_ANNOTATION = NVIDIA.register_annotation
 
 RETENTION = 600.0
 SETTINGS = ServiceSettings(defaults=DEFAULTS, node_retention=None, nodes_listed=True,
@@ -75,7 +78,7 @@ def report(service: SchedulerService, node: str, sequence: int, *,
         cards = [msgspec.structs.replace(card, health=card.index != unhealthy)
                  for card in sent.cards]
         sent = msgspec.structs.replace(sent, cards=cards)
-    assert service.reactions.ingest(inventory_subject(node),
+    assert service.handlers.inventories.ingest(inventory_subject(node),
                                     msgspec.msgpack.encode(sent)) is not None
 
 
@@ -154,7 +157,7 @@ async def test_a_node_deleted_from_the_cluster_is_forgotten_without_error(
     await service.registration.refresh()
     stub.api.nodes = [node for node in stub.api.nodes if node["metadata"]["name"] != "n1"]
     stub.clock.now += 1
-    await service.reactions.refresh_cordons()  # the Node list no longer names n1
+    await service.handlers.cordons.refresh_cordons()  # the Node list no longer names n1
     await service.registration.refresh()
     assert stub.node_patches()[-1] == {"metadata": {"annotations": {REGISTER_ANNOTATION: None}}}
     assert (counted(service, "removed"), counted(service, "failed")) == (1, 0)

@@ -61,14 +61,14 @@ async def test_standalone_forgets_a_node_silent_beyond_the_retention(
     clock = Clock()
     service = service_with(NodeList(set()), ServiceSettings(DEFAULTS, node_timeout=30,
                                                             node_retention=600), clock)
-    service.reactions.ingest(*inventory_message("quiet", 1))
-    service.reactions.ingest(*inventory_message("chatty", 1))
+    service.handlers.inventories.ingest(*inventory_message("quiet", 1))
+    service.handlers.inventories.ingest(*inventory_message("chatty", 1))
     assert 'node="quiet"' in exposition(service)
     caplog.set_level(logging.INFO, logger="scheduler.service")
     for second in range(31, 700, 10):
         clock.now = second
-        service.reactions.ingest(*inventory_message("chatty", second))
-        service.reactions.check_nodes()
+        service.handlers.inventories.ingest(*inventory_message("chatty", second))
+        service.handlers.inventories.check_nodes()
     assert service.state.fleet.node("quiet") is None
     assert service.state.fleet.node("chatty") is not None
     assert "quiet" not in service.reporting.status()["node_names"]  # type: ignore[operator]
@@ -85,14 +85,14 @@ async def test_kubernetes_forgets_a_node_deleted_from_the_cluster(
     cluster = NodeList({"kept", "deleted"})
     service = service_with(cluster, ServiceSettings(DEFAULTS, node_retention=None,
                                                     nodes_listed=True), clock)
-    service.reactions.ingest(*inventory_message("kept", 1))
-    service.reactions.ingest(*inventory_message("deleted", 1))
+    service.handlers.inventories.ingest(*inventory_message("kept", 1))
+    service.handlers.inventories.ingest(*inventory_message("deleted", 1))
     clock.now = 1
-    await service.reactions.refresh_cordons()
+    await service.handlers.cordons.refresh_cordons()
     assert service.state.fleet.node("deleted") is not None
     cluster.nodes.discard("deleted")
     caplog.set_level(logging.INFO, logger="scheduler.service")
-    await service.reactions.refresh_cordons()
+    await service.handlers.cordons.refresh_cordons()
     assert service.state.fleet.node("deleted") is None
     assert service.state.fleet.node("kept") is not None
     assert 'node="deleted"' not in exposition(service)
@@ -100,7 +100,7 @@ async def test_kubernetes_forgets_a_node_deleted_from_the_cluster(
         "node deleted forgotten: its Node is no longer in the cluster"]
     # Silence alone forgets nothing in Kubernetes mode.
     clock.now = 100_000
-    service.reactions.check_nodes()
+    service.handlers.inventories.check_nodes()
     assert service.state.fleet.node("kept") is not None
 
 
@@ -113,9 +113,9 @@ async def test_a_node_first_heard_while_the_node_list_was_read_is_kept() -> None
     async def list_while_a_node_joins() -> dict[str, frozenset[str]]:
         listed = await real_list()
         clock.now = 5
-        service.reactions.ingest(*inventory_message("new", 1))
+        service.handlers.inventories.ingest(*inventory_message("new", 1))
         return listed
 
     cluster.device_cordons = list_while_a_node_joins  # type: ignore[method-assign]
-    await service.reactions.refresh_cordons()
+    await service.handlers.cordons.refresh_cordons()
     assert service.state.fleet.node("new") is not None

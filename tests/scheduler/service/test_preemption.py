@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent.simulated import uuid_for
+from agent.vendors.nvidia.simulated import uuid_for
 from tests.harness import Lab
 
 pytestmark = pytest.mark.slow  # each test waits out the preemption grace on the lab

@@ -27,7 +27,7 @@ async def service_recording(published: list[DecisionEvent | UsageEvent]) -> Sche
     service = SchedulerService(ServiceSettings(DEFAULTS), NodeList(set(NODES)), publish)
     service.shared.ready = True
     for node in NODES:
-        await service.reactions.receive_inventory(*inventory_message(node, 1))
+        await service.handlers.inventories.receive_inventory(*inventory_message(node, 1))
     await service.shared.settle()
     published.clear()
     return service
@@ -107,7 +107,7 @@ async def test_an_agent_answering_a_resync_gets_its_node_s_usage_published_uncha
     await service.shared.settle()
     published.clear()
     answer = msgspec.structs.replace(inventory("n2", 2), reason=reason)
-    await service.reactions.receive_inventory(inventory_subject("n2"),
+    await service.handlers.inventories.receive_inventory(inventory_subject("n2"),
                                               msgspec.msgpack.encode(answer))
     await asyncio.sleep(TELEMETRY_BATCH_S * 3)
     assert [event.node for event in published if isinstance(event, UsageEvent)] == republished

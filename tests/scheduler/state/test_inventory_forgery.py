@@ -14,9 +14,8 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.messaging import MAX_CONTROL_LINE
-from common.natsserver import LocalNatsServer
 from common.wire import (
     RESYNC_SUBJECT,
     SCHEMA_VERSION,
@@ -26,6 +25,7 @@ from common.wire import (
     encode,
     inventory_subject,
 )
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cluster.standalone import StandaloneCluster
 from scheduler.service import SchedulerService

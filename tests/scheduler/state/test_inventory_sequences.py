@@ -9,7 +9,7 @@ import logging
 import msgspec
 import pytest
 
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.wire import SCHEMA_VERSION, Inventory, inventory_subject
 from pyhami.sandbox import DEFAULTS
 from scheduler.service import SchedulerService, ServiceSettings
@@ -124,10 +124,11 @@ def test_the_service_counts_a_jump_under_its_own_result_and_logs_it(
     service = SchedulerService(ServiceSettings(DEFAULTS), NodeList(set()), silent,
                                clock=lambda: 0.0, wall_clock=lambda: 0.0)
     subject = inventory_subject(NODE)
-    assert service.reactions.ingest(subject, msgspec.msgpack.encode(inventory(1))) is not None
-    assert service.reactions.ingest(subject, msgspec.msgpack.encode(inventory(FORGED))) is None
-    assert service.reactions.ingest(subject, msgspec.msgpack.encode(inventory(1))) is None
-    assert service.reactions.ingest(subject, msgspec.msgpack.encode(inventory(2))) is not None
+    ingest = service.handlers.inventories.ingest
+    assert ingest(subject, msgspec.msgpack.encode(inventory(1))) is not None
+    assert ingest(subject, msgspec.msgpack.encode(inventory(FORGED))) is None
+    assert ingest(subject, msgspec.msgpack.encode(inventory(1))) is None
+    assert ingest(subject, msgspec.msgpack.encode(inventory(2))) is not None
     assert (counted(service, "accepted"), counted(service, "sequence_jump"),
             counted(service, "out_of_order")) == (2.0, 1.0, 1.0)
     assert [r.getMessage() for r in caplog.records] == [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from agent.simulated import profile_cards
+from agent.vendors.nvidia.simulated import profile_cards
 from common.core import parse_pod
 from common.wire import SCHEMA_VERSION, Inventory
 from pyhami.sandbox import DEFAULTS

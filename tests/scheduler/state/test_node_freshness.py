@@ -6,8 +6,8 @@ import time
 
 import aiohttp
 
-from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.service import ServiceSettings
 from tests.harness import PodClient, eventually, filtering_failed, refusal_sentence

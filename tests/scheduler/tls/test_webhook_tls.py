@@ -17,7 +17,7 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from common.natsserver import free_port
+from pyhami.natsserver import free_port
 from scheduler.tls.files import CertificateFiles, TlsError
 from scheduler.tls.webhook import (
     CERT_VALIDITY,

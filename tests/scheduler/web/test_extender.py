@@ -11,8 +11,8 @@ import aiohttp
 import msgspec
 import pytest
 
-from common.natsserver import LocalNatsServer
 from pyhami.demo import lab_pod
+from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.web.protocol import ExtenderBindingArgs, ExtenderFilterResult, HostPriority
 from tests.harness import PodClient, eventually

@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 
 from common.core.errors import SettingsError
-from common.natsserver import LocalNatsServer, free_port
 from pyhami.cli import build_parser
+from pyhami.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, standalone_config
 from scheduler.cli import config_from
 from scheduler.config import DaemonConfig, ExtenderTls

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from common.core.deviceconfig import DeviceConfig, ResourceNames
 from common.core.pod import PodManifest
-from common.natsserver import LocalNatsServer, free_port
+from pyhami.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, standalone_config
 from scheduler.config import WebhookConfig
 from scheduler.tls.files import CertificateFiles

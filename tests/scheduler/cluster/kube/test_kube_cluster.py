@@ -37,7 +37,7 @@ from common.core.annotations import (
 )
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
 from common.core.names import check_subdomain
-from common.core.registration import REGISTER_ANNOTATION
+from common.core.vendors import NVIDIA
 from scheduler.cluster import SCHEDULER_NAME, ClusterError, PodChange
 from scheduler.cluster.kube import (
     ApiStatusError,
@@ -66,6 +66,8 @@ from tests.fakes.apiserver import (
     status_json,
     write_kubeconfig,
 )
+
+REGISTER_ANNOTATION = NVIDIA.register_annotation
 
 ALLOCATED = "GPU-init,NVIDIA,2000,0:;GPU-a,NVIDIA,1000,30:GPU-b,NVIDIA,1000,30:;"
 

@@ -8,7 +8,7 @@ import nats
 
 from common.core import PodManifest
 from common.core.pod import ObjectMeta
-from common.natsserver import LocalNatsServer
+from pyhami.natsserver import LocalNatsServer
 from scheduler.cluster import PodChange
 from scheduler.cluster.standalone import StandaloneCluster
 

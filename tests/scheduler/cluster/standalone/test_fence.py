@@ -11,7 +11,7 @@ import pytest
 
 from common.core import PodManifest
 from common.core.pod import ObjectMeta
-from common.natsserver import LocalNatsServer
+from pyhami.natsserver import LocalNatsServer
 from scheduler.cluster import ClusterError
 from scheduler.cluster.standalone import StandaloneCluster
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.natsserver import free_port
+from pyhami.natsserver import free_port
 from scheduler.web.extender import Answer, BodyVerb
 from scheduler.web.fastpath import HEAD_LIMIT, VerbsServer
 from scheduler.web.limits import EXTENDER_BODY_LIMIT, read_body
