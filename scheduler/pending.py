@@ -12,7 +12,6 @@ from common.core.admission import names_no_other_scheduler
 from scheduler.cluster import SCHEDULER_NAME
 from scheduler.cluster.standalone import StandaloneCluster, StoredPod
 from scheduler.service import SchedulerService
-from scheduler.web.protocol import ExtenderArgs, ExtenderBindingArgs
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ class PendingLoop:
                 await asyncio.wait_for(self._retry.wait(), self._retry_period)
 
     async def schedule_pending(self) -> None:
-        if not self._service.ready or self._service.refusal() is not None:
+        if not self._service.ready:
             return
         for pod in self._cluster.pending():
             # A pod naming another scheduler waits for that one's /filter and /bind, as
@@ -48,17 +47,22 @@ class PendingLoop:
                                             self._scheduler_name):
                 continue
             try:
-                await self._schedule(pod)
+                if not await self._schedule(pod):
+                    return
             except Exception:  # one pod that breaks a rule must not stall every other
                 logger.exception("pending pod %s: scheduling it crashed; it is tried again "
                                  "in the next round", pod.manifest.key)
 
-    async def _schedule(self, pod: StoredPod) -> None:
+    async def _schedule(self, pod: StoredPod) -> bool:
+        """Filter, then bind, ``pod``; False when /filter did not decide (this daemon
+        stands by, as the verbs say, or the ledger is being rebuilt): the round ends."""
         nodes = sorted(n.name for n in self._service.state.fleet.nodes())
-        result = await self._service.verbs.filter(ExtenderArgs(pod=pod.manifest, node_names=nodes))
-        if result.error or not result.node_names:
-            return
-        namespace = pod.manifest.namespace
-        await self._service.verbs.bind(ExtenderBindingArgs(
-            pod_name=pod.manifest.metadata.name, pod_namespace=namespace, pod_uid=pod.uid,
-            node=result.node_names[0]))
+        filtered = await self._service.verbs.filter(pod.manifest, nodes)
+        if filtered.error:
+            return False
+        if filtered.passing:
+            manifest = pod.manifest
+            await self._service.verbs.bind(namespace=manifest.namespace,
+                                           name=manifest.metadata.name, uid=pod.uid,
+                                           node=filtered.passing[0])
+        return True

@@ -12,6 +12,7 @@ from common.core.mig import (
     MigReservation,
     MigReservationError,
     decode_reservations,
+    encode_reservations,
 )
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB
 from common.core.names import shown
@@ -114,6 +115,22 @@ def mig_reservations(containers: Containers) -> list[MigReservation]:
                            compute_instance_id=grant.instance.compute_instance_id)
             for position, grants in enumerate(containers)
             for index, grant in enumerate(grants) if grant.instance is not None]
+
+
+def allocation_annotations(node: str, containers: Containers) -> dict[str, str]:
+    """The allocation annotations of a pod given ``containers``' cards on ``node``, those
+    that do not depend on the clock: the devices allocated and to allocate, the node, and
+    the MIG instances when it holds any."""
+    devices = encode_devices(containers)
+    annotations = {
+        ALLOCATED_ANNOTATION: devices,
+        TO_ALLOCATE_ANNOTATION: devices,
+        NODE_ANNOTATION: node,
+    }
+    reservations = mig_reservations(containers)
+    if reservations:
+        annotations[MIG_ALLOCATIONS_ANNOTATION] = encode_reservations(reservations)
+    return annotations
 
 
 def with_reservations(containers: Containers,

@@ -19,17 +19,10 @@ from itertools import islice
 import msgspec
 import numpy as np
 
-from common.core.annotations import (
-    ALLOCATED_ANNOTATION,
-    NODE_ANNOTATION,
-    TO_ALLOCATE_ANNOTATION,
-    CardGrant,
-    encode_devices,
-    mig_reservations,
-)
+from common.core.annotations import CardGrant, allocation_annotations
 from common.core.fleet import BoolArray, Fleet, FloatArray, IntArray, Layout, round_scores
 from common.core.ledger import Allocation
-from common.core.mig import MIG_ALLOCATIONS_ANNOTATION, MigInstance, encode_reservations
+from common.core.mig import MigInstance
 from common.core.placement import (
     CodeArray,
     NodeFailure,
@@ -127,16 +120,7 @@ class Decision:
         """The allocation annotations that do not depend on the clock."""
         if self.allocation is None or self.node is None:
             return {}
-        devices = encode_devices(self.allocation.containers)
-        annotations = {
-            ALLOCATED_ANNOTATION: devices,
-            TO_ALLOCATE_ANNOTATION: devices,
-            NODE_ANNOTATION: self.node,
-        }
-        reservations = mig_reservations(self.allocation.containers)
-        if reservations:
-            annotations[MIG_ALLOCATIONS_ANNOTATION] = encode_reservations(reservations)
-        return annotations
+        return allocation_annotations(self.node, self.allocation.containers)
 
 
 def rejected(key: str, reason: str) -> Decision:

@@ -1,6 +1,8 @@
 """The decision daemon's service: five parts around one shared state.
 
-``verbs`` answers kube-scheduler (Filter, Prioritize, Bind and the explain preview),
+``verbs`` answers kube-scheduler (Filter, Prioritize, Bind and the explain preview) in
+the service's words (a pod and node names in, ``Filtered``, ``NodeScore`` or a bind's
+refusal out; the wire shapes are the HTTP face's),
 ``handlers`` answers the cluster's and the bus's events, ``preemption`` makes room for
 GPU pods of higher priority, ``reporting`` tells others (telemetry, retries, metrics,
 status), ``registration`` writes the Nodes' HAMi register annotation for HAMi-WebUI.
@@ -16,16 +18,16 @@ from collections.abc import Callable, Mapping, Sequence
 from scheduler.cluster import Cluster
 from scheduler.leadership import Leadership
 from scheduler.service.handlers import Handlers
-from scheduler.service.preemption import Preemptions
+from scheduler.service.preemption import NodeVictims, Preemptions
 from scheduler.service.registration import NodeRegistration
 from scheduler.service.reporting import Check, Publish, Reporting
 from scheduler.service.shared import (
     ServiceSettings,
     Shared,
 )
-from scheduler.service.verbs import Verbs
+from scheduler.service.verbs import Filtered, NodeScore, Verbs
 
-__all__ = ["SchedulerService", "ServiceSettings"]
+__all__ = ["Filtered", "NodeScore", "NodeVictims", "SchedulerService", "ServiceSettings"]
 
 
 class SchedulerService:
@@ -55,11 +57,6 @@ class SchedulerService:
         self.state = shared.state
         self.metrics = reporting.metrics
         self.cluster = cluster
-
-    def refusal(self) -> str | None:
-        """Why the verbs and the pod API answer 503 now (a standalone standby); None when
-        they serve."""
-        return self.shared.leadership.refusal()
 
     @property
     def ready(self) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from common.core import (
@@ -41,12 +41,6 @@ from common.core.groups import group_of
 from scheduler.cluster import ClusterError, ClusterPod, DisruptionBudget
 from scheduler.metrics import Metrics
 from scheduler.service.shared import Reports, ServicePart, Shared
-from scheduler.web.protocol import (
-    ExtenderPreemptionArgs,
-    ExtenderPreemptionResult,
-    MetaPod,
-    MetaVictims,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +53,15 @@ looks at a bounded number of candidate nodes."""
 UNDER_WAY_S = 120.0
 """How long the victims of one preemption are awaited before the pod may preempt again."""
 NEVER = "Never"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVictims:
+    """The pods to evict on one node so that a preemptor fits: their uids, and how many
+    disruption budgets evicting them violates."""
+
+    uids: list[str]
+    pdb_violations: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,33 +87,33 @@ class Preemptions(ServicePart):
 
     # kube-scheduler's preempt verb ------------------------------------------------------
 
-    async def answer(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
-        """Each candidate node where the pod's cards can be freed, with its victims."""
-        pod = args.pod
+    async def answer(self, pod: PodManifest, offered: Mapping[str, NodeVictims],
+                     ) -> dict[str, NodeVictims]:
+        """Each of the candidate nodes ``offered`` (with the victims kube-scheduler found
+        there) where the pod's cards can be freed, with its victims."""
         self._note_asked(pod.key)
         request = self._preemptor(pod)
-        answered: dict[str, MetaVictims] = {}
+        answered: dict[str, NodeVictims] = {}
         if request is not None:
             priority = pod.spec.priority or 0
             tenants = self._tenants(await self._budgets())
             keys = {holder.uid: key for key, holder in self.shared.pods.bound_pods().items()}
-            for node, uids in args.offered().items():
-                if uids:  # kube-scheduler's victims: enough for the cards too?
-                    gone = [keys[uid] for uid in uids if uid in keys]
+            for node, victims in offered.items():
+                if victims.uids:  # kube-scheduler's victims: enough for the cards too?
+                    gone = [keys[uid] for uid in victims.uids if uid in keys]
                     if self._fits_without(node, request, gone):
-                        answered[node] = MetaVictims([MetaPod(uid) for uid in uids],
-                                                     _offered_violations(args, node))
+                        answered[node] = victims
                     continue
                 choice = preemption_on_node(self.state.fleet, node, request, priority,
                                             tenants)
                 if choice is not None and choice.victims:
-                    answered[node] = MetaVictims(
-                        [MetaPod(self.shared.pods.bound_pods()[key].uid) for key in choice.victims],
+                    answered[node] = NodeVictims(
+                        [self.shared.pods.bound_pods()[key].uid for key in choice.victims],
                         choice.pdb_violations)
                 await asyncio.sleep(0)  # tens of ms a node: the verbs go on meanwhile
         self.metrics.preemptions.labels("kube-scheduler",
                                         "answered" if answered else "none").inc()
-        return ExtenderPreemptionResult(answered)
+        return answered
 
     def _fits_without(self, node: str, request: PodRequest, gone: Sequence[str]) -> bool:
         fleet = self.state.fleet.without_all(gone)
@@ -269,11 +272,3 @@ def _protected(pod: ClusterPod, budgets: Sequence[DisruptionBudget]) -> bool:
                and (budget is _EVERY_POD or budget.covers(pod.namespace, labels))
                for budget in budgets)
 
-
-def _offered_violations(args: ExtenderPreemptionArgs, node: str) -> int:
-    """kube-scheduler's own count of the budgets its victims on ``node`` violate."""
-    for offered in (args.node_name_to_meta_victims, args.node_name_to_victims):
-        victims = (offered or {}).get(node)
-        if victims is not None:
-            return victims.num_pdb_violations
-    return 0

@@ -1,6 +1,11 @@
 """The verbs: what kube-scheduler (or the standalone pending loop) asks. /filter
 books cards on one node, /prioritize ranks nodes, /bind makes the booking durable on the
-pod; ``explain`` previews /filter and books nothing."""
+pod; ``explain`` previews /filter and books nothing.
+
+They speak the service's words: a pod and the names of the nodes offered in, a decision
+out (``Filtered``, ``NodeScore``, a bind's refusal). kube-scheduler's extender/v1 shapes
+are the HTTP face's (``scheduler.web``), which decodes them and writes the answers.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
 
 from common.core import (
     Allocation,
@@ -29,6 +35,7 @@ from common.core.annotations import (
     TIME_ANNOTATION,
     TO_ALLOCATE_ANNOTATION,
     VGPU_NODE_LABEL,
+    allocation_annotations,
 )
 from common.core.events import (
     BINDING_FAILED,
@@ -59,14 +66,6 @@ from scheduler.service.shared import (
     in_slices,
 )
 from scheduler.state import NODE_STALE, Starving, Tried, Waiting
-from scheduler.web.protocol import (
-    ExtenderArgs,
-    ExtenderBindingArgs,
-    ExtenderBindingResult,
-    ExtenderFilterResult,
-    HostPriority,
-    node_name,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +93,33 @@ def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1e3
 
 
+@dataclass(frozen=True, slots=True)
+class Filtered:
+    """What /filter decided for one pod among the nodes offered (the HTTP face writes it
+    as kube-scheduler's ExtenderFilterResult)."""
+
+    passing: Sequence[str] | None
+    """The nodes the pod may go to, in the order answered; None when no node is answered:
+    the verb did not decide (``error``) or refused the pod itself (``unresolvable``)."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Each node refused, with its reason."""
+    unresolvable: dict[str, str] = field(default_factory=dict)
+    """Each node refused for the pod's own sake (a malformed pod): no node will do."""
+    error: str = ""
+    """Why the verb did not decide: the ledger is being rebuilt, or this daemon stands by."""
+    every_node: bool = False
+    """The pod asks for no GPU: every node offered passes, answered as it was sent."""
+    decision: Decision | None = None
+    """The core's decision, where one was taken."""
+
+
+class NodeScore(NamedTuple):
+    """One node's score by /prioritize, 0..``MAX_PRIORITY``."""
+
+    node: str
+    score: int
+
+
 class Verbs(ServicePart):
     """The extender verbs over the shared live state."""
 
@@ -106,76 +132,72 @@ class Verbs(ServicePart):
         self._wall_clock = shared.wall_clock
         self._binding = KeyedLocks()
 
-    async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+    def refusal(self) -> str | None:
+        """Why this daemon may not decide now (a standalone standby: the lease's holder);
+        None when it may. The one place the verbs' callers and the verbs themselves ask
+        the leadership: the HTTP face before it reads a body (503), /filter on entering
+        and again with its decision taken."""
+        return self.shared.leadership.refusal()
+
+    async def filter(self, pod: PodManifest, names: Sequence[str]) -> Filtered:
+        """Where ``pod`` may go among the nodes ``names`` (kept as given: a tuple sent
+        again is known by its identity), its cards reserved on the node chosen."""
         started = time.perf_counter()
-        names = args.node_names
-        if names is None:
-            names = [node_name(item) for item in (args.nodes.items or [])] if args.nodes else []
+        # Asked here, with nothing awaited before the booking, for the pending loop and
+        # the HTTP face alike: a daemon paused since the HTTP face asked (by the kernel,
+        # say) may have lost the lease meanwhile.
+        if (standby := self.refusal()) is not None:
+            return Filtered(None, error=standby)
         if not self.shared.ready:
-            return ExtenderFilterResult(error="pyhami is rebuilding its ledger; try again")
+            return Filtered(None, error="pyhami is rebuilding its ledger; try again")
         try:
-            request = parse_pod(args.pod, self.settings.defaults)
-            group = group_of(args.pod)
+            request = parse_pod(pod, self.settings.defaults)
+            group = group_of(pod)
         except PodRejected as error:
-            decision = rejected(args.pod.key, str(error))
+            decision = rejected(pod.key, str(error))
             self._count("filter", decision)
             self.shared.in_background(self._after_filter(
-                args.pod, decision, _ms_since(started), self._wall_clock(), offered=len(names)))
+                pod, decision, _ms_since(started), self._wall_clock(), offered=len(names)))
             unresolvable = {name: f"PodRejected: {error}" for name in names}
-            return ExtenderFilterResult(failed_and_unresolvable_nodes=unresolvable)
+            return Filtered(None, unresolvable=unresolvable, decision=decision)
         if not request.wants_gpu:
-            return self._pass_through(args, names)
-        # Asked again here, with nothing awaited before the booking: a daemon paused since
-        # the HTTP layer asked (by the kernel, say) may have lost the lease meanwhile.
-        if (standby := self.shared.leadership.refusal()) is not None:
-            return ExtenderFilterResult(error=standby)
-        self.shared.pods.filtered(request.key, args.pod)
+            return Filtered(names, every_node=True)
+        self.shared.pods.filtered(request.key, pod)
         if group is None:
             # Waits only while a group is placed in slices (which books on the same cards).
             async with self.shared.booking:
-                ahead = self._ahead_of(args.pod, None)
+                ahead = self._ahead_of(pod, None)
                 offered, withheld = self._offered(names, ahead)
                 decision = self.state.bookings.filter(request, offered, self._clock(),
                                                       explain_chosen=True)
             if ahead is not None and withheld:
                 decision = self._behind(request, decision, withheld, ahead)
         else:
-            decision = await self._filter_member(args.pod, request, group, names)
+            decision = await self._filter_member(pod, request, group, names)
         decided_at = self._wall_clock()
         # And once more with the decision taken: a daemon paused while deciding has it
         # timed after the pause, and counts it only if the lease still holds by then.
-        if (standby := self.shared.leadership.refusal()) is not None:
+        if (standby := self.refusal()) is not None:
             self.state.bookings.release_reservation(request.key)
-            return ExtenderFilterResult(error=standby)
+            return Filtered(None, error=standby)
         if decision.node is not None:
             self.reports.mark_changed(decision.node)
             self.shared.pods.scheduled(request.key)
         else:
-            self.shared.pods.unschedulable(request.key, args.pod.namespace,
-                                           args.pod.metadata.name)
+            self.shared.pods.unschedulable(request.key, pod.namespace, pod.metadata.name)
             if group is None:
                 # Never for one member of a group: evicting for it alone would free room
                 # its group may still not fit in (groups are not preempted for; docs).
-                self._on_unschedulable(args.pod, request, names)
+                self._on_unschedulable(pod, request, names)
         self._count("filter", decision)
         self.metrics.filter_duration.observe(time.perf_counter() - started)
         # Written once, for the answer and the decision event both.
         failed = decision.failed_nodes or {}
         self.shared.in_background(self._after_filter(
-            args.pod, decision, _ms_since(started), decided_at, request, offered=len(names),
+            pod, decision, _ms_since(started), decided_at, request, offered=len(names),
             failed_nodes=failed))
-        if decision.node is None:
-            return ExtenderFilterResult(node_names=[] if args.node_names is not None else None,
-                                        nodes=None if args.node_names is not None else
-                                        {"items": []},
-                                        failed_nodes=failed)
-        answered = self._answered(decision, group)
-        if args.node_names is not None:
-            return ExtenderFilterResult(node_names=answered, failed_nodes=failed)
-        wanted = set(answered)
-        chosen = [item for item in (args.nodes.items or []) if node_name(item) in wanted] \
-            if args.nodes else []
-        return ExtenderFilterResult(nodes={"items": chosen}, failed_nodes=failed)
+        answered = [] if decision.node is None else self._answered(decision, group)
+        return Filtered(answered, failed=failed, decision=decision)
 
     def _answered(self, decision: Decision, group: GroupRef | None) -> list[str]:
         """The nodes /filter answers for a placed pod: the one chosen, or with
@@ -408,12 +430,6 @@ class Verbs(ServicePart):
         return Decision(pod=request.key, scheduled=False,
                         failures=dict.fromkeys(names, refusal), message=message)
 
-    def _pass_through(self, args: ExtenderArgs, names: Sequence[str]) -> ExtenderFilterResult:
-        if args.node_names is not None:
-            return ExtenderFilterResult(node_names=list(names))
-        return ExtenderFilterResult(nodes={"items": list(args.nodes.items or [])}
-                                    if args.nodes else None)
-
     async def _after_filter(self, pod: PodManifest, decision: Decision, duration_ms: float,
                             decided_at: float, request: PodRequest | None = None, *,
                             offered: int, failed_nodes: dict[str, str] | None = None) -> None:
@@ -486,86 +502,84 @@ class Verbs(ServicePart):
         refusal = admission_refusal(self.state.fleet.quotas, request)
         return None if refusal is None else refusal.text()
 
-    async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
-        """0..10 per node by the node policy: binpack favours the busiest node."""
-        names = args.node_names
-        if names is None:
-            names = [node_name(item) for item in (args.nodes.items or [])] if args.nodes else []
+    async def prioritize(self, pod: PodManifest, names: Sequence[str]) -> list[NodeScore]:
+        """0..10 for each of ``names``, in their order, by the pod's node policy: binpack
+        favours the busiest node."""
         policy = self.settings.defaults.node_policy
         with contextlib.suppress(PodRejected):  # /filter already refused it with its reason
-            policy = parse_pod(args.pod, self.settings.defaults).node_policy
+            policy = parse_pod(pod, self.settings.defaults).node_policy
         layout = self.state.fleet.layout
         scores = layout.node_scores()
         result = []
         for name in names:
             position = layout.node_position.get(name)
             if position is None:
-                result.append(HostPriority(name, 0))
+                result.append(NodeScore(name, 0))
                 continue
             fraction = min(float(scores[position]) / NODE_SCORE_MAX, 1.0)
             score = fraction if policy is NodePolicy.BINPACK else 1.0 - fraction
-            result.append(HostPriority(name, round(score * MAX_PRIORITY)))
+            result.append(NodeScore(name, round(score * MAX_PRIORITY)))
         return result
 
-    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
-        """Bind the pod to ``args.node`` with its cards; one bind of a pod runs at a time.
+    async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> str | None:
+        """Bind the pod ``namespace``/``name`` (of ``uid``, where known) to ``node`` with
+        its cards; None when bound, else why not. One bind of a pod runs at a time.
 
         A repeated bind to the node the pod is bound to answers success and changes
         nothing; a bind to another node is refused. A failed bind releases only the
         reservation it used, never a pod's bound cards.
         """
         started = time.perf_counter()
-        key = f"{args.pod_namespace or DEFAULT_NAMESPACE}/{args.pod_name}"
+        key = f"{namespace or DEFAULT_NAMESPACE}/{name}"
         try:
             async with self._binding.hold(key):
-                return await self._bind_exclusively(key, args)
+                return await self._bind_exclusively(key, namespace, name, uid, node)
         finally:
             self.metrics.bind_duration.observe(time.perf_counter() - started)
 
-    async def _bind_exclusively(self, key: str, args: ExtenderBindingArgs,
-                                ) -> ExtenderBindingResult:
+    async def _bind_exclusively(self, key: str, namespace: str, name: str, uid: str,
+                                node: str) -> str | None:
         if key in self.state.bookings.bound:
             held = self.state.fleet.allocation(key)
-            if held is not None and held.node == args.node:
-                return ExtenderBindingResult()  # a repeat of the bind that placed it
+            if held is not None and held.node == node:
+                return None  # a repeat of the bind that placed it
             where = held.node if held is not None else "another node"
-            return self._refuse_bind(args, f"pod {key} is already bound to {where}")
+            return self._refuse_bind(namespace, name, f"pod {key} is already bound to {where}")
         allocation: Allocation | None = None
         try:
-            allocation = await self._allocation_on(key, args)
-            await self.cluster.bind(args.pod_namespace, args.pod_name, args.pod_uid, args.node,
-                                    self._bind_annotations(key, args.node, allocation),
+            allocation = await self._allocation_on(key, namespace, name, node)
+            await self.cluster.bind(namespace, name, uid, node,
+                                    self._bind_annotations(allocation),
                                     # HAMi's label: its node monitor selects pods by it.
                                     labels=(None if allocation is None
-                                            else {VGPU_NODE_LABEL: args.node}))
+                                            else {VGPU_NODE_LABEL: node}))
         except ClusterError as error:
             if allocation is not None and self.state.bookings.reservation(key) is allocation:
                 self.state.bookings.release_reservation(key)
                 self.metrics.released.labels("bind_failed").inc()
-                await self.reports.capacity_changed(args.node)
-            return self._refuse_bind(args, str(error))
+                await self.reports.capacity_changed(node)
+            return self._refuse_bind(namespace, name, str(error))
         if allocation is not None:
             self.state.bookings.confirm(key, allocation)
         self.state.groups.bound(key)
         self.shared.pods.forget_manifest(key)
         self.metrics.decisions.labels("bind", "bound", "").inc()
         if self.settings.success_events:
-            namespace, _, name = key.partition("/")
+            key_namespace, _, key_name = key.partition("/")
             # After the answer, as a refusal's: kube-scheduler waits for no Event.
             self.shared.in_background(self.cluster.record_event(
-                args.pod_namespace, args.pod_name, "Normal", BINDING_SUCCEED,
-                binding_succeed(args.node, namespace, name)))
-        return ExtenderBindingResult()
+                namespace, name, "Normal", BINDING_SUCCEED,
+                binding_succeed(node, key_namespace, key_name)))
+        return None
 
-    def _refuse_bind(self, args: ExtenderBindingArgs, why: str) -> ExtenderBindingResult:
+    def _refuse_bind(self, namespace: str, name: str, why: str) -> str:
         self.metrics.decisions.labels("bind", "failed", BINDING_FAILED).inc()
         # After the answer: kube-scheduler waits for neither the Event nor its API write.
         self.shared.in_background(self.cluster.record_event(
-            args.pod_namespace, args.pod_name, "Warning", BINDING_FAILED, why))
-        return ExtenderBindingResult(error=why)
+            namespace, name, "Warning", BINDING_FAILED, why))
+        return why
 
-    def _bind_annotations(self, key: str, node: str,
-                          allocation: Allocation | None) -> dict[str, str | None]:
+    def _bind_annotations(self, allocation: Allocation | None) -> dict[str, str | None]:
         """The allocation annotations (docs/decision-core.md). A pod that holds no cards
         loses any allocation annotation its author wrote: the pod's annotations are the
         ledger's durable record."""
@@ -576,18 +590,18 @@ class Verbs(ServicePart):
         # A reservation annotation the pod's author wrote goes unless the pod holds MIG
         # instances: the agent would create what it names.
         annotations: dict[str, str | None] = {MIG_ALLOCATIONS_ANNOTATION: None}
-        annotations.update(Decision(
-            pod=key, scheduled=True, node=node, allocation=allocation).annotations())
+        annotations.update(allocation_annotations(allocation.node, allocation.containers))
         annotations.update({TIME_ANNOTATION: now, BIND_PHASE_ANNOTATION: "allocating",
                             BIND_TIME_ANNOTATION: now})
         return annotations
 
-    async def _allocation_on(self, key: str, args: ExtenderBindingArgs) -> Allocation | None:
+    async def _allocation_on(self, key: str, namespace: str, name: str,
+                             node: str) -> Allocation | None:
         """The pod's cards on the node kube-scheduler chose, deciding again if need be;
         None for a pod that asks for no GPU. Raises ``ClusterError`` when it cannot go there.
         """
         held = self.state.bookings.reservation(key)
-        if held is not None and held.node == args.node:
+        if held is not None and held.node == node:
             return held
         group = self.state.groups.group_of(key)
         if group is not None and self.state.groups.bound_members(group.key) < (
@@ -597,7 +611,7 @@ class Verbs(ServicePart):
                                "are no longer held together: it is placed with its group")
         manifest = self.shared.pods.manifest(key)
         if manifest is None:
-            pod = await self.cluster.get_pod(args.pod_namespace, args.pod_name)
+            pod = await self.cluster.get_pod(namespace, name)
             if pod is None:
                 raise ClusterError(f"pod {key} no longer exists")
             manifest = pod.manifest
@@ -608,12 +622,12 @@ class Verbs(ServicePart):
         if not request.wants_gpu:
             return None
         async with self.shared.booking:
-            decision = self.state.bookings.filter(request, [args.node], self._clock())
+            decision = self.state.bookings.filter(request, [node], self._clock())
         if decision.allocation is None:
-            failure = (decision.failures or {}).get(args.node)
+            failure = (decision.failures or {}).get(node)
             why = failure.text() if failure is not None else "no cards fit"
-            raise ClusterError(f"node {args.node} cannot hold pod {key}: {why}")
-        self.reports.mark_changed(args.node)
+            raise ClusterError(f"node {node} cannot hold pod {key}: {why}")
+        self.reports.mark_changed(node)
         return decision.allocation
 
     def _count(self, verb: Literal["filter", "bind"], decision: Decision) -> None:

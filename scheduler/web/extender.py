@@ -1,4 +1,8 @@
-"""The daemon's HTTP face: the extender verbs, health, readiness and metrics (aiohttp)."""
+"""The daemon's HTTP face: the extender verbs, health, readiness and metrics (aiohttp).
+
+kube-scheduler's extender/v1 shapes (``scheduler.web.protocol``) stop here: each POST verb
+decodes its body once, calls the service's verb with a pod and node names (or a pod's
+identity and a node), and writes the service's answer in kube-scheduler's shape."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from aiohttp import hdrs, web
 
 from common.core.names import InvalidName, check_subdomain
 from common.files import InputFileError, parse_pod_manifest
-from scheduler.service import SchedulerService
+from scheduler.service import Filtered, NodeVictims, SchedulerService
 from scheduler.web.limits import (
     EXTENDER_BODY_LIMIT,
     POD_BODY_LIMIT,
@@ -19,12 +23,20 @@ from scheduler.web.limits import (
     read_body,
 )
 from scheduler.web.protocol import (
+    ExtenderArgs,
     ExtenderArgsDecoder,
     ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
     ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    HostPriority,
+    MetaPod,
+    MetaVictims,
     check_binding_args,
     check_extender_args,
     check_preemption_args,
+    node_name,
 )
 
 Args = TypeVar("Args")
@@ -88,19 +100,65 @@ def extender_verbs(service: SchedulerService, *, url_prefix: str = "") -> dict[s
     """The POST verbs kube-scheduler calls, by path (``url_prefix`` as its ``urlPrefix``
     ends)."""
 
+    decided, preemptions = service.verbs, service.preemptions
+
+    async def answer_filter(args: ExtenderArgs) -> ExtenderFilterResult:
+        return filter_result(args, await decided.filter(args.pod, args.offered_names()))
+
+    async def answer_prioritize(args: ExtenderArgs) -> list[HostPriority]:
+        scores = await decided.prioritize(args.pod, args.offered_names())
+        return [HostPriority(node, score) for node, score in scores]
+
+    async def answer_bind(args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        refused = await decided.bind(namespace=args.pod_namespace, name=args.pod_name,
+                                     uid=args.pod_uid, node=args.node)
+        return ExtenderBindingResult(error=refused or "")
+
+    async def answer_preempt(args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        answered = await preemptions.answer(args.pod, offered_victims(args))
+        return ExtenderPreemptionResult({
+            node: MetaVictims([MetaPod(uid) for uid in victims.uids], victims.pdb_violations)
+            for node, victims in answered.items()})
+
+    # The verbs say whether this daemon may decide now (a standalone standby may not):
+    # asked before a body is read, a standby answers 503 without decoding it.
+    refusal = decided.refusal
     prefix = url_prefix.rstrip("/")
     args = ExtenderArgsDecoder()
     return {
-        f"{prefix}/filter": _verb(args, "ExtenderArgs", check_extender_args,
-                                  service.verbs.filter, service.refusal),
+        f"{prefix}/filter": _verb(args, "ExtenderArgs", check_extender_args, answer_filter,
+                                  refusal),
         f"{prefix}/prioritize": _verb(args, "ExtenderArgs", check_extender_args,
-                                      service.verbs.prioritize, service.refusal),
+                                      answer_prioritize, refusal),
         f"{prefix}/bind": _verb(_binding_args, "ExtenderBindingArgs", check_binding_args,
-                                service.verbs.bind, service.refusal),
+                                answer_bind, refusal),
         f"{prefix}/preempt": _verb(_preemption_args, "ExtenderPreemptionArgs",
-                                   check_preemption_args, service.preemptions.answer,
-                                   service.refusal),
+                                   check_preemption_args, answer_preempt, refusal),
     }
+
+
+def filter_result(args: ExtenderArgs, filtered: Filtered) -> ExtenderFilterResult:
+    """/filter's answer in the shape kube-scheduler sent its nodes in: NodeNames for
+    NodeNames, else the node objects of Nodes that pass, as they were sent."""
+    if filtered.passing is None:
+        return ExtenderFilterResult(failed_and_unresolvable_nodes=filtered.unresolvable,
+                                    error=filtered.error)
+    if args.node_names is not None:
+        return ExtenderFilterResult(node_names=list(filtered.passing),
+                                    failed_nodes=filtered.failed)
+    if filtered.every_node:
+        return ExtenderFilterResult(nodes={"items": list(args.nodes.items or [])}
+                                    if args.nodes else None)
+    wanted = set(filtered.passing)
+    chosen = [item for item in (args.nodes.items or []) if node_name(item) in wanted] \
+        if args.nodes and wanted else []
+    return ExtenderFilterResult(nodes={"items": chosen}, failed_nodes=filtered.failed)
+
+
+def offered_victims(args: ExtenderPreemptionArgs) -> dict[str, NodeVictims]:
+    """Each candidate node kube-scheduler sent, with the victims it found there."""
+    return {node: NodeVictims(uids, violations)
+            for node, (uids, violations) in args.offered().items()}
 
 
 def _aiohttp_handler(verb: BodyVerb) -> Handler:

@@ -40,6 +40,14 @@ class ExtenderArgs(msgspec.Struct, rename={"pod": "Pod", "nodes": "Nodes",
     node_names: Sequence[str] | None = None
     """As ``ExtenderArgsDecoder`` reads it, a tuple."""
 
+    def offered_names(self) -> Sequence[str]:
+        """The names of the nodes offered, the one place NodeNames-or-Nodes is read:
+        NodeNames as decoded (the same tuple while the same list is sent again: the
+        daemon knows it again by its identity), else the names of Nodes' objects."""
+        if self.node_names is not None:
+            return self.node_names
+        return [node_name(item) for item in (self.nodes.items or [])] if self.nodes else []
+
 
 NodeNames = Annotated[tuple[str, ...], msgspec.Meta(max_length=NODES_MAX)] | None
 _NO_NAMES = msgspec.Raw(b"null")
@@ -141,12 +149,16 @@ class ExtenderPreemptionArgs(msgspec.Struct, rename="pascal"):
     node_name_to_meta_victims: Annotated[dict[str, MetaVictims | None],
                                          msgspec.Meta(max_length=NODES_MAX)] | None = None
 
-    def offered(self) -> dict[str, list[str]]:
-        """Each candidate node and the uids of the victims kube-scheduler offers there."""
+    def offered(self) -> dict[str, tuple[list[str], int]]:
+        """Each candidate node, with the uids of the victims kube-scheduler offers there
+        and its count of the disruption budgets they violate: the one place
+        NodeNameToMetaVictims-or-NodeNameToVictims is read."""
         if self.node_name_to_meta_victims is not None:
-            return {node: [p.uid for p in (victims.pods or ())] if victims else []
+            return {node: ([p.uid for p in (victims.pods or ())], victims.num_pdb_violations)
+                    if victims else ([], 0)
                     for node, victims in self.node_name_to_meta_victims.items()}
-        return {node: [p.metadata.uid for p in (victims.pods or ())] if victims else []
+        return {node: ([p.metadata.uid for p in (victims.pods or ())],
+                       victims.num_pdb_violations) if victims else ([], 0)
                 for node, victims in (self.node_name_to_victims or {}).items()}
 
 

@@ -30,9 +30,8 @@ from pyhami.demo import lab_pod
 from pyhami.sandbox import DEFAULTS
 from scheduler.cluster import ClusterPod, PodChange
 from scheduler.cluster.standalone._wire import pod_key
-from scheduler.service import SchedulerService, ServiceSettings
+from scheduler.service import NodeScore, SchedulerService, ServiceSettings
 from scheduler.web.limits import EXTENDER_BODY_LIMIT, POD_BODY_LIMIT
-from scheduler.web.protocol import ExtenderArgs, HostPriority
 from tests.builders import manifest
 from tests.fakes.node_list import NodeList, inventory_message, silent
 from tests.harness import Lab, eventually, inventory_count
@@ -184,8 +183,8 @@ async def test_an_allocation_annotation_beyond_the_bounds_is_not_counted_and_sco
     await service.handlers.pods.on_pod_change(PodChange(crafted, deleted=False))
     assert service.state.fleet.allocation("default/crafted") is None
     assert "hami.io/vgpu-devices-allocated: card 'GPU-n-0,NVIDIA," in caplog.text
-    scores = await service.verbs.prioritize(ExtenderArgs(pod=manifest(), node_names=["n"]))
-    assert scores == [HostPriority("n", 0)]
+    scores = await service.verbs.prioritize(manifest(), ["n"])
+    assert scores == [NodeScore("n", 0)]
 
 
 # Item 5 -------------------------------------------------------------------------------------

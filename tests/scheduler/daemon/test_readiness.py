@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import pytest
 
-from common.core import parse_pod
+from common.core import PodManifest, parse_pod
 from common.supervision import Supervisor, restart_delay
 from pyhami.demo import lab_pod
 from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import DEFAULTS, RunningDaemon, SimulatedAgent, standalone_config
 from scheduler.cluster import PodChange
-from scheduler.service import SchedulerService, ServiceSettings
-from scheduler.web.protocol import ExtenderArgs, ExtenderFilterResult
+from scheduler.service import Filtered, SchedulerService, ServiceSettings
 from tests.builders import manifest
 from tests.fakes.node_list import NodeList, inventory_message, silent
 from tests.harness import Lab, eventually
@@ -176,10 +175,10 @@ async def test_a_pod_whose_scheduling_crashes_does_not_stall_the_pending_loop(
     assert service is not None
     decide = service.verbs.filter
 
-    async def crashing_for_poison(args: ExtenderArgs) -> ExtenderFilterResult:
-        if args.pod.metadata.name == "poison":
+    async def crashing_for_poison(pod: PodManifest, names: Sequence[str]) -> Filtered:
+        if pod.metadata.name == "poison":
             raise RuntimeError("a bug met by one pod")
-        return await decide(args)
+        return await decide(pod, names)
 
     monkeypatch.setattr(service.verbs, "filter", crashing_for_poison)
     await lab.pods.submit(lab_pod("poison"))

@@ -22,7 +22,6 @@ from scheduler.cluster import SCHEDULER_NAME
 from scheduler.cluster.kube import Kubernetes, KubernetesCluster
 from scheduler.leadership import FollowedLease, Leadership
 from scheduler.service import SchedulerService, ServiceSettings
-from scheduler.web.protocol import ExtenderArgs, ExtenderBindingArgs
 from tests.builders import manifest
 from tests.fakes.apiserver import StubApiServer, pod_json, serve, write_kubeconfig
 from tests.fakes.clock import Clock
@@ -202,8 +201,9 @@ async def test_a_bound_gpu_pod_carries_hamis_node_label(stub: StubCluster) -> No
     pod = manifest("p")
     stub.api.pods[pod.key] = pod_json("p", namespace=pod.namespace, uid="u-p",
                                      scheduler=SCHEDULER_NAME)
-    filtered = await service.verbs.filter(ExtenderArgs(pod=pod, node_names=("n1",)))
-    assert filtered.node_names == ["n1"]
-    bound = await service.verbs.bind(ExtenderBindingArgs("p", pod.namespace, "u-p", "n1"))
-    assert bound.error == ""
+    filtered = await service.verbs.filter(pod, ("n1",))
+    assert filtered.passing == ["n1"]
+    refused = await service.verbs.bind(namespace=pod.namespace, name="p", uid="u-p",
+                                       node="n1")
+    assert refused is None
     assert stub.api.pods[pod.key]["metadata"]["labels"]["hami.io/vgpu-node"] == "n1"

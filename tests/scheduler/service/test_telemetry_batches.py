@@ -13,7 +13,6 @@ from common.wire import Reason, inventory_subject
 from pyhami.sandbox import DEFAULTS
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.service.reporting import RECENT_DECISIONS, TELEMETRY_BATCH_S
-from scheduler.web.protocol import ExtenderArgs
 from tests.builders import manifest
 from tests.fakes.node_list import NodeList, inventory, inventory_message
 
@@ -35,9 +34,8 @@ async def service_recording(published: list[DecisionEvent | UsageEvent]) -> Sche
 
 async def filter_pods(service: SchedulerService, names: list[str], node: str) -> None:
     for name in names:
-        answer = await service.verbs.filter(
-            ExtenderArgs(pod=manifest(name, policy="binpack"), node_names=(node,)))
-        assert answer.node_names == [node]
+        answer = await service.verbs.filter(manifest(name, policy="binpack"), (node,))
+        assert answer.passing == [node]
 
 
 async def test_decisions_of_one_burst_go_out_in_order_with_one_usage_message_a_node() -> None:
@@ -87,12 +85,11 @@ async def test_the_decision_event_names_the_failed_nodes_the_answer_does(
         names: tuple[str, ...], gpumem: int) -> None:
     published: list[DecisionEvent | UsageEvent] = []
     service = await service_recording(published)
-    answer = await service.verbs.filter(
-        ExtenderArgs(pod=manifest("a", gpumem=gpumem), node_names=names))
+    answer = await service.verbs.filter(manifest("a", gpumem=gpumem), names)
     await service.shared.settle()
     (event,) = [event for event in published if isinstance(event, DecisionEvent)]
-    assert answer.failed_nodes  # some node failed, with its reasons
-    assert event.failed_nodes == answer.failed_nodes
+    assert answer.failed  # some node failed, with its reasons
+    assert event.failed_nodes == answer.failed
 
 
 @pytest.mark.parametrize(("reason", "republished"), [
@@ -134,9 +131,8 @@ async def test_only_the_last_recent_decisions_are_kept() -> None:
     service = await service_recording(published)
     names = [f"p{i}" for i in range(RECENT_DECISIONS + 5)]
     for name in names:  # refused (too big for a T4), and published all the same
-        answer = await service.verbs.filter(
-            ExtenderArgs(pod=manifest(name, gpumem=100_000), node_names=NODES))
-        assert answer.node_names == []
+        answer = await service.verbs.filter(manifest(name, gpumem=100_000), NODES)
+        assert answer.passing == []
     await service.shared.settle()
     published.clear()
     service.reporting.replay_decisions()
