@@ -125,6 +125,10 @@ def card_of(allocated: str) -> str:
 
 @dataclass
 class Lab:
+    """The standalone lab (the ``lab`` fixture of tests/conftest.py): a nats-server with
+    JetStream, one simulated node, the standalone daemon and its pod API. On the real
+    control plane the e2e suite's lab is ``tests.e2e.pods.ClusterLab``."""
+
     nats: LocalNatsServer
     node: SimulatedAgent
     daemon: RunningDaemon

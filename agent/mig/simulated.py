@@ -23,6 +23,10 @@ device handles are small dataclasses.
 Tests inject failures (``fail_next``), processes (``set_processes``) and mode changes
 (``set_pending_mode``, ``reset_gpu``). Every call holds one lock: the agent calls it from
 worker threads.
+
+It is the project's one in-memory NVML: the tests' stand-in for the whole inventory
+(``tests.fakes.nvml.NvmlStandIn``) is this library with the inventory's calls added
+(``nvml_call`` marks them).
 """
 
 from __future__ import annotations
@@ -190,23 +194,24 @@ class _Gpu:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+Library = TypeVar("Library", bound="SimulatedMigLibrary")
 NVML_CALLS: set[str] = set()
 """The pynvml functions the library answers: what ``fail_next`` may name."""
 
 
-def _nvml_call(needs_init: bool = True) -> Callable[
-        [Callable[Concatenate[SimulatedMigLibrary, P], R]],
-        Callable[Concatenate[SimulatedMigLibrary, P], R]]:
+def nvml_call(needs_init: bool = True) -> Callable[
+        [Callable[Concatenate[Library, P], R]], Callable[Concatenate[Library, P], R]]:
     """An NVML function: under the library's lock, refused before ``nvmlInit``
-    (UNINITIALIZED, as NVML), and failing first where a test asked it to."""
+    (UNINITIALIZED, as NVML), and failing first where a test asked it to. A subclass
+    answering more of NVML (the tests' stand-in) marks its calls with it too."""
 
-    def decorate(function: Callable[Concatenate[SimulatedMigLibrary, P], R]
-                 ) -> Callable[Concatenate[SimulatedMigLibrary, P], R]:
+    def decorate(function: Callable[Concatenate[Library, P], R]
+                 ) -> Callable[Concatenate[Library, P], R]:
         name = function.__name__
         NVML_CALLS.add(name)
 
         @functools.wraps(function)
-        def call(library: SimulatedMigLibrary, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        def call(library: Library, /, *args: P.args, **kwargs: P.kwargs) -> R:
             with library._lock:
                 library._enter(name, needs_init)
                 return function(library, *args, **kwargs)
@@ -280,41 +285,41 @@ class SimulatedMigLibrary:
 
     # NVML.
 
-    @_nvml_call(needs_init=False)
+    @nvml_call(needs_init=False)
     def nvmlInit(self) -> None:
         self._initialized += 1
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlShutdown(self) -> None:
         self._initialized -= 1
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetCount(self) -> int:
         return len(self._gpus)
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetHandleByIndex(self, index: int) -> SimulatedDevice:
         if not 0 <= index < len(self._gpus):
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return SimulatedDevice(index)
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetUUID(self, device: object) -> str:
         if isinstance(device, SimulatedMigDevice):
             ci = self._mig_compute(device)
             return self._mig_uuid(self._gpus[device.gpu], device.gpu_instance_id, ci)
         return self._gpu(device).uuid
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetName(self, device: object) -> str:
         return self._gpu(device).table.name
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetMigMode(self, device: object) -> list[int]:
         state = self._gpu(device)
         return [int(state.current), int(state.pending)]
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceSetMigMode(self, device: object, mode: int) -> int:
         """NVML_SUCCESS when the mode took effect, RESET_REQUIRED when it is pending."""
         state = self._gpu(device)
@@ -329,17 +334,17 @@ class SimulatedMigLibrary:
         state.current = enabled
         return NVML_SUCCESS
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetComputeRunningProcesses(self, device: object) -> list[ProcessRecord]:
         state = self._gpu(device)
         return self._process_records(state, state.compute_processes, 1000)
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetGraphicsRunningProcesses(self, device: object) -> list[ProcessRecord]:
         state = self._gpu(device)
         return self._process_records(state, state.graphics_processes, 5000)
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetGpuInstanceProfileInfo(self, device: object, profile: int,
                                             version: int = 2) -> GpuInstanceProfileRecord:
         """Answered in either MIG mode, as NVML does on a MIG-capable GPU."""
@@ -355,7 +360,7 @@ class SimulatedMigLibrary:
             copyEngineCount=info.slices, decoderCount=0, encoderCount=0, jpegCount=0,
             ofaCount=0, memorySizeMB=info.memory_mib)
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetGpuInstancePossiblePlacements(self, device: object, profile_id: int,
                                                    placements_ref: object,
                                                    count_ref: object) -> int:
@@ -372,7 +377,7 @@ class SimulatedMigLibrary:
         count.value = len(info.placements)
         return NVML_SUCCESS
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceCreateGpuInstanceWithPlacement(self, device: object, profile_id: int,
                                                  placement_ref: object) -> Any:
         state = self._mig_gpu(device)
@@ -393,7 +398,7 @@ class SimulatedMigLibrary:
         self._gpu_instance_tokens[token] = (state.index, gi_id)
         return ctypes.cast(token, pynvml.c_nvmlGpuInstance_t)
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetGpuInstances(self, device: object, profile_id: int,
                                   gpu_instances_ref: object, count_ref: object) -> int:
         """The array must hold the profile's instance count, however many exist."""
@@ -407,14 +412,14 @@ class SimulatedMigLibrary:
         count.value = len(listed)
         return NVML_SUCCESS
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlGpuInstanceGetInfo(self, gpu_instance: object) -> GpuInstanceRecord:
         state, gi = self._gpu_instance(gpu_instance)
         return GpuInstanceRecord(device=SimulatedDevice(state.index), id=gi.id,
                                  profileId=gi.profile.id,
                                  placement=PlacementRecord(gi.start, gi.size))
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(
             self, gpu_instance: object, profile: int, eng_profile: int, version: int = 2,
     ) -> ComputeInstanceProfileRecord:
@@ -429,7 +434,7 @@ class SimulatedMigLibrary:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return record
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlGpuInstanceCreateComputeInstance(self, gpu_instance: object, profile_id: int
                                              ) -> Any:
         state, gi = self._gpu_instance(gpu_instance)
@@ -448,7 +453,7 @@ class SimulatedMigLibrary:
         self._compute_instance_tokens[token] = (state.index, gi.id, ci_id)
         return ctypes.cast(token, pynvml.c_nvmlComputeInstance_t)
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlGpuInstanceGetComputeInstances(self, gpu_instance: object, profile_id: int,
                                            compute_instances_ref: object,
                                            count_ref: object) -> int:
@@ -466,7 +471,7 @@ class SimulatedMigLibrary:
         count.value = len(listed)
         return NVML_SUCCESS
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlComputeInstanceGetInfo(self, compute_instance: object) -> ComputeInstanceRecord:
         state, gi, ci = self._compute_instance(compute_instance)
         return ComputeInstanceRecord(device=SimulatedDevice(state.index),
@@ -474,7 +479,7 @@ class SimulatedMigLibrary:
                                                              pynvml.c_nvmlGpuInstance_t),
                                      id=ci.id, profileId=ci.profile_id)
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlComputeInstanceDestroy(self, compute_instance: object) -> int:
         state, gi, ci = self._compute_instance(compute_instance)
         if state.processes_on(gi.id):
@@ -483,7 +488,7 @@ class SimulatedMigLibrary:
         del self._compute_instance_tokens[ci.token]
         return NVML_SUCCESS
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlGpuInstanceDestroy(self, gpu_instance: object) -> int:
         state, gi = self._gpu_instance(gpu_instance)
         if gi.compute or state.processes_on(gi.id):
@@ -491,12 +496,12 @@ class SimulatedMigLibrary:
         self._forget(state, gi)
         return NVML_SUCCESS
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetMaxMigDeviceCount(self, device: object) -> int:
         """As many MIG devices as the card has compute slices (its most instances)."""
         return max(info.instances for info in self._gpu(device).table.profiles)
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: object, index: int
                                             ) -> SimulatedMigDevice:
         """MIG devices in order of GPU then compute instance id; NOT_FOUND past the last."""
@@ -511,13 +516,13 @@ class SimulatedMigLibrary:
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
         return devices[index]
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetGpuInstanceId(self, mig_device: object) -> int:
         self._mig_compute(mig_device)
         assert isinstance(mig_device, SimulatedMigDevice)
         return mig_device.gpu_instance_id
 
-    @_nvml_call()
+    @nvml_call()
     def nvmlDeviceGetComputeInstanceId(self, mig_device: object) -> int:
         self._mig_compute(mig_device)
         assert isinstance(mig_device, SimulatedMigDevice)

@@ -21,6 +21,7 @@ def bench_fleet(*arguments: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
 
 
+@pytest.mark.slow  # a benchmark: thirty agents over three servers, restarted
 def test_thirty_agents_over_three_servers_are_all_seen_before_and_after_a_restart() -> None:
     done = bench_fleet("--agents", "30", "--heartbeat", "0.5", "--duration", "2",
                        "--processes", "2", "--resync-wait", "0.5")

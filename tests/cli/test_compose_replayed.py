@@ -24,6 +24,8 @@ from pyhami.natsserver import free_port, nats_server_binary
 from tests.cli.test_demo import assert_the_lab_played_on
 from tests.paths import REPO
 
+pytestmark = pytest.mark.slow  # the compose stack replayed, in processes
+
 SHARED = "/var/lib/pyhami"
 START_S = 60.0
 

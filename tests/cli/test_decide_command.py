@@ -574,6 +574,7 @@ _quota_entries = st.fixed_dictionaries(
                          st.fixed_dictionaries({"kind": st.just("List"),
                                                 "items": st.lists(_quota_entries, max_size=4)}),
                          _junk))
+@pytest.mark.slow  # long fuzzing
 def test_any_quotas_are_applied_or_refused_in_one_line_naming_the_file(entries: Any) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = write(Path(folder) / "cluster.json", cluster(TWO_CARDS, [], entries))

@@ -12,12 +12,15 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from pyhami.demo import DEMO_NAMESPACE, DEMO_SCHEDULER, lab_pod
 from pyhami.natsserver import free_port
 from pyhami.sandbox import SimulatedAgent
 from tests.harness import Lab
 from tests.paths import EXAMPLES
+
+pytestmark = pytest.mark.slow  # the demo replayed end to end, in processes
 
 
 def pyhami(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -29,7 +29,7 @@ PROJECT = PYPROJECT["project"]
 # Generous: pip fetches the dependencies when its cache is cold.
 INSTALL_TIMEOUT_S = 900
 
-pytestmark = pytest.mark.timeout(INSTALL_TIMEOUT_S + 300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(INSTALL_TIMEOUT_S + 300)]
 
 
 def shipped_sources() -> set[str]:

@@ -621,6 +621,7 @@ SWITCH_BOUND_S = 5.0
 0.5 s; tests/scheduler/daemon/test_nats_cluster.py)."""
 
 
+@pytest.mark.slow  # a cluster of three nats-servers
 async def test_watch_keeps_receiving_after_its_nats_server_is_killed(
         nats_cluster: LocalNatsCluster) -> None:
     """Given every server's URL, ``pyhami watch`` moves to another server when its own is

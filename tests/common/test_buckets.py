@@ -51,6 +51,7 @@ def test_the_default_follows_the_number_of_urls(servers: list[str], replicas: in
     assert default_replicas(servers) == replicas
 
 
+@pytest.mark.slow  # a cluster of three nats-servers
 async def test_a_missing_bucket_is_made_on_three_servers(cluster_client: Client) -> None:
     bucket = await open_key_value(cluster_client.jetstream(), "made", replicas=3, ttl=4.0)
     status = await bucket.status()
@@ -60,6 +61,7 @@ async def test_a_missing_bucket_is_made_on_three_servers(cluster_client: Client)
     assert len(status.stream_info.cluster.replicas or []) == 2  # beside its leader
 
 
+@pytest.mark.slow  # a cluster of three nats-servers
 async def test_an_older_single_replica_bucket_is_raised_to_three_keeping_its_entries(
         cluster_client: Client, caplog: pytest.LogCaptureFixture) -> None:
     js = cluster_client.jetstream()
@@ -71,6 +73,7 @@ async def test_an_older_single_replica_bucket_is_raised_to_three_keeping_its_ent
     assert "NATS bucket older had 1 replica: raised to 3" in caplog.text
 
 
+@pytest.mark.slow  # a cluster of three nats-servers
 async def test_a_bucket_with_more_replicas_keeps_them(cluster_client: Client) -> None:
     js = cluster_client.jetstream()
     await js.create_key_value(bucket="more", history=1, replicas=3)
@@ -78,6 +81,7 @@ async def test_a_bucket_with_more_replicas_keeps_them(cluster_client: Client) ->
     assert (await bucket.status()).stream_info.config.num_replicas == 3
 
 
+@pytest.mark.slow  # a cluster of three nats-servers
 async def test_five_replicas_on_a_cluster_of_three_are_refused_in_one_line(
         cluster_client: Client) -> None:
     with pytest.raises(BucketReplicasError) as refused:
@@ -88,6 +92,7 @@ async def test_five_replicas_on_a_cluster_of_three_are_refused_in_one_line(
         "--bucket-replicas 1 for a single server")
 
 
+@pytest.mark.slow  # a cluster of three nats-servers
 async def test_too_few_servers_is_not_a_passing_refusal(cluster_client: Client) -> None:
     with pytest.raises(BucketReplicasError) as refused:
         await open_key_value(cluster_client.jetstream(), "too-many", replicas=5)

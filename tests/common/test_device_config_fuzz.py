@@ -28,6 +28,8 @@ from common.core.deviceconfig import (
 from common.deviceconfig import load_device_config, load_node_config
 from common.files import InputFileError
 
+pytestmark = pytest.mark.slow  # long fuzzing
+
 HAMI = Path(__file__).parent / "hami"
 CHANGED_NVIDIA: dict[str, Any] = yaml.safe_load(
     (HAMI / "device-config-changed.yaml").read_text())["nvidia"]

@@ -45,6 +45,7 @@ def test_a_given_port_taken_is_refused_with_the_servers_own_reason() -> None:
             LocalNatsServer(port=port).start()
 
 
+@pytest.mark.slow  # a cluster of three nats-servers
 def test_a_cluster_whose_port_is_taken_before_it_first_starts_forms_on_new_ports(
         tmp_path: Path) -> None:
     cluster = LocalNatsCluster(tmp_path)

@@ -7,6 +7,7 @@ and the extender use."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,8 @@ from common.core.pod import ObjectMeta, PodManifest, PodSpec, SchedulingGroup
 from common.core.quota import Quota
 from pyhami.sandbox import DEFAULTS
 from tests.builders import fleet_of, gpu_limits, hold, manifest, node
+
+pytestmark = pytest.mark.slow  # long fuzzing
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FIELDS = ("metadata.labels", "metadata.annotations", "spec.schedulingGroup",

@@ -8,6 +8,7 @@ from typing import Any
 from unittest.mock import patch
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,6 +126,7 @@ operations = st.one_of(
 @settings(max_examples=500, derandomize=True, deadline=None)
 @given(st.lists(nodes, min_size=2, max_size=7), st.lists(operations, min_size=4, max_size=30),
        st.booleans())
+@pytest.mark.slow  # long fuzzing
 def test_the_layout_after_changes_is_the_one_built_from_scratch(
         first: list[Node], steps: list[tuple[str, Any]], splice_always: bool) -> None:
     """Spliced however many nodes changed (or as the fleet chooses, whole past 1 in 4)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,8 @@ from common.core.pod import Container, ResourceRequirements
 from common.core.quota import Quota, Scope, ScopeRule
 from pyhami.sandbox import DEFAULTS
 from tests.builders import manifest, run
+
+pytestmark = pytest.mark.slow  # hypothesis properties over whole fleets
 
 POLICIES = ["binpack", "spread", "numa", "mutex", "topology-aware"]
 MEMORY = [1000, 4000, 15360]

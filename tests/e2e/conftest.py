@@ -1,9 +1,10 @@
 """The end-to-end suite: pyhami beside a real kube-apiserver and kube-scheduler.
 
 Every test here is marked ``e2e`` (``pytest -m e2e`` runs only these, ``-m "not e2e"``
-everything else). The control plane starts once per session. Without the binaries and
-without Go to build them the suite is skipped with one line saying why, except under CI
-(``CI=true``), where it fails instead.
+everything else) and ``slow``: it needs the control plane (``-m "not slow"``, the quick
+run, leaves the suite out). The control plane starts once per session. Without the
+binaries and without Go to build them the suite is skipped with one line saying why,
+except under CI (``CI=true``), where it fails instead.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from harness.controlplane import (
     wait_for,
 )
 from tests.e2e.controlplane import TEST_NAMESPACE, ControlPlane, running_control_plane
+from tests.e2e.pods import ClusterLab
 
 HERE = Path(__file__).parent
 TEST_TIMEOUT_S = 300
@@ -49,6 +51,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     timeout = TEST_TIMEOUT_S + (BUILD_TIMEOUT_S if _needs_build() and go_command() else 0)
     for item in ours:
         item.add_marker(pytest.mark.e2e)
+        item.add_marker(pytest.mark.slow)
         item.add_marker(pytest.mark.timeout(timeout))
 
 
@@ -119,3 +122,11 @@ def clean_namespace(control_plane: ControlPlane) -> Iterator[None]:
     if control_plane.processes["pyhami-scheduler"].running:
         wait_for(ledger_empty, "pyhami's ledger to release every pod of the test",
                  watch=control_plane.all_processes())
+
+
+@pytest.fixture
+def lab(control_plane: ControlPlane, clean_namespace: None) -> ClusterLab:
+    """The suite's one lab: the test's pods in the test namespace, created and read as a
+    user would; deleted after the test (``clean_namespace``). It stands in, under tests/e2e,
+    for the standalone ``lab`` of tests/conftest.py."""
+    return ClusterLab(control_plane)

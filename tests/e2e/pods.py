@@ -62,9 +62,10 @@ class Placement:
         return int(uuid[len(prefix):])
 
 
-class Lab:
+class ClusterLab:
     """The pods of one test in one namespace (the suite's by default), created and read as
-    a user would."""
+    a user would, on the real control plane: the e2e suite's ``lab`` fixture (conftest.py).
+    The standalone lab, without Kubernetes, is ``tests.harness.Lab``."""
 
     def __init__(self, plane: ControlPlane, namespace: str = TEST_NAMESPACE) -> None:
         self.plane = plane

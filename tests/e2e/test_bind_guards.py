@@ -10,25 +10,17 @@ pyhami pod waiting beside it is.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from harness.controlplane import wait_for
-from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
-from tests.e2e.pods import ALLOCATED, Lab, lab_pod
+from tests.e2e.controlplane import NODE, TEST_NAMESPACE
+from tests.e2e.pods import ALLOCATED, ClusterLab, lab_pod
 
 CAPACITY_FREED = "pyhami.io/capacity-freed"
 CARDS = 4  # the simulated agent's sim:t4x4
 
 
-@pytest.fixture
-def lab(control_plane: ControlPlane, clean_namespace: None) -> Iterator[Lab]:
-    yield Lab(control_plane)
-
-
-def bind(lab: Lab, pod: dict[str, Any], node: str) -> str:
+def bind(lab: ClusterLab, pod: dict[str, Any], node: str) -> str:
     """POST /bind to the daemon as kube-scheduler would; the answer's Error ("" if none)."""
     status, answer = lab.plane.post_extender("/bind", {
         "PodName": pod["metadata"]["name"], "PodNamespace": TEST_NAMESPACE,
@@ -37,12 +29,12 @@ def bind(lab: Lab, pod: dict[str, Any], node: str) -> str:
     return str(answer.get("Error") or "")
 
 
-def ledger(lab: Lab) -> tuple[int, int]:
+def ledger(lab: ClusterLab) -> tuple[int, int]:
     status = lab.plane.statusz()
     return status["pods_bound"], status["reservations"]
 
 
-def test_a_second_bind_of_a_bound_pod_changes_nothing(lab: Lab) -> None:
+def test_a_second_bind_of_a_bound_pod_changes_nothing(lab: ClusterLab) -> None:
     lab.place("first")
     pod = lab.read("first")
 
@@ -56,7 +48,7 @@ def test_a_second_bind_of_a_bound_pod_changes_nothing(lab: Lab) -> None:
     assert ledger(lab) == (1, 0)
 
 
-def test_a_pod_for_another_scheduler_is_refused_and_left_alone(lab: Lab) -> None:
+def test_a_pod_for_another_scheduler_is_refused_and_left_alone(lab: ClusterLab) -> None:
     manifest = lab_pod("elsewhere")
     manifest["spec"]["schedulerName"] = "default-scheduler"  # which nothing runs here
     lab.create_manifest(manifest)
@@ -73,7 +65,7 @@ def test_a_pod_for_another_scheduler_is_refused_and_left_alone(lab: Lab) -> None
     lab.wait_event("elsewhere", "BindingFailed", "default-scheduler")
 
 
-def test_a_pod_asking_for_no_gpu_is_bound_without_an_allocation(lab: Lab) -> None:
+def test_a_pod_asking_for_no_gpu_is_bound_without_an_allocation(lab: ClusterLab) -> None:
     manifest = lab_pod("plain")
     manifest["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "100m"}}
     lab.create_manifest(manifest)
@@ -93,7 +85,7 @@ def too_big(name: str, scheduler: str | None = None) -> dict[str, Any]:
     return pod
 
 
-def test_a_pod_of_another_scheduler_is_never_stamped_to_retry(lab: Lab) -> None:
+def test_a_pod_of_another_scheduler_is_never_stamped_to_retry(lab: ClusterLab) -> None:
     lab.create_manifest(too_big("elsewhere", scheduler="default-scheduler"))
     pod = lab.read("elsewhere")
     # Sent to /filter by a caller that is not kube-scheduler's pyhami profile: refused, so

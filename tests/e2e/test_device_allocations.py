@@ -8,10 +8,8 @@ plays the agent's part on the bus, whose permissions ``tests/scheduler`` checks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import nats
-import pytest
 
 from common.busaccess import DAEMON_USER
 from common.wire import (
@@ -24,12 +22,7 @@ from common.wire import (
 )
 from harness.controlplane import wait_for
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
-from tests.e2e.pods import Lab
-
-
-@pytest.fixture
-def lab(control_plane: ControlPlane, clean_namespace: None) -> Iterator[Lab]:
-    yield Lab(control_plane)
+from tests.e2e.pods import ClusterLab
 
 
 async def _ask_then_report(plane: ControlPlane, outcome: AllocationOutcome | None,
@@ -46,7 +39,8 @@ async def _ask_then_report(plane: ControlPlane, outcome: AllocationOutcome | Non
         await client.close()
 
 
-def test_a_bound_pod_is_listed_for_its_node_and_its_outcome_reaches_the_pod(lab: Lab) -> None:
+def test_a_bound_pod_is_listed_for_its_node_and_its_outcome_reaches_the_pod(
+        lab: ClusterLab) -> None:
     placed = lab.place("plugin-served")
     uid = lab.read("plugin-served")["metadata"]["uid"]
     outcome = AllocationOutcome(namespace=TEST_NAMESPACE, name="plugin-served", uid=uid,

@@ -17,25 +17,17 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from harness.controlplane import wait_for
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
-from tests.e2e.pods import EVENTS, Lab, lab_pod
+from tests.e2e.pods import EVENTS, ClusterLab, lab_pod
 
 REASON = "FilteringFailed"
 SUMMARY = "no available node, "
 CARDS = 4  # the simulated agent's sim:t4x4
 RETRIES_S = 120.0  # kube-scheduler's backoff and the 10 s flush, several times over
-
-
-@pytest.fixture
-def lab(control_plane: ControlPlane, clean_namespace: None) -> Iterator[Lab]:
-    yield Lab(control_plane)
 
 
 def too_big(name: str) -> dict[str, Any]:
@@ -45,13 +37,13 @@ def too_big(name: str) -> dict[str, Any]:
     return pod
 
 
-def refusals(lab: Lab, name: str) -> list[dict[str, Any]]:
+def refusals(lab: ClusterLab, name: str) -> list[dict[str, Any]]:
     """The pod's FilteringFailed summaries (``no available node, ...``)."""
     return [e for e in lab.events(name) if e.get("reason") == REASON
             and str(e.get("message")).startswith(SUMMARY)]
 
 
-def wait_count(lab: Lab, name: str, at_least: int) -> dict[str, Any]:
+def wait_count(lab: ClusterLab, name: str, at_least: int) -> dict[str, Any]:
     """Until the pod's one FilteringFailed summary counts ``at_least``; fails on a second."""
 
     def counted() -> dict[str, Any] | None:
@@ -79,7 +71,7 @@ def explain(plane: ControlPlane, pod: dict[str, Any], tmp_path: Path) -> str:
 
 
 def test_repeated_refusals_are_one_event_whose_count_rises(
-        lab: Lab, control_plane: ControlPlane, tmp_path: Path) -> None:
+        lab: ClusterLab, control_plane: ControlPlane, tmp_path: Path) -> None:
     pod = too_big("too-big")
     lab.create_manifest(pod)
     event = wait_count(lab, "too-big", 2)
@@ -104,7 +96,7 @@ def test_repeated_refusals_are_one_event_whose_count_rises(
 
 
 def test_the_count_goes_on_after_the_event_is_deleted_and_after_a_restart(
-        lab: Lab, control_plane: ControlPlane) -> None:
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     lab.create_manifest(too_big("still-too-big"))
     first = wait_count(lab, "still-too-big", 2)
     name = first["metadata"]["name"]
@@ -125,7 +117,7 @@ def test_the_count_goes_on_after_the_event_is_deleted_and_after_a_restart(
 
 
 def test_a_placed_pod_has_filtering_succeed_and_binding_succeed_as_hami_writes_them(
-        lab: Lab) -> None:
+        lab: ClusterLab) -> None:
     lab.create_manifest(lab_pod("placed"))
     node = lab.wait_placed("placed").node
     succeed = lab.wait_event("placed", "FilteringSucceed")
@@ -145,7 +137,7 @@ def test_a_placed_pod_has_filtering_succeed_and_binding_succeed_as_hami_writes_t
     assert not [e for e in lab.events("placed") if e.get("type") == "Warning"]
 
 
-def test_kubectl_describe_pod_shows_them(lab: Lab, control_plane: ControlPlane) -> None:
+def test_kubectl_describe_pod_shows_them(lab: ClusterLab, control_plane: ControlPlane) -> None:
     lab.create_manifest(lab_pod("described"))
     node = lab.wait_placed("described").node
     lab.wait_event("described", "BindingSucceed")

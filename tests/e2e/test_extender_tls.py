@@ -7,7 +7,6 @@ answer at all. The kubelet's probes are answered on the metrics port, without on
 from __future__ import annotations
 
 import http.client
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,7 @@ import pytest
 from pyhami.bench.loopback import http_get
 from tests.certs import certificate_authority, client_files
 from tests.e2e.controlplane import NODE, ControlPlane, http_post_json
-from tests.e2e.pods import Lab, lab_pod
-
-
-@pytest.fixture
-def lab(control_plane: ControlPlane, clean_namespace: None) -> Iterator[Lab]:
-    yield Lab(control_plane)
+from tests.e2e.pods import ClusterLab, lab_pod
 
 
 def filter_args(name: str) -> dict[str, object]:
@@ -30,7 +24,7 @@ def filter_args(name: str) -> dict[str, object]:
     return {"Pod": pod, "NodeNames": [NODE]}
 
 
-def test_kube_scheduler_places_a_pod_through_the_mutual_tls_extender(lab: Lab) -> None:
+def test_kube_scheduler_places_a_pod_through_the_mutual_tls_extender(lab: ClusterLab) -> None:
     placement = lab.place("over-tls")
     assert placement.node == NODE
     extender = lab.plane.statusz()["extender"]

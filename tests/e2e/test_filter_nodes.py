@@ -18,7 +18,7 @@ import pytest
 
 from harness.controlplane import create_ready_node, wait_for
 from tests.e2e.controlplane import NODE, ControlPlane
-from tests.e2e.pods import Lab, lab_pod
+from tests.e2e.pods import ClusterLab, lab_pod
 
 SECOND_NODE = "gpu-node-3"
 AGENT = f"agent-{SECOND_NODE}"
@@ -54,7 +54,7 @@ def replica(name: str) -> dict[str, Any]:
     return pod
 
 
-def place_two_replicas(lab: Lab) -> set[str]:
+def place_two_replicas(lab: ClusterLab) -> set[str]:
     nodes = set()
     for name in ("replica-0", "replica-1"):
         lab.create_manifest(replica(name))
@@ -67,10 +67,10 @@ def place_two_replicas(lab: Lab) -> set[str]:
 def test_the_one_node_answer_ignores_a_preferred_anti_affinity(
         two_nodes: ControlPlane, clean_namespace: None) -> None:
     two_nodes.restart_scheduler(nodes=2)
-    assert place_two_replicas(Lab(two_nodes)) == {NODE}
+    assert place_two_replicas(ClusterLab(two_nodes)) == {NODE}
 
 
 def test_every_fitting_node_answered_lets_kube_scheduler_spread_the_replicas(
         two_nodes: ControlPlane, clean_namespace: None) -> None:
     two_nodes.restart_scheduler("--filter-nodes", "all", nodes=2)
-    assert place_two_replicas(Lab(two_nodes)) == {NODE, SECOND_NODE}
+    assert place_two_replicas(ClusterLab(two_nodes)) == {NODE, SECOND_NODE}

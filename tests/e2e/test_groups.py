@@ -23,7 +23,7 @@ from common.core.groups import (
 )
 from harness.controlplane import ApiError, wait_for
 from tests.e2e.controlplane import TEST_NAMESPACE, ControlPlane
-from tests.e2e.pods import Lab, lab_pod
+from tests.e2e.pods import ClusterLab, lab_pod
 
 pytestmark = pytest.mark.usefixtures("clean_namespace")
 
@@ -51,7 +51,7 @@ def kueue(name: str, group: str, count: int, **kwargs: Any) -> dict[str, Any]:
                   annotations={KUEUE_COUNT_ANNOTATION: str(count)}, **kwargs)
 
 
-def bound(lab: Lab, names: list[str]) -> list[str]:
+def bound(lab: ClusterLab, names: list[str]) -> list[str]:
     return [name for name in names if lab.bound(name)]
 
 
@@ -60,8 +60,7 @@ B = [f"b-{i}" for i in range(4)]
 
 
 def test_two_4_pod_groups_on_cards_for_one_one_binds_all_4_and_the_other_none(
-        control_plane: ControlPlane) -> None:
-    lab = Lab(control_plane)
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     for a, b in zip(A, B, strict=True):  # two jobs starting together
         lab.create_manifest(kueue(a, "train-a", 4))
         lab.create_manifest(kueue(b, "train-b", 4))
@@ -79,9 +78,9 @@ def test_two_4_pod_groups_on_cards_for_one_one_binds_all_4_and_the_other_none(
         lab.wait_placed(name)
 
 
-def test_the_same_pods_without_group_labels_bind_partly(control_plane: ControlPlane) -> None:
+def test_the_same_pods_without_group_labels_bind_partly(
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     """What the groups prevent: each job gets part of the cards, and neither can run."""
-    lab = Lab(control_plane)
     for a, b in zip(A, B, strict=True):
         lab.create_manifest(member(a))
         lab.create_manifest(member(b))
@@ -94,8 +93,7 @@ def test_the_same_pods_without_group_labels_bind_partly(control_plane: ControlPl
 
 
 def test_a_16_member_group_binds_soon_after_its_last_member_is_created(
-        control_plane: ControlPlane) -> None:
-    lab = Lab(control_plane)
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     names = [f"w-{i:02d}" for i in range(16)]
     for name in names[:-1]:
         lab.create_manifest(kueue(name, "big", 16, limits=SMALL_MEMBER))
@@ -139,8 +137,8 @@ def coscheduling_crd(control_plane: ControlPlane) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("coscheduling_crd")
-def test_the_coscheduling_plugins_podgroup_gives_the_count(control_plane: ControlPlane) -> None:
-    lab = Lab(control_plane)
+def test_the_coscheduling_plugins_podgroup_gives_the_count(
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     labels = {COSCHEDULING_GROUP_LABEL: "pair"}
     lab.create_manifest(member("p-0", labels=labels))
     lab.wait_event("p-0", "FilteringFailed", "no PodGroup pyhami-e2e/pair")
@@ -154,8 +152,8 @@ def test_the_coscheduling_plugins_podgroup_gives_the_count(control_plane: Contro
     control_plane.api.delete(f"{COSCHEDULING_GROUPS}/pair")
 
 
-def test_kubernetes_own_podgroup_gives_the_count(control_plane: ControlPlane) -> None:
-    lab = Lab(control_plane)
+def test_kubernetes_own_podgroup_gives_the_count(
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     control_plane.api.create(WORKLOAD_GROUPS, {
         "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
         "metadata": {"name": "trio", "namespace": TEST_NAMESPACE},

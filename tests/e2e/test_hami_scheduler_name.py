@@ -25,7 +25,7 @@ import yaml
 
 from harness.controlplane import chart_scheduler_config, wait_for
 from tests.e2e.controlplane import LEASE_NAME, NODE, SYSTEM_NAMESPACE, ControlPlane
-from tests.e2e.pods import HAMI_EXAMPLE, Lab
+from tests.e2e.pods import HAMI_EXAMPLE, ClusterLab
 
 HAMI_EXAMPLE_SHA256 = "38d1437c530a6d763f7e593c2c9e1a16fa1f609a7644e83c9b164c8086f30159"
 HAMI_NAME = "hami-scheduler"
@@ -50,8 +50,7 @@ def test_hamis_example_is_as_hami_ships_it() -> None:
 
 
 def test_a_pod_naming_hamis_scheduler_waits_under_pyhamis_name_and_is_bound_under_hamis(
-        control_plane: ControlPlane, clean_namespace: None) -> None:
-    lab = Lab(control_plane)
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     pod = hamis_pod()
     name = pod["metadata"]["name"]
     lab.create_manifest(pod)

@@ -9,9 +9,6 @@ the FailedScheduling event of a Pending pod, and each card's score in the select
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from harness.controlplane import SCHEDULER_NAME, wait_for
 from tests.e2e.controlplane import NODE, ControlPlane
@@ -19,7 +16,7 @@ from tests.e2e.pods import (
     ALLOCATED,
     POLICY,
     USE_UUID,
-    Lab,
+    ClusterLab,
     card_uuid,
     chosen_card,
     elapsed_since,
@@ -30,12 +27,7 @@ from tests.e2e.pods import (
 MUTEX_CONFLICT = "ExclusiveDeviceAllocateConflict"
 
 
-@pytest.fixture
-def lab(control_plane: ControlPlane, clean_namespace: None) -> Iterator[Lab]:
-    yield Lab(control_plane)
-
-
-def test_default_spread_lands_on_gpu_0_1_2_3_in_order(lab: Lab) -> None:
+def test_default_spread_lands_on_gpu_0_1_2_3_in_order(lab: ClusterLab) -> None:
     cards = []
     for i in range(4):
         placed = lab.place(f"spread-{i}")
@@ -44,7 +36,7 @@ def test_default_spread_lands_on_gpu_0_1_2_3_in_order(lab: Lab) -> None:
     assert cards == [0, 1, 2, 3], f"default spread placed the four pods on GPUs {cards}"
 
 
-def test_bound_pod_carries_what_hami_writes(lab: Lab) -> None:
+def test_bound_pod_carries_what_hami_writes(lab: ClusterLab) -> None:
     placed = lab.place("annotated")
     assert placed.allocated == f"{card_uuid(0)},NVIDIA,1000,0:;", placed.allocated
     assert placed.annotations.get("hami.io/vgpu-devices-to-allocate") == placed.allocated
@@ -56,12 +48,12 @@ def test_bound_pod_carries_what_hami_writes(lab: Lab) -> None:
     assert lab.read("annotated")["spec"]["schedulerName"] == SCHEDULER_NAME
 
 
-def test_binpack_stacks_three_pods_on_gpu_0(lab: Lab) -> None:
+def test_binpack_stacks_three_pods_on_gpu_0(lab: ClusterLab) -> None:
     cards = [lab.place(f"binpack-{i}", {POLICY: "binpack"}).card for i in range(3)]
     assert cards == [0, 0, 0], f"binpack placed the three pods on GPUs {cards}"
 
 
-def test_mutex_waits_then_takes_the_released_card(lab: Lab) -> None:
+def test_mutex_waits_then_takes_the_released_card(lab: ClusterLab) -> None:
     cards = [lab.place(f"tenant-{i}").card for i in range(4)]
     assert cards == [0, 1, 2, 3], f"the four tenants landed on GPUs {cards}"
 
@@ -78,7 +70,7 @@ def test_mutex_waits_then_takes_the_released_card(lab: Lab) -> None:
     print(f"mutex pod bound {elapsed_since(started)} s after the tenant of GPU 1 was deleted")
 
 
-def test_mutex_binpack_takes_gpu_2_where_binpack_takes_gpu_0(lab: Lab) -> None:
+def test_mutex_binpack_takes_gpu_2_where_binpack_takes_gpu_0(lab: ClusterLab) -> None:
     assert [lab.place(f"stack-{i}", {POLICY: "binpack"}).card for i in range(2)] == [0, 0]
     pinned = lab.place("pinned", {USE_UUID: card_uuid(1)})
     assert pinned.card == 1, f"the pod pinned to GPU 1 took GPU {pinned.card}"
@@ -99,7 +91,7 @@ def test_mutex_binpack_takes_gpu_2_where_binpack_takes_gpu_0(lab: Lab) -> None:
 
 
 def test_daemon_restart_rebuilds_the_ledger_from_annotations(
-        lab: Lab, control_plane: ControlPlane) -> None:
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     assert [lab.place(f"before-{i}", {POLICY: "binpack"}).card for i in range(2)] == [0, 0]
     assert lab.place("before-pinned", {USE_UUID: card_uuid(1)}).card == 1
 
@@ -131,7 +123,7 @@ def test_daemon_restart_rebuilds_the_ledger_from_annotations(
 
 
 def test_pod_without_gpu_resources_is_bound_by_kube_scheduler(
-        lab: Lab, control_plane: ControlPlane) -> None:
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     lab.create_manifest({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "no-gpu"},
         "spec": {"schedulerName": SCHEDULER_NAME, "automountServiceAccountToken": False,

@@ -22,7 +22,7 @@ from common.core.mig import MIG_ALLOCATIONS_ANNOTATION, decode_reservations
 from harness.controlplane import Process, wait_for
 from scheduler.service.handlers.cordons import CORDON_REFRESH_S
 from tests.e2e.controlplane import KUBELET_NODE, ControlPlane, recorded_env
-from tests.e2e.pods import Lab, lab_pod
+from tests.e2e.pods import ClusterLab, lab_pod
 
 CARDS, INSTANCES = 8, 7  # eight A100 80GB, seven 1g instances each at most
 MIG_POD = {"nvidia.com/vgpu-mode": "mig"}
@@ -61,7 +61,7 @@ def test_a_mig_pod_gets_its_instance_and_loses_it_when_deleted(
         mig_node: tuple[ControlPlane, Path], clean_namespace: None) -> None:
     plane, log = mig_node
     wait_for(lambda: plane.allocatable_gpus() == CARDS * INSTANCES, "the MIG node's devices")
-    lab = Lab(plane)
+    lab = ClusterLab(plane)
     lab.create_manifest(on_the_node("mig-small", MIG_POD, 8000))
     placed = lab.wait_placed("mig-small")
     (reserved,) = decode_reservations(placed.annotations[MIG_ALLOCATIONS_ANNOTATION])
@@ -88,7 +88,7 @@ def test_a_hami_core_pod_is_refused_on_the_mig_node(
         mig_node: tuple[ControlPlane, Path], clean_namespace: None) -> None:
     plane, _ = mig_node
     wait_for(lambda: plane.allocatable_gpus() == CARDS * INSTANCES, "the MIG node's devices")
-    lab = Lab(plane)
+    lab = ClusterLab(plane)
     lab.create_manifest(on_the_node("shared", {"nvidia.com/vgpu-mode": "hami-core"}, 1000))
     lab.wait_event("shared", "FailedScheduling", "CardTypeMismatch")
     lab.assert_pending("shared")

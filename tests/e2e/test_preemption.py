@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
-from tests.e2e.pods import PODS, POLICY, USE_UUID, Lab, card_uuid, lab_pod
+from tests.e2e.pods import PODS, POLICY, USE_UUID, ClusterLab, card_uuid, lab_pod
 
 LOW, HIGH = "pyhami-e2e-low", "pyhami-e2e-high"
 PRIORITIES = {LOW: 100, HIGH: 1000}
@@ -53,7 +53,7 @@ def gpu_pod(name: str, priority_class: str, annotations: dict[str, str] | None =
     return pod
 
 
-def fill_the_node(lab: Lab) -> dict[str, int]:
+def fill_the_node(lab: ClusterLab) -> dict[str, int]:
     tenants = {f"low-{card}-{n}": card for card, count in TENANTS.items() for n in range(count)}
     for name, card in tenants.items():
         lab.create_manifest(gpu_pod(name, LOW, {USE_UUID: card_uuid(card)}))
@@ -62,14 +62,13 @@ def fill_the_node(lab: Lab) -> dict[str, int]:
     return tenants
 
 
-def pod_names(lab: Lab) -> set[str]:
+def pod_names(lab: ClusterLab) -> set[str]:
     return {item["metadata"]["name"] for item in lab.api.get(PODS)["items"]}
 
 
 @pytest.mark.usefixtures("priority_classes", "clean_namespace")
 def test_a_high_priority_mutex_pod_preempts_exactly_the_tenants_of_one_card(
-        control_plane: ControlPlane) -> None:
-    lab = Lab(control_plane)
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     tenants = fill_the_node(lab)
     victims = {name for name, card in tenants.items() if card == 3}
     created = time.monotonic()
@@ -86,7 +85,7 @@ def test_a_high_priority_mutex_pod_preempts_exactly_the_tenants_of_one_card(
     print("preemption:", json.dumps(record))
 
 
-def assert_nobody_preempted(lab: Lab, name: str, expected: set[str]) -> None:
+def assert_nobody_preempted(lab: ClusterLab, name: str, expected: set[str]) -> None:
     time.sleep(QUIET_S)
     assert pod_names(lab) == expected
     lab.assert_pending(name)
@@ -94,8 +93,7 @@ def assert_nobody_preempted(lab: Lab, name: str, expected: set[str]) -> None:
 
 
 @pytest.mark.usefixtures("priority_classes", "clean_namespace")
-def test_a_pod_of_equal_priority_preempts_nobody(control_plane: ControlPlane) -> None:
-    lab = Lab(control_plane)
+def test_a_pod_of_equal_priority_preempts_nobody(lab: ClusterLab) -> None:
     tenants = fill_the_node(lab)
     lab.create_manifest(gpu_pod("peer", LOW, {POLICY: "mutex"}))
     lab.wait_event("peer", "FilteringFailed")
@@ -103,8 +101,7 @@ def test_a_pod_of_equal_priority_preempts_nobody(control_plane: ControlPlane) ->
 
 
 @pytest.mark.usefixtures("priority_classes", "clean_namespace")
-def test_a_request_no_victims_can_satisfy_preempts_nobody(control_plane: ControlPlane) -> None:
-    lab = Lab(control_plane)
+def test_a_request_no_victims_can_satisfy_preempts_nobody(lab: ClusterLab) -> None:
     tenants = fill_the_node(lab)
     # More memory than a T4 has: emptying any card would not make room.
     lab.create_manifest(gpu_pod("too-big", HIGH, memory="20000"))
@@ -114,10 +111,10 @@ def test_a_request_no_victims_can_satisfy_preempts_nobody(control_plane: Control
 
 
 @pytest.mark.usefixtures("priority_classes", "clean_namespace")
-def test_the_preempt_verb_names_the_tenants_of_one_card(control_plane: ControlPlane) -> None:
+def test_the_preempt_verb_names_the_tenants_of_one_card(
+        lab: ClusterLab, control_plane: ControlPlane) -> None:
     """As kube-scheduler from the release with the fix would ask: the node offered with
     no victims, pyhami names them (uids of real pods, which kube-scheduler resolves)."""
-    lab = Lab(control_plane)
     tenants = fill_the_node(lab)
     uids = {name: lab.read(name)["metadata"]["uid"] for name in tenants}
     preemptor = gpu_pod("urgent", HIGH, {POLICY: "mutex"})
@@ -148,9 +145,8 @@ def card_3_budget(control_plane: ControlPlane) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("priority_classes", "card_3_budget", "clean_namespace")
-def test_a_card_whose_tenants_a_budget_protects_is_spared(control_plane: ControlPlane) -> None:
+def test_a_card_whose_tenants_a_budget_protects_is_spared(lab: ClusterLab) -> None:
     """Fewest budget violations come first: card 0's three tenants go, not card 3's two."""
-    lab = Lab(control_plane)
     tenants = fill_the_node(lab)
     lab.create_manifest(gpu_pod("urgent", HIGH, {POLICY: "mutex"}))
     assert lab.wait_placed("urgent").card == 0

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.controlplane import ApiError, wait_for
 from pyhami.bench.loopback import http_get
 from tests.e2e.controlplane import ControlPlane
-from tests.e2e.pods import Lab, lab_pod
+from tests.e2e.pods import ClusterLab, lab_pod
 from tests.e2e.test_webhook import CONFIGURATIONS, configuration, gpu_pod, webhook
 
 MEMORY = "limits.nvidia.com/gpumem"
@@ -75,7 +75,7 @@ def record(plane: ControlPlane, **measured: object) -> None:
     print("quota:", json.dumps(measured))
 
 
-class QuotaLab(Lab):
+class QuotaLab(ClusterLab):
     """A namespace of the test's own, its ResourceQuotas and its pods."""
 
     def __init__(self, plane: ControlPlane, namespace: str,

@@ -38,7 +38,7 @@ from pyhami.natsserver import free_port
 from scheduler.cluster.kube import Kubernetes
 from scheduler.tls.webhook import self_managed, service_names
 from tests.e2e.controlplane import NODE, TEST_NAMESPACE, ControlPlane
-from tests.e2e.pods import HAMI_EXAMPLE, Lab, card_uuid, lab_pod
+from tests.e2e.pods import HAMI_EXAMPLE, ClusterLab, card_uuid, lab_pod
 
 CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 OPT_OUT_NAMESPACE = "pyhami-e2e-opted-out"
@@ -125,11 +125,12 @@ def registered(control_plane: ControlPlane) -> Iterator[str]:
 
 
 @pytest.fixture
-def lab(control_plane: ControlPlane, registered: str, clean_namespace: None) -> Lab:
-    return Lab(control_plane)
+def lab(registered: str, lab: ClusterLab) -> ClusterLab:
+    """The suite's lab (conftest.py), the webhook registered before it."""
+    return lab
 
 
-def test_a_lab_pod_without_scheduler_name_is_placed_by_pyhami(lab: Lab) -> None:
+def test_a_lab_pod_without_scheduler_name_is_placed_by_pyhami(lab: ClusterLab) -> None:
     lab.create_manifest(gpu_pod("hami-manifest"))
     assert lab.read("hami-manifest")["spec"]["schedulerName"] == SCHEDULER_NAME
     placed = lab.wait_placed("hami-manifest")
@@ -139,7 +140,7 @@ def test_a_lab_pod_without_scheduler_name_is_placed_by_pyhami(lab: Lab) -> None:
     assert placed.annotations.get("hami.io/bind-phase") == "allocating"
 
 
-def test_hamis_own_example_unchanged_is_given_pyhamis_name_and_bound(lab: Lab) -> None:
+def test_hamis_own_example_unchanged_is_given_pyhamis_name_and_bound(lab: ClusterLab) -> None:
     # HAMi's examples/nvidia/default_use.yaml, byte for byte (test_hami_scheduler_name.py
     # pins its digest): it names no scheduler, as HAMi's webhook fills the name in.
     manifest = yaml.safe_load(HAMI_EXAMPLE.read_text())
@@ -151,20 +152,20 @@ def test_hamis_own_example_unchanged_is_given_pyhamis_name_and_bound(lab: Lab) -
     assert placed.allocated.split(":")[0].split(",")[2:] == ["3000", "30"], placed.allocated
 
 
-def test_a_pod_naming_another_scheduler_is_left_alone(lab: Lab) -> None:
+def test_a_pod_naming_another_scheduler_is_left_alone(lab: ClusterLab) -> None:
     lab.create_manifest(gpu_pod("volcano-job", scheduler="volcano"))
     assert lab.read("volcano-job")["spec"]["schedulerName"] == "volcano"
     lab.assert_pending("volcano-job")
 
 
-def test_a_pod_without_gpus_keeps_the_default_scheduler(lab: Lab) -> None:
+def test_a_pod_without_gpus_keeps_the_default_scheduler(lab: ClusterLab) -> None:
     pod = gpu_pod("cpu-only")
     pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     lab.create_manifest(pod)
     assert lab.read("cpu-only")["spec"]["schedulerName"] == "default-scheduler"
 
 
-def test_a_pod_labelled_to_opt_out_is_left_alone(lab: Lab) -> None:
+def test_a_pod_labelled_to_opt_out_is_left_alone(lab: ClusterLab) -> None:
     pod = gpu_pod("opted-out-pod")
     pod["metadata"]["labels"] = dict(OPT_OUT)
     lab.create_manifest(pod)

@@ -1,19 +1,30 @@
 # ruff: noqa: N802 - the stand-in answers to NVML's own function names
-"""A stand-in for the NVML library (there is no GPU in the tests), for
-``agent.vendors.nvidia.nvml``.
+"""The NVML the tests run ``agent.vendors.nvidia.nvml`` against (there is no GPU in the
+tests).
 
-``NvmlStandIn`` answers the same calls as ``pynvml`` from ``StandInCard`` records and
-raises ``pynvml``'s own errors, so everything from the library call up is the production
-code path. Cards can fail a call ("GPU is lost"), not support one, and raise Xid events.
+There is one in-memory NVML: the product's ``agent.mig.simulated.SimulatedMigLibrary``
+(the simulated inventory's MIG cards run on it). ``NvmlStandIn`` is that library with
+the calls the inventory and the host probe make answered too, from ``StandInCard``
+records, so the tests' NVML keeps its rules: ``nvmlInit`` first, one lock, handles it
+made itself, ``fail_next``, and MIG on a card whose model has MIG tables.
+
+It raises ``pynvml``'s own errors, so everything from the library call up is the
+production code path. Cards can fail a call ("GPU is lost"), not support one, and raise
+Xid events.
 """
 
 from __future__ import annotations
 
 import queue
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any
 
 import pynvml
+
+from agent.mig.simulated import SimulatedDevice, SimulatedMigLibrary, nvml_call
+from agent.mig.tables import MigCardTable, table_for
 
 MIB = 1024 * 1024
 # What NVML says is at the far end of an NVLink: a GPU, an IBM NPU, an NVSwitch.
@@ -68,20 +79,26 @@ class StandInCard:
     failing: set[str] = field(default_factory=set)  # calls that fail with "GPU is lost"
     unsupported: set[str] = field(default_factory=set)  # calls the driver does not support
 
+    def mig_table(self) -> MigCardTable:
+        """NVML's MIG tables of the card's model; a model without MIG has none."""
+        return table_for(self.name) or MigCardTable(self.name, self.memory_bytes // MIB, ())
+
 
 def _error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
-class NvmlStandIn:
-    """Answers the NVML calls the agent makes, from ``StandInCard`` records."""
+class NvmlStandIn(SimulatedMigLibrary):
+    """The simulated NVML answering the calls the agent's inventory makes as well, from
+    ``StandInCard`` records (the cards start out of MIG mode)."""
 
-    NVMLError = pynvml.NVMLError
     NVML_NVLINK_MAX_LINKS = 18
 
-    def __init__(self, cards: list[StandInCard], *, remote_type_known: bool = True,
+    def __init__(self, cards: Sequence[StandInCard], *, remote_type_known: bool = True,
                  init_error: int | None = None) -> None:
-        self.cards = cards
+        super().__init__([card.mig_table() for card in cards], [card.uuid for card in cards],
+                         mig_enabled=False)
+        self.cards = list(cards)
         self.remote_type_known = remote_type_known
         self.init_error = init_error
         self.events: queue.Queue[SimpleNamespace] = queue.Queue()
@@ -90,44 +107,69 @@ class NvmlStandIn:
         self.freed = False
         self.shut_down = False
 
+    def handle_of(self, card: StandInCard) -> SimulatedDevice:
+        """The handle NVML gives for ``card``."""
+        return SimulatedDevice(self.cards.index(card))
+
+    def raise_xid(self, card: StandInCard | None, xid: int) -> None:
+        """An Xid critical error on ``card`` (None: one NVML attributes to no device)."""
+        device = None if card is None else self.handle_of(card)
+        self.events.put(SimpleNamespace(device=device,
+                                        eventType=pynvml.nvmlEventTypeXidCriticalError,
+                                        eventData=xid, gpuInstanceId=0, computeInstanceId=0))
+
     def _card(self, handle: object, call: str) -> StandInCard:
-        if not isinstance(handle, StandInCard):
-            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if call in handle.failing:
+        card = self.cards[self._gpu(handle).index]
+        if call in card.failing:
             raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
-        if call in handle.unsupported:
+        if call in card.unsupported:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return handle
+        return card
+
+    # NVML: the calls the simulated library answers, read from the card.
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
             raise _error(self.init_error)
+        super().nvmlInit()
 
     def nvmlShutdown(self) -> None:
+        super().nvmlShutdown()
         self.shut_down = True
 
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.cards)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> StandInCard:
-        return self.cards[index]
-
+    @nvml_call()
     def nvmlDeviceGetUUID(self, handle: object) -> str:
         return self._card(handle, "nvmlDeviceGetUUID").uuid
 
+    @nvml_call()
     def nvmlDeviceGetName(self, handle: object) -> str:
         return self._card(handle, "nvmlDeviceGetName").name
 
+    @nvml_call()
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Any]:
+        # The card's processes, with the bytes they hold (the simulated MIG cards' hold none).
+        card = self._card(handle, "nvmlDeviceGetComputeRunningProcesses")
+        if card.processes is not None:
+            return [SimpleNamespace(pid=process.pid, usedGpuMemory=process.used)
+                    for process in card.processes]
+        return [SimpleNamespace(pid=1000 + n, usedGpuMemory=used)
+                for n, used in enumerate(card.process_memory)]
+
+    # NVML: the inventory's and the host probe's calls.
+
+    @nvml_call()
     def nvmlDeviceGetMemoryInfo(self, handle: object) -> SimpleNamespace:
         card = self._card(handle, "nvmlDeviceGetMemoryInfo")
         return SimpleNamespace(total=card.memory_bytes,
                                free=card.memory_bytes - card.memory_used_bytes,
                                used=card.memory_used_bytes)
 
+    @nvml_call()
     def nvmlDeviceGetUtilizationRates(self, handle: object) -> SimpleNamespace:
         gpu, memory = self._card(handle, "nvmlDeviceGetUtilizationRates").utilization
         return SimpleNamespace(gpu=gpu, memory=memory)
 
+    @nvml_call()
     def nvmlDeviceGetProcessUtilization(self, handle: object, time_stamp: int,
                                         ) -> list[SimpleNamespace]:
         card = self._card(handle, "nvmlDeviceGetProcessUtilization")
@@ -144,28 +186,23 @@ class NvmlStandIn:
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
         return fresh
 
+    @nvml_call()
     def nvmlDeviceGetPciInfo(self, handle: object) -> SimpleNamespace:
         return SimpleNamespace(busId=self._card(handle, "nvmlDeviceGetPciInfo").bus_id.encode())
 
+    @nvml_call()
     def nvmlDeviceGetNumaNodeId(self, handle: object) -> int:
         card = self._card(handle, "nvmlDeviceGetNumaNodeId")
         if card.numa is None:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return card.numa
 
+    @nvml_call()
     def nvmlDeviceGetAttributes(self, handle: object) -> SimpleNamespace:
         card = self._card(handle, "nvmlDeviceGetAttributes")
         if card.sm_count is None:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return SimpleNamespace(multiprocessorCount=card.sm_count)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[SimpleNamespace]:
-        card = self._card(handle, "nvmlDeviceGetComputeRunningProcesses")
-        if card.processes is not None:
-            return [SimpleNamespace(pid=process.pid, usedGpuMemory=process.used)
-                    for process in card.processes]
-        return [SimpleNamespace(pid=1000 + n, usedGpuMemory=used)
-                for n, used in enumerate(card.process_memory)]
 
     def _link(self, handle: object, link: int, call: str) -> Link:
         card = self._card(handle, call)
@@ -175,25 +212,31 @@ class NvmlStandIn:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return card.links[link]
 
+    @nvml_call()
     def nvmlDeviceGetNvLinkState(self, handle: object, link: int) -> int:
         return 1 if self._link(handle, link, "nvmlDeviceGetNvLinkState").active else 0
 
+    @nvml_call()
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: object, link: int) -> SimpleNamespace:
         remote = self._link(handle, link, "nvmlDeviceGetNvLinkRemotePciInfo").remote_bus_id
         return SimpleNamespace(busId=remote.encode())
 
+    @nvml_call()
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: object, link: int) -> int:
         if not self.remote_type_known:
             raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         return self._link(handle, link, "nvmlDeviceGetNvLinkRemoteDeviceType").remote_type
 
+    @nvml_call()
     def nvmlEventSetCreate(self) -> object:
         return self.events
 
+    @nvml_call()
     def nvmlDeviceGetSupportedEventTypes(self, handle: object) -> int:
         self._card(handle, "nvmlDeviceGetSupportedEventTypes")
-        return pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError
+        return int(pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError)
 
+    @nvml_call()
     def nvmlDeviceRegisterEvents(self, handle: object, event_types: int,
                                  event_set: object) -> None:
         assert event_set is self.events
@@ -201,16 +244,14 @@ class NvmlStandIn:
         self.registered.append(self._card(handle, "nvmlDeviceRegisterEvents").uuid)
 
     def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> SimpleNamespace:
+        # Not under the library's lock: it blocks for up to timeout_ms, as NVML's does,
+        # while the agent's other threads go on calling.
         assert event_set is self.events
         try:
             return self.events.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             raise _error(pynvml.NVML_ERROR_TIMEOUT) from None
 
+    @nvml_call()
     def nvmlEventSetFree(self, event_set: object) -> None:
         self.freed = True
-
-    def raise_xid(self, device: object, xid: int) -> None:
-        self.events.put(SimpleNamespace(device=device,
-                                        eventType=pynvml.nvmlEventTypeXidCriticalError,
-                                        eventData=xid, gpuInstanceId=0, computeInstanceId=0))

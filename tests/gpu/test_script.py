@@ -19,6 +19,7 @@ CHECKS = 7
 MIG table and the MIG write."""
 
 
+@pytest.mark.slow  # the GPU check script's seven checks, in processes
 @pytest.mark.skipif(driver_absent() is None, reason="a GPU is here: the script checks it")
 def test_without_a_driver_every_check_is_skipped_with_its_reason(tmp_path: Path) -> None:
     absent = driver_absent()

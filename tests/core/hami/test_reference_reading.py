@@ -363,6 +363,7 @@ def _every_case_read_as_hami_reads_it(case: Case) -> None:
     check(case)
 
 
+@pytest.mark.slow  # 2,000 generated requests
 def test_pyhami_reads_requests_as_hami_does(capsys: pytest.CaptureFixture[str]) -> None:
     """The property, then the count of pods it judged (quoted in the docs)."""
     EXAMPLES.update(pods=0, refused=0, compared=0)

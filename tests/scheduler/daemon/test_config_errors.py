@@ -13,6 +13,8 @@ import pytest
 
 from pyhami.natsserver import LocalNatsServer, free_port
 
+pytestmark = pytest.mark.slow  # each test starts the daemon's process to see it refuse
+
 KUBECONFIG_WITHOUT_CONTEXT = """\
 apiVersion: v1
 kind: Config

@@ -36,7 +36,7 @@ from pyhami.natsserver import LocalNatsServer, free_port
 from tests.invariants import settled_violations
 from tests.processes import Process
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 ROUNDS = int(os.environ.get("PYHAMI_FAULT_ROUNDS", "3"))
 WORKERS = 16

@@ -46,7 +46,7 @@ from tests.fuzzing import (
 )
 from tests.invariants import quota_violations, settled_violations_sync
 
-pytestmark = pytest.mark.timeout(0 if long_campaign() else 150)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(0 if long_campaign() else 150)]
 
 # A value sent as a bare JSON (or YAML) literal, whatever Python could encode: "1e10000000",
 # a 5000-digit integer. It travels through the strategies as a marked string.

@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import pytest
 
 from agent.service import Agent, AgentSettings
 from agent.vendors.nvidia.simulated import SimulatedSource
@@ -45,6 +46,7 @@ class Ticker:
         return self.longest
 
 
+@pytest.mark.slow  # a 1,024-member group on 32 cards: load
 async def test_the_health_probe_answers_while_the_largest_group_is_placed(
         jetstream_server: LocalNatsServer, http: aiohttp.ClientSession) -> None:
     """A group of 1,024 whole-card members on 32 cards: its /filter places every member,

@@ -25,6 +25,8 @@ from scheduler.cluster.standalone import BUCKET
 from scheduler.leadership import LEASE_BUCKET
 from tests.harness import PodClient, eventually, stored_entries
 
+pytestmark = pytest.mark.slow  # a cluster of three nats-servers, servers killed
+
 SWITCH_BOUND_S = 5.0
 """A client reaches another server this soon after its own is killed (measured: under
 1 s on loopback, docs/reliability.md); --nats-grace (30 s) covers it many times over."""

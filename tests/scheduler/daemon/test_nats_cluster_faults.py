@@ -46,7 +46,7 @@ from tests.invariants import settled_violations
 from tests.processes import Process
 from tests.scheduler.daemon.test_faults import pod
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 PODS = 500
 WORKERS = 16

@@ -19,6 +19,8 @@ import pytest
 from pyhami.natsserver import LocalNatsServer, free_port
 from tests.harness import eventually
 
+pytestmark = pytest.mark.slow  # daemon processes stopped with NATS or the API server gone
+
 STOP_LIMIT_S = 10.0
 KUBECONFIG_TO_NOWHERE = """\
 apiVersion: v1

@@ -40,7 +40,7 @@ from tests.invariants import settled_violations
 from tests.partition import Partition
 from tests.processes import Process
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 NODES = ("node-a", "node-b")
 DAEMONS = ("daemon-a", "daemon-b")

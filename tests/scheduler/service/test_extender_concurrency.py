@@ -18,6 +18,8 @@ from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, SimulatedAgent, standalone_config
 from tests.harness import PodClient, eventually
 
+pytestmark = pytest.mark.slow  # concurrent load on the daemon
+
 NODES = 100
 PODS = 500
 PROFILES = ("t4x4", "a100x8-nvswitch", "h100x8-islands")

@@ -36,7 +36,10 @@ LEASE = "kube-system/kube-scheduler"
 
 
 @dataclass
-class Lab:
+class StubCluster:
+    """The stub API server, the Kubernetes cluster client pointed at it, and the clock the
+    services made here run on (not the standalone lab of tests/harness.py)."""
+
     api: StubApiServer
     cluster: KubernetesCluster
     clock: Clock
@@ -58,12 +61,12 @@ class Lab:
 
 
 @pytest.fixture
-async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
+async def stub(tmp_path: Path) -> AsyncIterator[StubCluster]:
     api = StubApiServer(nodes=[{"metadata": {"name": "n1", "annotations": {"kept": "x"}}},
                                {"metadata": {"name": "n2"}}])
     async with serve(api) as port:
         kubernetes = Kubernetes.from_kubeconfig(str(write_kubeconfig(tmp_path / "kc", port)))
-        yield Lab(api, kubernetes.cluster, Clock(100.0))
+        yield StubCluster(api, kubernetes.cluster, Clock(100.0))
         await kubernetes.close()
 
 
@@ -83,123 +86,124 @@ def counted(service: SchedulerService, result: str) -> float:
 
 
 async def test_the_first_inventory_is_written_as_hamis_device_plugin_writes_it(
-        lab: Lab) -> None:
-    service = lab.service()
+        stub: StubCluster) -> None:
+    service = stub.service()
     report(service, "n1", 1)
     await service.registration.refresh()
-    written = lab.annotation("n1")
+    written = stub.annotation("n1")
     assert written is not None
     node = service.state.fleet.node("n1")
     assert node is not None
     # Read back by HAMi-WebUI's rules (and HAMi's), the same cards the agent reported.
     assert decode_register(written) == [registered_card(card) for card in node.devices]
     assert written.startswith('[{"id":"') and '"mode":"hami-core"' in written
-    assert lab.api.nodes[0]["metadata"]["annotations"]["kept"] == "x"  # a merge patch
-    assert lab.annotation("n2") is None  # no agent there: not written
+    assert stub.api.nodes[0]["metadata"]["annotations"]["kept"] == "x"  # a merge patch
+    assert stub.annotation("n2") is None  # no agent there: not written
     assert counted(service, "written") == 1
 
 
-async def test_it_is_written_again_only_when_it_changes(lab: Lab) -> None:
-    service = lab.service()
+async def test_it_is_written_again_only_when_it_changes(stub: StubCluster) -> None:
+    service = stub.service()
     report(service, "n1", 1)
     await service.registration.refresh()
     report(service, "n1", 2)  # a heartbeat: the same cards
     await service.registration.refresh()
-    assert len(lab.node_patches()) == 1
+    assert len(stub.node_patches()) == 1
     report(service, "n1", 3, unhealthy=2)
     await service.registration.refresh()
-    assert len(lab.node_patches()) == 2
-    after = decode_register(lab.annotation("n1") or "")
+    assert len(stub.node_patches()) == 2
+    after = decode_register(stub.annotation("n1") or "")
     assert [card.health for card in after] == [True, True, False, True]
 
 
 async def test_a_restarted_daemon_does_not_write_what_the_node_already_holds(
-        lab: Lab) -> None:
-    first = lab.service()
+        stub: StubCluster) -> None:
+    first = stub.service()
     report(first, "n1", 1)
     await first.registration.refresh()
-    again = lab.service()  # a new process: nothing remembered but the Node's annotation
+    again = stub.service()  # a new process: nothing remembered but the Node's annotation
     report(again, "n1", 1)
     await again.registration.refresh()
-    assert len(lab.node_patches()) == 1
+    assert len(stub.node_patches()) == 1
     assert counted(again, "written") == 0
 
 
 async def test_it_is_removed_once_the_agent_is_silent_beyond_the_retention(
-        lab: Lab, caplog: pytest.LogCaptureFixture) -> None:
-    service = lab.service()
+        stub: StubCluster, caplog: pytest.LogCaptureFixture) -> None:
+    service = stub.service()
     report(service, "n1", 1)
     report(service, "n2", 1)
     await service.registration.refresh()
-    lab.clock.now += RETENTION / 2
+    stub.clock.now += RETENTION / 2
     report(service, "n2", 2)
-    lab.clock.now += RETENTION / 2 + 1  # n1 silent beyond the retention, n2 not
+    stub.clock.now += RETENTION / 2 + 1  # n1 silent beyond the retention, n2 not
     with caplog.at_level(logging.INFO):
         await service.registration.refresh()
-    assert lab.node_patches()[-1] == {"metadata": {"annotations": {REGISTER_ANNOTATION: None}}}
-    assert lab.annotation("n1") is None and lab.annotation("n2") is not None
+    assert stub.node_patches()[-1] == {"metadata": {"annotations": {REGISTER_ANNOTATION: None}}}
+    assert stub.annotation("n1") is None and stub.annotation("n2") is not None
     assert f"node n1: {REGISTER_ANNOTATION} removed" in caplog.text
     await service.registration.refresh()
-    assert len(lab.node_patches()) == 3  # removed once
+    assert len(stub.node_patches()) == 3  # removed once
     report(service, "n1", 2)  # the agent is back
     await service.registration.refresh()
-    assert lab.annotation("n1") is not None
+    assert stub.annotation("n1") is not None
 
 
-async def test_a_node_deleted_from_the_cluster_is_forgotten_without_error(lab: Lab) -> None:
-    service = lab.service()
+async def test_a_node_deleted_from_the_cluster_is_forgotten_without_error(
+        stub: StubCluster) -> None:
+    service = stub.service()
     report(service, "n1", 1)
     await service.registration.refresh()
-    lab.api.nodes = [node for node in lab.api.nodes if node["metadata"]["name"] != "n1"]
-    lab.clock.now += 1
+    stub.api.nodes = [node for node in stub.api.nodes if node["metadata"]["name"] != "n1"]
+    stub.clock.now += 1
     await service.handlers.cordons.refresh_cordons()  # the Node list no longer names n1
     await service.registration.refresh()
-    assert lab.node_patches()[-1] == {"metadata": {"annotations": {REGISTER_ANNOTATION: None}}}
+    assert stub.node_patches()[-1] == {"metadata": {"annotations": {REGISTER_ANNOTATION: None}}}
     assert (counted(service, "removed"), counted(service, "failed")) == (1, 0)
     await service.registration.refresh()
-    assert len(lab.node_patches()) == 2
+    assert len(stub.node_patches()) == 2
 
 
-async def test_a_standby_writes_nothing(lab: Lab) -> None:
-    lab.api.leases[LEASE] = {"spec": {"holderIdentity": "other-pod_1234"}}
+async def test_a_standby_writes_nothing(stub: StubCluster) -> None:
+    stub.api.leases[LEASE] = {"spec": {"holderIdentity": "other-pod_1234"}}
     namespace, name = LEASE.split("/")
-    leadership = FollowedLease(lab.cluster, namespace, name, "this-pod")
+    leadership = FollowedLease(stub.cluster, namespace, name, "this-pod")
     await leadership.start()
     assert not leadership.leading()
-    service = lab.service(leadership)
+    service = stub.service(leadership)
     report(service, "n1", 1)
     await service.registration.refresh()
-    assert lab.node_patches() == []
-    assert lab.api.sent("GET", "/api/v1/nodes") == []
-    lab.api.leases[LEASE] = {"spec": {"holderIdentity": "this-pod_5678"}}
+    assert stub.node_patches() == []
+    assert stub.api.sent("GET", "/api/v1/nodes") == []
+    stub.api.leases[LEASE] = {"spec": {"holderIdentity": "this-pod_5678"}}
     await leadership.refresh()  # elected: the Nodes read, then written
     await service.registration.refresh()
-    assert lab.annotation("n1") is not None
+    assert stub.annotation("n1") is not None
 
 
 async def test_a_failed_write_is_counted_logged_and_tried_again(
-        lab: Lab, caplog: pytest.LogCaptureFixture) -> None:
-    service = lab.service()
+        stub: StubCluster, caplog: pytest.LogCaptureFixture) -> None:
+    service = stub.service()
     report(service, "n1", 1)
-    lab.api.node_patch_statuses = [500]
+    stub.api.node_patch_statuses = [500]
     await service.registration.refresh()
-    assert lab.annotation("n1") is None
+    assert stub.annotation("n1") is None
     assert counted(service, "failed") == 1
     assert f"writing {REGISTER_ANNOTATION} on node n1 failed: HTTP 500" in caplog.text
     await service.registration.refresh()  # the next refresh tries again
-    assert lab.annotation("n1") is not None
+    assert stub.annotation("n1") is not None
     assert counted(service, "written") == 1
 
 
-async def test_a_bound_gpu_pod_carries_hamis_node_label(lab: Lab) -> None:
-    service = lab.service()
+async def test_a_bound_gpu_pod_carries_hamis_node_label(stub: StubCluster) -> None:
+    service = stub.service()
     report(service, "n1", 1)
     pod = manifest("p")
-    lab.api.pods[pod.key] = pod_json("p", namespace=pod.namespace, uid="u-p",
+    stub.api.pods[pod.key] = pod_json("p", namespace=pod.namespace, uid="u-p",
                                      scheduler=SCHEDULER_NAME)
     filtered = await service.verbs.filter(pod, ("n1",))
     assert filtered.passing == ["n1"]
     refused = await service.verbs.bind(namespace=pod.namespace, name="p", uid="u-p",
                                        node="n1")
     assert refused is None
-    assert lab.api.pods[pod.key]["metadata"]["labels"]["hami.io/vgpu-node"] == "n1"
+    assert stub.api.pods[pod.key]["metadata"]["labels"]["hami.io/vgpu-node"] == "n1"

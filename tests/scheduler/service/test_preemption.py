@@ -14,6 +14,8 @@ import pytest
 from agent.vendors.nvidia.simulated import uuid_for
 from tests.harness import Lab
 
+pytestmark = pytest.mark.slow  # each test waits out the preemption grace on the lab
+
 NODE = "gpu-node-1"
 LOW, HIGH = 100, 1000
 # The daemon waits PREEMPT_GRACE_S (1 s) for kube-scheduler's preempt verb, then acts;

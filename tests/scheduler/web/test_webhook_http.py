@@ -237,6 +237,7 @@ async def test_a_body_that_cannot_be_read_is_a_400_naming_the_problem(
     assert needle in text
 
 
+@pytest.mark.slow  # waits out the read timeout
 async def test_a_body_over_the_limit_is_refused_before_it_is_read(webhook: Webhook) -> None:
     status, _ = await webhook.post(b" " * (ADMISSION_BODY_LIMIT + 1))
     assert status == 413

@@ -196,6 +196,7 @@ def answers(draw: st.DrawFn) -> Sent:
                 until_close=framing == "close")
 
 
+@pytest.mark.slow  # long fuzzing
 @settings(max_examples=500, deadline=None)
 @given(sent=answers(), cuts=st.lists(st.integers(0, 700), max_size=8))
 def test_fuzzed_answers_read_the_same_however_they_are_cut(sent: Sent, cuts: list[int]) -> None:
@@ -243,6 +244,7 @@ def damaged(draw: st.DrawFn) -> bytes:
 @settings(max_examples=1000, deadline=None)
 @given(raw=st.one_of(damaged(), st.binary(max_size=200)),
        cuts=st.lists(st.integers(0, 700), max_size=8))
+@pytest.mark.slow  # long fuzzing
 def test_fuzzed_damaged_answers_are_refused_or_read_never_otherwise(raw: bytes,
                                                                     cuts: list[int]) -> None:
     # Any other exception fails the test; how the bytes are cut changes nothing.

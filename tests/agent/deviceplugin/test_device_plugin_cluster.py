@@ -25,7 +25,7 @@ from common.messaging import NatsSettings
 from pyhami.demo import lab_pod
 from pyhami.natsserver import LocalNatsCluster, LocalNatsServer
 from pyhami.sandbox import RunningDaemon, servers_of, standalone_config
-from tests.agent.test_device_plugin_kubelet import CARDS, NODE, folders
+from tests.agent.deviceplugin.test_device_plugin_kubelet import CARDS, NODE, folders
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 from tests.harness import PodClient
 
@@ -61,6 +61,7 @@ def server_index(cluster: LocalNatsCluster, agent: Agent) -> int | None:
     return None if server is None else cluster.index_of_port(int(server.rpartition(":")[2]))
 
 
+@pytest.mark.slow  # a cluster of three nats-servers
 async def test_allocate_is_answered_through_another_server_when_the_agents_is_killed(
         nats_cluster: LocalNatsCluster, folders: tuple[Path, Path],
         http: aiohttp.ClientSession) -> None:

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,8 +24,10 @@ from agent.monitor.processes import CgroupFileError, pod_uid_of_cgroup
 from common.core.annotations import AnnotationError
 from common.core.registration import decode_register
 from common.wire import WireError, decode_inventory
-from tests.agent.inotify import OpenWatch
+from tests.agent.monitor.inotify import OpenWatch
 from tests.fakes.hami_core_cache import FakeCache, Proc, Used, gpu_uuid, write_cache
+
+pytestmark = pytest.mark.slow  # long fuzzing
 
 FUZZ = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

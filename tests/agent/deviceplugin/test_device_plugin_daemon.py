@@ -22,7 +22,7 @@ from common.messaging import NatsSettings
 from pyhami.demo import lab_pod
 from pyhami.natsserver import LocalNatsServer
 from pyhami.sandbox import RunningDaemon, standalone_config
-from tests.agent.test_device_plugin_kubelet import CARDS, NODE, folders
+from tests.agent.deviceplugin.test_device_plugin_kubelet import CARDS, NODE, folders
 from tests.fakes.kubelet import WAIT_S, FakeKubelet
 from tests.harness import PodClient, eventually
 

@@ -298,6 +298,7 @@ async def test_allocate_asks_again_while_the_daemon_lists_no_pod_for_it(
     assert daemon.requests - before >= 3  # the first answer, and asked again after it
 
 
+@pytest.mark.slow  # waits out the confirmation rounds
 async def test_an_outcome_lost_on_the_way_is_sent_again_until_the_daemon_has_it(
         nats_server: LocalNatsServer, folders: tuple[Path, Path]) -> None:
     """An outcome lost (a server dying with it, a lease moving before it was written)

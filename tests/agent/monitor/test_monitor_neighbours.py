@@ -20,7 +20,7 @@ from agent.monitor.containers import Allocation, CacheSettings, ContainerCaches,
 from agent.monitor.monitor import MonitorSettings, NodeMonitor
 from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.wire import HoldingContainer, HoldingPod
-from tests.agent.inotify import OpenWatch
+from tests.agent.monitor.inotify import OpenWatch
 from tests.fakes.hami_core_cache import (
     OFFSETS,
     FakeCache,
