@@ -222,7 +222,7 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_node(self) -> Node:
         annotations = {CORDON_ANNOTATION: ",".join(self.cordoned)} if self.cordoned else {}
-        return Node(name=self.node, devices=[card.card() for card in self.cards],
+        return Node(name=self.node, cards=[card.card() for card in self.cards],
                     annotations=annotations)
 
 

@@ -53,7 +53,7 @@ def cluster(rng: np.random.Generator) -> list[Node]:
         devices = [Card(uuid=f"GPU-{position}-{index}", index=index, type=model,
                         memory=memory, numa=index * 2 // max(count, 2))
                    for index in range(count)]
-        nodes.append(Node(name=f"node-{position:04d}", devices=devices))
+        nodes.append(Node(name=f"node-{position:04d}", cards=devices))
     return nodes
 
 
@@ -102,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     trace = Trace(nodes=cluster(rng), pods=workload(rng))
-    print(f"{len(trace.nodes)} nodes, {sum(len(n.devices) for n in trace.nodes)} GPUs, "
+    print(f"{len(trace.nodes)} nodes, {sum(len(n.cards) for n in trace.nodes)} GPUs, "
           f"{len(trace.pods)} pods, inflate {args.inflate}")
     for policy in POLICIES:
         started = time.perf_counter()

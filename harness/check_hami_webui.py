@@ -69,7 +69,7 @@ def prepare(plane: ApiServerPlane) -> str:
     """The node and the pod, as pyhami leaves them; returns the first card's uuid."""
     api = plane.api
     cards = registered_cards(profile_cards("a100x8-nvswitch", NODE), NodeDeviceConfig())
-    register = node_register(Node(name=NODE, devices=[card.card() for card in cards]))
+    register = node_register(Node(name=NODE, cards=[card.card() for card in cards]))
     node = api.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
         "name": NODE, "labels": {"gpu": "on"},
         "annotations": {NVIDIA.register_annotation: register}}})

@@ -48,11 +48,11 @@ from scheduler.cluster.standalone import StandaloneCluster
 from scheduler.config import DaemonConfig
 from scheduler.errors import SchedulerError, StartupError
 from scheduler.leadership import (
+    AlwaysLeader,
     FollowedLease,
     Leadership,
     LeaseSettingsError,
     NatsLease,
-    Sole,
     Takeover,
 )
 from scheduler.metrics import ConnectionCollector, UnreadableCollector
@@ -263,7 +263,7 @@ class Daemon:
             return self._lease
         followed = config.leadership.leader_lease
         if not followed or followed == "none":
-            return Sole(config.identity)
+            return AlwaysLeader(config.identity)
         namespace, _, name = followed.partition("/")
         return FollowedLease(self._kubernetes.cluster, namespace, name, config.identity,
                              on_elected=self._elected)
@@ -425,7 +425,7 @@ class Daemon:
     def _admission_quota(self, pod: PodManifest) -> str | None:
         """The webhook's quota check; the webhook listens before the service is built, and
         admits on quota grounds until then."""
-        return None if self._service is None else self._service.verbs.admission_refusal(pod)
+        return None if self._service is None else self._service.verbs.admission_denial(pod)
 
     async def _unless_stopped(self, work: Awaitable[T]) -> T:
         """``work``'s result; ``_Stopped`` (``work`` cancelled) when ``stop`` is set first."""

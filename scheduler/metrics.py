@@ -115,7 +115,7 @@ class HamiCollector(Collector):
                        "placement_size"])
         for _, allocation in sorted(fleet.allocations().items()):
             node = fleet.node(allocation.node)
-            index = {d.uuid: d.index for d in node.devices} if node is not None else {}
+            index = {d.uuid: d.index for d in node.cards} if node is not None else {}
             for grants in allocation.containers:
                 for grant in grants:
                     made = grant.instance
@@ -246,7 +246,7 @@ class CardGauges:
             name = _escaped(node.name)
             shares = [(f'device_type="{_escaped(card.type)}",'
                        f'device_uuid="{_escaped(card.uuid)}",node="{name}"', card)
-                      for card in node.devices]
+                      for card in node.cards]
             cards.extend((shared, card, fleet.usage(node.name, card.uuid))
                          for shared, card in shares)
             figures = measured.get(node.name)

@@ -44,7 +44,7 @@ def card(index: int, node: str = "n", **fields: Any) -> Card:
 
 def node(name: str = "n", cards: int = 4, annotations: dict[str, str] | None = None,
          **fields: Any) -> Node:
-    return Node(name=name, devices=[card(i, name, **fields) for i in range(cards)],
+    return Node(name=name, cards=[card(i, name, **fields) for i in range(cards)],
                 annotations=annotations or {})
 
 
@@ -152,7 +152,7 @@ def worked_example_fleet() -> Fleet:
 def node_with(name: str, *overrides: dict[str, Any],
               annotations: dict[str, str] | None = None) -> Node:
     """A node whose card ``i`` takes the fields in ``overrides[i]``."""
-    return Node(name=name, devices=[card(**{"index": i, "node": name, **extra})
+    return Node(name=name, cards=[card(**{"index": i, "node": name, **extra})
                                     for i, extra in enumerate(overrides)],
                 annotations=annotations or {})
 
@@ -183,4 +183,4 @@ def mig_node(name: str = "n", cards: int = 1, table: MigCardTable = A100_80GB,
                               "count": slot_count(profiles), "mode": "mig",
                               "mig_profiles": profiles}
     values.update(fields)
-    return Node(name=name, devices=[card(i, name, **values) for i in range(cards)])
+    return Node(name=name, cards=[card(i, name, **values) for i in range(cards)])

@@ -78,7 +78,7 @@ def node_of_links(name: str, masks: Masks, numa: list[int] | None = None) -> Nod
         links = {f"GPU-{name}-{j}": 4 for j in range(len(masks)) if mask >> j & 1}
         devices.append(Card(uuid=f"GPU-{name}-{i}", index=i, type="NVIDIA-H100",
                             memory=81920, numa=0 if numa is None else numa[i], links=links))
-    return Node(name=name, devices=devices)
+    return Node(name=name, cards=devices)
 
 
 def spent_budgets(monkeypatch: pytest.MonkeyPatch) -> list[SearchBudget]:

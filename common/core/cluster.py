@@ -52,7 +52,7 @@ def fleet_from_cluster(cluster: ClusterFile, device: DeviceConfig = DEFAULT_DEVI
         where = f"nodes[{position}] ({node.name!r})"
         if fleet.node(node.name) is not None:
             raise ClusterFileError(f"{where}: node name is listed twice")
-        repeated = repeated_card(node.devices)
+        repeated = repeated_card(node.cards)
         if repeated is not None:
             raise ClusterFileError(f"{where}: {repeated}")
         fleet.upsert_node(node)
@@ -76,7 +76,7 @@ def _book(fleet: Fleet, pod: PodRecord, where: str) -> None:
                                        pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))
     except AnnotationError as error:
         raise ClusterFileError(f"{where}: {error}") from None
-    known = {d.uuid for d in host.devices}
+    known = {d.uuid for d in host.cards}
     for grants in containers:
         for grant in grants:
             if grant.uuid not in known:

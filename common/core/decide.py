@@ -20,7 +20,8 @@ import msgspec
 import numpy as np
 
 from common.core.annotations import CardGrant, allocation_annotations
-from common.core.fleet import BoolArray, Fleet, FloatArray, IntArray, Layout, round_scores
+from common.core.fiterror import fit_error_message
+from common.core.fleet import BoolArray, Fleet, FloatArray, IntArray, Snapshot, round_scores
 from common.core.ledger import Allocation
 from common.core.mig import MigInstance
 from common.core.placement import (
@@ -47,7 +48,6 @@ from common.core.reasons import (
     NodeReasons,
     failed_node_texts,
 )
-from common.core.refusal import refusal_message
 
 _ELIGIBLE = int(CardCheck.ELIGIBLE)
 """Compared with a numpy array, a plain integer: an IntEnum member costs a lookup of numpy's
@@ -93,7 +93,7 @@ class Decision:
     reason: str | None = None
     message: str | None = None
     """For a pod placed nowhere: one sentence on what it asked for and what the nodes have
-    (``common.core.refusal``), or the reason a malformed pod is refused."""
+    (``common.core.fiterror``), or the reason a malformed pod is refused."""
     explain: tuple[ExplainRow, ...] | None = None
     asks_for_gpu: bool = True
     """False for a pod that asks for no GPU: pyhami passes every node and leaves the
@@ -135,10 +135,10 @@ def _counted_failure(request: ContainerRequest, view: PodView, node: int,
     That is every case but numa-bind with eligible cards: there the reason names
     the best-ranked card's NUMA group.
     """
-    layout = view.layout
-    failure = node_level_failure(request, int(layout.node_cards[node]), layout.topology[node],
+    snapshot = view.snapshot
+    failure = node_level_failure(request, int(snapshot.node_cards[node]), snapshot.topology[node],
                                  view.pod.chain.topology_aware,
-                                 view.takes_mig and bool(layout.node_has_mig[node]))
+                                 view.takes_mig and bool(snapshot.node_has_mig[node]))
     if failure is not None:
         return failure
     eligible = by_code[CardCheck.ELIGIBLE]
@@ -154,19 +154,19 @@ def _holds_a_set(view: PodView, request: ContainerRequest, codes: CodeArray,
     Exact for nodes whose linked components are fully connected; nodes with other
     link shapes are evaluated one by one instead.
     """
-    layout, pod = view.layout, view.pod
+    snapshot, pod = view.snapshot, view.pod
     enough = by_node[:, CardCheck.ELIGIBLE] >= request.cards
     aware = pod.chain.topology_aware and request.cards > 1
     bound = pod.numa_bind and request.cards > 1
     if not (aware or bound):
         return enough
     if aware and bound:
-        groups = layout.numa_link_groups
+        groups = snapshot.numa_link_groups
     else:
-        groups = layout.link_groups if aware else layout.numa_groups
+        groups = snapshot.link_groups if aware else snapshot.numa_groups
     members = groups.card_group[(codes == _ELIGIBLE) & (groups.card_group >= 0)]
     per_group = np.bincount(members, minlength=len(groups.group_node))
-    has_set = np.zeros(len(layout.node_names), dtype=np.bool_)
+    has_set = np.zeros(len(snapshot.node_names), dtype=np.bool_)
     has_set[groups.group_node[per_group >= request.cards]] = True
     return enough & has_set
 
@@ -220,7 +220,7 @@ class NodeFailures(Mapping[str, FailedNode]):
 class FittingNodes(Mapping[str, float]):
     """Node -> score of the nodes that hold the pod, best first, written only when first
     read (most decisions need none of it): the positions and scores copied when made, as
-    the layout's scores change with the next booking."""
+    the snapshot's scores change with the next booking."""
 
     __slots__ = ("_built", "_names", "_positions", "_scores", "_spread")
 
@@ -281,12 +281,12 @@ class FittingNodes(Mapping[str, float]):
 def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArray,
                       nodes: BoolArray, more: dict[str, FailedNode]) -> NodeFailures:
     """The reasons of the nodes failed from check counts alone, then of ``more``."""
-    layout = view.layout
+    snapshot = view.snapshot
     failing = nodes.nonzero()[0]  # flatnonzero of a 1-D mask, without its wrappers
-    # A copy of the counts, which are kept in the layout and change with the next booking:
+    # A copy of the counts, which are kept in the snapshot and change with the next booking:
     # the whole array (one block copied) rather than the failing nodes' rows (picked one by
     # one: ten times the cost, at 1,200 nodes). The cards per node and the topology are
-    # the layout's for good. The failing rows are picked and stacked only when the reasons
+    # the snapshot's for good. The failing rows are picked and stacked only when the reasons
     # are asked for (a caller that places the pod, as ``pyhami simulate`` does 7,000 times
     # a chain on openb, seldom asks).
     counts = by_node.copy()
@@ -297,9 +297,9 @@ def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArra
 
     def build() -> dict[str, FailedNode]:
         failed: dict[str, FailedNode] = {}
-        names = layout.node_names
-        columns = (counts[failing], layout.node_cards[failing],
-                   layout.topology_known[failing])
+        names = snapshot.node_names
+        columns = (counts[failing], snapshot.node_cards[failing],
+                   snapshot.topology_known[failing])
         # Many nodes fail the same way: build each distinct set of reasons once, from
         # the first node with that row (a row holds all that the reasons depend on).
         if 0 < len(failing) <= FEW_FAILING:
@@ -358,31 +358,31 @@ def decide(
         return Decision(pod=pod.key, scheduled=True, failures={},
                         ignored_policies=pod.ignored_policies, adjusted=pod.adjusted,
                         asks_for_gpu=False)
-    layout = fleet.layout
+    snapshot = fleet.snapshot
     # The quotas asked once: what the pod may still be charged, which its card checks
     # consume as one limit.
-    view = PodView(layout, pod, fleet.quotas.left(pod.subject))
-    considered = _considered(layout, nodes)
+    view = PodView(snapshot, pod, fleet.quotas.left(pod.subject))
+    considered = _considered(snapshot, nodes)
     codes, by_node = view.first_checks()
     fits, counted, placed_in_full = _judged_by_counts(view, codes, by_node, considered,
                                                       exhaustive)
     placements, failed = _placed_in_full(view, codes, placed_in_full, fits)
     failures = _counted_failures(view, pod.gpu_containers[0], by_node, counted, failed)
-    node_scores = layout.node_scores()
+    node_scores = snapshot.node_scores()
     chosen_node = _best_node(node_scores, fits, pod.node_policy)
-    fitting = FittingNodes(layout.node_names, fits.nonzero()[0], node_scores, pod.node_policy)
+    fitting = FittingNodes(snapshot.node_names, fits.nonzero()[0], node_scores, pod.node_policy)
     placement = _chosen_placement(view, chosen_node, placements, codes)
     rows = None
     if explain:
         rows = _explain(view, codes, considered, chosen_node, placement)
     elif explain_chosen and chosen_node is not None:
-        only_chosen = np.zeros(len(layout.node_names), dtype=np.bool_)
+        only_chosen = np.zeros(len(snapshot.node_names), dtype=np.bool_)
         only_chosen[chosen_node] = True
         rows = _explain(view, codes, only_chosen, chosen_node, placement)
     quota = _quota_refusal(fleet, view, codes, by_node=by_node, considered=considered,
                            failed=failed)
     if chosen_node is None:
-        message = refusal_message(fleet, pod, failures) if describe else None
+        message = fit_error_message(fleet, pod, failures) if describe else None
         return Decision(pod=pod.key, scheduled=False, failures=failures,
                         ignored_policies=pod.ignored_policies, adjusted=pod.adjusted,
                         message=message, explain=rows, quota=quota, fitting=fitting)
@@ -390,17 +390,17 @@ def decide(
                       fitting=fitting)
 
 
-def _considered(layout: Layout, nodes: Collection[str] | None) -> BoolArray:
-    """The nodes the pod is judged on, as a mask of the layout's: ``nodes`` (None: all)."""
-    considered = np.ones(len(layout.node_names), dtype=np.bool_)
+def _considered(snapshot: Snapshot, nodes: Collection[str] | None) -> BoolArray:
+    """The nodes the pod is judged on, as a mask of the snapshot's: ``nodes`` (None: all)."""
+    considered = np.ones(len(snapshot.node_names), dtype=np.bool_)
     if nodes is not None:
         wanted = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
-        if not wanted.issuperset(layout.name_set):
+        if not wanted.issuperset(snapshot.name_set):
             considered[:] = False
             # The intersection and the lookups in C: a Python loop over the ~420 names
             # kube-scheduler sends at 1,000 nodes cost more than the rest of the choice.
-            known = wanted & layout.name_set
-            considered[np.fromiter(map(layout.node_position.__getitem__, known),
+            known = wanted & snapshot.name_set
+            considered[np.fromiter(map(snapshot.node_position.__getitem__, known),
                                    dtype=np.intp, count=len(known))] = True
     return considered
 
@@ -413,16 +413,16 @@ def _judged_by_counts(view: PodView, codes: CodeArray, by_node: IntArray,
     (``placed_in_full``): every node for a pod of several GPU containers or with
     ``exhaustive``; for one container, the nodes whose counts do not tell (irregular
     NVLink shapes, NUMA groups under numa-bind, MIG cards)."""
-    layout, pod = view.layout, view.pod
+    snapshot, pod = view.snapshot, view.pod
     first = pod.gpu_containers[0]
-    node_count = len(layout.node_names)
+    node_count = len(snapshot.node_names)
     counted = np.zeros(node_count, dtype=np.bool_)
     fits = np.zeros(node_count, dtype=np.bool_)
     placed_in_full = considered.copy()
     if len(pod.gpu_containers) == 1 and not exhaustive:
         holds = _holds_a_set(view, first, codes, by_node)
         if pod.chain.topology_aware and first.cards > 1:
-            placed_in_full &= layout.irregular_links
+            placed_in_full &= snapshot.irregular_links
             fits = considered & ~placed_in_full & holds
             counted = considered & ~placed_in_full & ~fits
         else:
@@ -436,7 +436,7 @@ def _judged_by_counts(view: PodView, codes: CodeArray, by_node: IntArray,
         if view.takes_mig:
             # Several instances of one MIG card may serve one container: counts of
             # eligible cards do not tell whether a node holds the set.
-            on_mig = considered & layout.node_has_mig
+            on_mig = considered & snapshot.node_has_mig
             placed_in_full |= on_mig
             fits &= ~on_mig
             counted &= ~on_mig
@@ -447,16 +447,16 @@ def _placed_in_full(view: PodView, codes: CodeArray, placed_in_full: BoolArray,
                     fits: BoolArray) -> tuple[dict[int, Placement], dict[str, FailedNode]]:
     """The pod placed on each of those nodes in turn: the placements found (their nodes
     marked in ``fits``) and the reasons of the nodes that failed."""
-    layout = view.layout
+    snapshot = view.snapshot
     placements: dict[int, Placement] = {}
     failed: dict[str, FailedNode] = {}
     if placed_in_full.any():
         view.scores()
     for node in placed_in_full.nonzero()[0].tolist():
-        result = place_pod(view, node, codes[layout.node_slice(node)])
+        result = place_pod(view, node, codes[snapshot.node_slice(node)])
         if isinstance(result, NodeFailure):
-            failed[layout.node_names[node]] = NodeReasons.of(result.reasons,
-                                                             int(layout.node_cards[node]))
+            failed[snapshot.node_names[node]] = NodeReasons.of(result.reasons,
+                                                             int(snapshot.node_cards[node]))
         else:
             placements[node] = result
             fits[node] = True
@@ -471,7 +471,7 @@ def _chosen_placement(view: PodView, chosen_node: int | None,
         return []
     found = placements.get(chosen_node)
     if found is None:
-        result = place_pod(view, chosen_node, codes[view.layout.node_slice(chosen_node)])
+        result = place_pod(view, chosen_node, codes[view.snapshot.node_slice(chosen_node)])
         assert not isinstance(result, NodeFailure), "a node that fits places the pod"
         found = result
     return found
@@ -488,15 +488,15 @@ def _quota_refusal(fleet: Fleet, view: PodView, codes: CodeArray, *, by_node: In
     if ((view.quota_refused_first and by_node[considered, CardCheck.QUOTA_NOT_FIT].any())
             or any(reason == QUOTA_REASON for failure in failed.values()
                    for reason, _ in failure.removed())):
-        return fleet.quotas.card_refusal(view.pod, view.layout.memory, codes)
+        return fleet.quotas.card_refusal(view.pod, view.snapshot.memory, codes)
     return None
 
 
 def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[str, FailedNode],
                *, rows: tuple[ExplainRow, ...] | None, quota: QuotaRefusal | None,
                fitting: Mapping[str, float]) -> Decision:
-    layout, pod = view.layout, view.pod
-    start = int(layout.start[node])
+    snapshot, pod = view.snapshot, view.pod
+    start = int(snapshot.start[node])
     per_container = iter(zip(placement, instance_grants(view, node, placement), strict=True))
     grants: list[tuple[CardGrant, ...]] = []
     placed: list[tuple[PlacedCard, ...]] = []
@@ -507,12 +507,12 @@ def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[s
         chosen, charged = next(per_container)
         cards = []
         for local, (memory, cores, instance) in zip(chosen, charged, strict=True):
-            device = layout.devices[start + local]
+            device = snapshot.devices[start + local]
             cards.append(PlacedCard(device.uuid, device.index, memory, cores, instance))
         placed.append(tuple(cards))
         grants.append(tuple(CardGrant(c.uuid, c.memory, c.cores, c.instance) for c in cards))
     init_count = sum(1 for c in pod.containers if c.is_init)
-    name = layout.node_names[node]
+    name = snapshot.node_names[node]
     return Decision(
         pod=pod.key,
         scheduled=True,
@@ -530,7 +530,7 @@ def _scheduled(view: PodView, node: int, placement: Placement, failed: Mapping[s
 
 def _explain(view: PodView, codes: CodeArray, considered: BoolArray, chosen_node: int | None,
              placement: Placement) -> tuple[ExplainRow, ...]:
-    layout = view.layout
+    snapshot = view.snapshot
     shown = np.flatnonzero(considered).tolist()
     if len(shown) > 1:
         view.scores()  # many nodes: score the whole fleet in one pass
@@ -538,21 +538,21 @@ def _explain(view: PodView, codes: CodeArray, considered: BoolArray, chosen_node
     first = view.pod.gpu_containers[0]
     rows: list[ExplainRow] = []
     for node in shown:
-        where = layout.node_slice(node)
+        where = snapshot.node_slice(node)
         scores = view.card_scores(where)
-        used = layout.used[where].tolist()
-        index = layout.index[where].tolist()
+        used = snapshot.used[where].tolist()
+        index = snapshot.index[where].tolist()
         local_codes = codes[where].tolist()
         # A node refused before its cards are looked at (fewer cards than asked) refuses
         # every card for that reason, as its failed_nodes entry says: a card's own check
         # (too little memory) would name a reason the node was not refused for.
-        whole_node = node_level_failure(first, int(layout.node_cards[node]),
-                                        layout.topology[node], view.pod.chain.topology_aware,
-                                        view.takes_mig and bool(layout.node_has_mig[node]))
+        whole_node = node_level_failure(first, int(snapshot.node_cards[node]),
+                                        snapshot.topology[node], view.pod.chain.topology_aware,
+                                        view.takes_mig and bool(snapshot.node_has_mig[node]))
         if whole_node is not None:
             reason = next(iter(whole_node))
-            rows += [ExplainRow(node=layout.node_names[node], index=index[local],
-                                uuid=layout.devices[where.start + local].uuid,
+            rows += [ExplainRow(node=snapshot.node_names[node], index=index[local],
+                                uuid=snapshot.devices[where.start + local].uuid,
                                 used=used[local], score=scores[local], filtered_by=reason,
                                 rank=None, chosen=False)
                      for local in range(len(local_codes))]
@@ -561,9 +561,9 @@ def _explain(view: PodView, codes: CodeArray, considered: BoolArray, chosen_node
         rank = {card: r + 1 for r, card in enumerate(view.rank(node, eligible))}
         for local, code in enumerate(local_codes):
             rows.append(ExplainRow(
-                node=layout.node_names[node],
+                node=snapshot.node_names[node],
                 index=index[local],
-                uuid=layout.devices[where.start + local].uuid,
+                uuid=snapshot.devices[where.start + local].uuid,
                 used=used[local],
                 score=scores[local],
                 filtered_by=CARD_REASON[CardCheck(code)] if code else None,

@@ -20,8 +20,8 @@ from collections.abc import Collection, Mapping, Sequence
 from itertools import islice
 
 from common.core.decide import FittingNodes
+from common.core.fiterror import MESSAGE_LIMIT, cut
 from common.core.reasons import FailedNode, NodeReasons
-from common.core.refusal import MESSAGE_LIMIT, cut
 
 FILTERING_SUCCEED = "FilteringSucceed"
 FILTERING_FAILED = "FilteringFailed"

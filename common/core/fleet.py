@@ -1,4 +1,4 @@
-"""The live device state of every node, in a vectorised layout.
+"""The live device state of every node, in a vectorised snapshot.
 
 Cards of all nodes sit in flat numpy arrays, grouped by node (nodes sorted by
 name, cards by device index), so one decision checks every card with a few
@@ -191,7 +191,7 @@ class CardGroups:
 
     @classmethod
     def spliced(cls, runs: list[tuple[CardGroups, int, int, int, int]]) -> CardGroups:
-        """The groups of runs of other layouts' nodes put one after the other: per run, its
+        """The groups of runs of other snapshots' nodes put one after the other: per run, its
         groups, its nodes ``lo:hi`` there, and the cards ``start:stop`` of those nodes.
         The ids ``__init__`` would give: it numbers the groups node by node (a key holds its
         node), so a run of nodes holds a run of ids, renumbered by one offset."""
@@ -212,18 +212,18 @@ class CardGroups:
 
 
 _SPLICE_MAX_SHARE = 4
-"""Past 1 node in 4 changed, the layout is built whole: each changed node is built on its
-own anyway (as dear as in a whole build) and cuts the old layout into two more runs to
+"""Past 1 node in 4 changed, the snapshot is built whole: each changed node is built on its
+own anyway (as dear as in a whole build) and cuts the old snapshot into two more runs to
 splice, so past that share splicing saves too little to be worth its path."""
 
 CHANGE_LOG_MAX = 1 << 16
-"""Changed cards a layout remembers; past that, cached checks are computed afresh."""
+"""Changed cards a snapshot remembers; past that, cached checks are computed afresh."""
 
 
 @dataclass(slots=True)
 class CachedChecks:
     """One request shape's check code per card and their counts per node, as of ``seen``
-    entries of the layout's change log."""
+    entries of the snapshot's change log."""
 
     codes: npt.NDArray[np.int8]
     by_node: IntArray
@@ -232,20 +232,20 @@ class CachedChecks:
 
 _DYNAMIC_ARRAYS = ("tenants", "usedmem", "usedcores", "used", "node_used", "node_usedmem",
                    "node_usedcores", "healthy", "cordoned", "processes", "inconsistent")
-"""The arrays of a ``Layout`` that change after it is built (usage, health, cordons)."""
+"""The arrays of a ``Snapshot`` that change after it is built (usage, health, cordons)."""
 
 
 class _Span(NamedTuple):
-    """A run of one layout's nodes ``lo:hi``, whose cards are ``start:stop`` there."""
+    """A run of one snapshot's nodes ``lo:hi``, whose cards are ``start:stop`` there."""
 
-    layout: Layout
+    snapshot: Snapshot
     lo: int
     hi: int
     start: int
     stop: int
 
 
-class Layout:
+class Snapshot:
     """Flat per-card arrays for a fixed set of nodes and cards.
 
     Usage changes are applied in place and logged (``changed``), so what is derived from
@@ -277,7 +277,7 @@ class Layout:
         node_of: list[int] = []
         cordoned: list[bool] = []
         for position, node in enumerate(ordered):
-            devices = sorted(node.devices, key=lambda d: d.index)
+            devices = sorted(node.cards, key=lambda d: d.index)
             starts.append(len(self.devices))
             cordon = cordoned_uuids(node.annotations)
             self.devices.extend(devices)
@@ -375,10 +375,10 @@ class Layout:
             np.bincount(self.node_of[self.mig], minlength=len(self.node_names)) > 0)
         self.has_mig = bool(self.mig.any())
 
-    def copy(self) -> Layout:
-        """A layout of the same cards whose usage and health change apart from this one's:
+    def copy(self) -> Snapshot:
+        """A snapshot of the same cards whose usage and health change apart from this one's:
         the arrays that change are copied, the rest (names, capacities, topology) shared
-        and never written. Building a layout of 5,000 nodes of 8 cards takes about 250 ms;
+        and never written. Building a snapshot of 5,000 nodes of 8 cards takes about 250 ms;
         this, a few."""
         other = copy.copy(self)
         for name in _DYNAMIC_ARRAYS:
@@ -391,45 +391,45 @@ class Layout:
         return other
 
     @classmethod
-    def spliced(cls, runs: list[tuple[Layout, int, int]]) -> Layout:
-        """The layout of runs of nodes taken from other layouts, in the order given (the
-        caller keeps the names sorted): ``(layout, lo, hi)`` takes its nodes ``lo:hi`` with
-        their cards, usage, health and cordons as they are there. The same layout, array for
-        array, as ``Layout`` of those nodes with that usage applied; at 5,000 nodes a few
+    def spliced(cls, runs: list[tuple[Snapshot, int, int]]) -> Snapshot:
+        """The snapshot of runs of nodes taken from other snapshots, in the order given (the
+        caller keeps the names sorted): ``(snapshot, lo, hi)`` takes its nodes ``lo:hi`` with
+        their cards, usage, health and cordons as they are there. The same snapshot, array for
+        array, as ``Snapshot`` of those nodes with that usage applied; at 5,000 nodes a few
         milliseconds instead of the ~250 ms of a build, with no Python loop over the cards
         of the runs but for the dicts keyed by card. Every source must hold one entry of
         ``card_position`` per card (no uuid twice in a node)."""
         if not runs:
-            raise ValueError("a spliced layout needs at least one run of nodes")
+            raise ValueError("a spliced snapshot needs at least one run of nodes")
         new = cls.__new__(cls)
-        spans = [_Span(layout, lo, hi, int(layout.start[lo]), int(layout.start[hi]))
-                 for layout, lo, hi in runs]
+        spans = [_Span(snapshot, lo, hi, int(snapshot.start[lo]), int(snapshot.start[hi]))
+                 for snapshot, lo, hi in runs]
         new._splice_nodes(spans)
         new._splice_arrays(spans)
-        sources = {id(span.layout): span.layout for span in spans}
+        sources = {id(span.snapshot): span.snapshot for span in spans}
         new._splice_mig(spans, sources)
         new._splice_types(spans)
         new._splice_positions(spans, sources)
         new._start_derived()
         for name in ("numa_groups", "link_groups", "numa_link_groups"):
             setattr(new, name, CardGroups.spliced(
-                [(getattr(layout, name), lo, hi, start, stop)
-                 for layout, lo, hi, start, stop in spans]))
+                [(getattr(snapshot, name), lo, hi, start, stop)
+                 for snapshot, lo, hi, start, stop in spans]))
         new.has_mig = bool(new.mig.any())
         return new
 
     def _splice_nodes(self, spans: list[_Span]) -> None:
         """The runs' nodes and cards one after the other, numbered afresh."""
         self.node_names = list(chain.from_iterable(
-            layout.node_names[lo:hi] for layout, lo, hi, _, _ in spans))
+            snapshot.node_names[lo:hi] for snapshot, lo, hi, _, _ in spans))
         self.node_position = {n: i for i, n in enumerate(self.node_names)}
         self.name_set = frozenset(self.node_names)
         self.devices = list(chain.from_iterable(
-            layout.devices[start:stop] for layout, _, _, start, stop in spans))
+            snapshot.devices[start:stop] for snapshot, _, _, start, stop in spans))
         self.topology = list(chain.from_iterable(
-            layout.topology[lo:hi] for layout, lo, hi, _, _ in spans))
-        self.node_cards = np.concatenate([layout.node_cards[lo:hi]
-                                          for layout, lo, hi, _, _ in spans])
+            snapshot.topology[lo:hi] for snapshot, lo, hi, _, _ in spans))
+        self.node_cards = np.concatenate([snapshot.node_cards[lo:hi]
+                                          for snapshot, lo, hi, _, _ in spans])
         self.start = np.zeros(len(self.node_cards) + 1, dtype=np.int64)
         np.cumsum(self.node_cards, out=self.start[1:])
         self.node_of = np.repeat(np.arange(len(self.node_cards), dtype=np.int64),
@@ -439,30 +439,30 @@ class Layout:
         """The per-card and per-node arrays, each the runs' slices concatenated."""
         for name in ("index", "memory", "cores", "count", "numa", "healthy", "inconsistent",
                      "cordoned", "processes", "mig", "tenants", "usedmem", "usedcores", "used"):
-            setattr(self, name, np.concatenate([getattr(layout, name)[start:stop]
-                                                for layout, _, _, start, stop in spans]))
+            setattr(self, name, np.concatenate([getattr(snapshot, name)[start:stop]
+                                                for snapshot, _, _, start, stop in spans]))
         for name in ("node_count", "node_cores", "node_memory", "node_used", "node_usedmem",
                      "node_usedcores", "topology_known", "irregular_links", "node_has_mig"):
-            setattr(self, name, np.concatenate([getattr(layout, name)[lo:hi]
-                                                for layout, lo, hi, _, _ in spans]))
+            setattr(self, name, np.concatenate([getattr(snapshot, name)[lo:hi]
+                                                for snapshot, lo, hi, _, _ in spans]))
 
-    def _splice_mig(self, spans: list[_Span], sources: dict[int, Layout]) -> None:
+    def _splice_mig(self, spans: list[_Span], sources: dict[int, Snapshot]) -> None:
         """The dicts keyed by card position (MIG profiles, instances): each source's
         positions mapped to the new ones (-1: not taken), then one pass over each source's
         entries."""
-        moved = {key: [-1] * len(layout.devices) for key, layout in sources.items()}
+        moved = {key: [-1] * len(snapshot.devices) for key, snapshot in sources.items()}
         first = 0
-        for layout, _, _, start, stop in spans:
-            moved[id(layout)][start:stop] = range(first, first + stop - start)
+        for snapshot, _, _, start, stop in spans:
+            moved[id(snapshot)][start:stop] = range(first, first + stop - start)
             first += stop - start
         mig_profiles: dict[int, tuple[MigProfile, ...]] = {}
         self.instances = {}
-        for key, layout in sources.items():
+        for key, snapshot in sources.items():
             where = moved[key]
-            for card, profiles in layout.mig_profiles.items():
+            for card, profiles in snapshot.mig_profiles.items():
                 if where[card] >= 0:
                     mig_profiles[where[card]] = profiles
-            for card, placements in layout.instances.items():
+            for card, placements in snapshot.instances.items():
                 if where[card] >= 0:
                     self.instances[where[card]] = placements
         self.mig_profiles = dict(sorted(mig_profiles.items()))  # in card order, as built
@@ -470,28 +470,28 @@ class Layout:
     def _splice_types(self, spans: list[_Span]) -> None:
         """Types: those still present, sorted; each source's ids mapped onto them."""
         present: set[str] = set()
-        for layout, _, _, start, stop in spans:
-            used = np.bincount(layout.type_id[start:stop], minlength=len(layout.types))
-            present.update(layout.types[t] for t in np.flatnonzero(used).tolist())
+        for snapshot, _, _, start, stop in spans:
+            used = np.bincount(snapshot.type_id[start:stop], minlength=len(snapshot.types))
+            present.update(snapshot.types[t] for t in np.flatnonzero(used).tolist())
         self.types = sorted(present)
         type_ids = {t: i for i, t in enumerate(self.types)}
         self.type_id = np.concatenate([
-            np.array([type_ids.get(t, -1) for t in layout.types], dtype=np.int64)[
-                layout.type_id[start:stop]]
-            for layout, _, _, start, stop in spans])
+            np.array([type_ids.get(t, -1) for t in snapshot.types], dtype=np.int64)[
+                snapshot.type_id[start:stop]]
+            for snapshot, _, _, start, stop in spans])
 
-    def _splice_positions(self, spans: list[_Span], sources: dict[int, Layout]) -> None:
+    def _splice_positions(self, spans: list[_Span], sources: dict[int, Snapshot]) -> None:
         """The cards' positions by node and uuid, and by uuid."""
         # card_position's keys are in card order, one per card: sliced, then numbered.
-        keys_of = {key: list(layout.card_position) for key, layout in sources.items()}
+        keys_of = {key: list(snapshot.card_position) for key, snapshot in sources.items()}
         keys = list(chain.from_iterable(
-            keys_of[id(layout)][start:stop] for layout, _, _, start, stop in spans))
+            keys_of[id(snapshot)][start:stop] for snapshot, _, _, start, stop in spans))
         self.card_position = dict(zip(keys, range(len(keys)), strict=True))
         uuids = [uuid for _, uuid in keys]
         # Each uuid once: position i's entry is [i]. Those lists are never written (copies
-        # of a layout share them already), so the largest source's serve again, in
+        # of a snapshot share them already), so the largest source's serve again, in
         # position order when its uuids are each once too: 40,000 lists not made again.
-        largest = max(sources.values(), key=lambda layout: len(layout.devices))
+        largest = max(sources.values(), key=lambda snapshot: len(snapshot.devices))
         singles = (list(largest.uuid_positions.values())
                    if len(largest.uuid_positions) == len(largest.devices) else [])
         singles.extend([i] for i in range(len(singles), len(uuids)))
@@ -591,10 +591,10 @@ class Fleet:
         self._instances: dict[tuple[str, str], tuple[MigPlacement, ...]] = {}
         # Per card, the grants booked on it without a MIG instance and with one.
         self._grant_kinds: dict[tuple[str, str], tuple[int, int]] = {}
-        self._layout: Layout | None = None
+        self._layout: Snapshot | None = None
         # Nodes whose cards ``_layout`` no longer describes (their static fields changed,
-        # they came or went): built again, alone, at the next ``layout``. Until then the
-        # layout is kept up to date for every other node.
+        # they came or went): built again, alone, at the next ``snapshot``. Until then the
+        # snapshot is kept up to date for every other node.
         self._stale: set[str] = set()
         self._quotas = quotas if quotas is not None else QuotaBook()
         self._generation = 0
@@ -619,66 +619,66 @@ class Fleet:
         return self._quotas
 
     @property
-    def layout(self) -> Layout:
+    def snapshot(self) -> Snapshot:
         if self._layout is None:
-            self._layout = self._with_ledger(Layout(self._nodes.values()), self._usage,
+            self._layout = self._with_ledger(Snapshot(self._nodes.values()), self._usage,
                                              self._instances, self._grant_kinds)
         elif self._stale:
             self._layout = self._rebuilt(self._layout)
             self._stale.clear()
         return self._layout
 
-    def _with_ledger(self, layout: Layout, usage: Iterable[tuple[str, str]],
+    def _with_ledger(self, snapshot: Snapshot, usage: Iterable[tuple[str, str]],
                      instances: Iterable[tuple[str, str]],
-                     grants: Iterable[tuple[str, str]]) -> Layout:
-        """``layout`` with the ledger's usage, instances and contradictions applied to the
-        cards of the keys given (a key may name a card the layout lacks)."""
+                     grants: Iterable[tuple[str, str]]) -> Snapshot:
+        """``snapshot`` with the ledger's usage, instances and contradictions applied to the
+        cards of the keys given (a key may name a card the snapshot lacks)."""
         for key in usage:
-            card = layout.card_position.get(key)
+            card = snapshot.card_position.get(key)
             if card is not None and key in self._usage:
-                layout.set_usage(card, self._usage[key])
+                snapshot.set_usage(card, self._usage[key])
         for key in instances:
-            card = layout.card_position.get(key)
-            if card is not None and layout.mig[card] and key in self._instances:
-                layout.set_instances(card, self._instances[key])
+            card = snapshot.card_position.get(key)
+            if card is not None and snapshot.mig[card] and key in self._instances:
+                snapshot.set_instances(card, self._instances[key])
         for key in grants:
-            card = layout.card_position.get(key)
+            card = snapshot.card_position.get(key)
             if card is not None and key in self._grant_kinds:
-                layout.set_inconsistent(card, self._contradiction(key, layout) is not None)
+                snapshot.set_inconsistent(card, self._contradiction(key, snapshot) is not None)
         # No checks are kept yet: the log of the cards changed would serve none (and a
-        # layout spliced from this one starts with an empty log as well).
-        layout.changed.clear()
-        return layout
+        # snapshot spliced from this one starts with an empty log as well).
+        snapshot.changed.clear()
+        return snapshot
 
-    def _rebuilt(self, old: Layout) -> Layout:
-        """The layout once the nodes in ``_stale`` are built again: those still here in a
-        layout of their own, with their part of the ledger; every other node's cards taken
+    def _rebuilt(self, old: Snapshot) -> Snapshot:
+        """The snapshot once the nodes in ``_stale`` are built again: those still here in a
+        snapshot of their own, with their part of the ledger; every other node's cards taken
         as they are in ``old`` (kept up to date for them), spliced in name order. When many
-        nodes changed, or a node lists a uuid twice, the whole layout is built again."""
+        nodes changed, or a node lists a uuid twice, the whole snapshot is built again."""
         stale = self._stale
         fresh_nodes = [self._nodes[name] for name in stale if name in self._nodes]
         nodes = len(self._nodes)
         if (nodes == 0 or len(stale) * _SPLICE_MAX_SHARE > nodes
                 or len(old.card_position) != len(old.devices)):
-            return self._with_ledger(Layout(self._nodes.values()), self._usage,
+            return self._with_ledger(Snapshot(self._nodes.values()), self._usage,
                                      self._instances, self._grant_kinds)
-        keys = [(n.name, d.uuid) for n in fresh_nodes for d in n.devices]
-        fresh = self._with_ledger(Layout(fresh_nodes), keys, keys, keys)
+        keys = [(n.name, d.uuid) for n in fresh_nodes for d in n.cards]
+        fresh = self._with_ledger(Snapshot(fresh_nodes), keys, keys, keys)
         if len(fresh.card_position) != len(fresh.devices):
-            return self._with_ledger(Layout(self._nodes.values()), self._usage,
+            return self._with_ledger(Snapshot(self._nodes.values()), self._usage,
                                      self._instances, self._grant_kinds)
-        # The old layout's nodes in runs between those gone or changed (``removed``), each
+        # The old snapshot's nodes in runs between those gone or changed (``removed``), each
         # changed or new node (a run of ``fresh``) where its name falls among them.
         removed = sorted(old.node_position[name] for name in stale if name in old.node_position)
         inserts = [bisect_left(old.node_names, name) for name in fresh.node_names]
-        runs: list[tuple[Layout, int, int]] = []
+        runs: list[tuple[Snapshot, int, int]] = []
 
-        def take(layout: Layout, lo: int, hi: int) -> None:
+        def take(snapshot: Snapshot, lo: int, hi: int) -> None:
             if lo == hi:
                 return
-            if runs and runs[-1][0] is layout and runs[-1][2] == lo:
+            if runs and runs[-1][0] is snapshot and runs[-1][2] == lo:
                 lo = runs.pop()[1]  # a node removed between two new ones: one run
-            runs.append((layout, lo, hi))
+            runs.append((snapshot, lo, hi))
 
         cursor = r = f = 0
         total = len(old.node_names)
@@ -695,7 +695,7 @@ class Fleet:
             elif r < len(removed) and removed[r] == cursor:
                 cursor += 1
                 r += 1
-        return Layout.spliced(runs)
+        return Snapshot.spliced(runs)
 
     # Nodes -----------------------------------------------------------------
 
@@ -710,7 +710,7 @@ class Fleet:
         old = self._nodes.get(node.name)
         self._nodes[node.name] = node
         self._changes += 1
-        static_changed = old is None or not _same_static(old.devices, node.devices)
+        static_changed = old is None or not _same_static(old.cards, node.cards)
         if static_changed:
             self._generation += 1
         if self._layout is None:
@@ -719,7 +719,7 @@ class Fleet:
             self._stale.add(node.name)
             return
         cordon = cordoned_uuids(node.annotations)
-        for device in node.devices:
+        for device in node.cards:
             card = self._layout.card_position[(node.name, device.uuid)]
             self._layout.set_dynamic(card, device, device.uuid in cordon)
 
@@ -755,7 +755,7 @@ class Fleet:
     def without(self, key: str) -> Fleet:
         """The fleet as if pod ``key`` held nothing, leaving this one as it is: a copy of
         the nodes and the ledger less the pod (this fleet itself when the pod holds nothing).
-        The copy builds its own layout when first asked."""
+        The copy builds its own snapshot when first asked."""
         return self.without_all((key,))
 
     def without_all(self, keys: Iterable[str]) -> Fleet:
@@ -771,7 +771,7 @@ class Fleet:
 
     def copy(self) -> Fleet:
         """A fleet of the same nodes, ledger and quota charges, booked apart from this one
-        (a trial placement of several pods); its layout a copy of this one's arrays."""
+        (a trial placement of several pods); its snapshot a copy of this one's arrays."""
         other = Fleet(self._quotas.copy())
         other._nodes = dict(self._nodes)
         other._allocations = dict(self._allocations)
@@ -799,8 +799,8 @@ class Fleet:
 
     def orphans(self) -> dict[tuple[str, str], Usage]:
         """Usage booked on cards that no node currently reports."""
-        layout = self.layout
-        return {key: u for key, u in self._usage.items() if key not in layout.card_position}
+        snapshot = self.snapshot
+        return {key: u for key, u in self._usage.items() if key not in snapshot.card_position}
 
     def _add_usage(self, node: str, uuid: str, delta: Usage) -> None:
         key = (node, uuid)
@@ -839,22 +839,22 @@ class Fleet:
         """Cards the ledger's MIG reservations contradict, with why: they are judged
         unhealthy until the pods that contradict them are gone (HAMi's checks): a shared
         card holding a MIG instance, a MIG card held without one."""
-        layout = self.layout
+        snapshot = self.snapshot
         found = {}
         for key in self._grant_kinds:
-            why = self._contradiction(key, layout)
+            why = self._contradiction(key, snapshot)
             if why is not None:
                 found[key] = why
         return found
 
-    def _contradiction(self, key: tuple[str, str], layout: Layout) -> str | None:
-        card = layout.card_position.get(key)
+    def _contradiction(self, key: tuple[str, str], snapshot: Snapshot) -> str | None:
+        card = snapshot.card_position.get(key)
         if card is None:
             return None  # a card no node reports: an orphan (``orphans``)
         plain, with_instance = self._grant_kinds.get(key, (0, 0))
-        if layout.mig[card] and plain:
+        if snapshot.mig[card] and plain:
             return "a pod holds this MIG card without a MIG reservation"
-        if not layout.mig[card] and with_instance:
+        if not snapshot.mig[card] and with_instance:
             return "a MIG reservation names this card, which is not in MIG mode"
         return None
 
@@ -873,10 +873,10 @@ class Fleet:
                 else:
                     self._grant_kinds.pop(key, None)
                 changed.add(key)
-        layout = self._layout
-        if layout is None or (not layout.has_mig and not allocation.instances()):
+        snapshot = self._layout
+        if snapshot is None or (not snapshot.has_mig and not allocation.instances()):
             return  # no MIG card, no reservation: nothing to contradict
         for key in changed:
-            card = layout.card_position.get(key)
+            card = snapshot.card_position.get(key)
             if card is not None:
-                layout.set_inconsistent(card, self._contradiction(key, layout) is not None)
+                snapshot.set_inconsistent(card, self._contradiction(key, snapshot) is not None)

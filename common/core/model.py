@@ -116,7 +116,8 @@ def repeated_card(devices: Sequence[Card]) -> str | None:
 
 class Node(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
-    devices: NodeCards
+    # "devices" on the wire: the cluster file's key since its first version.
+    cards: NodeCards = msgspec.field(name="devices")
     annotations: dict[str, str] = {}
 
 

@@ -14,8 +14,8 @@ from common.core.fleet import (
     CachedChecks,
     FloatArray,
     IntArray,
-    Layout,
     NodeTopology,
+    Snapshot,
     occupied_slots,
     ratio,
     utilization_score,
@@ -69,7 +69,7 @@ _QUOTA_NOT_FIT = int(CardCheck.QUOTA_NOT_FIT)
 _MIG_INFEASIBLE = int(CardCheck.MIG_INFEASIBLE)
 _UNKNOWN_NUMA_LAST = 1 << 62
 CACHED_REQUEST_SHAPES = 32
-"""Request shapes (what the card checks depend on) whose checks a layout keeps."""
+"""Request shapes (what the card checks depend on) whose checks a snapshot keeps."""
 _REFRESH_SHARE = 8
 """Past 1/8 of the cards changed, checking them all again is cheaper than one by one."""
 _FEW_CARDS = 16
@@ -95,12 +95,12 @@ def _past_quota(codes: CodeArray) -> BoolArray:
 
 
 class PodView:
-    """What one decision needs about a pod, computed once against a layout."""
+    """What one decision needs about a pod, computed once against a snapshot."""
 
-    def __init__(self, layout: Layout, pod: PodRequest, quota: QuotaLeft | None = None) -> None:
+    def __init__(self, snapshot: Snapshot, pod: PodRequest, quota: QuotaLeft | None = None) -> None:
         """``quota``: what the pod may still be charged under its namespace's quotas (None:
         no quota applies to it)."""
-        self.layout = layout
+        self.snapshot = snapshot
         self.pod = pod
         self.quota = quota
         self.quota_refused_first = False
@@ -109,24 +109,24 @@ class PodView:
         self.type_ok: BoolArray | None = None
         self.uuid_ok: BoolArray | None = None
         if pod.use_types is not None or pod.nouse_types:
-            per_type = np.array([_type_passes(t, pod) for t in layout.types], dtype=np.bool_)
-            self.type_ok = per_type[layout.type_id] if len(per_type) else per_type
+            per_type = np.array([_type_passes(t, pod) for t in snapshot.types], dtype=np.bool_)
+            self.type_ok = per_type[snapshot.type_id] if len(per_type) else per_type
         if pod.modes is not None:
             # nvidia.com/vgpu-mode: HAMi counts a card of a mode not named as a type
             # mismatch.
-            mode_ok = (layout.mig if MIG_MODE in pod.modes else np.zeros_like(layout.mig))
+            mode_ok = (snapshot.mig if MIG_MODE in pod.modes else np.zeros_like(snapshot.mig))
             if HAMI_CORE_MODE in pod.modes:
-                mode_ok = mode_ok | ~layout.mig
+                mode_ok = mode_ok | ~snapshot.mig
             self.type_ok = mode_ok if self.type_ok is None else self.type_ok & mode_ok
-        self.takes_mig = layout.has_mig and pod.takes_mode(MIG_MODE)
+        self.takes_mig = snapshot.has_mig and pod.takes_mode(MIG_MODE)
         """Whether MIG cards may serve the pod: then a container may take several
         instances of one card, and MIG cards are checked for a free placement."""
         if pod.use_uuids is not None or pod.nouse_uuids:
-            ok = np.full(len(layout.devices), pod.use_uuids is None, dtype=np.bool_)
+            ok = np.full(len(snapshot.devices), pod.use_uuids is None, dtype=np.bool_)
             for uuid in pod.use_uuids or ():
-                ok[layout.uuid_positions.get(uuid, [])] = True
+                ok[snapshot.uuid_positions.get(uuid, [])] = True
             for uuid in pod.nouse_uuids:
-                ok[layout.uuid_positions.get(uuid, [])] = False
+                ok[snapshot.uuid_positions.get(uuid, [])] = False
             self.uuid_ok = ok
         self._scores: FloatArray | None = None
         self._run_scores: dict[tuple[int, int], list[float]] = {}
@@ -141,7 +141,7 @@ class PodView:
 
     def score_cards(self, where: slice) -> FloatArray:
         """The scores of a run of cards under the pod's weights, computed now."""
-        lay = self.layout
+        lay = self.snapshot
         return utilization_score(ratio(lay.used[where], lay.count[where]),
                                  ratio(lay.usedcores[where], lay.cores[where]),
                                  ratio(lay.usedmem[where], lay.memory[where]),
@@ -155,7 +155,7 @@ class PodView:
         key = (where.start, where.stop)
         scores = self._run_scores.get(key)
         if scores is None:
-            lay = self.layout
+            lay = self.snapshot
             scores = self._run_scores[key] = utilization_scores(
                 zip(lay.used[where].tolist(), lay.count[where].tolist(),
                     lay.usedcores[where].tolist(), lay.cores[where].tolist(),
@@ -174,13 +174,13 @@ class PodView:
         containers took (all node-local, ``where`` a node's run)."""
         codes = self._capacity_codes(request, where, extra, held)
         if self.quota is not None:
-            fails = self.quota.card_fails(request, self.layout.memory[where], own)
+            fails = self.quota.card_fails(request, self.snapshot.memory[where], own)
             codes[fails & _past_quota(codes)] = _QUOTA_NOT_FIT
         return codes
 
     def _capacity_codes(self, request: ContainerRequest, where: slice | IntArray,
                         extra: Extra | None, held: HeldInstances | None = None) -> CodeArray:
-        lay = self.layout
+        lay = self.snapshot
         memory, cores = lay.memory[where], lay.cores[where]
         used, usedmem, usedcores = lay.used[where], lay.usedmem[where], lay.usedcores[where]
         if extra is not None:
@@ -218,7 +218,7 @@ class PodView:
                    held: HeldInstances | None) -> None:
         """HAMi's last card check, on the MIG cards every other check passed: a profile
         that covers the memory asked for, with a placement free of the card's instances."""
-        lay = self.layout
+        lay = self.snapshot
         open_mig = np.flatnonzero(lay.mig[where] & (codes == _ELIGIBLE))
         if not len(open_mig):
             return
@@ -231,25 +231,25 @@ class PodView:
 
     def occupied(self, card: int, mine: Iterable[MigPlacement] = ()) -> list[MigPlacement]:
         """The placements taken on a MIG card: the ledger's instances, and ``mine``."""
-        return [*self.layout.instances.get(card, ()), *mine]
+        return [*self.snapshot.instances.get(card, ()), *mine]
 
     def mig_instances(self, card: int, request: ContainerRequest,
                       mine: Iterable[MigPlacement], most: int) -> list[MigInstance]:
         """The instances one container may take of a MIG card, one after the other."""
-        return instances_that_fit(self.layout.mig_profiles[card], self.occupied(card, mine),
+        return instances_that_fit(self.snapshot.mig_profiles[card], self.occupied(card, mine),
                                   self.mig_memory(card, request), most)
 
     def mig_memory(self, card: int, request: ContainerRequest) -> int:
-        lay = self.layout
+        lay = self.snapshot
         return memory_asked(request.memory_mib, request.memory_percent, int(lay.memory[card]),
                             lay.mig_profiles[card])
 
     def first_checks(self) -> tuple[CodeArray, IntArray]:
         """Every card's check code for the pod's first GPU container, and per node the
         count of each code (``(nodes, CHECK_COUNT)``). Read-only: the capacity checks are
-        kept in the layout per request shape and brought up to date from the cards changed
+        kept in the snapshot per request shape and brought up to date from the cards changed
         since; the pod's quota is applied over them."""
-        lay, pod = self.layout, self.pod
+        lay, pod = self.snapshot, self.pod
         request = pod.gpu_containers[0]
         key = (request.cores, request.memory_mib, request.memory_percent, pod.chain.mutex,
                pod.use_types, pod.nouse_types, pod.use_uuids, pod.nouse_uuids, pod.modes)
@@ -287,7 +287,7 @@ class PodView:
         """Kept checks brought up to date for a few ``cards`` changed since, one by one: a
         booking changes one to eight cards, and most decisions follow one or two (openb:
         half of them one card, five in six up to eight)."""
-        codes, counts, base = cached.codes, cached.by_node.reshape(-1), self.layout.check_base
+        codes, counts, base = cached.codes, cached.by_node.reshape(-1), self.snapshot.check_base
         for card in cards:
             fresh = self._card_code(request, card)
             old = codes.item(card)
@@ -302,7 +302,7 @@ class PodView:
         own on the card yet), not for a pod that may take MIG cards: the same checks in
         the order they run, the first that fails answering, on the card's figures as
         Python integers (``tests/core/test_kept_checks.py`` compares the two)."""
-        lay = self.layout
+        lay = self.snapshot
         if not lay.healthy.item(card) or lay.inconsistent.item(card):
             return _NOT_HEALTHY
         if lay.cordoned.item(card):
@@ -352,7 +352,7 @@ class PodView:
             counts[:, _QUOTA_NOT_FIT] += counts[:, moved].sum(axis=1)
             counts[:, moved] = 0
             return refused, counts
-        fails = self.quota.card_fails(request, self.layout.memory)
+        fails = self.quota.card_fails(request, self.snapshot.memory)
         if not fails.any():
             return codes, by_node
         fails &= _past_quota(codes)
@@ -361,7 +361,7 @@ class PodView:
         self.quota_refused_first = True
         refused = codes.copy()
         refused[fails] = _QUOTA_NOT_FIT
-        lay = self.layout
+        lay = self.snapshot
         nodes = len(lay.node_names)
         counts = np.bincount(lay.check_base + refused, minlength=nodes * CHECK_COUNT)
         return refused, counts.reshape(nodes, CHECK_COUNT)
@@ -370,10 +370,10 @@ class PodView:
         """Eligible card positions (local to the node) in chain order."""
         if len(eligible) < 2:
             return list(eligible)  # nothing to order: no score needed
-        where = self.layout.node_slice(node)
+        where = self.snapshot.node_slice(node)
         scores = self.card_scores(where)
-        numa = self.layout.numa[where].tolist()
-        index = self.layout.index[where].tolist()
+        numa = self.snapshot.numa[where].tolist()
+        index = self.snapshot.index[where].tolist()
         keys = self.pod.chain.ranking
 
         def sort_key(card: int) -> tuple[float, ...]:
@@ -491,11 +491,11 @@ def _expand_mig(view: PodView, node: int, ranked: list[int], request: ContainerR
     """The ranked cards with each MIG card repeated once for every instance the container
     could take of it, one after the other: HAMi visits a MIG card again after taking an
     instance of it, before the next card."""
-    layout = view.layout
-    start = int(layout.start[node])
+    snapshot = view.snapshot
+    start = int(snapshot.start[node])
     expanded: list[int] = []
     for card in ranked:
-        if layout.mig[start + card]:
+        if snapshot.mig[start + card]:
             fit = view.mig_instances(start + card, request, held.get(card, ()), request.cards)
             expanded.extend([card] * len(fit))
         else:
@@ -530,11 +530,11 @@ def place_pod(view: PodView, node: int, first_codes: CodeArray) -> Placement | N
 
 def _place_containers(view: PodView, node: int, first_codes: CodeArray,
                       budget: SearchBudget) -> Placement | NodeFailure:
-    layout, pod = view.layout, view.pod
-    where = layout.node_slice(node)
+    snapshot, pod = view.snapshot, view.pod
+    where = snapshot.node_slice(node)
     start, cards = where.start, where.stop - where.start
-    topology = layout.topology[node]
-    numa = layout.numa[where].tolist()
+    topology = snapshot.topology[node]
+    numa = snapshot.numa[where].tolist()
     containers = pod.gpu_containers
     topology_aware = pod.chain.topology_aware
     # What earlier app containers put on the cards, and what earlier containers are
@@ -543,7 +543,7 @@ def _place_containers(view: PodView, node: int, first_codes: CodeArray,
     last = len(containers) - 1
     taken = Extra(*(np.zeros(cards, dtype=np.int64) for _ in range(3))) if last else None
     own = OwnCharge.none(cards) if view.quota is not None and last else None
-    mig_node = view.takes_mig and bool(layout.node_has_mig[node])
+    mig_node = view.takes_mig and bool(snapshot.node_has_mig[node])
     held: HeldInstances = {}
     placement: Placement = []
     for position, request in enumerate(containers):
@@ -587,7 +587,7 @@ def _grant(view: PodView, card: int, request: ContainerRequest,
     assert found, "a MIG card chosen for a container has an instance for it"
     instance = found[0]
     mine.append(instance.placement)
-    profile = next(p for p in view.layout.mig_profiles[card] if p.name == instance.profile)
+    profile = next(p for p in view.snapshot.mig_profiles[card] if p.name == instance.profile)
     return profile.memory, profile.cores, instance
 
 
@@ -596,10 +596,10 @@ def _charges(view: PodView, start: int, chosen: list[int], request: ContainerReq
     """What each chosen card is charged for the container: its memory slice and cores, or
     on a MIG card (``held``: the node has MIG cards the pod may take) the instance taken
     after the pod's earlier ones, with its profile's figures."""
-    layout = view.layout
+    snapshot = view.snapshot
     return [_grant(view, start + card, request, held.setdefault(card, []))
-            if held is not None and layout.mig[start + card]
-            else (request.memory_slice(int(layout.memory[start + card])), request.cores, None)
+            if held is not None and snapshot.mig[start + card]
+            else (request.memory_slice(int(snapshot.memory[start + card])), request.cores, None)
             for card in chosen]
 
 
@@ -607,9 +607,9 @@ def instance_grants(view: PodView, node: int, placement: Placement) -> list[list
     """Per GPU container and chosen card: the memory and cores it is charged and its MIG
     instance (None on a card not in MIG mode), worked out in the order ``place_pod``
     took them."""
-    layout = view.layout
-    start = int(layout.start[node])
+    snapshot = view.snapshot
+    start = int(snapshot.start[node])
     held: HeldInstances | None = (
-        {} if view.takes_mig and layout.node_has_mig[node] else None)
+        {} if view.takes_mig and snapshot.node_has_mig[node] else None)
     return [_charges(view, start, chosen, request, held)
             for request, chosen in zip(view.pod.gpu_containers, placement, strict=True)]

@@ -143,7 +143,7 @@ class _Search:
         self.request = request
         self.tenants = tenants
         self.node = next(local.nodes())
-        self.holders: dict[str, list[str]] = {d.uuid: [] for d in self.node.devices}
+        self.holders: dict[str, list[str]] = {d.uuid: [] for d in self.node.cards}
         for key, allocation in sorted(local.allocations().items()):
             known = tenants.get(key)
             if known is None or known.priority >= priority:

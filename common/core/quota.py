@@ -50,7 +50,7 @@ from common.core.reasons import CardCheck
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-"""Per card of a layout (``common.core.fleet`` names the same types; it imports this
+"""Per card of a snapshot (``common.core.fleet`` names the same types; it imports this
 module, so they are named here again)."""
 
 QUOTA_PREFIX = "limits."
@@ -564,7 +564,7 @@ def requested_charge(pod: PodRequest, card_memory: int | None) -> Usage:
     return Usage(0, max(app_memory, init_memory), max(app_cores, init_cores))
 
 
-def admission_refusal(book: QuotaBook, pod: PodRequest) -> QuotaRefusal | None:
+def admission_denial(book: QuotaBook, pod: PodRequest) -> QuotaRefusal | None:
     """The quota a new pod's fixed requests alone would exceed (the webhook's check).
 
     A percentage of memory counts 0 here, as in HAMi's webhook: no card is chosen yet, so

@@ -72,7 +72,7 @@ def node_register(node: Node, mode: str = OPERATING_MODE,
                   vendor: Vendor = NVIDIA) -> str | None:
     """The annotation's value for ``node``, its cards in index order; None for a node
     without cards (HAMi's scheduler reads an empty list as an error)."""
-    cards = sorted(node.devices, key=lambda card: card.index)
+    cards = sorted(node.cards, key=lambda card: card.index)
     if not cards:
         return None
     return encode_register(registered_card(card, mode, vendor) for card in cards)

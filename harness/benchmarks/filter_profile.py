@@ -158,9 +158,9 @@ async def main(args: argparse.Namespace) -> None:
             metadata = head["Pod"]["metadata"]
             assert isinstance(metadata, dict)
             key = f"{metadata['namespace']}/{metadata['name']}"
-            held = service.state.bookings.reservation(key)
+            held = service.state.cache.reservation(key)
             assert held is not None
-            service.state.bookings.confirm(key, held)  # as its /bind would
+            service.state.cache.confirm(key, held)  # as its /bind would
         cpu.append((time.process_time() - cpu_started) / len(batch))
         return (time.perf_counter() - started) / len(batch)
 

@@ -31,7 +31,7 @@ def random_node(rng: random.Random, name: str, cards: int) -> Node:
              links=links[i], processes=rng.choice((0, 0, 0, 1)))
         for i in range(cards)
     ]
-    return Node(name=name, devices=devices)
+    return Node(name=name, cards=devices)
 
 
 def random_nodes(rng: random.Random, count: int, cards: int) -> list[Node]:

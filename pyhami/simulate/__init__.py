@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             runs = started.results(callbacks)
     except (SettingsError, InputFileError) as error:
         return refuse(str(error))
-    nodes, cards = len(trace.nodes), sum(len(node.devices) for node in trace.nodes)
+    nodes, cards = len(trace.nodes), sum(len(node.cards) for node in trace.nodes)
     quotas = len(trace.quotas)
     namespaces = shows_namespaces(runs, quotas)
     if args.plot is not None:

@@ -74,7 +74,7 @@ from common.core import (
     parse_pod,
 )
 from common.core.deviceconfig import DeviceConfig
-from common.core.fleet import BoolArray, FloatArray, IntArray, Layout
+from common.core.fleet import BoolArray, FloatArray, IntArray, Snapshot
 from common.core.groups import member_order, place_group
 from common.core.placement import PodView
 from common.core.pod import GPU_POLICY_ANNOTATION, ContainerRequest
@@ -161,15 +161,15 @@ def simulate(trace: Trace, *, policy: str, node_policy: NodePolicy,
     fleet = fleet_from_cluster(ClusterFile(nodes=list(trace.nodes)))
     for quota in trace.quotas:
         fleet.quotas.set_quota(quota)
-    layout = fleet.layout
-    requests = _Requests(layout, Parses() if parses is None else parses)
+    snapshot = fleet.snapshot
+    requests = _Requests(snapshot, Parses() if parses is None else parses)
     in_order = sorted(trace.pods, key=lambda pod: pod.arrival)  # stable: ties keep order
     submissions = [_in_group(requests.submission(pod.manifest, defaults, pod.arrival,
                                                  pod.duration), pod)
                    for pod in in_order]
     if inflate is not None:
-        submissions = _inflated(submissions, inflate, len(layout.devices))
-    replay = _Replay(fleet, requests, len(layout.devices), all_or_nothing)
+        submissions = _inflated(submissions, inflate, len(snapshot.devices))
+    replay = _Replay(fleet, requests, len(snapshot.devices), all_or_nothing)
     replay.run(submissions, progress)
     groups = replay.groups.values()
     return PolicyRun(
@@ -305,8 +305,8 @@ class Parses:
 class _Requests:
     """Distinct requests (all but the pod's name), their demand and card needs."""
 
-    def __init__(self, layout: Layout, parses: Parses) -> None:
-        self.layout = layout
+    def __init__(self, snapshot: Snapshot, parses: Parses) -> None:
+        self.snapshot = snapshot
         self.parses = parses
         self.kinds: dict[PodRequest, int] = {}
         # Manifest content (Parses.content) -> request (key ""), kind and demand; not
@@ -314,7 +314,7 @@ class _Requests:
         self.by_content: dict[bytes, tuple[PodRequest, int, float]] = {}
         self.examples: list[PodRequest] = []
         self.counts: list[int] = []
-        self.mean_memory = float(layout.memory.mean()) if len(layout.devices) else 1.0
+        self.mean_memory = float(snapshot.memory.mean()) if len(snapshot.devices) else 1.0
 
     def submission(self, manifest: PodManifest, defaults: Defaults, arrival: float,
                    duration: float | None) -> _Submission:
@@ -366,18 +366,19 @@ class _CardNeeds:
         self.mutex: BoolArray = np.array([r.chain.mutex for r in requests.examples],
                                          dtype=np.bool_)
 
-    def may_fit(self, layout: Layout, kinds: IntArray, nodes: list[int]) -> BoolArray:
+    def may_fit(self, snapshot: Snapshot, kinds: IntArray, nodes: list[int]) -> BoolArray:
         """For each of ``kinds``: whether some node of ``nodes`` has enough cards that
         pass the cores, memory, slots, health and mutex checks."""
-        cards = np.concatenate([np.arange(layout.start[n], layout.start[n + 1])
+        cards = np.concatenate([np.arange(snapshot.start[n], snapshot.start[n + 1])
                                 for n in nodes])
-        offsets = np.cumsum([0, *(int(layout.node_cards[n]) for n in nodes[:-1])])
-        used = layout.used[cards]
-        usedcores = layout.usedcores[cards]
-        cores = layout.cores[cards]
-        memory = layout.memory[cards]
-        free_memory = memory - layout.usedmem[cards]
-        open_card = layout.healthy[cards] & ~layout.cordoned[cards] & (used < layout.count[cards])
+        offsets = np.cumsum([0, *(int(snapshot.node_cards[n]) for n in nodes[:-1])])
+        used = snapshot.used[cards]
+        usedcores = snapshot.usedcores[cards]
+        cores = snapshot.cores[cards]
+        memory = snapshot.memory[cards]
+        free_memory = memory - snapshot.usedmem[cards]
+        open_card = (snapshot.healthy[cards] & ~snapshot.cordoned[cards]
+                     & (used < snapshot.count[cards]))
         want_cores = self.cores[kinds][:, None]
         want_mib = self.memory_mib[kinds][:, None]
         want_memory = np.where(want_mib >= 0, want_mib,
@@ -395,15 +396,15 @@ class _CardNeeds:
 class _Fragmentation:
     """Weng et al.'s fragmentation of each node for the workload's typical pods."""
 
-    def __init__(self, layout: Layout, requests: _Requests) -> None:
-        self.layout = layout
+    def __init__(self, snapshot: Snapshot, requests: _Requests) -> None:
+        self.snapshot = snapshot
         shapes: Counter[tuple[int, float, int]] = Counter()
         type_masks: dict[int, BoolArray] = {}
         for request, count in zip(requests.examples, requests.counts, strict=True):
             if not request.wants_gpu:
                 continue
             first = request.gpu_containers[0]
-            mask = PodView(layout, request).type_ok
+            mask = PodView(snapshot, request).type_ok
             mask_id = -1
             if mask is not None:
                 mask_id = next((k for k, m in type_masks.items() if np.array_equal(m, mask)),
@@ -415,10 +416,10 @@ class _Fragmentation:
         self.weight: FloatArray = np.array([n / total for _, n in ordered], dtype=np.float64)
         self.cards: IntArray = np.array([s[0] for s, _ in ordered], dtype=np.int64)
         self.share: FloatArray = np.array([s[1] for s, _ in ordered], dtype=np.float64)
-        everywhere = np.ones(len(layout.devices), dtype=np.bool_)
+        everywhere = np.ones(len(snapshot.devices), dtype=np.bool_)
         self.type_ok: BoolArray = np.array(
             [type_masks.get(s[2], everywhere) for s, _ in ordered],
-            dtype=np.bool_).reshape(len(ordered), len(layout.devices))
+            dtype=np.bool_).reshape(len(ordered), len(snapshot.devices))
         self.threshold: FloatArray = self.share - _SHARE_TOLERANCE
         # What ``update`` takes per card and does not change in a replay (which books and
         # frees cards, and marks none unhealthy or cordoned): the capacities with a zero
@@ -426,10 +427,10 @@ class _Fragmentation:
         # the cards closed for good. ``update`` runs after every booking (a sixth of a
         # replay's time on openb): it divides as ``common.core.fleet.ratio`` does, so gives
         # the same figures to the last bit as before, with half the numpy calls.
-        self.cores_or_one = np.where(layout.cores > 0, layout.cores, 1)
-        self.memory_or_one = np.where(layout.memory > 0, layout.memory, 1)
-        self.closed_for_good: BoolArray = ~layout.healthy | layout.cordoned \
-            | (layout.cores == 0) | (layout.memory == 0)
+        self.cores_or_one = np.where(snapshot.cores > 0, snapshot.cores, 1)
+        self.memory_or_one = np.where(snapshot.memory > 0, snapshot.memory, 1)
+        self.closed_for_good: BoolArray = ~snapshot.healthy | snapshot.cordoned \
+            | (snapshot.cores == 0) | (snapshot.memory == 0)
         # A node's fragmentation depends on its cards' usage and on what does not change
         # in a replay (capacities, slots, the cards closed for good, the shapes' GPU types):
         # nodes alike in the latter share a class, and each (class, usage) is worked out
@@ -437,21 +438,21 @@ class _Fragmentation:
         # states), so most updates are one lookup, and give the float computed before.
         classes: dict[bytes, int] = {}
         self.node_class: list[int] = []
-        for node in range(len(layout.node_names)):
-            where = layout.node_slice(node)
+        for node in range(len(snapshot.node_names)):
+            where = snapshot.node_slice(node)
             fixed = b"".join(array[where].tobytes() for array in (
-                self.cores_or_one, self.memory_or_one, layout.count, self.closed_for_good,
+                self.cores_or_one, self.memory_or_one, snapshot.count, self.closed_for_good,
                 np.ascontiguousarray(self.type_ok[:, where])))
             self.node_class.append(classes.setdefault(fixed, len(classes)))
         self.known: dict[tuple[int, bytes, bytes, bytes], float] = {}
-        self.node_fragment: FloatArray = np.zeros(len(layout.node_names), dtype=np.float64)
-        for node in range(len(layout.node_names)):
+        self.node_fragment: FloatArray = np.zeros(len(snapshot.node_names), dtype=np.float64)
+        for node in range(len(snapshot.node_names)):
             self.update(node)
 
     def update(self, node: int) -> None:
         if not len(self.weight):
             return
-        lay = self.layout
+        lay = self.snapshot
         where = lay.node_slice(node)
         state = (self.node_class[node], lay.usedcores[where].tobytes(),
                  lay.usedmem[where].tobytes(), lay.used[where].tobytes())
@@ -462,7 +463,7 @@ class _Fragmentation:
 
     def _fragment(self, where: slice) -> float:
         """Weng et al.'s fragmentation of the cards ``where`` (one node's) as they are."""
-        lay = self.layout
+        lay = self.snapshot
         # Each card's free share: the smaller of its free cores and free memory; none
         # when its slots are taken, it is unhealthy or cordoned.
         free = np.minimum(1.0 - lay.usedcores[where] / self.cores_or_one[where],
@@ -493,16 +494,16 @@ class _Replay:
         self.partial_demand = 0.0
         self.idle_gpu_seconds = 0.0
         self.clock = 0.0
-        self.layout = fleet.layout
+        self.snapshot = fleet.snapshot
         self.requests = requests
         self.capacity = capacity
-        self.total_cores = int(self.layout.cores.sum())
+        self.total_cores = int(self.snapshot.cores.sum())
         # The cores booked over the whole fleet, followed booking by booking from the
         # booked node's sum: the allocation is read after every pod, and summing the
         # fleet's 6,000 cards (openb) twice a pod cost a twentieth of a replay.
-        self.used_cores = int(self.layout.usedcores.sum())
+        self.used_cores = int(self.snapshot.usedcores.sum())
         self.needs = _CardNeeds(requests)
-        self.fragmentation = _Fragmentation(self.layout, requests)
+        self.fragmentation = _Fragmentation(self.snapshot, requests)
         self.departures: list[tuple[float, int]] = []
         self.submissions: list[_Submission] = []
         # Waiting pods (submission positions) per distinct request, in arrival order.
@@ -545,10 +546,10 @@ class _Replay:
 
     def _book(self, position: int, allocation: Allocation) -> None:
         """Book the cards of the pod at ``position``, and follow what they change."""
-        node = self.layout.node_position[allocation.node]
-        before = self.layout.node_usedcores.item(node)
+        node = self.snapshot.node_position[allocation.node]
+        before = self.snapshot.node_usedcores.item(node)
         self.fleet.allocate(str(position), allocation)
-        self.used_cores += self.layout.node_usedcores.item(node) - before
+        self.used_cores += self.snapshot.node_usedcores.item(node) - before
         self.fragmentation.update(node)
 
     def _free(self, position: int) -> int | None:
@@ -557,10 +558,10 @@ class _Replay:
         allocation = self.fleet.allocation(str(position))
         if allocation is None:
             return None
-        node = self.layout.node_position[allocation.node]
-        before = self.layout.node_usedcores.item(node)
+        node = self.snapshot.node_position[allocation.node]
+        before = self.snapshot.node_usedcores.item(node)
         self.fleet.release(str(position))
-        self.used_cores += self.layout.node_usedcores.item(node) - before
+        self.used_cores += self.snapshot.node_usedcores.item(node) - before
         self.fragmentation.update(node)
         return node
 
@@ -738,8 +739,8 @@ class _Replay:
         """Try the waiting pods again after departures freed ``freed`` nodes and refunded
         the quotas of the ``refunded`` namespaces."""
         kinds = list(self.waiting)
-        may_fit = self.needs.may_fit(self.layout, np.array(kinds, dtype=np.int64), freed)
-        names = frozenset(self.layout.node_names[n] for n in freed)
+        may_fit = self.needs.may_fit(self.snapshot, np.array(kinds, dtype=np.int64), freed)
+        names = frozenset(self.snapshot.node_names[n] for n in freed)
         # Heads of the candidate requests, merged by arrival order; with whether they
         # are tried on every node.
         heads: list[tuple[int, int, bool]] = []

@@ -333,7 +333,7 @@ def _openb_nodes(path: Path, text: str) -> list[Node]:
                                      f"({', '.join(OPENB_MODEL_MEMORY_MIB)})")
         devices = [Card(uuid=f"{serial}-{index}", index=index, type=model, memory=memory)
                    for index in range(cards)]
-        nodes.append(Node(name=serial, devices=devices))
+        nodes.append(Node(name=serial, cards=devices))
     return nodes
 
 

@@ -1,6 +1,6 @@
 """Who decides when several daemons run: the ``Leadership`` port, chosen at start-up.
 
-- ``Sole``: one daemon, always the leader (the tests' in-process daemons, the demo).
+- ``AlwaysLeader``: one daemon, always the leader (the tests' in-process daemons, the demo).
 - ``FollowedLease`` (Kubernetes): kube-scheduler elects the leader among the scheduler
   pods and calls only the extender beside it; the daemon reads kube-scheduler's Lease to
   know whether it is that extender. Every daemon keeps its ledger from its pod watch and
@@ -28,9 +28,21 @@ from scheduler.leadership.lease import (
     TakeOverFailed,
     check_lease_timing,
 )
-from scheduler.leadership.port import Hook, Leadership, Role, Sole
+from scheduler.leadership.port import AlwaysLeader, Hook, Leadership, Role
 from scheduler.leadership.takeover import Takeover
 
-__all__ = ["LEASE_BUCKET", "LEASE_KEY", "FollowedLease", "Hook", "Leadership", "LeaseReader",
-           "LeaseSettingsError", "NatsLease", "Role", "Sole", "TakeOverFailed", "Takeover",
-           "check_lease_timing"]
+__all__ = [
+    "LEASE_BUCKET",
+    "LEASE_KEY",
+    "AlwaysLeader",
+    "FollowedLease",
+    "Hook",
+    "Leadership",
+    "LeaseReader",
+    "LeaseSettingsError",
+    "NatsLease",
+    "Role",
+    "TakeOverFailed",
+    "Takeover",
+    "check_lease_timing",
+]

@@ -1,4 +1,4 @@
-"""The ``Leadership`` port (who decides when several daemons run) and ``Sole``, the
+"""The ``Leadership`` port (who decides when several daemons run) and ``AlwaysLeader``, the
 daemon alone; the other leaderships (``FollowedLease``, ``NatsLease``) implement it."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Leadership(Protocol):
         ...
 
 
-class Sole:
+class AlwaysLeader:
     """The only daemon: always the leader."""
 
     role: Role = "leader"

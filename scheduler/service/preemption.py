@@ -151,8 +151,8 @@ class Preemptions(ServicePart):
         await asyncio.sleep(PREEMPT_GRACE_S)
         key = request.key
         if (self._asked.get(key, float("-inf")) >= refused_at
-                or not self.shared.leadership.leading() or key in self.state.bookings.bound
-                or self.state.bookings.reservation(key) is not None
+                or not self.shared.leadership.leading() or key in self.state.cache.bound
+                or self.state.cache.reservation(key) is not None
                 or self._awaiting_victims(key)):
             return
         priority = pod.spec.priority or 0
@@ -257,7 +257,7 @@ class Preemptions(ServicePart):
         return {key: Tenant(priority=holder.priority, started=holder.started,
                             disruption_allowed=not _protected(holder, budgets))
                 for key, holder in self.shared.pods.bound_pods().items()
-                if key in self.state.bookings.bound and holder.uid not in leaving}
+                if key in self.state.cache.bound and holder.uid not in leaving}
 
 
 ASKED_KEPT = 1024

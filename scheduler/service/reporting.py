@@ -149,7 +149,7 @@ class Reporting:
             if node is None:
                 continue
             cards = []
-            for card in sorted(node.devices, key=lambda c: c.index):
+            for card in sorted(node.cards, key=lambda c: c.index):
                 usage = fleet.usage(name, card.uuid)
                 cards.append(CardUsage(
                     uuid=card.uuid, index=card.index, type=card.type,
@@ -183,8 +183,8 @@ class Reporting:
             "node_names": sorted(n.name for n in self.state.fleet.nodes()),
             "stale_nodes": sorted(self.state.nodes.stale_nodes(self._clock())),
             "inventory_accepted": self.shared.inventory_accepted,
-            "pods_bound": len(self.state.bookings.bound),
-            "reservations": self.state.bookings.reservation_count,
+            "pods_bound": len(self.state.cache.bound),
+            "reservations": self.state.cache.reservation_count,
             "usage": self._booked_and_used(),
             "over_slice": [{"pod": f"{over.namespace}/{over.pod}", "container": over.container,
                             "uuid": over.uuid, "used_mib": over.used, "slice_mib": over.slice}
@@ -202,7 +202,7 @@ class Reporting:
                 continue
             figures = {figure.uuid: figure for figure in measured.cards}
             cards = []
-            for card in sorted(node.devices, key=lambda card: card.index):
+            for card in sorted(node.cards, key=lambda card: card.index):
                 figure = figures.get(card.uuid)
                 cards.append({"uuid": card.uuid, "index": card.index, "memory_mib": card.memory,
                               "booked_mib": fleet.usage(name, card.uuid).memory,
@@ -228,21 +228,21 @@ class Reporting:
         ``mig_contradicted``: cards the MIG reservations contradict, judged unhealthy.
         """
         now = self._clock()
-        fleet, bookings = self.state.fleet, self.state.bookings
+        fleet, cache = self.state.fleet, self.state.cache
         pods = {
-            key: {"node": allocation.node, "bound": key in bookings.bound,
+            key: {"node": allocation.node, "bound": key in cache.bound,
                   "init_containers": allocation.init_containers,
                   "containers": [[{"uuid": g.uuid, "memory": g.memory, "cores": g.cores}
                                   for g in grants] for grants in allocation.containers]}
             for key, allocation in fleet.allocations().items()}
         reservations = {
             key: {"node": allocation.node,
-                  "age_s": now - (expires - bookings.reservation_ttl),
+                  "age_s": now - (expires - cache.reservation_ttl),
                   "expires_in_s": expires - now}
-            for key, allocation, expires in bookings.reservations()}
+            for key, allocation, expires in cache.reservations()}
         cards = []
         for node in fleet.nodes():
-            for device in node.devices:
+            for device in node.cards:
                 usage = fleet.usage(node.name, device.uuid)
                 cards.append({"node": node.name, "uuid": device.uuid, "index": device.index,
                               "tenants": usage.tenants, "usedmem": usage.memory,
@@ -257,6 +257,6 @@ class Reporting:
         # Cards the MIG reservations contradict: judged unhealthy while they do.
         contradicted = [{"node": node, "uuid": uuid, "why": why}
                         for (node, uuid), why in sorted(fleet.inconsistencies().items())]
-        return {"reservation_ttl_s": bookings.reservation_ttl, "bound": sorted(bookings.bound),
+        return {"reservation_ttl_s": cache.reservation_ttl, "bound": sorted(cache.bound),
                 "pods": pods, "reservations": reservations, "cards": cards,
                 "orphans": orphans, "mig_contradicted": contradicted}

@@ -17,7 +17,7 @@ from common.arguments import positive_seconds
 from common.core import Decision, Defaults, PodManifest, PodRequest
 from common.settings import setting
 from scheduler.cluster import SCHEDULER_NAME, Cluster
-from scheduler.leadership import Leadership, Sole
+from scheduler.leadership import AlwaysLeader, Leadership
 from scheduler.metrics import Metrics
 from scheduler.state import LiveState
 from scheduler.state.pods import PodsInFlight
@@ -159,7 +159,7 @@ class Shared:
         self.wall_clock = wall_clock
         self.ready = False
         """The ledger is rebuilt: /filter answers (``not_ready_because`` says the rest)."""
-        self.leadership: Leadership = leadership or Sole(SCHEDULER_NAME)
+        self.leadership: Leadership = leadership or AlwaysLeader(SCHEDULER_NAME)
         """Whether this daemon decides: the daemon's choice, or alone (in-process tests)."""
         self.inventory_accepted = 0
         self.pods = PodsInFlight()

@@ -47,13 +47,13 @@ from common.core.events import (
     filtering_succeed,
     no_node_summary,
 )
+from common.core.fiterror import plural
 from common.core.fleet import NODE_WEIGHTS, score_max
 from common.core.groups import GroupPlacement, GroupRef, check_count, group_of
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
 from common.core.pod import DEFAULT_NAMESPACE
-from common.core.quota import admission_refusal
+from common.core.quota import admission_denial
 from common.core.reasons import NodeRefusal, removed_most
-from common.core.refusal import plural
 from common.locks import KeyedLocks
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
@@ -168,7 +168,7 @@ class Verbs(ServicePart):
             async with self.shared.booking:
                 ahead = self._ahead_of(pod, None)
                 offered, withheld = self._offered(names, ahead)
-                decision = self.state.bookings.filter(request, offered, self._clock(),
+                decision = self.state.cache.filter(request, offered, self._clock(),
                                                       explain_chosen=True)
             if ahead is not None and withheld:
                 decision = self._behind(request, decision, withheld, ahead)
@@ -178,7 +178,7 @@ class Verbs(ServicePart):
         # And once more with the decision taken: a daemon paused while deciding has it
         # timed after the pause, and counts it only if the lease still holds by then.
         if (standby := self.refusal()) is not None:
-            self.state.bookings.release_reservation(request.key)
+            self.state.cache.release_reservation(request.key)
             return Filtered(None, error=standby)
         if decision.node is not None:
             self.reports.mark_changed(decision.node)
@@ -224,13 +224,13 @@ class Verbs(ServicePart):
         count, unknown = await self._group_count(group)
         if count is None:
             return self._member_refused(request, names, "GroupWaiting", unknown, unknown)
-        held = self.state.bookings.reservation(request.key)
+        held = self.state.cache.reservation(request.key)
         if held is not None and groups.held(group.key):
             return self._held_decision(request, held, names, group)
         if groups.bound_members(group.key) >= count:
             # The group started already: a member that comes late is placed alone.
             async with self.shared.booking:
-                return self.state.bookings.filter(request, names, self._clock(),
+                return self.state.cache.filter(request, names, self._clock(),
                                                   explain_chosen=True)
         seen = groups.seen(group.key)
         if seen < count:
@@ -276,15 +276,15 @@ class Verbs(ServicePart):
         ``offered``, in slices of the loop's time (the caller holds the booking lock); or
         the refusal, which stands while nothing changes (``Groups.last_try``): not fitting
         now, or not even on idle cards. ``sent``: the nodes kube-scheduler sent."""
-        groups, bookings = self.state.groups, self.state.bookings
+        groups, cache = self.state.groups, self.state.cache
         offered_key = frozenset(offered)
-        tried = groups.last_try(group.key, self._clock(), bookings.fleet_changes, offered_key)
+        tried = groups.last_try(group.key, self._clock(), cache.fleet_changes, offered_key)
         if tried is not None:
             return tried
         members = [member.request for member in waiting]
         for _ in range(GROUP_TRIES):
-            changes = bookings.fleet_changes
-            steps, generation = bookings.group_steps(group.name, members, offered,
+            changes = cache.fleet_changes
+            steps, generation = cache.group_steps(group.name, members, offered,
                                                      self._clock())
             placement = await in_slices(steps)
             if (standby := self.shared.leadership.refusal()) is not None:
@@ -294,7 +294,7 @@ class Verbs(ServicePart):
             if not placement.placed:
                 return await self._group_refused(group, asking, waiting, offered, placement,
                                                  changes=changes, sent=sent)
-            if bookings.reserve_group(placement, generation, self._clock(),
+            if cache.reserve_group(placement, generation, self._clock(),
                                       self.settings.group_ttl):
                 return placement
         # Pods bound meanwhile (seen on the pod watch) or a node's cards changed while each
@@ -311,10 +311,10 @@ class Verbs(ServicePart):
         on idle cards; its refusal is kept (``Groups.tried``) and told to every member
         (``asking``, whose /filter this is, by its own answer; the others in HAMi's summary
         over the ``sent`` nodes of this /filter)."""
-        groups, bookings = self.state.groups, self.state.bookings
+        groups, cache = self.state.groups, self.state.cache
         now = self._clock()
         members = [member.request for member in waiting]
-        idle = await in_slices(bookings.idle_group_steps(group.name, members, offered, now))
+        idle = await in_slices(cache.idle_group_steps(group.name, members, offered, now))
         if idle.placed:
             priority = max((m.manifest.spec.priority or 0) for m in waiting) if waiting else 0
             groups.blocked(group.key, now, priority, placement.nodes)
@@ -483,12 +483,12 @@ class Verbs(ServicePart):
         except PodRejected as error:
             return decision_document(rejected(pod.key, str(error)))
         # A pod that holds cards already is judged as if it held none.
-        decision = self.state.bookings.preview(request, node_names, self._clock(),
+        decision = self.state.cache.preview(request, node_names, self._clock(),
                                                explain=True, describe=True,
                                                holding_nothing=True)
         return decision_document(decision)
 
-    def admission_refusal(self, pod: PodManifest) -> str | None:
+    def admission_denial(self, pod: PodManifest) -> str | None:
         """Why the webhook denies a new pod: its fixed GPU requests alone exceed what its
         namespace's quotas leave (the quota's sentence). None when they fit, when the pod
         is malformed (/filter refuses it with its reason) and while the ledger is being
@@ -499,7 +499,7 @@ class Verbs(ServicePart):
             request = parse_pod(pod, self.settings.defaults)
         except PodRejected:
             return None
-        refusal = admission_refusal(self.state.fleet.quotas, request)
+        refusal = admission_denial(self.state.fleet.quotas, request)
         return None if refusal is None else refusal.text()
 
     async def prioritize(self, pod: PodManifest, names: Sequence[str]) -> list[NodeScore]:
@@ -508,11 +508,11 @@ class Verbs(ServicePart):
         policy = self.settings.defaults.node_policy
         with contextlib.suppress(PodRejected):  # /filter already refused it with its reason
             policy = parse_pod(pod, self.settings.defaults).node_policy
-        layout = self.state.fleet.layout
-        scores = layout.node_scores()
+        snapshot = self.state.fleet.snapshot
+        scores = snapshot.node_scores()
         result = []
         for name in names:
-            position = layout.node_position.get(name)
+            position = snapshot.node_position.get(name)
             if position is None:
                 result.append(NodeScore(name, 0))
                 continue
@@ -539,7 +539,7 @@ class Verbs(ServicePart):
 
     async def _bind_exclusively(self, key: str, namespace: str, name: str, uid: str,
                                 node: str) -> str | None:
-        if key in self.state.bookings.bound:
+        if key in self.state.cache.bound:
             held = self.state.fleet.allocation(key)
             if held is not None and held.node == node:
                 return None  # a repeat of the bind that placed it
@@ -554,13 +554,13 @@ class Verbs(ServicePart):
                                     labels=(None if allocation is None
                                             else {VGPU_NODE_LABEL: node}))
         except ClusterError as error:
-            if allocation is not None and self.state.bookings.reservation(key) is allocation:
-                self.state.bookings.release_reservation(key)
+            if allocation is not None and self.state.cache.reservation(key) is allocation:
+                self.state.cache.release_reservation(key)
                 self.metrics.released.labels("bind_failed").inc()
                 await self.reports.capacity_changed(node)
             return self._refuse_bind(namespace, name, str(error))
         if allocation is not None:
-            self.state.bookings.confirm(key, allocation)
+            self.state.cache.confirm(key, allocation)
         self.state.groups.bound(key)
         self.shared.pods.forget_manifest(key)
         self.metrics.decisions.labels("bind", "bound", "").inc()
@@ -600,7 +600,7 @@ class Verbs(ServicePart):
         """The pod's cards on the node kube-scheduler chose, deciding again if need be;
         None for a pod that asks for no GPU. Raises ``ClusterError`` when it cannot go there.
         """
-        held = self.state.bookings.reservation(key)
+        held = self.state.cache.reservation(key)
         if held is not None and held.node == node:
             return held
         group = self.state.groups.group_of(key)
@@ -622,7 +622,7 @@ class Verbs(ServicePart):
         if not request.wants_gpu:
             return None
         async with self.shared.booking:
-            decision = self.state.bookings.filter(request, [node], self._clock())
+            decision = self.state.cache.filter(request, [node], self._clock())
         if decision.allocation is None:
             failure = (decision.failures or {}).get(node)
             why = failure.text() if failure is not None else "no cards fit"

@@ -3,7 +3,7 @@ cards are held together.
 
 A group's members arrive one by one (the pod watch, the pod API, /filter), and none is
 given cards until the group counts as many members as it declares; then every member
-still waiting is placed at once (``Bookings.reserve_group``), or none. The cards of a
+still waiting is placed at once (``SchedulingCache.reserve_group``), or none. The cards of a
 group placed together are held for ``ttl`` (kube-scheduler's Permit): a member whose bind
 does not come in time has the whole group's reservations released, not its own alone.
 Synchronous, the time an argument, as the rest of the state.

@@ -65,7 +65,7 @@ class IngestResult:
 
 
 def _uuids(node: Node) -> list[str]:
-    return [device.uuid for device in node.devices]
+    return [device.uuid for device in node.cards]
 
 
 class NodeRegistry:
@@ -160,7 +160,7 @@ class NodeRegistry:
         # or processes): none can have left, and the card-to-node map needs no entry dropped.
         same_cards = before is not None and _uuids(before) == _uuids(reported)
         if same_cards:
-            for device in reported.devices:
+            for device in reported.cards:
                 self._card_node[device.uuid] = reported.name
         else:
             self._record_card_nodes(before, reported)
@@ -195,13 +195,13 @@ class NodeRegistry:
 
     def _record_card_nodes(self, before: Node | None, reported: Node) -> None:
         self._drop_card_nodes(before)
-        for device in reported.devices:
+        for device in reported.cards:
             self._card_node[device.uuid] = reported.name
 
     def _drop_card_nodes(self, node: Node | None) -> None:
         if node is None:
             return
-        for device in node.devices:
+        for device in node.cards:
             if self._card_node.get(device.uuid) == node.name:
                 del self._card_node[device.uuid]
 
@@ -230,8 +230,8 @@ class NodeRegistry:
         before = self._fleet.node(node.name)
         if before is None:
             return {}
-        now_present = {d.uuid for d in node.devices}
-        gone = (d.uuid for d in before.devices if d.uuid not in now_present)
+        now_present = {d.uuid for d in node.cards}
+        gone = (d.uuid for d in before.cards if d.uuid not in now_present)
         return {uuid: usage for uuid in gone
                 if (usage := self._fleet.usage(node.name, uuid)) != Usage()}
 

@@ -1,5 +1,5 @@
 """The pods in flight: what the daemon remembers of pods between the verbs and the cluster's
-changes, beyond the cards booked for them (``bookings``).
+changes, beyond the cards booked for them (``cache``).
 
 kube-scheduler keeps the same kinds of memory in its scheduling queue (the pods that did
 not fit, moved back when the cluster changes) and its cache (the pods bound to nodes).

@@ -77,7 +77,7 @@ async def test_a_subscriber_decodes_the_simulated_nodes_inventory(
     assert message.cards == profile_cards("t4x4", NODE)
     node = message.to_node()
     assert node.name == NODE
-    assert [(d.uuid, d.type, d.memory, d.numa, d.links) for d in node.devices] == [
+    assert [(d.uuid, d.type, d.memory, d.numa, d.links) for d in node.cards] == [
         (f"GPU-{NODE}-{i}", "NVIDIA-Tesla T4", 15360, 0, {}) for i in range(4)]
 
 
@@ -97,14 +97,14 @@ async def test_a_change_of_processes_or_health_arrives_within_one_poll_interval(
         assert waited <= POLL_S + DELIVERY_SLACK_S
         assert (busy.reason, busy.sequence) == ("change", start.sequence + 1)
         assert (busy.cards[2].processes, busy.cards[2].process_memory) == (3, 2048)
-        assert busy.to_node().devices[2].processes == 3
+        assert busy.to_node().cards[2].processes == 3
 
         waited, sick = await _time_to_arrival(
             received, lambda: source.set_health(1, False, "critical XID 79"))
         assert waited <= POLL_S + DELIVERY_SLACK_S
         assert (sick.cards[1].health, sick.cards[1].health_detail) == (False, "critical XID 79")
         assert sick.cards[2].processes == 3
-        assert not sick.to_node().devices[1].health
+        assert not sick.to_node().cards[1].health
 
 
 async def test_heartbeats_repeat_the_state_when_nothing_changes(

@@ -41,7 +41,7 @@ MIB = 1000
 
 
 def node(name: str, cards: int) -> Node:
-    return Node(name=name, devices=[Card(uuid=f"{name}-GPU-{i}", index=i, type="NVIDIA-T4",
+    return Node(name=name, cards=[Card(uuid=f"{name}-GPU-{i}", index=i, type="NVIDIA-T4",
                                          memory=MIB) for i in range(cards)])
 
 

@@ -68,12 +68,12 @@ class TestOpenbNodes:
         nodes, pods = openb(tmp_path, nodes=f"{NODE_HEADER}\nn-1,64000,262144,2,V100M32\n"
                                             "n-2,96000,393216,1,A10\n")
         assert load_trace(nodes, pods).nodes == [
-            Node(name="n-1", devices=[
+            Node(name="n-1", cards=[
                 Card(uuid="n-1-0", index=0, type="V100M32", memory=32768, cores=100, count=10,
                      numa=-1),
                 Card(uuid="n-1-1", index=1, type="V100M32", memory=32768, cores=100, count=10,
                      numa=-1)]),
-            Node(name="n-2", devices=[
+            Node(name="n-2", cards=[
                 Card(uuid="n-2-0", index=0, type="A10", memory=24576)]),
         ]
 
@@ -81,7 +81,7 @@ class TestOpenbNodes:
         ("P100", 16384), ("T4", 16384), ("V100M16", 16384), ("G2", 16384), ("G3", 16384)])
     def test_memory_of_each_model(self, tmp_path: Path, model: str, memory: int) -> None:
         nodes, pods = openb(tmp_path, nodes=f"{NODE_HEADER}\nn-1,8000,1024,1,{model}\n")
-        assert load_trace(nodes, pods).nodes[0].devices[0].memory == memory
+        assert load_trace(nodes, pods).nodes[0].cards[0].memory == memory
 
     def test_nodes_without_gpus_are_left_out(self, tmp_path: Path) -> None:
         nodes, pods = openb(tmp_path, nodes=f"{NODE_HEADER}\ncpu-1,32000,262144,0,\n"
@@ -90,7 +90,7 @@ class TestOpenbNodes:
 
     def test_columns_found_by_name_in_any_order(self, tmp_path: Path) -> None:
         nodes, pods = openb(tmp_path, nodes="model,gpu,sn,cpu_milli,memory_mib\nT4,2,n-9,1,1\n")
-        assert [card.uuid for card in load_trace(nodes, pods).nodes[0].devices] == [
+        assert [card.uuid for card in load_trace(nodes, pods).nodes[0].cards] == [
             "n-9-0", "n-9-1"]
 
 
@@ -271,7 +271,7 @@ class TestOwnFormat:
     def test_json_cluster_is_the_one_pyhami_decide_reads(self, tmp_path: Path) -> None:
         cluster = write(tmp_path / "cluster.json", json.dumps(OWN_CLUSTER))
         trace = load_trace(cluster, own_workload(tmp_path, {"pods": []}))
-        assert trace.nodes == [Node(name="gpu-1", devices=[
+        assert trace.nodes == [Node(name="gpu-1", cards=[
             Card(uuid="GPU-0", index=0, type="A100", memory=40960),
             Card(uuid="GPU-1", index=1, type="A100", memory=40960)])]
         assert trace.pods == []
@@ -343,7 +343,7 @@ pods:
       - resources: {limits: {nvidia.com/gpucores: 30}}
 """)
         trace = load_trace(cluster, workload)
-        assert trace.nodes == [Node(name="gpu-1", devices=[
+        assert trace.nodes == [Node(name="gpu-1", cards=[
             Card(uuid="GPU-0", index=0, type="T4", memory=15360, numa=1)])]
         notebook, train = trace.pods
         assert (notebook.manifest.key, notebook.arrival, notebook.duration) == (

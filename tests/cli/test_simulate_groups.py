@@ -23,7 +23,7 @@ HOUR = 3600.0
 
 
 def node(name: str, cards: int) -> Node:
-    return Node(name=name, devices=[Card(uuid=f"{name}-GPU-{i}", index=i, type="NVIDIA",
+    return Node(name=name, cards=[Card(uuid=f"{name}-GPU-{i}", index=i, type="NVIDIA",
                                          memory=16000) for i in range(cards)])
 
 

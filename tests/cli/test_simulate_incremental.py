@@ -94,7 +94,7 @@ SHAPES = st.sampled_from([(1, None), (1, 30), (1, 50), (2, None), (1, 100), (4, 
 
 @st.composite
 def traces(draw: st.DrawFn) -> Trace:
-    nodes = [Node(name=f"n{n}", devices=[
+    nodes = [Node(name=f"n{n}", cards=[
         Card(uuid=f"n{n}-GPU-{i}", index=i, type=draw(st.sampled_from(["NVIDIA-T4", "A100"])),
              memory=1000) for i in range(draw(st.integers(1, 4)))])
         for n in range(draw(st.integers(1, 5)))]

@@ -60,7 +60,7 @@ def test_to_node_gives_the_core_plain_devices_and_the_cordon_annotation() -> Non
     node = _inventory(CARDS, ["GPU-a", "GPU-b"]).to_node()
     assert node == Node(
         name="node-a",
-        devices=[
+        cards=[
             Card(uuid="GPU-a", index=0, type="NVIDIA-Tesla T4", memory=15360, numa=0,
                  links={}, processes=2),
             Card(uuid="GPU-b", index=1, type="NVIDIA-Tesla T4", memory=15360, numa=1,
@@ -68,7 +68,7 @@ def test_to_node_gives_the_core_plain_devices_and_the_cordon_annotation() -> Non
         ],
         annotations={"hami.io/device-cordon": "GPU-a,GPU-b"},
     )
-    assert all(type(device) is Card for device in node.devices)
+    assert all(type(device) is Card for device in node.cards)
 
 
 @pytest.mark.parametrize(("reported", "own"), [
@@ -85,7 +85,7 @@ def test_the_core_card_keeps_the_physical_figures_beside_the_registered(
                                  "memory": 15360, **reported}
     card = msgspec.convert(fields, ReportedCard)
     decoded = decode_inventory(encode(_inventory([card])))
-    (device,) = decoded.to_node().devices
+    (device,) = decoded.to_node().cards
     assert type(device) is Card
     assert (device.memory, device.cores) == (card.memory, card.cores)
     assert (device.own_memory, device.own_cores) == own
@@ -99,7 +99,7 @@ def test_to_node_without_cordons_has_no_annotation() -> None:
 
 def test_unknown_topology_stays_unknown_and_no_nvlink_stays_empty() -> None:
     unknown = ReportedCard(uuid="GPU-c", index=2, type="NVIDIA-Tesla T4", memory=15360)
-    devices = _inventory([CARDS[0], unknown]).to_node().devices
+    devices = _inventory([CARDS[0], unknown]).to_node().cards
     assert devices[0].links == {}
     assert devices[1].links is None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.core import parse_pod
-from common.core.quota import Quota, QuotaBook, admission_refusal
+from common.core.quota import Quota, QuotaBook, admission_denial
 from pyhami.sandbox import DEFAULTS
 from tests.builders import manifest
 
@@ -45,7 +45,7 @@ def test_fixed_requests_are_judged_at_admission(
         containers: list[dict[str, int | str]], init_containers: list[dict[str, int | str]],
         quota: Quota, sentence: str | None) -> None:
     pod = parse_pod(manifest(containers=containers, init_containers=init_containers), DEFAULTS)
-    refusal = admission_refusal(book_with(quota), pod)
+    refusal = admission_denial(book_with(quota), pod)
     assert (None if refusal is None else refusal.text()) == sentence
 
 
@@ -53,4 +53,4 @@ def test_a_pod_asking_for_nothing_chargeable_is_never_refused() -> None:
     # A share of memory counts 0 at admission, and no cores are asked.
     pod = parse_pod(manifest(containers=[{"nvidia.com/gpu": 1, PERCENT: 50}]),
                     DEFAULTS)
-    assert admission_refusal(book_with(Quota("default", "q", memory=0, cores=0)), pod) is None
+    assert admission_denial(book_with(Quota("default", "q", memory=0, cores=0)), pod) is None

@@ -139,7 +139,7 @@ class TestOrder:
 
     def test_ties_go_to_the_lower_device_index_not_list_order(self) -> None:
         base = node("n", 4)
-        fleet = fleet_of(Node(name="n", devices=list(reversed(base.devices))))
+        fleet = fleet_of(Node(name="n", cards=list(reversed(base.cards))))
         assert indexes(run(fleet, manifest(policy="binpack"))) == [[0]]
         assert indexes(run(fleet, manifest(policy="spread"))) == [[0]]
 

@@ -20,7 +20,7 @@ from common.core.pod import (
     PodSpec,
     ResourceRequirements,
 )
-from common.core.quota import QuotaSpec, ResourceQuotaManifest, admission_refusal, parse_quota
+from common.core.quota import QuotaSpec, ResourceQuotaManifest, admission_denial, parse_quota
 from tests.builders import fleet_of, manifest, node, run, under
 
 CUSTOM_NAMES = ResourceNames(count="example.com/vgpu", memory="example.com/vmem",
@@ -228,7 +228,7 @@ class TestCustomNamesEndToEnd:
                                            CUSTOM))
         pod = parse_pod(custom_pod({"example.com/vgpu": 1, "example.com/vmem": asked}),
                         under(CUSTOM))
-        refusal = admission_refusal(fleet.quotas, pod)
+        refusal = admission_denial(fleet.quotas, pod)
         assert (None if refusal is None else refusal.text()) == sentence
 
     @pytest.mark.parametrize(("names", "resource", "redirect"), [

@@ -20,8 +20,8 @@ from common.core.events import (
     filtering_succeed,
     no_node_summary,
 )
+from common.core.fiterror import MESSAGE_LIMIT, SENTENCE_LIMIT, fit_error_message
 from common.core.reasons import FailedNode
-from common.core.refusal import MESSAGE_LIMIT, SENTENCE_LIMIT, refusal_message
 from pyhami.sandbox import DEFAULTS
 from tests.builders import fleet_of, hold, manifest, node
 
@@ -157,7 +157,7 @@ def test_the_longest_sentence_fits_after_the_summary() -> None:
     fleet = fleet_of(*(node(f"node-{size:02d}", size) for size in sizes))
     request = parse_pod(manifest(gpus=100), DEFAULTS)
     decision = decide(fleet, request)
-    sentence = refusal_message(fleet, request, decision.failures or {})
+    sentence = fit_error_message(fleet, request, decision.failures or {})
     assert SENTENCE_LIMIT - 100 < len(sentence.encode()) <= SENTENCE_LIMIT
     summary = no_node_summary(99_999_999, sentence)
     assert summary.endswith(sentence)  # whole, not cut

@@ -1,5 +1,5 @@
-"""A fleet's layout after nodes change (issue 45): only the nodes whose cards changed are
-built again and spliced among the others; the result must be the layout a fleet of the
+"""A fleet's snapshot after nodes change (issue 45): only the nodes whose cards changed are
+built again and spliced among the others; the result must be the snapshot a fleet of the
 same nodes and ledger builds from scratch, attribute for attribute, and decide the same."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from common.core import Allocation, CardGrant, Fleet, Node
 from common.core.annotations import CORDON_ANNOTATION
-from common.core.fleet import CardGroups, Layout, _static_signature
+from common.core.fleet import CardGroups, Snapshot, _static_signature
 from common.core.mig import MigInstance, MigPlacement
 from tests.builders import card, fleet_of, manifest, mig_node, node, run
 from tests.linkgraphs import complete_multipartite, node_of_links
@@ -22,8 +22,8 @@ from tests.linkgraphs import complete_multipartite, node_of_links
 NAMES = [f"n{i}" for i in range(7)]
 
 CACHES = {"changed"}
-"""What two equal layouts may hold differently: the log of cards changed since the layout
-was built (bookings after a rebuild are logged; a layout built from scratch starts empty).
+"""What two equal snapshots may hold differently: the log of cards changed since the snapshot
+was built (cache after a rebuild are logged; a snapshot built from scratch starts empty).
 Every other attribute is compared."""
 
 
@@ -35,7 +35,7 @@ def _same(a: object, b: object, where: str) -> None:
         assert isinstance(b, CardGroups), where
         assert_same_attributes(a, b, where)
     elif where.endswith(".devices"):
-        # A layout reads only the static fields of its cards (uuid, index, type): their
+        # A snapshot reads only the static fields of its cards (uuid, index, type): their
         # health and processes are the arrays'; a node not built again keeps the cards of
         # the report that built it.
         assert isinstance(a, list) and isinstance(b, list), where
@@ -44,7 +44,7 @@ def _same(a: object, b: object, where: str) -> None:
         assert type(a) is type(b) and a == b, where
 
 
-def assert_same_attributes(a: Any, b: Any, where: str = "layout",
+def assert_same_attributes(a: Any, b: Any, where: str = "snapshot",
                            skip: frozenset[str] = frozenset()) -> None:
     """Every attribute of ``a`` and ``b`` equal (arrays by value and dtype), but ``skip``."""
     names = set(vars(a)) | set(vars(b))
@@ -59,9 +59,9 @@ def assert_same_layout(fleet: Fleet) -> None:
         scratch.upsert_node(each)
     for key, allocation in fleet.allocations().items():
         scratch.allocate(key, allocation)
-    built = scratch.layout
+    built = scratch.snapshot
     assert built.node_names == sorted(built.node_names)
-    assert_same_attributes(fleet.layout, built, skip=frozenset(CACHES))
+    assert_same_attributes(fleet.snapshot, built, skip=frozenset(CACHES))
 
 
 def _node(name: str, variant: int, sick: int, processes: int, cordon: int) -> Node:
@@ -73,7 +73,7 @@ def _node(name: str, variant: int, sick: int, processes: int, cordon: int) -> No
     elif variant == 1:
         base = node(name, 3, memory=2000, numa=1)
     elif variant == 2:
-        base = Node(name=name, devices=[card(i, name, links=None, numa=-1, type="A10")
+        base = Node(name=name, cards=[card(i, name, links=None, numa=-1, type="A10")
                                         for i in (3, 1)])
     elif variant == 3:
         base = node_of_links(name, [0b0010, 0b0001, 0b1000, 0b0100], numa=[0, 0, 1, 1])
@@ -82,15 +82,15 @@ def _node(name: str, variant: int, sick: int, processes: int, cordon: int) -> No
     elif variant == 5:
         base = mig_node(name, 2)
     else:  # the same uuids on every node of this shape: a uuid at several positions
-        base = Node(name=name, devices=[card(i, "shared") for i in range(2)])
+        base = Node(name=name, cards=[card(i, "shared") for i in range(2)])
     devices = [
         d if i != sick else card(d.index, name, **{**_fields(d), "health": False})
-        for i, d in enumerate(base.devices)]
+        for i, d in enumerate(base.cards)]
     devices = [card(d.index, name, **{**_fields(d), "processes": processes}) if i == 0 else d
                for i, d in enumerate(devices)]
     annotations = ({CORDON_ANNOTATION: devices[cordon % len(devices)].uuid} if cordon >= 0
                    else {})
-    return Node(name=name, devices=devices, annotations=annotations)
+    return Node(name=name, cards=devices, annotations=annotations)
 
 
 def _fields(device: Any) -> dict[str, Any]:
@@ -136,7 +136,7 @@ def test_the_layout_after_changes_is_the_one_built_from_scratch(
 
 def _check_changes(first: list[Node], steps: list[tuple[str, Any]]) -> None:
     fleet = fleet_of(*first)
-    assert fleet.layout.node_names == sorted({n.name for n in first})
+    assert fleet.snapshot.node_names == sorted({n.name for n in first})
     for kind, what in steps:
         if kind == "upsert":
             fleet.upsert_node(what)
@@ -165,13 +165,13 @@ def test_a_large_fleet_is_spliced_and_decides_the_same() -> None:
     node changed, one added, one removed among 80, a decision the same as from scratch."""
     fleet = Fleet()
     shapes = _grow(fleet, 80)
-    old = fleet.layout
+    old = fleet.snapshot
     fleet.upsert_node(_node("m040", 1, -1, 0, -1))
     fleet.upsert_node(_node("m0405", 5, 0, 1, 0))
     fleet.remove_node("m000")
     fleet.remove_node("m079")
     fleet.allocate("default/a", Allocation("m041", ((CardGrant("GPU-m041-0", 500, 5),),)))
-    assert fleet.layout is not old
+    assert fleet.snapshot is not old
     assert_same_layout(fleet)
     scratch = fleet_of(*fleet.nodes())
     scratch.allocate("default/a", fleet.allocations()["default/a"])
@@ -184,10 +184,10 @@ def test_a_large_fleet_is_spliced_and_decides_the_same() -> None:
 def test_a_spliced_layout_shares_nothing_that_changes_with_the_old_one() -> None:
     fleet = Fleet()
     _grow(fleet, 40)
-    old = fleet.layout
+    old = fleet.snapshot
     kept = old.copy()
     fleet.upsert_node(_node("m010", 2, -1, 0, -1))
-    new = fleet.layout
+    new = fleet.snapshot
     fleet.allocate("default/a", Allocation("m011", ((CardGrant("GPU-m011-0", 500, 5),),)))
     assert_same_attributes(old, kept, skip=frozenset({"changed", "check_cache"}))
     assert not np.shares_memory(new.tenants, old.tenants)
@@ -195,7 +195,7 @@ def test_a_spliced_layout_shares_nothing_that_changes_with_the_old_one() -> None
 
 
 def test_layout_of_nodes_is_built_as_before() -> None:
-    """``Layout(nodes)`` builds without a fleet (tests and tools construct it directly)."""
-    layout = Layout([node("b", 2), node("a", 1)])
-    assert layout.node_names == ["a", "b"]
-    assert layout.card_position[("b", "GPU-b-1")] == 2
+    """``Snapshot(nodes)`` builds without a fleet (tests and tools construct it directly)."""
+    snapshot = Snapshot([node("b", 2), node("a", 1)])
+    assert snapshot.node_names == ["a", "b"]
+    assert snapshot.card_position[("b", "GPU-b-1")] == 2

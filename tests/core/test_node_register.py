@@ -15,7 +15,7 @@ from common.core.registration import (
 )
 from common.core.vendors import NVIDIA
 
-NODE = Node(name="gpu-1", devices=[
+NODE = Node(name="gpu-1", cards=[
     # Listed out of order: the annotation lists the cards by index.
     Card(uuid="GPU-b", index=1, type="NVIDIA-Tesla V100-PCIE-32GB", memory=32768, cores=100,
          count=10, numa=1, health=False),
@@ -50,7 +50,7 @@ def test_hami_and_webui_read_it_back_to_the_same_cards() -> None:
 
 
 def test_a_node_without_cards_gets_no_annotation() -> None:
-    assert node_register(Node(name="empty", devices=[])) is None
+    assert node_register(Node(name="empty", cards=[])) is None
 
 
 @pytest.mark.parametrize(("nvml_name", "card_type"), [

@@ -53,7 +53,7 @@ def nodes(draw: st.DrawFn) -> list[Node]:
                 health=draw(st.booleans()) or draw(st.booleans()),
                 links=links, processes=draw(st.integers(0, 1))))
         cordon = [u for u in uuids if draw(st.integers(0, 9)) == 0]
-        result.append(Node(name=name, devices=devices,
+        result.append(Node(name=name, cards=devices,
                            annotations={"hami.io/device-cordon": ",".join(cordon)}))
     return result
 
@@ -63,7 +63,7 @@ def allocations(draw: st.DrawFn, cluster: list[Node]) -> dict[str, Allocation]:
     booked: dict[str, Allocation] = {}
     for number in range(draw(st.integers(0, 8))):
         node = draw(st.sampled_from(cluster))
-        device = draw(st.sampled_from(node.devices))
+        device = draw(st.sampled_from(node.cards))
         grant = CardGrant(device.uuid, draw(st.sampled_from([0, 500, 3000])),
                           draw(st.sampled_from([0, 30, 100])))
         booked[f"default/held-{number}"] = Allocation(node.name, ((grant,),))
@@ -115,7 +115,7 @@ COMMON = settings(max_examples=150, deadline=None,
 def test_listing_order_of_nodes_cards_and_pods_does_not_matter(
     cluster: list[Node], booked: dict[str, Allocation], pod: PodManifest, shuffle: Any,
 ) -> None:
-    reordered = [Node(name=n.name, devices=shuffle.sample(n.devices, len(n.devices)),
+    reordered = [Node(name=n.name, cards=shuffle.sample(n.devices, len(n.devices)),
                       annotations=n.annotations) for n in shuffle.sample(cluster, len(cluster))]
     rebooked = dict(shuffle.sample(list(booked.items()), len(booked)))
     assert outcome(run(build(cluster, booked), pod)) == outcome(run(build(reordered, rebooked),
@@ -161,7 +161,7 @@ def test_no_chosen_card_fails_any_check(
         return
     request = parse_pod(pod, DEFAULTS)
     node = next(n for n in cluster if n.name == decision.node)
-    devices = {d.uuid: d for d in node.devices}
+    devices = {d.uuid: d for d in node.cards}
     cordoned = set(node.annotations["hami.io/device-cordon"].split(","))
     taken: dict[str, list[int]] = {}
     gpu = [c for c in request.containers if c.cards]
@@ -232,7 +232,7 @@ def test_the_fitting_nodes_are_those_that_hold_the_pod_alone_the_chosen_first(
 
 @st.composite
 def histories(draw: st.DrawFn, cluster: list[Node]) -> list[tuple[str, Any]]:
-    """Bookings, releases and agent reports, in the order the daemon might see them."""
+    """SchedulingCache, releases and agent reports, in the order the daemon might see them."""
     steps: list[tuple[str, Any]] = []
     for number in range(draw(st.integers(1, 12))):
         kind = draw(st.sampled_from(["book", "release", "report"]))
@@ -242,9 +242,9 @@ def histories(draw: st.DrawFn, cluster: list[Node]) -> list[tuple[str, Any]]:
                             cores=d.cores, count=d.count, numa=d.numa, links=d.links,
                             health=draw(st.booleans()) or draw(st.booleans()),
                             processes=draw(st.integers(0, 2)))
-                       for d in node.devices]
-            cordon = [d.uuid for d in node.devices if draw(st.integers(0, 5)) == 0]
-            steps.append((kind, Node(name=node.name, devices=devices,
+                       for d in node.cards]
+            cordon = [d.uuid for d in node.cards if draw(st.integers(0, 5)) == 0]
+            steps.append((kind, Node(name=node.name, cards=devices,
                                      annotations={"hami.io/device-cordon": ",".join(cordon)})))
         else:
             steps.append((kind, (f"default/later-{number % 4}", draw(allocations(cluster)))))
@@ -353,7 +353,7 @@ def quota_used(fleet: Fleet) -> dict[tuple[str, str, str], tuple[int, int]]:
 def quota_cards(draw: st.DrawFn) -> list[Node]:
     """Up to three nodes of two to four cards of two sizes, so that a percentage costs
     different MiB on different cards."""
-    return [Node(name=f"node-{n}", devices=[
+    return [Node(name=f"node-{n}", cards=[
         Card(uuid=f"GPU-{n}-{i}", index=i, type="NVIDIA-A100",
              memory=draw(st.sampled_from([8192, 16384])), cores=100, count=10)
         for i in range(draw(st.integers(2, 4)))]) for n in range(draw(st.integers(1, 3)))]

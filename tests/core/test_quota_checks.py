@@ -57,14 +57,14 @@ def test_the_kept_checks_under_a_quota_are_the_checks_made_afresh(
     request = parse_pod(pod, DEFAULTS)
     left = fleet.quotas.left(request.subject)
     assert left is not None
-    layout = fleet.layout
-    for _ in range(2):  # made, then taken from what the layout keeps
-        view = PodView(layout, request, left)
+    snapshot = fleet.snapshot
+    for _ in range(2):  # made, then taken from what the snapshot keeps
+        view = PodView(snapshot, request, left)
         codes, by_node = view.first_checks()
         afresh = view.card_codes(request.gpu_containers[0], slice(None))
         assert codes.tolist() == afresh.tolist()
-        counts = np.bincount(layout.check_base + afresh,
-                             minlength=len(layout.node_names) * CHECK_COUNT)
+        counts = np.bincount(snapshot.check_base + afresh,
+                             minlength=len(snapshot.node_names) * CHECK_COUNT)
         assert by_node.tolist() == counts.reshape(-1, CHECK_COUNT).tolist()
         refused = bool((afresh == CardCheck.QUOTA_NOT_FIT).any())
         assert view.quota_refused_first == refused

@@ -21,7 +21,7 @@ from common.core import (
     decision_document,
     parse_pod,
 )
-from common.core.refusal import SENTENCE_LIMIT, refusal_message
+from common.core.fiterror import SENTENCE_LIMIT, fit_error_message
 from pyhami.sandbox import DEFAULTS
 from tests.builders import (
     T4,
@@ -202,7 +202,7 @@ def test_nodes_refused_before_the_core_are_written_as_given() -> None:
     others = {"stale": NodeRefusal("NodeInventoryStale",
                                    "no inventory from the node's agent for 31s (limit 30s)"),
               "gone": NodeRefusal("NodeUnknown", "x")}
-    assert refusal_message(fleet, request, {**judged, **others}) == (
+    assert fit_error_message(fleet, request, {**judged, **others}) == (
         "asked for 5 cards with 1000 MiB each; fresh has 4 cards (NodeInsufficientDevice); "
         "gone: NodeUnknown: x; " f"stale: {stale}")
 

@@ -22,11 +22,11 @@ ODD_TYPE = 'NVIDIA "T4" \\ rev\nB'
 
 def _fleet() -> Fleet:
     fleet = Fleet()
-    fleet.upsert_node(Node(name="a", devices=[
+    fleet.upsert_node(Node(name="a", cards=[
         Card(uuid="GPU-a0", index=0, type="NVIDIA-A100", memory=81920),
         Card(uuid="GPU-a1", index=1, type=ODD_TYPE, memory=15360, cores=50, health=False,
              physical_memory=7680, physical_cores=100)]))
-    fleet.upsert_node(Node(name="b", devices=[
+    fleet.upsert_node(Node(name="b", cards=[
         Card(uuid="GPU-b0", index=0, type="NVIDIA-A100", memory=0)]))
     fleet.allocate("default/p", Allocation(node="a", containers=(
         (CardGrant("GPU-a1", 3000, 30),), (CardGrant("GPU-a1", 1000, 10),))))
@@ -46,7 +46,7 @@ class Reference(Collector):
                                                     "device_memory_limit"])
                     for name, documentation in CARD_FAMILIES}
         for node in self.fleet.nodes():
-            for card in node.devices:
+            for card in node.cards:
                 usage = self.fleet.usage(node.name, card.uuid)
                 labels = [node.name, card.uuid, str(card.index), card.type, "vGPU", "", ""]
                 with_cores = [*labels[:5], str(card.cores), ""]
@@ -106,7 +106,7 @@ def test_hamis_gauges_show_the_registered_figures_and_pyhamis_the_physical(
     """HAMi's limit gauges report the registered (scaled) figures, as HAMi's scheduler
     reports its registered devmem and devcore; pyhami's the card's own beside them."""
     fleet = Fleet()
-    fleet.upsert_node(Node(name="c", devices=[card]))
+    fleet.upsert_node(Node(name="c", cards=[card]))
     found = {name: value for name, _, value in _samples(CardGauges(lambda: fleet).text())}
     assert (found["hami_gpu_memory_limit_bytes"], found["hami_gpu_core_limit_ratio"]) == (
         registered[0] * MIB, registered[1])
@@ -121,7 +121,7 @@ def test_a_replaced_inventory_is_labelled_afresh_and_a_forgotten_node_leaves() -
     a = fleet.node("a")
     assert a is not None
     fleet.upsert_node(msgspec.structs.replace(
-        a, devices=[msgspec.structs.replace(a.devices[0], type="NVIDIA-H100")]))
+        a, devices=[msgspec.structs.replace(a.cards[0], type="NVIDIA-H100")]))
     fleet.remove_node("b")
     samples = _samples(gauges.text())
     assert {labels["device_uuid"] for _, labels, _ in samples} == {"GPU-a0"}

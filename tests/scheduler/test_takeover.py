@@ -11,7 +11,7 @@ import nats.errors
 import pytest
 
 from common.supervision import Supervisor
-from scheduler.leadership import Sole, Takeover, TakeOverFailed
+from scheduler.leadership import AlwaysLeader, Takeover, TakeOverFailed
 from scheduler.leadership import takeover as takeover_module
 
 
@@ -49,7 +49,7 @@ class Steps:
 
 
 def takeover(steps: Steps, *, standalone: bool) -> Takeover:
-    return Takeover(Sole("me"), Supervisor(), ledger=steps, pods=steps, reservations=steps,
+    return Takeover(AlwaysLeader("me"), Supervisor(), ledger=steps, pods=steps, reservations=steps,
                     store=steps if standalone else None, retry_pending=steps.retry_pending)
 
 

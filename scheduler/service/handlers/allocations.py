@@ -173,7 +173,7 @@ class Allocations(ServicePart):
             containers = with_reservations(held.containers, completed)
         except MigReservationError:
             return  # reservations not the ledger's own: the ledger keeps what it has
-        self.state.bookings.confirm(key, dataclasses.replace(held, containers=containers))
+        self.state.cache.confirm(key, dataclasses.replace(held, containers=containers))
 
     def _runtime_identity(self, pod: ClusterPod, outcome: AllocationOutcome
                           ) -> tuple[MigReservation, ...] | None:

@@ -38,7 +38,7 @@ class GroupMembers(ServicePart):
         groups = self.state.groups
         groups.let_go(group.key)
         freed = [(member.key, allocation) for member in groups.waiting(group.key)
-                 if (allocation := self.state.bookings.release_reservation(member.key))
+                 if (allocation := self.state.cache.release_reservation(member.key))
                  is not None]
         if not freed:
             return

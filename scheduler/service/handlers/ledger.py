@@ -54,7 +54,7 @@ class Ledger(ServicePart):
                 self._allocations.note_answered(pod)
                 self.shared.pods.bound(pod)
         self.shared.pods.keep_bound(key for key, _ in restored)
-        self.state.bookings.replace_ledger(restored)
+        self.state.cache.replace_ledger(restored)
         book = self.state.fleet.quotas
         applied = []
         for manifest in quotas:

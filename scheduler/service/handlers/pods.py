@@ -42,7 +42,7 @@ class PodEvents(ServicePart):
         or finished, book those bound that it lacks."""
         pods = await self.cluster.list_pods()
         listed = {pod.key for pod in pods}
-        for key in sorted(self.state.bookings.bound - listed):
+        for key in sorted(self.state.cache.bound - listed):
             await self._pod_ended(key)
         for pod in pods:
             await self.on_pod_change(PodChange(pod, deleted=False))
@@ -57,8 +57,8 @@ class PodEvents(ServicePart):
         names = self.settings.defaults.device.resources
         if pod.node is not None and pod.manifest.asks_for_gpu(names):
             self.shared.pods.bound(pod)  # its priority and start, for preemption
-        if (pod.key in self.state.bookings.bound
-                or self.state.bookings.reservation(pod.key) is not None):
+        if (pod.key in self.state.cache.bound
+                or self.state.cache.reservation(pod.key) is not None):
             return
         try:
             allocation = pod.allocation(self.settings.defaults.device.resources)
@@ -66,7 +66,7 @@ class PodEvents(ServicePart):
             logger.error("pod %s: %s; its cards are not counted", pod.key, error)
             return
         if allocation is not None:  # bound elsewhere, e.g. while this daemon was down
-            self.state.bookings.restore([(pod.key, allocation)])
+            self.state.cache.restore([(pod.key, allocation)])
             # Cards booked, none freed: no waiting pod fits now that did not before.
             await self.reports.capacity_changed(allocation.node, retry_waiting=False)
 
@@ -76,7 +76,7 @@ class PodEvents(ServicePart):
         group = groups.group_of(key)
         was_waiting = group is not None and any(m.key == key for m in groups.waiting(group.key))
         groups.forget(key)
-        released = self.state.bookings.release(key)
+        released = self.state.cache.release(key)
         if released is not None:
             logger.info("pod %s ended: its cards on %s are free", key, released.node)
             await self.reports.capacity_changed(released.node)

@@ -29,7 +29,7 @@ class Reservations(ServicePart):
             for overdue in list(self.state.groups.overdue(now)):
                 await self._groups.let_go(overdue, f"not every member was bound within "
                                                    f"{self.settings.group_ttl:g}s")
-            late = self.state.bookings.expire(now)
+            late = self.state.cache.expire(now)
             for key in late:
                 logger.warning("reservation of pod %s expired: no bind came in time", key)
                 self.metrics.released.labels("expired").inc()
@@ -41,7 +41,7 @@ class Reservations(ServicePart):
 
     async def stand_by(self) -> None:
         """This daemon stopped deciding: the reservations it made will never be bound."""
-        dropped = self.state.bookings.drop_reservations()
+        dropped = self.state.cache.drop_reservations()
         if dropped:
             logger.info("standing by: %d reservations released", len(dropped))
             await self.reports.capacity_changed(*(a.node for a in dropped.values()),

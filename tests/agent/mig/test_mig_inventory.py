@@ -53,7 +53,7 @@ def test_the_node_registers_them_unscaled_and_with_its_own_slot_count() -> None:
     config = NodeDeviceConfig(DeviceConfig())
     registered = registered_cards(cards, config)
     assert registered == cards  # no split count, no scaling on a MIG card
-    text = node_register(Node(name="n", devices=[c.card() for c in registered]))
+    text = node_register(Node(name="n", cards=[c.card() for c in registered]))
     assert text is not None and '"mode":"mig","migProfiles":[{"name":"1g.10gb"' in text
 
 

@@ -90,7 +90,7 @@ def add_node(fleet: Fleet, name: str, cards: list[dict[str, Any]],
              node_annotations: dict[str, str] | None = None) -> Fleet:
     """``fleet`` with node ``name`` holding ``cards`` with their usage."""
     devices = [hami_card(card, index) for card, index in zip(cards, _indexes(cards), strict=True)]
-    fleet.upsert_node(Node(name=name, devices=devices, annotations=node_annotations or {}))
+    fleet.upsert_node(Node(name=name, cards=devices, annotations=node_annotations or {}))
     for device, card in zip(devices, cards, strict=True):
         memory, cores = card.get("usedmem", 0), card.get("usedcores", 0)
         if memory or cores:

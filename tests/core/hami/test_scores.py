@@ -13,7 +13,7 @@ figures, read by ``tests.core.hami.cards``; ``want`` names what the Go test asse
   (``PodView.rank``, the order before the filters, as ``Less`` is);
 - ``node_less``: HAMi's ``NodeScoreList.Less(0, 1)``: HAMi takes the last node of the
   sorted list, so that pyhami chooses node 1;
-- ``node_score``: ``ComputeDefaultScore`` of the node (``Layout.node_scores``);
+- ``node_score``: ``ComputeDefaultScore`` of the node (``Snapshot.node_scores``);
 - ``fit`` / ``card_set``: a container placed as in ``test_fit``.
 
 pyhami rounds scores to 6 places; HAMi's are float32, compared as the Go test writes them.
@@ -78,8 +78,8 @@ def ranks_second_first(given: dict[str, Any]) -> bool:
     first, second = roomy(given["cards"])
     fleet = hami_fleet([{**first, "id": "first"}, {**second, "id": "second"}])
     pod = parse_pod(manifest(annotations=pod_annotations(given), containers=[PROBE]), DEFAULTS)
-    layout = fleet.layout
-    ranked = [layout.devices[card].uuid for card in PodView(layout, pod).rank(0, [0, 1])]
+    snapshot = fleet.snapshot
+    ranked = [snapshot.devices[card].uuid for card in PodView(snapshot, pod).rank(0, [0, 1])]
     return ranked == ["second", "first"]
 
 
@@ -98,7 +98,7 @@ def chooses_second_node(given: dict[str, Any]) -> bool:
 
 def node_score(given: dict[str, Any]) -> float:
     fleet = add_node(Fleet(), NODE, given["cards"])
-    return float(fleet.layout.node_scores()[0])
+    return float(fleet.snapshot.node_scores()[0])
 
 
 def answer(row: Row) -> dict[str, Any]:

@@ -84,7 +84,7 @@ async def test_explain_against_the_running_daemon_books_nothing(lab: Lab, tmp_pa
     assert re.search(r"GPU 0\s+1\s+1\.651042\s+-\s+1\s+<- chosen", text)
     assert "-> GPU 0 on gpu-node-1" in text
     assert lab.daemon.service is not None
-    assert lab.daemon.service.state.bookings.reservation("default/question") is None
+    assert lab.daemon.service.state.cache.reservation("default/question") is None
     assert lab.daemon.service.state.fleet.usage("gpu-node-1", GPU[0]).tenants == 1
 
 

@@ -333,7 +333,7 @@ async def test_a_group_placed_while_the_lease_is_lost_reserves_nothing(
                              json={"Pod": pod, "NodeNames": ["gpu-node-1"]}) as answer:
             result = await answer.json()
         assert result["Error"] == "standing by: another daemon decides"
-        assert service.state.bookings.reservation_count == 0
+        assert service.state.cache.reservation_count == 0
     finally:
         await running.daemon.stop()
         await node.halt()

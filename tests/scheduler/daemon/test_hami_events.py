@@ -43,8 +43,8 @@ class Stand:
 
     def node_score(self, node: str) -> float:
         """The node's score now, as the core compares it (before the next pod)."""
-        layout = self.service.state.fleet.layout
-        return float(layout.node_scores()[layout.node_position[node]])
+        snapshot = self.service.state.fleet.snapshot
+        return float(snapshot.node_scores()[snapshot.node_position[node]])
 
     async def events(self, name: str, count: int) -> list[tuple[str, str, str]]:
         """The pod's (type, reason, message), once it has ``count`` of them (those written

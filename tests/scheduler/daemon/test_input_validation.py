@@ -155,7 +155,7 @@ def test_cards_at_every_bound_keep_the_decision_finite() -> None:
     """Item 2: the bounds are chosen so no sum leaves int64 and no score is infinite."""
     fleet = Fleet()
     for name in ("a", "b"):
-        fleet.upsert_node(Node(name=name, devices=[
+        fleet.upsert_node(Node(name=name, cards=[
             Card(uuid=f"GPU-{name}-{i}", index=i, type="T", memory=CARD_MEMORY_MAX_MIB,
                  cores=CARD_COUNT_MAX, count=CARD_COUNT_MAX, numa=CARD_COUNT_MAX,
                  processes=CARD_COUNT_MAX - 1, links={f"GPU-{name}-0": CARD_COUNT_MAX})

@@ -123,7 +123,7 @@ async def test_agents_reporting_adversarial_links_cost_each_filter_a_bounded_sea
         name = f"hostile-{n}"
         cards = [msgspec.convert(msgspec.to_builtins(card), ReportedCard)
                  for card in node_of_links(name, random_graph(256, 0.5,
-                                                              random.Random(45))).devices]
+                                                              random.Random(45))).cards]
         agent = Agent(AgentSettings(name, poll_interval=5.0, heartbeat_interval=0.5),
                       SimulatedSource(cards), NatsSettings(servers=servers_of(
                           jetstream_server.url)))

@@ -314,7 +314,7 @@ def card_health(daemon: RunningDaemon, node: str, index: int) -> bool | None:
     known = daemon.service.state.fleet.node(node)
     if known is None:
         return None
-    return next(card.health for card in known.devices if card.index == index)
+    return next(card.health for card in known.cards if card.index == index)
 
 
 @pytest.mark.parametrize("changed", ["just-before-the-kill", "during-the-switch"])

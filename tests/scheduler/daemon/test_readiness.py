@@ -112,7 +112,7 @@ async def test_readiness_drops_while_a_background_task_is_down_and_recovers(
     daemon = await RunningDaemon(standalone_config(jetstream_server.url)).start()
     service = daemon.service
     assert service is not None
-    expire = service.state.bookings.expire
+    expire = service.state.cache.expire
     failures = 0
 
     def broken_once(now: float) -> object:
@@ -123,7 +123,7 @@ async def test_readiness_drops_while_a_background_task_is_down_and_recovers(
         return expire(now)
 
     try:
-        monkeypatch.setattr(service.state.bookings, "expire", broken_once)
+        monkeypatch.setattr(service.state.cache, "expire", broken_once)
 
         async def not_ready() -> bool:
             return (await readiness(http, daemon.url))[0] == 503
@@ -156,9 +156,9 @@ class LostWatch(NodeList):
 async def test_following_the_cluster_again_releases_pods_deleted_while_it_was_down() -> None:
     service = SchedulerService(ServiceSettings(DEFAULTS), LostWatch(set()), silent)
     service.handlers.inventories.ingest(*inventory_message("n", 1))
-    decision = service.state.bookings.filter(parse_pod(manifest("gone"), DEFAULTS), ["n"], now=0)
+    decision = service.state.cache.filter(parse_pod(manifest("gone"), DEFAULTS), ["n"], now=0)
     assert decision.allocation is not None
-    service.state.bookings.confirm("default/gone", decision.allocation)
+    service.state.cache.confirm("default/gone", decision.allocation)
     with pytest.raises(RuntimeError):
         await service.handlers.pods.follow_cluster()
     # The first start follows on from the rebuild.
@@ -166,7 +166,7 @@ async def test_following_the_cluster_again_releases_pods_deleted_while_it_was_do
     with pytest.raises(RuntimeError):  # started again: the pod list is read first
         await service.handlers.pods.follow_cluster()
     assert service.state.fleet.allocation("default/gone") is None
-    assert "default/gone" not in service.state.bookings.bound
+    assert "default/gone" not in service.state.cache.bound
 
 
 async def test_a_pod_whose_scheduling_crashes_does_not_stall_the_pending_loop(

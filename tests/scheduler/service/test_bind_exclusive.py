@@ -56,7 +56,7 @@ def allocations_on_the_pods(pods: list[dict[str, Any]]) -> dict[str, Allocation]
 def assert_no_card_over_its_capacity(service: SchedulerService) -> None:
     fleet = service.state.fleet
     for node in fleet.nodes():
-        for device in node.devices:
+        for device in node.cards:
             usage = fleet.usage(node.name, device.uuid)
             assert usage.memory <= device.memory, (node.name, device.uuid, usage)
             assert usage.tenants <= device.count, (node.name, device.uuid, usage)
@@ -129,7 +129,7 @@ async def test_a_pod_asking_for_no_gpu_is_bound_without_an_allocation(lab: Lab) 
     await eventually(lambda: _equals(events(), bound_once), "the BindingSucceed Event")
     service = running(lab.daemon)
     assert service.state.fleet.allocations() == {}
-    assert "default/plain" not in service.state.bookings.bound
+    assert "default/plain" not in service.state.cache.bound
     await asyncio.sleep(1.5)  # three rounds of the pending loop: it is not bound again
     assert await events() == bound_once
 
@@ -193,7 +193,7 @@ async def test_many_pods_bound_concurrently_never_overcommit_a_card(
     service = running(daemon)
     assert_no_card_over_its_capacity(service)
     assert service.state.fleet.allocations() == allocations_on_the_pods(list(final.values()))
-    assert service.state.bookings.reservation_count == 0
+    assert service.state.cache.reservation_count == 0
 
     await daemon.stop()
     three_nodes.daemon = await RunningDaemon(daemon.config).start()

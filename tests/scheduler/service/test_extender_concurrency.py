@@ -103,7 +103,7 @@ def check_capacity(cluster: Cluster,
         usage = fleet.usage(*key)
         assert (usage.tenants, usage.memory, usage.cores) == (
             len(grants), sum(m for _, m, _ in grants), sum(c for _, _, c in grants)), key
-    assert not cluster.daemon.service.state.bookings.reservation_count
+    assert not cluster.daemon.service.state.cache.reservation_count
 
 
 async def test_concurrent_mutex_pods_never_share_a_card(cluster: Cluster) -> None:

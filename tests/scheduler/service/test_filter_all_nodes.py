@@ -125,13 +125,13 @@ async def test_bind_places_the_cards_on_the_node_kube_scheduler_took(
     bound = await every_node.pods.get("elsewhere")
     assert bound["node"] == "node-c"
     fleet = every_node.service.state.fleet
-    on_c = {d.uuid for node in fleet.nodes() if node.name == "node-c" for d in node.devices}
+    on_c = {d.uuid for node in fleet.nodes() if node.name == "node-c" for d in node.cards}
     assert _cards(bound) and set(_cards(bound)) <= on_c
     held = fleet.allocation("default/elsewhere")
     assert held is not None and held.node == "node-c"
     # The reservation on node-a went with it: node-a's cards hold nothing.
     assert all(fleet.usage("node-a", d.uuid).tenants == 0
-               for node in fleet.nodes() if node.name == "node-a" for d in node.devices)
+               for node in fleet.nodes() if node.name == "node-a" for d in node.cards)
 
 
 async def test_a_node_taken_by_another_pod_meanwhile_is_refused_at_bind(
@@ -146,7 +146,7 @@ async def test_a_node_taken_by_another_pod_meanwhile_is_refused_at_bind(
     assert "node node-b cannot hold pod default/first" in error
     fleet = every_node.service.state.fleet
     for node in fleet.nodes():
-        for device in node.devices:
+        for device in node.cards:
             usage = fleet.usage(node.name, device.uuid)
             assert usage.memory <= device.memory and usage.tenants <= device.count
     assert await every_node.bind(first, "node-c") == ""

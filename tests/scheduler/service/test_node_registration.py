@@ -95,7 +95,7 @@ async def test_the_first_inventory_is_written_as_hamis_device_plugin_writes_it(
     node = service.state.fleet.node("n1")
     assert node is not None
     # Read back by HAMi-WebUI's rules (and HAMi's), the same cards the agent reported.
-    assert decode_register(written) == [registered_card(card) for card in node.devices]
+    assert decode_register(written) == [registered_card(card) for card in node.cards]
     assert written.startswith('[{"id":"') and '"mode":"hami-core"' in written
     assert stub.api.nodes[0]["metadata"]["annotations"]["kept"] == "x"  # a merge patch
     assert stub.annotation("n2") is None  # no agent there: not written

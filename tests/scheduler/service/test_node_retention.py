@@ -30,20 +30,20 @@ def test_a_forgotten_node_is_unknown_to_the_next_decision_even_with_the_same_nam
     state.nodes.ingest(inventory("b", 1), now=0)
     asked = ["a", "b"]
     request = parse_pod(manifest("p"), DEFAULTS)
-    assert state.bookings.preview(request, asked, now=1).failed_nodes in (None, {})
+    assert state.cache.preview(request, asked, now=1).failed_nodes in (None, {})
     state.nodes.forget("b")
     # As many known nodes as before: the old cache hid it.
     state.nodes.ingest(inventory("c", 1), now=2)
-    failed = state.bookings.preview(request, asked, now=3).failed_nodes or {}
+    failed = state.cache.preview(request, asked, now=3).failed_nodes or {}
     assert failed["b"].startswith(NODE_UNKNOWN)
 
 
 def test_allocations_on_a_forgotten_node_stay_booked_and_come_back_with_it() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
     state.nodes.ingest(inventory("a", 5), now=0)
-    decision = state.bookings.filter(parse_pod(manifest("p"), DEFAULTS), ["a"], now=0)
+    decision = state.cache.filter(parse_pod(manifest("p"), DEFAULTS), ["a"], now=0)
     assert decision.allocation is not None
-    state.bookings.confirm("default/p", decision.allocation)
+    state.cache.confirm("default/p", decision.allocation)
     card = decision.allocation.containers[0][0].uuid
     state.nodes.forget("a")
     assert state.fleet.node("a") is None

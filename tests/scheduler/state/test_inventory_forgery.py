@@ -82,7 +82,7 @@ async def next_message_of_the_agent(client: Client) -> Inventory:
 def processes_on_card_0(lab: Lab) -> int:
     node = service(lab).state.fleet.node(NODE)
     assert node is not None
-    return node.devices[0].processes
+    return node.cards[0].processes
 
 
 async def test_a_copy_of_the_agents_message_numbered_2_to_the_62_does_not_lock_it_out(
@@ -117,7 +117,7 @@ async def test_a_message_on_another_subject_naming_t4_a_is_refused_and_t4_a_keep
     state = service(t4_lab).state
     node = state.fleet.node(NODE)
     assert node is not None
-    assert [card.uuid for card in node.devices] == [f"GPU-{NODE}-{i}" for i in range(4)]
+    assert [card.uuid for card in node.cards] == [f"GPU-{NODE}-{i}" for i in range(4)]
     assert state.fleet.node("evil") is None
 
 
@@ -156,7 +156,7 @@ async def test_after_the_daemon_reconnects_a_node_may_skip_more_than_the_bound(
 
     async def taken() -> bool:
         node = service(t4_lab).state.fleet.node("quiet-node")
-        return node is not None and node.devices[0].processes == 3
+        return node is not None and node.cards[0].processes == 3
 
     await eventually(taken, "the message after the gap to be taken")
     assert counted(t4_lab, "sequence_jump") == 0

@@ -32,7 +32,7 @@ def inventory(sequence: int, processes: int = 0, instance: str = "a") -> Invento
 def processes(state: LiveState) -> int:
     node = state.fleet.node(NODE)
     assert node is not None
-    return node.devices[0].processes
+    return node.cards[0].processes
 
 
 def fresh_state() -> LiveState:

@@ -44,7 +44,7 @@ def test_a_node_goes_stale_after_the_timeout() -> None:
     state.nodes.ingest(inventory(1), now=0)
     assert state.nodes.stale_nodes(now=30) == {}
     assert list(state.nodes.stale_nodes(now=31)) == ["n"]
-    decision = state.bookings.filter(parse_pod(manifest(), DEFAULTS), ["n"], now=31)
+    decision = state.cache.filter(parse_pod(manifest(), DEFAULTS), ["n"], now=31)
     assert decision.node is None
     assert (decision.failed_nodes or {})["n"].startswith("NodeInventoryStale: ")
 
@@ -65,27 +65,27 @@ def test_going_stale_and_coming_back_are_each_reported_once() -> None:
 def test_an_unconfirmed_reservation_expires_and_a_confirmed_one_stays() -> None:
     state = LiveState(node_timeout=1000, reservation_ttl=60)
     state.nodes.ingest(inventory(1), now=0)
-    first = state.bookings.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
-    second = state.bookings.filter(parse_pod(manifest("b"), DEFAULTS), None, now=10)
+    first = state.cache.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
+    second = state.cache.filter(parse_pod(manifest("b"), DEFAULTS), None, now=10)
     assert first.node == second.node == "n"
     assert second.allocation is not None
-    state.bookings.confirm("default/b", second.allocation)
-    assert list(state.bookings.expire(now=59)) == []
-    assert list(state.bookings.expire(now=60)) == ["default/a"]
+    state.cache.confirm("default/b", second.allocation)
+    assert list(state.cache.expire(now=59)) == []
+    assert list(state.cache.expire(now=60)) == ["default/a"]
     assert state.fleet.allocation("default/a") is None
     assert state.fleet.allocation("default/b") is not None
-    assert list(state.bookings.expire(now=1000)) == []
+    assert list(state.cache.expire(now=1000)) == []
 
 
 def test_a_bind_that_outlived_its_reservation_books_the_cards_again() -> None:
     state = LiveState(node_timeout=1000, reservation_ttl=60)
     state.nodes.ingest(inventory(1), now=0)
-    decision = state.bookings.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
+    decision = state.cache.filter(parse_pod(manifest("a"), DEFAULTS), None, now=0)
     assert decision.allocation is not None
-    assert list(state.bookings.expire(now=60)) == ["default/a"]  # while the bind was under way
-    state.bookings.confirm("default/a", decision.allocation)
+    assert list(state.cache.expire(now=60)) == ["default/a"]  # while the bind was under way
+    state.cache.confirm("default/a", decision.allocation)
     assert state.fleet.allocation("default/a") == decision.allocation
-    assert "default/a" in state.bookings.bound and state.bookings.reservation("default/a") is None
+    assert "default/a" in state.cache.bound and state.cache.reservation("default/a") is None
 
 
 def test_filtering_a_bound_pod_again_keeps_its_cards_and_books_nothing_more() -> None:
@@ -93,17 +93,17 @@ def test_filtering_a_bound_pod_again_keeps_its_cards_and_books_nothing_more() ->
     state.nodes.ingest(inventory(1), now=0)
     state.nodes.ingest(inventory(1, node="m"), now=0)
     request = parse_pod(manifest("a", policy="binpack"), DEFAULTS)
-    first = state.bookings.filter(request, None, now=0)
+    first = state.cache.filter(request, None, now=0)
     assert first.allocation is not None and first.node is not None
-    state.bookings.confirm("default/a", first.allocation)
+    state.cache.confirm("default/a", first.allocation)
     other = ({"m", "n"} - {first.node}).pop()
-    again = state.bookings.filter(request, [other, first.node], now=1)
+    again = state.cache.filter(request, [other, first.node], now=1)
     assert (again.node, again.allocation) == (first.node, first.allocation)
     assert set(again.failed_nodes or {}) == {other}
-    assert state.bookings.reservation("default/a") is None
-    assert list(state.bookings.expire(now=1000)) == []  # nothing to expire: the booking stays
+    assert state.cache.reservation("default/a") is None
+    assert list(state.cache.expire(now=1000)) == []  # nothing to expire: the booking stays
     assert state.fleet.allocation("default/a") == first.allocation
-    elsewhere = state.bookings.filter(request, [other], now=2)
+    elsewhere = state.cache.filter(request, [other], now=2)
     assert elsewhere.node is None
     assert "PodAlreadyBound" in (elsewhere.failed_nodes or {})[other]
 
@@ -112,8 +112,8 @@ def test_filtering_a_pod_again_replaces_its_reservation() -> None:
     state = LiveState(node_timeout=1000, reservation_ttl=60)
     state.nodes.ingest(inventory(1), now=0)
     request = parse_pod(manifest("a", policy="binpack"), DEFAULTS)
-    state.bookings.filter(request, None, now=0)
-    state.bookings.filter(request, None, now=1)
+    state.cache.filter(request, None, now=0)
+    state.cache.filter(request, None, now=1)
     card = state.fleet.usage("n", "GPU-n-0")
     assert card.tenants == 1
 
@@ -123,14 +123,14 @@ def test_the_node_annotation_cordons_cards_beside_the_agents_own() -> None:
     state.nodes.ingest(inventory(1), now=0)
     request = parse_pod(manifest("a", policy="binpack"), DEFAULTS)
     assert state.nodes.set_cluster_cordons({"n": frozenset({"GPU-n-0", "GPU-n-1"})}) == {"n"}
-    decision = state.bookings.preview(request, None, now=1)
+    decision = state.cache.preview(request, None, now=1)
     assert [c.index for c in decision.cards[0]] == [2]
     # A later inventory from the agent keeps the annotation's cordons.
     state.nodes.ingest(inventory(2, processes=1), now=2)
-    assert [c.index for c in state.bookings.preview(request, None, now=3).cards[0]] == [2]
+    assert [c.index for c in state.cache.preview(request, None, now=3).cards[0]] == [2]
     assert state.nodes.set_cluster_cordons({"n": frozenset({"GPU-n-0", "GPU-n-1"})}) == set()
     assert state.nodes.set_cluster_cordons({}) == {"n"}
-    assert [c.index for c in state.bookings.preview(request, None, now=4).cards[0]] == [0]
+    assert [c.index for c in state.cache.preview(request, None, now=4).cards[0]] == [0]
 
 
 def node_inventory(node: str, uuids: list[str], sequence: int = 1) -> Inventory:
@@ -182,16 +182,16 @@ def test_a_preview_as_if_the_pod_held_nothing_leaves_the_ledger_as_it_is() -> No
     state = LiveState(node_timeout=1000, reservation_ttl=60)
     state.nodes.ingest(inventory(1), now=0)
     request = parse_pod(manifest("a", policy="binpack", gpumem=15000), DEFAULTS)
-    held = state.bookings.filter(request, None, now=0).allocation
+    held = state.cache.filter(request, None, now=0).allocation
     assert held is not None
-    state.bookings.confirm("default/a", held)
-    layout = state.fleet.layout
-    usage = (layout.used.copy(), layout.usedmem.copy(), layout.node_scores().copy())
+    state.cache.confirm("default/a", held)
+    snapshot = state.fleet.snapshot
+    usage = (snapshot.used.copy(), snapshot.usedmem.copy(), snapshot.node_scores().copy())
     # Held, the pod's own card is full; as if it held nothing, that card is the binpack pick.
-    assert state.bookings.preview(request, None, now=1).allocation != held
-    preview = state.bookings.preview(request, None, now=1, holding_nothing=True)
+    assert state.cache.preview(request, None, now=1).allocation != held
+    preview = state.cache.preview(request, None, now=1, holding_nothing=True)
     assert preview.allocation == held
-    assert state.fleet.layout is layout
+    assert state.fleet.snapshot is snapshot
     assert all((now == before).all() for now, before in zip(
-        (layout.used, layout.usedmem, layout.node_scores()), usage, strict=True))
+        (snapshot.used, snapshot.usedmem, snapshot.node_scores()), usage, strict=True))
     assert state.fleet.allocation("default/a") == held

@@ -69,7 +69,7 @@ async def test_a_lease_lost_while_deciding_answers_standby_and_books_nothing(
         extender: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
     service = extender.daemon.service
     assert service is not None
-    leadership, decide = service.shared.leadership, service.state.bookings.filter
+    leadership, decide = service.shared.leadership, service.state.cache.filter
     lost = []
 
     class LostWhileDeciding:
@@ -88,13 +88,13 @@ async def test_a_lease_lost_while_deciding_answers_standby_and_books_nothing(
         return decision
 
     monkeypatch.setattr(service.shared, "leadership", LostWhileDeciding())
-    monkeypatch.setattr(service.state.bookings, "filter", deciding)
+    monkeypatch.setattr(service.state.cache, "filter", deciding)
     result = await extender.post("filter", {"Pod": lab_pod("p"), "Nodes": None,
                                             "NodeNames": ["node-a", "node-b"]})
     assert lost == [True]
     assert result["Error"] == "standby: daemon-b holds the lease"
     assert not result["NodeNames"]
-    assert service.state.bookings.reservation_count == 0
+    assert service.state.cache.reservation_count == 0
     assert service.state.fleet.allocation("default/p") is None
 
 
@@ -180,12 +180,12 @@ async def test_a_failed_bind_releases_the_reservation(extender: Extender) -> Non
     assert chosen["NodeNames"] == ["node-a"]
     assert extender.daemon.service is not None
     state = extender.daemon.service.state
-    assert state.bookings.reservation("default/ghost") is not None
+    assert state.cache.reservation("default/ghost") is not None
     # The pod was never submitted, so the cluster refuses the binding.
     result = await extender.post("bind", {"PodName": "ghost", "PodNamespace": "default",
                                           "PodUID": "u", "Node": "node-a"})
     assert "no longer exists" in result["Error"]
-    assert state.bookings.reservation("default/ghost") is None
+    assert state.cache.reservation("default/ghost") is None
     assert state.fleet.usage("node-a", "GPU-node-a-0").tenants == 0
 
 

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from pyhami.sandbox import DEFAULTS
-from scheduler.leadership import Sole
+from scheduler.leadership import AlwaysLeader
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.web.extender import TEXT, Answer, extender_verbs
 from tests.builders import manifest
@@ -21,7 +21,7 @@ POD = msgspec.to_builtins(manifest("p"))
 PLAIN_POD = msgspec.to_builtins(manifest("plain", gpus=None, gpumem=None))
 
 
-class Standby(Sole):
+class Standby(AlwaysLeader):
     """A daemon that may not decide: another holds the lease."""
 
     def leading(self) -> bool:
@@ -31,7 +31,7 @@ class Standby(Sole):
         return "standby: daemon-b holds the lease"
 
 
-async def service(leadership: Sole | None = None) -> SchedulerService:
+async def service(leadership: AlwaysLeader | None = None) -> SchedulerService:
     built = SchedulerService(ServiceSettings(DEFAULTS), NodeList({"n1", "n2"}), silent,
                              leadership=leadership)
     built.shared.ready = True
@@ -64,7 +64,7 @@ async def test_a_standby_s_filter_called_directly_decides_nothing() -> None:
     for pod in (manifest("p"), manifest("plain", gpus=None, gpumem=None)):
         filtered = await built.verbs.filter(pod, ("n1", "n2"))
         assert (filtered.passing, filtered.error) == (None, "standby: daemon-b holds the lease")
-    assert built.state.bookings.reservation("default/p") is None
+    assert built.state.cache.reservation("default/p") is None
 
 
 async def test_nodes_sent_as_objects_are_answered_as_objects_of_the_nodes_that_pass() -> None:

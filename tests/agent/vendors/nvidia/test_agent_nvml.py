@@ -70,7 +70,7 @@ def test_each_cards_type_and_register_annotation_are_hamis_for_its_nvml_name() -
     cards = _read(library)
     types = ["NVIDIA-Tesla T4", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H200"]
     assert [card.type for card in cards] == types
-    annotation = node_register(Node(name="n", devices=[card.card() for card in cards]))
+    annotation = node_register(Node(name="n", cards=[card.card() for card in cards]))
     assert annotation is not None
     assert [entry["type"] for entry in json.loads(annotation)] == types
 
@@ -232,7 +232,7 @@ def test_one_pods_four_processes_leave_a_split_4_card_three_pods_more(tmp_path: 
     cards = registered_cards(_read(library, proc_root=tmp_path), config)
     assert [(card.count, card.processes) for card in cards] == [(4, 1)]
     # The pod whose processes these are is booked on the card: three more fit, not one.
-    fleet = fleet_of(Node(name="n", devices=[card.card() for card in cards]))
+    fleet = fleet_of(Node(name="n", cards=[card.card() for card in cards]))
     hold(fleet, "default/four-processes", "n", "GPU-a")
     assert [place(fleet, manifest(f"p{i}")).scheduled for i in range(4)] == [
         True, True, True, False]

@@ -39,7 +39,7 @@ def booked(lab: Lab) -> dict[str, Usage]:
     fleet = service_of(lab).state.fleet
     node = fleet.node(NODE)
     assert node is not None
-    return {d.uuid: fleet.usage(NODE, d.uuid) for d in node.devices
+    return {d.uuid: fleet.usage(NODE, d.uuid) for d in node.cards
             if fleet.usage(NODE, d.uuid) != Usage()}
 
 
@@ -154,7 +154,7 @@ async def test_a_bind_during_an_outage_is_an_error_that_books_nothing(
             answer = await response.json()
         assert "the NATS connection is down; nothing was written" in answer["Error"]
         assert service.state.fleet.allocations() == {}
-        assert service.state.bookings.reservation_count == 0
+        assert service.state.cache.reservation_count == 0
 
         sandbox.nats.start()
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.core.fleet import BoolArray, Fleet, IntArray, Layout
+from common.core.fleet import BoolArray, Fleet, IntArray, Snapshot
 from common.core.placement import CodeArray, NodeFailure, PodView, place_pod
 from common.core.pod import ContainerRequest, PodRequest
 from common.core.reasons import (
@@ -92,19 +92,19 @@ class _Cards:
     """Node position -> the failing container's position among the GPU containers."""
 
 
-def _failing_checks(layout: Layout, pod: PodRequest, nodes: list[int],
+def _failing_checks(snapshot: Snapshot, pod: PodRequest, nodes: list[int],
                     fleet: Fleet) -> _Cards:
-    view = PodView(layout, pod, fleet.quotas.left(pod.subject))
+    view = PodView(snapshot, pod, fleet.quotas.left(pod.subject))
     codes = view.card_codes(pod.gpu_containers[0], slice(None))
-    free_memory = layout.memory - layout.usedmem
-    free_cores = layout.cores - layout.usedcores
+    free_memory = snapshot.memory - snapshot.usedmem
+    free_cores = snapshot.cores - snapshot.usedcores
     container = dict.fromkeys(nodes, 0)
     if len(pod.gpu_containers) > 1:
         # A later container may be the one that failed: place the pod again on each node.
         first = codes
         codes = first.copy()
         for node in nodes:
-            where = layout.node_slice(node)
+            where = snapshot.node_slice(node)
             failure = place_pod(view, node, first[where])
             assert isinstance(failure, NodeFailure), "a refused node refuses the pod again"
             container[node] = failure.container
@@ -127,7 +127,7 @@ _CHECKS: dict[str, list[int]] = {
 class _Facts:
     """What one part's nodes hold, for the reasons' parentheses."""
 
-    layout: Layout
+    snapshot: Snapshot
     cards: _Cards
     on_nodes: BoolArray
     request: ContainerRequest
@@ -142,7 +142,7 @@ def _largest(values: IntArray, where: BoolArray, unit: str) -> str:
 
 
 def _types(facts: _Facts, where: BoolArray) -> str:
-    names = sorted({facts.layout.devices[i].type for i in np.flatnonzero(where).tolist()})
+    names = sorted({facts.snapshot.devices[i].type for i in np.flatnonzero(where).tolist()})
     if not names:
         return ""
     more = f" and {len(names) - TYPES_SHOWN} more" if len(names) > TYPES_SHOWN else ""
@@ -150,7 +150,7 @@ def _types(facts: _Facts, where: BoolArray) -> str:
 
 
 def _slots(facts: _Facts, where: BoolArray) -> str:
-    counts = np.unique(facts.layout.count[where]).tolist()
+    counts = np.unique(facts.snapshot.count[where]).tolist()
     return f"{plural(counts[0], 'slot')} each, all taken" if len(counts) == 1 \
         else "all slots taken"
 
@@ -241,18 +241,18 @@ def cut(text: str, limit: int = SENTENCE_LIMIT) -> str:
     return encoded[:limit - len(_TRUNCATED)].decode(errors="ignore") + _TRUNCATED
 
 
-def refusal_message(fleet: Fleet, pod: PodRequest, failures: Mapping[str, FailedNode]) -> str:
+def fit_error_message(fleet: Fleet, pod: PodRequest, failures: Mapping[str, FailedNode]) -> str:
     """The sentence for a pod that fits none of the nodes it was judged on.
 
     ``failures`` holds, per node, the decision core's reasons, judged on the fleet as it
     is now, or the refusal of a node refused before the core saw it (no inventory, a
     stale one), which is written as given.
     """
-    layout = fleet.layout
+    snapshot = fleet.snapshot
     judged = {name: why for name, why in failures.items() if isinstance(why, NodeReasons)}
-    positions = {name: layout.node_position[name] for name in judged
-                 if name in layout.node_position}
-    cards = _failing_checks(layout, pod, sorted(positions.values()), fleet)
+    positions = {name: snapshot.node_position[name] for name in judged
+                 if name in snapshot.node_position}
+    cards = _failing_checks(snapshot, pod, sorted(positions.values()), fleet)
     groups: dict[tuple[NodeReasons, int], list[str]] = {}
     for name, reasons in judged.items():
         position = positions.get(name)
@@ -267,8 +267,8 @@ def refusal_message(fleet: Fleet, pod: PodRequest, failures: Mapping[str, Failed
     parts: list[tuple[str, list[str]]] = []
     for (reasons, container), names in groups.items():
         names.sort()
-        on_nodes = np.isin(layout.node_of, [positions[n] for n in names if n in positions])
-        facts = _Facts(layout, cards, on_nodes, pod.gpu_containers[container], pod.numa_bind)
+        on_nodes = np.isin(snapshot.node_of, [positions[n] for n in names if n in positions])
+        facts = _Facts(snapshot, cards, on_nodes, pod.gpu_containers[container], pod.numa_bind)
         parts.append((_judged_part(names, reasons, facts, several), names))
     for why, names in written.items():
         names.sort()
@@ -279,7 +279,7 @@ def refusal_message(fleet: Fleet, pod: PodRequest, failures: Mapping[str, Failed
     opening = asked_for(pod)
     quota_hit = any(reason == QUOTA_REASON for reasons in judged.values()
                     for reason, _ in reasons.counts)
-    refusal = fleet.quotas.card_refusal(pod, layout.memory, cards.codes) if quota_hit else None
+    refusal = fleet.quotas.card_refusal(pod, snapshot.memory, cards.codes) if quota_hit else None
     if refusal is not None:
         # The quota first: it is what the namespace's owner can change.
         opening = f"{refusal.text()}; {opening}"

@@ -1,6 +1,6 @@
-"""The bookings: which pods hold which cards in the fleet, and the decisions that book them.
+"""The cache: which pods hold which cards in the fleet, and the decisions that book them.
 
-A decision (``Bookings.filter``) reserves the cards it chose at once, in the same
+A decision (``SchedulingCache.filter``) reserves the cards it chose at once, in the same
 synchronous call: a reservation holds them until the pod's bind confirms it (the pod is
 then bound, part of the ledger until it ends) or until it expires. In kube-scheduler's
 words, ``filter`` runs a scheduling cycle and its Reserve, ``release_reservation`` is the
@@ -14,13 +14,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from common.core import Allocation, Decision, FailedNode, Fleet, NodeRefusal, PodRequest, decide
+from common.core.fiterror import fit_error_message
 from common.core.groups import (
     GroupPlacement,
     PlacementSteps,
     idle_placement_steps,
     placement_steps,
 )
-from common.core.refusal import refusal_message
 from scheduler.state.nodes import NO_INVENTORY, NodeRegistry
 
 POD_BOUND = "PodAlreadyBound"
@@ -34,8 +34,8 @@ class _Reservation:
     expires: float
 
 
-class Bookings:
-    """The pods' bookings in ``fleet``: reservations made by ``filter`` and not yet
+class SchedulingCache:
+    """The pods' cache in ``fleet``: reservations made by ``filter`` and not yet
     confirmed by a bind, and the bound pods' allocations (the ledger). Decisions are
     made among the nodes of ``nodes`` that are known and fresh."""
 
@@ -100,7 +100,7 @@ class Bookings:
         failed: dict[str, FailedNode] = {name: bound for name in asked if name != held.node}
         if held.node not in asked:
             return Decision(pod=request.key, scheduled=False, failures=failed,
-                            message=refusal_message(self._fleet, request, failed))
+                            message=fit_error_message(self._fleet, request, failed))
         return Decision(pod=request.key, scheduled=True, node=held.node, allocation=held,
                         failures=failed)
 
@@ -119,7 +119,7 @@ class Bookings:
             failures = {**failed, **decision.failures}
             message = decision.message
             if describe and not decision.scheduled:
-                message = refusal_message(fleet, request, failures)
+                message = fit_error_message(fleet, request, failures)
             return replace(decision, failures=failures, message=message)
         return decision
 
