@@ -115,7 +115,7 @@ COMMON = settings(max_examples=150, deadline=None,
 def test_listing_order_of_nodes_cards_and_pods_does_not_matter(
     cluster: list[Node], booked: dict[str, Allocation], pod: PodManifest, shuffle: Any,
 ) -> None:
-    reordered = [Node(name=n.name, cards=shuffle.sample(n.devices, len(n.devices)),
+    reordered = [Node(name=n.name, cards=shuffle.sample(n.cards, len(n.cards)),
                       annotations=n.annotations) for n in shuffle.sample(cluster, len(cluster))]
     rebooked = dict(shuffle.sample(list(booked.items()), len(booked)))
     assert outcome(run(build(cluster, booked), pod)) == outcome(run(build(reordered, rebooked),

@@ -25,10 +25,10 @@ def test_an_older_message_of_the_same_agent_is_dropped() -> None:
     state = LiveState(node_timeout=30, reservation_ttl=60)
     assert state.nodes.ingest(inventory(2, processes=1), now=0).accepted
     assert not state.nodes.ingest(inventory(1, processes=0), now=1).accepted
-    assert state.fleet.node("n").devices[0].processes == 1  # type: ignore[union-attr]
+    assert state.fleet.node("n").cards[0].processes == 1  # type: ignore[union-attr]
     # A restarted agent (new instance) starts again at 1 and is believed.
     assert state.nodes.ingest(inventory(1, instance="b", processes=0), now=2).accepted
-    assert state.fleet.node("n").devices[0].processes == 0  # type: ignore[union-attr]
+    assert state.fleet.node("n").cards[0].processes == 0  # type: ignore[union-attr]
 
 
 def test_only_a_change_or_a_return_is_news() -> None:
