@@ -121,7 +121,7 @@ def test_a_replaced_inventory_is_labelled_afresh_and_a_forgotten_node_leaves() -
     a = fleet.node("a")
     assert a is not None
     fleet.upsert_node(msgspec.structs.replace(
-        a, devices=[msgspec.structs.replace(a.cards[0], type="NVIDIA-H100")]))
+        a, cards=[msgspec.structs.replace(a.cards[0], type="NVIDIA-H100")]))
     fleet.remove_node("b")
     samples = _samples(gauges.text())
     assert {labels["device_uuid"] for _, labels, _ in samples} == {"GPU-a0"}
