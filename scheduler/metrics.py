@@ -21,9 +21,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from common.core import Fleet, Usage
-from common.core.deviceconfig import ResourceNames
 from common.core.model import Card
 from common.core.pod import DEFAULT_NAMES
+from common.core.vendors import ResourceNames
 from common.messaging import Connection, Unsent
 from common.version import package_version
 from common.wire import Measured, MeasuredCard

@@ -22,7 +22,7 @@ from typing import Generic, TypedDict, TypeVar
 from common.core.errors import InvalidInput
 from common.core.model import CARD_COUNT_MAX, CARD_MEMORY_MAX_MIB, CARDS_PER_NODE_MAX
 from common.core.names import SUBDOMAIN_MAX, shown
-from common.core.vendors import NVIDIA, Vendor
+from common.core.vendors import NVIDIA, ResourceNames, Vendor
 
 T = TypeVar("T")
 
@@ -58,31 +58,6 @@ class DeviceConfigError(InvalidInput):
 
 
 # ---------------------------------------------------------------------------- the model
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceNames:
-    """The extended resources a pod asks for cards with (HAMi's ``resource*Name``); each
-    defaults to the vendor's (``common.core.vendors``)."""
-
-    count: str = NVIDIA.resources.count
-    """``resourceCountName``: how many cards."""
-    memory: str = NVIDIA.resources.memory
-    """``resourceMemoryName``: MiB of each card (times ``memoryFactor``)."""
-    memory_percentage: str = NVIDIA.resources.memory_percentage
-    """``resourceMemoryPercentageName``: a share of each card's memory."""
-    cores: str = NVIDIA.resources.cores
-    """``resourceCoreName``: percent of each card's SMs."""
-    priority: str = NVIDIA.resources.priority
-    """``resourcePriorityName``: the task priority HAMi-core reads."""
-
-
-def vendor_resource_names(vendor: Vendor) -> ResourceNames:
-    """The resources ``vendor``'s pods ask with where the device configuration names none."""
-    defaults = vendor.resources
-    return ResourceNames(count=defaults.count, memory=defaults.memory,
-                         memory_percentage=defaults.memory_percentage, cores=defaults.cores,
-                         priority=defaults.priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,7 +507,7 @@ def read_device_config(document: object, source: str,
     ``parse_device_config``, so that what ``pyhami preflight`` refuses is what the daemon
     and the agents refuse."""
     refused: list[Refusal] = []
-    default = DeviceConfig(resources=vendor_resource_names(vendor))
+    default = DeviceConfig(resources=vendor.resources)
     try:
         top = _Section(source, "", {} if document is None else document)
     except DeviceConfigError as error:

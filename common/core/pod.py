@@ -12,7 +12,7 @@ from typing import Annotated
 import msgspec
 
 from common.core.annotations import comma_list
-from common.core.deviceconfig import INT32_MAX, DeviceConfig, ResourceNames
+from common.core.deviceconfig import INT32_MAX, DeviceConfig
 from common.core.mig import POD_MODES
 from common.core.names import shown
 from common.core.policy import (
@@ -25,7 +25,7 @@ from common.core.policy import (
     parse_node_policy,
     parse_weights,
 )
-from common.core.vendors import NVIDIA
+from common.core.vendors import NVIDIA, ResourceNames
 
 # Whole numbers as msgpack stores them (the standalone pod store): a larger one is refused
 # when the manifest is read, with the field named, not when the pod is stored.

@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from common.core.deviceconfig import DeviceConfig, ResourceNames
+from common.core.deviceconfig import DeviceConfig
 from common.core.errors import InvalidInput
 from common.core.ledger import Allocation, Usage
 from common.core.names import InvalidName, check_label, check_subdomain, shown
@@ -47,6 +47,7 @@ from common.core.pod import (
 )
 from common.core.policy import PodRejected
 from common.core.reasons import CardCheck
+from common.core.vendors import ResourceNames
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]

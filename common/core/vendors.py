@@ -12,15 +12,21 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
-class DefaultResources:
-    """The extended resources a pod asks for the vendor's cards with, as HAMi's chart names
-    them (the device configuration's ``resource*Name`` keys may rename them)."""
+class ResourceNames:
+    """The extended resources a pod asks for cards with (HAMi's ``resource*Name`` keys of
+    ``device-config.yaml``); each defaults to the name HAMi's chart gives NVIDIA's cards,
+    which a vendor's ``resources`` and the device configuration may replace."""
 
-    count: str
-    memory: str
-    memory_percentage: str
-    cores: str
-    priority: str
+    count: str = "nvidia.com/gpu"
+    """``resourceCountName``: how many cards."""
+    memory: str = "nvidia.com/gpumem"
+    """``resourceMemoryName``: MiB of each card (times ``memoryFactor``)."""
+    memory_percentage: str = "nvidia.com/gpumem-percentage"
+    """``resourceMemoryPercentageName``: a share of each card's memory."""
+    cores: str = "nvidia.com/gpucores"
+    """``resourceCoreName``: percent of each card's SMs."""
+    priority: str = "nvidia.com/priority"
+    """``resourcePriorityName``: the task priority HAMi-core reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +63,7 @@ class Vendor:
     pyhami's leader writes it for HAMi-WebUI)."""
     config_section: str
     """The key of the vendor's section in HAMi's ``device-config.yaml``."""
-    resources: DefaultResources
+    resources: ResourceNames
     """The resources a pod asks with where the device configuration names none."""
     pod_annotations: PodAnnotations
     """What a pod chooses the vendor's cards with."""
@@ -93,12 +99,7 @@ NVIDIA = Vendor(
     type_prefix="NVIDIA",
     register_annotation="hami.io/node-nvidia-register",
     config_section="nvidia",
-    resources=DefaultResources(
-        count="nvidia.com/gpu",
-        memory="nvidia.com/gpumem",
-        memory_percentage="nvidia.com/gpumem-percentage",
-        cores="nvidia.com/gpucores",
-        priority="nvidia.com/priority"),
+    resources=ResourceNames(),
     pod_annotations=PodAnnotations(
         use_uuid="nvidia.com/use-gpuuuid",
         nouse_uuid="nvidia.com/nouse-gpuuuid",

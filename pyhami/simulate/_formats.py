@@ -21,7 +21,7 @@ from common.core import (
     PodRejected,
     fleet_from_cluster,
 )
-from common.core.deviceconfig import DeviceConfig, ResourceNames
+from common.core.deviceconfig import DeviceConfig
 from common.core.groups import (
     KUEUE_COUNT_ANNOTATION,
     KUEUE_GROUP_LABEL,
@@ -38,7 +38,7 @@ from common.core.pod import (
     ResourceRequirements,
 )
 from common.core.quota import Quota
-from common.core.vendors import NVIDIA
+from common.core.vendors import NVIDIA, ResourceNames
 from common.files import InputFileError, parse_document, parse_pod_manifest
 from pyhami.simulate._trace import SimPod, Trace
 

@@ -13,12 +13,12 @@ from typing import Literal, Protocol
 
 from common.core import Allocation, AnnotationError, PodManifest
 from common.core.annotations import ALLOCATED_ANNOTATION, NODE_ANNOTATION, decode_allocation
-from common.core.deviceconfig import ResourceNames
 from common.core.errors import ExternalFailure
 from common.core.groups import GroupRef
 from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
 from common.core.pod import DEFAULT_NAMES, QuotaSubject
 from common.core.quota import ResourceQuotaManifest
+from common.core.vendors import ResourceNames
 from scheduler.errors import SchedulerError
 
 SCHEDULER_NAME = "pyhami-scheduler"

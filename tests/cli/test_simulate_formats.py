@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from common.core.deviceconfig import DeviceConfig, ResourceNames
+from common.core.deviceconfig import DeviceConfig
 from common.core.model import Card, Node
 from common.core.quota import Quota, Scope, ScopeRule
+from common.core.vendors import ResourceNames
 from common.files import InputFileError
 from pyhami.simulate._formats import load_trace
 from pyhami.simulate._trace import SimPod

@@ -22,11 +22,11 @@ from common.core.deviceconfig import (
     NodeDeviceConfig,
     NodeEntry,
     NodeSettings,
-    ResourceNames,
     effective_for,
     parse_device_config,
     parse_node_config,
 )
+from common.core.vendors import ResourceNames
 from common.deviceconfig import CONFIG_FILE_MAX_BYTES, load_device_config, load_node_config
 from common.files import InputFileError
 

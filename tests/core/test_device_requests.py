@@ -11,7 +11,7 @@ import pytest
 
 from common.core import PodRejected, parse_pod
 from common.core.admission import AdmittedContainer, AdmittedPod, AdmittedPodSpec, admit
-from common.core.deviceconfig import DeviceConfig, ResourceNames
+from common.core.deviceconfig import DeviceConfig
 from common.core.pod import (
     DEFAULT_DEVICE,
     Container,
@@ -21,6 +21,7 @@ from common.core.pod import (
     ResourceRequirements,
 )
 from common.core.quota import QuotaSpec, ResourceQuotaManifest, admission_denial, parse_quota
+from common.core.vendors import ResourceNames
 from tests.builders import fleet_of, manifest, node, run, under
 
 CUSTOM_NAMES = ResourceNames(count="example.com/vgpu", memory="example.com/vmem",

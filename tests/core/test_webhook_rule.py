@@ -15,7 +15,8 @@ import msgspec
 import pytest
 
 from common.core.admission import AdmittedPod, EnvAddition, admit, names_no_other_scheduler
-from common.core.deviceconfig import DeviceConfig, ResourceNames
+from common.core.deviceconfig import DeviceConfig
+from common.core.vendors import ResourceNames
 
 OURS = "pyhami-scheduler"
 

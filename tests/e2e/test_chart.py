@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from common.core.deviceconfig import DeviceConfig, NodeConfigFile, NodeSettings, ResourceNames
+from common.core.deviceconfig import DeviceConfig, NodeConfigFile, NodeSettings
+from common.core.vendors import ResourceNames
 from common.deviceconfig import load_device_config, load_node_config
 from harness.controlplane import K8S_DIR, REPO, ApiError, KubeApi, wait_for
 from tests.e2e.controlplane import ControlPlane, allowed

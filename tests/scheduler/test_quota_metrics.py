@@ -21,9 +21,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.core import Fleet, PodManifest, decide, parse_pod
-from common.core.deviceconfig import DeviceConfig, ResourceNames
+from common.core.deviceconfig import DeviceConfig
 from common.core.pod import Defaults
 from common.core.quota import ResourceQuotaManifest, parse_quota
+from common.core.vendors import ResourceNames
 from pyhami.sandbox import DEFAULTS
 from scheduler.metrics import Metrics, Sources
 from tests.builders import T4_MEMORY, fleet_of, node

@@ -30,13 +30,8 @@ from agent.service import Agent, AgentSettings
 from agent.vendors.nvidia.plugin import DEVICE_PLUGIN, PLUGIN_SOCKET
 from agent.vendors.nvidia.simulated import SimulatedSource, profile_cards
 from common.core.annotations import CardGrant, encode_devices
-from common.core.deviceconfig import (
-    DeviceConfig,
-    FilterDevices,
-    NodeDeviceConfig,
-    NodeSettings,
-    ResourceNames,
-)
+from common.core.deviceconfig import DeviceConfig, FilterDevices, NodeDeviceConfig, NodeSettings
+from common.core.vendors import ResourceNames
 from common.messaging import NatsSettings
 from common.wire import (
     AllocationOutcome,

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from common.core.deviceconfig import DeviceConfig, ResourceNames
+from common.core.deviceconfig import DeviceConfig
+from common.core.vendors import ResourceNames
 from scheduler.web.quotas import QuotaBodyError, read_quota
 
 CUSTOM = DeviceConfig(resources=ResourceNames(

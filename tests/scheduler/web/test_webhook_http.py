@@ -23,8 +23,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from common.core.deviceconfig import DeviceConfig, ResourceNames
+from common.core.deviceconfig import DeviceConfig
 from common.core.pod import PodManifest
+from common.core.vendors import ResourceNames
 from pyhami.natsserver import LocalNatsServer, free_port
 from pyhami.sandbox import RunningDaemon, standalone_config
 from scheduler.config import WebhookConfig
