@@ -2,7 +2,7 @@
 usage adds to the inventory.
 
 A node of eight simulated cards (``a100x8-nvswitch``) runs ``--containers`` containers,
-each with a HAMi-core cache file (snapshot v1, two processes, its share of a card) in a
+each with a HAMi-core cache file (layout v1, two processes, its share of a card) in a
 temporary containers folder, named by a list of pods as the daemon would send it. Timed
 with the process's CPU clock: a round (scan, feedback loop, NVML's processes), a scrape
 (NVML's host figures and the exposition), and the agent's resident memory after them; then

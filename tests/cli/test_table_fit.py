@@ -2,7 +2,7 @@
 (``mutex,bi…``, ``0.0…``); as wide as the window allows, or wider, unchanged.
 
 The commands run as a user runs them, on a pseudo-terminal of COLUMNS columns
-(``TERM=dumb``: no colours, the same snapshot), against the same command in a pipe, where
+(``TERM=dumb``: no colours, the same layout), against the same command in a pipe, where
 every table is printed whole at its natural width.
 """
 
@@ -131,7 +131,7 @@ def test_explain_at_80_columns_shows_each_card_whole(tmp_path: Path) -> None:
 
 
 class TestStacked:
-    """The stacked snapshot itself, on tables built here."""
+    """The stacked layout itself, on tables built here."""
 
     @staticmethod
     def table() -> Table:
