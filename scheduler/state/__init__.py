@@ -3,7 +3,7 @@
 ``LiveState`` owns the one ``Fleet`` of the decision core (every node's cards and the
 usage booked on them) and its two keepers: the ``NodeRegistry`` (``nodes.py``) puts the
 agents' inventories in it, and knows which nodes are fresh; the ``SchedulingCache``
-(``cache.py``) decide among those nodes and hold the pods' cards in it, reserved
+(``cache.py``) decides among those nodes and holds the pods' cards in it, reserved
 and then bound. In kube-scheduler's terms the fleet is its cache of NodeInfos, the
 registry what keeps them current, and the cache its assumed and bound pods. Beside
 them, ``PodsInFlight`` (``pods.py``) is what the service remembers of pods beyond their

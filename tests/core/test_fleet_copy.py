@@ -1,5 +1,5 @@
 """``Fleet.copy``: a copy books apart from its fleet, and its snapshot (copied arrays, not
-built afresh) is the snapshot a fleet built from scratch with the same cards and cache
+built afresh) is the snapshot a fleet built from scratch with the same cards and reservations
 would have."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ NAMES = [f"n{i}" for i in range(7)]
 
 CACHES = {"changed"}
 """What two equal snapshots may hold differently: the log of cards changed since the snapshot
-was built (cache after a rebuild are logged; a snapshot built from scratch starts empty).
+was built (reservations after a rebuild are logged; a snapshot built from scratch starts empty).
 Every other attribute is compared."""
 
 
