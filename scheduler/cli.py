@@ -65,6 +65,11 @@ def register(commands: Subcommands) -> None:
     add_settings(parser, DaemonConfig, "nats_grace")
     add_settings(parser, ServiceSettings, "filter_nodes", "reservation_ttl", "group_ttl",
                  "group_patience", "group_turn")
+    parser.add_argument("--kueue-admission-check", action="store_true",
+                        help="Kubernetes with Kueue: answer the AdmissionChecks whose "
+                             "controllerName is pyhami.io/placement: a workload is admitted "
+                             "only once its pods' cards are held (docs/kueue.md)")
+    add_settings(parser, ServiceSettings, "kueue_retry_after")
     add_settings(parser, DaemonConfig, "resync_wait", "retry_period")
     parser.add_argument("--no-pending-loop", action="store_true",
                         help="standalone: only answer the extender verbs, as when another "
@@ -291,6 +296,9 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
         raise SettingsError(str(error)) from None
     defaults = defaults_from(args, device_config_from(args))
     kubernetes = mode != "standalone"
+    if args.kueue_admission_check and not kubernetes:
+        raise SettingsError("--kueue-admission-check needs Kubernetes (Kueue's Workloads "
+                            "are Kubernetes objects): use it with --kubeconfig or --in-cluster")
     return settings_from(
         DaemonConfig, args, nats=nats_settings(args), mode=mode,
         # Kubernetes lists its Nodes: a node is forgotten when its Node is deleted.
@@ -300,7 +308,8 @@ def config_from(args: argparse.Namespace) -> DaemonConfig:
                               # Standalone has no Node objects to annotate.
                               node_registration=kubernetes and not args.no_node_registration,
                               registration_retention=node_retention,
-                              success_events=not args.no_success_events),
+                              success_events=not args.no_success_events,
+                              kueue_admission_check=args.kueue_admission_check),
         listen=args.listen, metrics=args.metrics, kubeconfig=args.kubeconfig,
         drive_pending=not args.no_pending_loop,
         webhook=_webhook_config(args, mode), extender_tls=_extender_tls(args),

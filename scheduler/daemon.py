@@ -338,7 +338,9 @@ class Daemon:
             leadership=leadership,
             readiness_checks=[nats_check(connection, self._config.nats_grace),
                               lambda: "; ".join(supervisor.problems()) or None],
-            status_parts=status_parts)
+            status_parts=status_parts,
+            kueue=(self._kubernetes.kueue if self._kubernetes is not None
+                   and self._config.service.kueue_admission_check else None))
         for result, times in self._auth_answers.items():
             service.metrics.nats_auth.labels(result).inc(times)
         service.metrics.registry.register(ConnectionCollector(connection))
@@ -406,6 +408,10 @@ class Daemon:
         start("watch-nodes", handlers.inventories.watch_nodes)
         if self._config.service.node_registration:
             start("register-nodes", service.registration.run)
+        if service.admission is not None:
+            start("follow-workloads", service.admission.follow_workloads)
+            start("follow-admission-checks", service.admission.follow_checks)
+            start("admission-checks", service.admission.run)
         if self._standalone is not None:
             start("settle-pod-store", self._standalone.keep_settled)
         if self._pending is not None and self._config.drive_pending:

@@ -476,7 +476,18 @@ class Metrics:
             "pyhami_groups_never_fit_total",
             "Tries that found a whole pod group would not fit even on idle cards (it then "
             "holds back no other pod)", registry=self.registry)
+        self.admission_checks = Counter(
+            "pyhami_admission_checks_total",
+            "States pyhami's Kueue admission check wrote on Workloads (Ready: its pods' cards "
+            "held; Pending: they do not fit now; Retry: its quota goes back to the queue; "
+            "Rejected: pyhami cannot place it)", ["state"], registry=self.registry)
+        self.admission_check_failures = Counter(
+            "pyhami_admission_check_write_failures_total",
+            "Writes of the admission check's state that the API server did not take (tried "
+            "again on the next pass)", registry=self.registry)
         # Every known label value from the start, so rate() and alerts see a zero first.
+        for state in ("Ready", "Pending", "Retry", "Rejected"):
+            self.admission_checks.labels(state)
         for result in INVENTORY_RESULTS:
             self.inventory.labels(result)
         for cause in RELEASE_CAUSES:

@@ -161,6 +161,9 @@ class GroupPlacement:
     nodes: frozenset[str] = frozenset()
     """The nodes the members that found cards were placed on (placed or not): where the
     group would start first, the nodes a group going ahead keeps for itself."""
+    refused: str | None = None
+    """Without ``placed``: the first member that does not fit and why (the end of
+    ``message``)."""
 
 
 PlacementSteps = Generator[None, None, GroupPlacement]
@@ -234,6 +237,6 @@ def _placement_steps(trial: Fleet, group: str, members: Sequence[PodRequest],
     member, decision = first_refused
     name = member.key.partition("/")[2]
     why = decision.message or decision.reason or "it fits no node"
-    message = (f"group {group}: {len(decisions)} of {len(members)} members fit; "
-               f"{name}: {why}")
-    return GroupPlacement(group, False, (), len(decisions), message, used)
+    refused = f"{name}: {why}"
+    message = f"group {group}: {len(decisions)} of {len(members)} members fit; {refused}"
+    return GroupPlacement(group, False, (), len(decisions), message, used, refused)

@@ -19,6 +19,7 @@ from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
 from common.core.pod import DEFAULT_NAMES, QuotaSubject
 from common.core.quota import ResourceQuotaManifest
 from common.core.vendors import ResourceNames
+from common.core.workloads import AdmissionCheck, CheckState, PodSetUpdate, Workload
 from scheduler.errors import SchedulerError
 
 SCHEDULER_NAME = "pyhami-scheduler"
@@ -274,3 +275,56 @@ class WebhookCluster(Protocol):
 __all__ = ["AllocationPhase", "AnnotationError", "Cluster", "ClusterError", "ClusterPod",
            "DisruptionBudget", "LabelRequirement", "PodChange", "QuotaChange",
            "StoreUnavailable", "WebhookCluster"]
+
+
+# Kueue ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadChange:
+    """A Kueue Workload added or changed (``deleted`` False) or deleted, as stored."""
+
+    workload: Workload
+    deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionCheckChange:
+    """A Kueue AdmissionCheck added or changed, or deleted."""
+
+    check: AdmissionCheck
+    deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckUpdate:
+    """What pyhami's check says on a Workload: its state, the message, and for ``Ready``
+    the annotations Kueue adds to the pods of each pod set."""
+
+    state: CheckState
+    message: str
+    pod_set_updates: tuple[PodSetUpdate, ...] = ()
+    requeue_after: float | None = None
+    """With ``Retry``: the least time before Kueue queues the workload again."""
+
+
+class KueueApi(Protocol):
+    """Kueue's objects, for pyhami's admission check (Kubernetes with Kueue only)."""
+
+    def workload_changes(self) -> AsyncIterator[WorkloadChange]:
+        """Every Workload from a list, then their changes, for as long as it is
+        iterated."""
+        ...
+
+    def admission_check_changes(self) -> AsyncIterator[AdmissionCheckChange]:
+        """Every AdmissionCheck from a list, then their changes."""
+        ...
+
+    async def set_check(self, workload: Workload, check: str, update: CheckUpdate) -> None:
+        """Write the state of ``check`` on ``workload`` (its status, the check's entry
+        alone). Raises ``ClusterError``."""
+
+    async def activate_check(self, name: str, message: str) -> None:
+        """Mark the AdmissionCheck ``name`` Active (Kueue holds back a ClusterQueue whose
+        checks are not). Raises ``ClusterError``."""
+

@@ -86,6 +86,14 @@ class ServiceSettings:
     registration_retention: float = 600.0
     """Remove a node's register annotation once its agent is silent this long (the
     command passes ``--node-retention``)."""
+    kueue_retry_after: float = setting(
+        60.0, parse=positive_seconds,
+        help="Kubernetes with Kueue: a workload whose pods do not fit for this long has "
+             "pyhami's admission check say Retry, its quota given back to the queue, and is "
+             "queued again no sooner than this (default {default})")
+    kueue_admission_check: bool = False
+    """Answer Kueue's AdmissionChecks whose controllerName is ``pyhami.io/placement``
+    (Kubernetes; the command turns it on with ``--kueue-admission-check``)."""
     success_events: bool = True
     """Write the Normal Events HAMi's scheduler writes on success, ``FilteringSucceed``
     when /filter places a GPU pod and ``BindingSucceed`` when /bind binds one: two Event
@@ -135,6 +143,10 @@ class Reports(Protocol):
 
     def retry_waiting(self) -> None:
         """Pods waiting for capacity may fit now: ask for them to be tried again."""
+
+    def retry_signal(self) -> asyncio.Event:
+        """An event set whenever cards are freed or inventory changes (for retry loops)."""
+        ...
 
     async def decided(self, decision: Decision, verb: Literal["filter", "bind"],
                       duration_ms: float, decided_at: float, *,

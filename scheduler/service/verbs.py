@@ -54,6 +54,7 @@ from common.core.mig import MIG_ALLOCATIONS_ANNOTATION
 from common.core.pod import DEFAULT_NAMESPACE
 from common.core.quota import admission_denial
 from common.core.reasons import NodeRefusal, removed_most
+from common.core.workloads import claimed_workload
 from common.locks import KeyedLocks
 from scheduler.cluster import ClusterError
 from scheduler.metrics import Metrics
@@ -153,6 +154,7 @@ class Verbs(ServicePart):
         try:
             request = parse_pod(pod, self.settings.defaults)
             group = group_of(pod)
+            workload = claimed_workload(pod.metadata.annotations or {})
         except PodRejected as error:
             decision = rejected(pod.key, str(error))
             self._count("filter", decision)
@@ -166,10 +168,12 @@ class Verbs(ServicePart):
         if group is None:
             # Waits only while a group is placed in slices (which books on the same cards).
             async with self.shared.booking:
-                ahead = self._ahead_of(pod, None)
+                held = (None if workload is None
+                        else self._workload_decision(request, *workload, names))
+                ahead = self._ahead_of(pod, None) if held is None else None
                 offered, withheld = self._offered(names, ahead)
-                decision = self.state.cache.filter(request, offered, self._clock(),
-                                                      explain_chosen=True)
+                decision = held or self.state.cache.filter(request, offered, self._clock(),
+                                                           explain_chosen=True)
             if ahead is not None and withheld:
                 decision = self._behind(request, decision, withheld, ahead)
         else:
@@ -210,6 +214,34 @@ class Verbs(ServicePart):
                 or not decision.fitting:
             return [decision.node]
         return list(decision.fitting)
+
+    # Kueue workloads: the cards the admission check held for the pods ------------------
+
+    def _workload_decision(self, request: PodRequest, workload: str, pod_set: str,
+                           names: Sequence[str]) -> Decision | None:
+        """A pod of a Kueue workload the admission check placed goes where the cards held
+        for one of its pod set are (``HeldWorkloads.claim``): their node. None when none
+        is held for it (their time passed, the workload was placed before this daemon
+        led, the pod asks otherwise than its pod set did) or kube-scheduler did not offer
+        their node (a node selector pyhami did not read): it is then placed alone."""
+        cache = self.state.cache
+        if request.key in cache.bound:
+            return None  # the cache answers a bound pod its node
+        namespace = request.key.partition("/")[0]
+        placeholder = self.state.workloads.claim(f"{namespace}/{workload}", pod_set, request)
+        if placeholder is None:
+            return None
+        held = cache.reservation(request.key) or cache.hand_over(placeholder, request.key,
+                                                                 self._clock())
+        if held is None:
+            return None
+        if names and held.node not in names:
+            logger.info("pod %s: the cards held for it on %s are on a node kube-scheduler "
+                        "did not offer; placed alone", request.key, held.node)
+            cache.release_reservation(request.key)
+            return None
+        return Decision(pod=request.key, scheduled=True, node=held.node, allocation=held,
+                        failures={})
 
     # Groups: every member placed at once, or none (kube-scheduler's Permit) ---------------
 

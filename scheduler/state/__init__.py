@@ -30,6 +30,7 @@ from scheduler.state.nodes import (
 )
 from scheduler.state.pods import PodsInFlight
 from scheduler.state.usage import OverSlice, SliceWatch
+from scheduler.state.workloads import HeldWorkloads
 
 __all__ = [
     "NODE_STALE",
@@ -37,6 +38,7 @@ __all__ = [
     "POD_BOUND",
     "SEQUENCE_GAP_MAX",
     "Groups",
+    "HeldWorkloads",
     "IngestResult",
     "LiveState",
     "NodeRegistry",
@@ -65,3 +67,5 @@ class LiveState:
                                         reservation_ttl=reservation_ttl)
         self.slices: Final = SliceWatch()
         self.groups: Final = Groups()
+        self.workloads: Final = HeldWorkloads()
+        """The Kueue workloads whose pods' cards the admission check holds."""

@@ -198,6 +198,19 @@ class SchedulingCache:
         self._fleet.release(key)
         return held.allocation
 
+    def hand_over(self, placeholder: str, key: str, now: float) -> Allocation | None:
+        """The cards reserved under ``placeholder`` (a Kueue workload's pod before it
+        existed) reserved for the pod ``key`` instead, until its bind confirms them or
+        ``reservation_ttl`` passes; None, nothing changed, if none are reserved there."""
+        held = self._reservations.pop(placeholder, None)
+        if held is None:
+            return None
+        self._fleet.release(placeholder)
+        self.release_reservation(key)
+        self._fleet.allocate(key, held.allocation)
+        self._reservations[key] = _Reservation(held.allocation, now + self._reservation_ttl)
+        return held.allocation
+
     def release(self, key: str) -> Allocation | None:
         """The pod is gone (deleted, Failed or Succeeded): free whatever it held."""
         self._reservations.pop(key, None)

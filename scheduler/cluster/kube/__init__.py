@@ -20,7 +20,8 @@ import none of each other):
 - the ports: ``_cluster`` (``KubernetesCluster``, the ``Cluster`` port: pods and
   ResourceQuotas, and the read of kube-scheduler's Lease), ``_secrets``
   (``KubernetesSecrets``, the ``WebhookCluster`` port: the daemon's own Secrets and the
-  webhook's caBundle), ``_tokens`` (``KubernetesTokenReviewer``, bus auth's TokenReview
+  webhook's caBundle), ``_kueue`` (``KueueWorkloads``, the ``KueueApi`` port: Kueue's
+  Workloads and AdmissionChecks), ``_tokens`` (``KubernetesTokenReviewer``, bus auth's TokenReview
   port);
 - ``_binding`` (``PodBinder``, a pod bound only when it is pyhami's to bind), ``_watch``
   (the list-and-watch task, of pods and of ResourceQuotas alike), ``_events`` (Events
@@ -40,6 +41,7 @@ import none of each other):
 from scheduler.cluster.kube._cluster import KubernetesCluster
 from scheduler.cluster.kube._events import EventSeries, SeriesCache
 from scheduler.cluster.kube._kubernetes import Kubernetes
+from scheduler.cluster.kube._kueue import KueueWorkloads
 from scheduler.cluster.kube._requests import (
     ObjectEvent,
     annotation_patch,
@@ -59,6 +61,7 @@ __all__ = [
     "KubernetesCluster",
     "KubernetesSecrets",
     "KubernetesTokenReviewer",
+    "KueueWorkloads",
     "ObjectEvent",
     "PodToBind",
     "SeriesCache",

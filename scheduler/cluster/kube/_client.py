@@ -18,6 +18,7 @@ import msgspec
 from kubernetes import client, config
 
 from common.core.quota import ResourceQuotaManifest
+from common.core.workloads import AdmissionCheck, Workload
 from scheduler.cluster.kube._requests import Json, JsonObject
 from scheduler.cluster.kube._transport import (
     WATCH_TIMEOUT_SECONDS,
@@ -33,12 +34,22 @@ from scheduler.cluster.kube._wire import (
     quota_and_version,
     quota_event,
 )
-from scheduler.cluster.port import ClusterError, ClusterPod, PodChange, QuotaChange
+from scheduler.cluster.port import (
+    AdmissionCheckChange,
+    ClusterError,
+    ClusterPod,
+    PodChange,
+    QuotaChange,
+    WorkloadChange,
+)
 
 LIST_PAGE_SIZE = 500
 _JSON = "application/json"
 _MERGE_PATCH = "application/merge-patch+json"
 _JSON_PATCH = "application/json-patch+json"
+_APPLY_PATCH = "application/apply-patch+yaml"
+FIELD_MANAGER = "pyhami-scheduler"
+"""The field manager of what pyhami applies (server-side apply)."""
 
 
 # Connecting -----------------------------------------------------------------------------
@@ -136,6 +147,50 @@ QUOTAS: Collection[ResourceQuotaManifest, QuotaChange] = Collection(
     "ResourceQuota", "/api/v1/resourcequotas", quota_and_version, quota_event,
     # The API server gives every object a uid; the key stands in where a server gave none.
     lambda quota: quota.metadata.uid or quota.key, QuotaChange)
+
+
+class _WorkloadEvent(msgspec.Struct):
+    type: str
+    object: Workload
+
+
+class _CheckEvent(msgspec.Struct):
+    type: str
+    object: AdmissionCheck
+
+
+_workloads = msgspec.json.Decoder(Workload)
+_workload_events = msgspec.json.Decoder(_WorkloadEvent)
+_checks = msgspec.json.Decoder(AdmissionCheck)
+_check_events = msgspec.json.Decoder(_CheckEvent)
+
+
+def _workload(data: bytes) -> tuple[Workload, str | None]:
+    workload = _workloads.decode(data)
+    return workload, workload.metadata.resource_version or None
+
+
+def _workload_event(line: bytes) -> tuple[str, Workload, str | None]:
+    event = _workload_events.decode(line)
+    return event.type, event.object, event.object.metadata.resource_version or None
+
+
+def _check(data: bytes) -> tuple[AdmissionCheck, str | None]:
+    check = _checks.decode(data)
+    return check, check.metadata.resource_version or None
+
+
+def _check_event(line: bytes) -> tuple[str, AdmissionCheck, str | None]:
+    event = _check_events.decode(line)
+    return event.type, event.object, event.object.metadata.resource_version or None
+
+
+WORKLOADS: Collection[Workload, WorkloadChange] = Collection(
+    "Workload", "/apis/kueue.x-k8s.io/v1beta2/workloads", _workload, _workload_event,
+    lambda workload: workload.metadata.uid or workload.key, WorkloadChange)
+ADMISSION_CHECKS: Collection[AdmissionCheck, AdmissionCheckChange] = Collection(
+    "AdmissionCheck", "/apis/kueue.x-k8s.io/v1beta2/admissionchecks", _check, _check_event,
+    lambda check: check.metadata.uid or check.metadata.name, AdmissionCheckChange)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,3 +352,21 @@ async def read_lease(api: ApiTransport, namespace: str, name: str) -> bytes:
 async def review_token(api: ApiTransport, body: JsonObject) -> bytes:
     return await api.call("POST", "/apis/authentication.k8s.io/v1/tokenreviews",
                           body=_encode(body), content_type=_JSON)
+
+
+# Kueue ------------------------------------------------------------------------------------
+
+
+async def apply_workload_status(api: ApiTransport, namespace: str, name: str,
+                                body: JsonObject) -> None:
+    await api.call("PATCH", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{_part(namespace)}"
+                   f"/workloads/{_part(name)}/status",
+                   query={"fieldManager": FIELD_MANAGER, "force": "true"},
+                   body=_encode(body), content_type=_APPLY_PATCH)
+
+
+async def apply_admission_check_status(api: ApiTransport, name: str, body: JsonObject) -> None:
+    await api.call("PATCH", f"/apis/kueue.x-k8s.io/v1beta2/admissionchecks/{_part(name)}/status",
+                   query={"fieldManager": FIELD_MANAGER, "force": "true"},
+                   body=_encode(body), content_type=_APPLY_PATCH)
+

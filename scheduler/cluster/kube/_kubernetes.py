@@ -7,6 +7,7 @@ from typing import Final
 
 from scheduler.cluster.kube import _client
 from scheduler.cluster.kube._cluster import KubernetesCluster
+from scheduler.cluster.kube._kueue import KueueWorkloads
 from scheduler.cluster.kube._secrets import KubernetesSecrets
 from scheduler.cluster.kube._tokens import KubernetesTokenReviewer
 from scheduler.cluster.kube._transport import ApiTransport
@@ -16,7 +17,8 @@ from scheduler.cluster.port import SCHEDULER_NAME
 class Kubernetes:
     """One API server, one pool of connections, each port the daemon needs of it:
     ``cluster`` (the pods and kube-scheduler's Lease), ``secrets`` (the daemon's own
-    credentials and the webhook's caBundle), ``token_reviewer`` (agents' tokens)."""
+    credentials and the webhook's caBundle), ``token_reviewer`` (agents' tokens),
+    ``kueue`` (Kueue's Workloads and AdmissionChecks, for the admission check)."""
 
     def __init__(self, api: ApiTransport, *, scheduler_name: str = SCHEDULER_NAME) -> None:
         self._api = api
@@ -24,6 +26,7 @@ class Kubernetes:
         self.cluster: Final = KubernetesCluster(api, scheduler_name=scheduler_name)
         self.secrets: Final = KubernetesSecrets(api)
         self.token_reviewer: Final = KubernetesTokenReviewer(api)
+        self.kueue: Final = KueueWorkloads(api, unreadable=self.cluster.unreadable)
 
     @classmethod
     def from_kubeconfig(cls, path: str, *, context: str | None = None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,8 +17,9 @@ from common.core.annotations import (
     BIND_PHASE_ANNOTATION,
 )
 from common.core.names import SUBDOMAIN_MAX
+from common.core.workloads import Workload, check_message
 from scheduler.cluster.kube._wire import PodToBind
-from scheduler.cluster.port import CAPACITY_FREED_ANNOTATION, EventType
+from scheduler.cluster.port import CAPACITY_FREED_ANNOTATION, CheckUpdate, EventType
 
 EVENT_MESSAGE_LIMIT = 1024  # bytes: the API server refuses a longer event message
 EVENT_DIGEST_LENGTH = 16
@@ -245,3 +247,42 @@ def token_review_body(token: str, audiences: Sequence[str]) -> JsonObject:
     """A TokenReview asking whether ``token`` is valid for one of ``audiences``."""
     return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
             "spec": {"token": token, "audiences": list(audiences)}}
+
+
+# Kueue ------------------------------------------------------------------------------------
+
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+
+
+def check_state_body(workload: Workload, check: str, update: CheckUpdate,
+                     now: datetime) -> JsonObject:
+    """The server-side apply of one check's entry in a Workload's
+    ``status.admissionChecks`` (a list keyed by name: the other checks' entries are
+    left to their owners). The transition time moves only when the state does."""
+    since = timestamp(now)
+    current = workload.check(frozenset({check}))
+    if current is not None and current.state == update.state and current.last_transition_time:
+        since = current.last_transition_time
+    entry: JsonObject = {"name": check, "state": update.state.value,
+                         "message": check_message(update.message),
+                         "lastTransitionTime": since}
+    if update.requeue_after is not None:
+        entry["requeueAfterSeconds"] = math.ceil(update.requeue_after)
+    if update.pod_set_updates:
+        entry["podSetUpdates"] = [
+            {"name": u.name, **({"annotations": dict(u.annotations)} if u.annotations else {}),
+             **({"labels": dict(u.labels)} if u.labels else {})}
+            for u in update.pod_set_updates]
+    return {"apiVersion": KUEUE_API, "kind": "Workload",
+            "metadata": {"name": workload.metadata.name,
+                         "namespace": workload.metadata.namespace},
+            "status": {"admissionChecks": [entry]}}
+
+
+def check_active_body(name: str, message: str, now: datetime) -> JsonObject:
+    """The server-side apply of an AdmissionCheck's ``Active`` condition."""
+    return {"apiVersion": KUEUE_API, "kind": "AdmissionCheck", "metadata": {"name": name},
+            "status": {"conditions": [{"type": "Active", "status": "True",
+                                       "reason": "Active", "message": message,
+                                       "lastTransitionTime": timestamp(now)}]}}
+

@@ -42,6 +42,8 @@ class Reservations(ServicePart):
     async def stand_by(self) -> None:
         """This daemon stopped deciding: the reservations it made will never be bound."""
         dropped = self.state.cache.drop_reservations()
+        # The Kueue workloads' placeholders went with them: the next leader places again.
+        self.state.workloads.let_go_all()
         if dropped:
             logger.info("standing by: %d reservations released", len(dropped))
             await self.reports.capacity_changed(*(a.node for a in dropped.values()),
