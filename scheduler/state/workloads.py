@@ -12,11 +12,11 @@ Synchronous, the time an argument, as the rest of the state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.core import PodRequest
-from common.core.workloads import Member
+from common.core.workloads import POD_SET_ANNOTATION, WORKLOAD_ANNOTATION, Member
 
 
 @dataclass(slots=True)
@@ -107,6 +107,13 @@ class HeldWorkloads:
     def pod_bound(self, workload: str, pod_set: str, pod: str) -> None:
         """The pod ``pod`` of ``workload``'s ``pod_set`` is bound (the pod watch)."""
         self._bound[pod] = (workload, pod_set)
+
+    def note_bound(self, namespace: str, pod: str, annotations: Mapping[str, str]) -> None:
+        """A bound pod, seen by the pod watch or the ledger's rebuild: counted for its
+        workload if it carries one's annotations (a new leader then holds only the rest)."""
+        if (workload := annotations.get(WORKLOAD_ANNOTATION)) is not None:
+            self.pod_bound(f"{namespace}/{workload}", annotations.get(POD_SET_ANNOTATION, ""),
+                           pod)
 
     def pod_gone(self, pod: str) -> None:
         self._bound.pop(pod, None)

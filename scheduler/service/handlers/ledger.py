@@ -53,6 +53,7 @@ class Ledger(ServicePart):
                 restored.append((pod.key, allocation))
                 self._allocations.note_answered(pod)
                 self.shared.pods.bound(pod)
+                self.state.workloads.note_bound(pod.namespace, pod.key, pod.annotations)
         self.shared.pods.keep_bound(key for key, _ in restored)
         self.state.cache.replace_ledger(restored)
         book = self.state.fleet.quotas

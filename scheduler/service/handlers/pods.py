@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 
 from common.core import AnnotationError
-from common.core.workloads import POD_SET_ANNOTATION, WORKLOAD_ANNOTATION
 from scheduler.cluster import PodChange
 from scheduler.metrics import Metrics
 from scheduler.service.handlers.allocations import Allocations
@@ -58,11 +57,7 @@ class PodEvents(ServicePart):
         names = self.settings.defaults.device.resources
         if pod.node is not None and pod.manifest.asks_for_gpu(names):
             self.shared.pods.bound(pod)  # its priority and start, for preemption
-            if (workload := pod.annotations.get(WORKLOAD_ANNOTATION)) is not None:
-                # A Kueue workload's pod started: a new leader places only the rest.
-                self.state.workloads.pod_bound(f"{pod.namespace}/{workload}",
-                                               pod.annotations.get(POD_SET_ANNOTATION, ""),
-                                               pod.key)
+            self.state.workloads.note_bound(pod.namespace, pod.key, pod.annotations)
         if (pod.key in self.state.cache.bound
                 or self.state.cache.reservation(pod.key) is not None):
             return
