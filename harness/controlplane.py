@@ -40,7 +40,8 @@ CHART = REPO / "charts" / "pyhami"
 BUILD_SCRIPT = REPO / "scripts" / "build-control-plane.sh"
 SCHEDULER_CONFIG_MAP = K8S_DIR / "scheduler-config.yaml"
 SCHEDULER_CONFIG_KEY = "config.yaml"
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubelet", "kubectl", "fake-cri", "helm")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet",
+            "kubectl", "fake-cri", "helm", "kueue")
 
 SYSTEM_NAMESPACE = "pyhami-system"
 SCHEDULER_SERVICE_ACCOUNT = "pyhami-scheduler"
