@@ -113,17 +113,20 @@ def kueue(control_plane: ControlPlane) -> Iterator[Kueue]:
     session's control plane, once, with Kueue's "Using HAMi" resource transformation
     (``HAMI_TRANSFORMATIONS``), its ResourceFlavor ``KUEUE_FLAVOR`` and the namespace
     ``KUEUE_NAMESPACE`` for the tests' Jobs. Kueue's start takes ``kueue.start_s``."""
-    control_plane.start_kube_controller_manager()
     runner = Kueue(control_plane,
                    configuration={"resources": {"transformations": HAMI_TRANSFORMATIONS}})
     try:
         runner.start()
+        # After Kueue's CRDs: its garbage collector then watches Workloads from the start
+        # (it discovers new kinds only every 30 s), so a Job's Workload goes with it.
+        control_plane.start_kube_controller_manager()
         runner.create_resource_flavor(KUEUE_FLAVOR)
         control_plane.create_namespace(KUEUE_NAMESPACE)
         yield runner
     finally:
         runner.stop()
-        control_plane.processes["kube-controller-manager"].stop()
+        if "kube-controller-manager" in control_plane.processes:
+            control_plane.processes["kube-controller-manager"].stop()
 
 
 @pytest.fixture

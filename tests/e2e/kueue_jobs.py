@@ -70,6 +70,20 @@ def wait_job_pod_placed(plane: ControlPlane, namespace: str, name: str,
                     watch=plane.all_processes())
 
 
+def delete_job(plane: ControlPlane, namespace: str, name: str) -> None:
+    """The Job and its pods, gone (``delete_jobs``'s way)."""
+    plane.api.delete(f"{jobs_path(namespace)}/{quote(name)}", propagationPolicy="Background")
+
+    def gone() -> bool:
+        pods = job_pods(plane, namespace, name)
+        for pod in pods:
+            plane.api.delete(f"{pods_path(namespace)}/{quote(pod['metadata']['name'])}",
+                             gracePeriodSeconds="0")
+        return not pods
+
+    wait_for(gone, f"the pods of Job {name} to be gone", interval=0.5)
+
+
 def delete_jobs(plane: ControlPlane, namespace: str) -> None:
     """Every Job of ``namespace`` and its pods, gone. No kubelet confirms the pods'
     deletion: they are deleted at once (the job controller lifts its finalizer)."""

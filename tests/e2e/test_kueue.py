@@ -6,17 +6,19 @@ ClusterQueue's ``nvidia.com/total-gpumem``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from harness.controlplane import wait_for
-from harness.kueue import Kueue, condition, has_condition
+from harness.kueue import API, Kueue, condition, has_condition
 from tests.e2e.controlplane import NODE, ControlPlane
 from tests.e2e.kueue_jobs import (
     KUEUE_FLAVOR,
     create_job,
+    delete_job,
     gpu_job,
     job_pods,
     read_job,
@@ -127,3 +129,46 @@ def test_total_gpumem_quota_admits_within_and_holds_beyond(
     wait_for(lambda: kueue.get("clusterqueues", cq)["status"].get("pendingWorkloads") == 1
              and kueue.get("clusterqueues", cq)["status"].get("admittedWorkloads") == 1,
              f"ClusterQueue {cq} to count one admitted and one pending Workload")
+
+    # The first Job gone, its quota is free: the held one is admitted and placed.
+    delete_job(control_plane, kueue_namespace, "two-cards")
+    kueue.wait_workload(kueue_namespace, uid, "Admitted")
+    wait_job_pod_placed(control_plane, kueue_namespace, "beyond")
+
+
+def test_an_admission_check_holds_a_job_until_its_controller_says_ready(
+        control_plane: ControlPlane, kueue: Kueue, kueue_namespace: str) -> None:
+    """What a Kueue AdmissionCheck controller does (issue 47), played through the API: the
+    check made Active, the Workload's check state set Ready."""
+    check = "pyhami-e2e-check"
+    kueue.create_admission_check(check, "pyhami.io/e2e")
+    kueue.create_cluster_queue("cq-checked", {"nvidia.com/gpu": "8",
+                                              "nvidia.com/total-gpumem": "16000"},
+                               flavor=KUEUE_FLAVOR, admission_checks=[check])
+    kueue.create_local_queue(kueue_namespace, "lq-checked", "cq-checked")
+    try:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        control_plane.api.merge_patch(
+            f"{API}/admissionchecks/{check}/status",
+            {"status": {"conditions": [{"type": "Active", "status": "True", "reason": "Active",
+                                        "message": "the e2e test plays the controller",
+                                        "lastTransitionTime": now}]}})
+        job = create_job(control_plane, kueue_namespace, gpu_job("checked", "lq-checked"))
+        uid = job["metadata"]["uid"]
+        workload = kueue.wait_workload(kueue_namespace, uid, "QuotaReserved")
+        (state,) = workload["status"]["admissionChecks"]
+        assert (state["name"], state["state"]) == (check, "Pending"), state
+        assert not has_condition(workload, "Admitted")
+        assert read_job(control_plane, kueue_namespace, "checked")["spec"]["suspend"] is True
+
+        name = workload["metadata"]["name"]
+        control_plane.api.merge_patch(
+            f"{API}/namespaces/{kueue_namespace}/workloads/{name}/status",
+            {"status": {"admissionChecks": [{**state, "state": "Ready", "message": "ready",
+                                             "lastTransitionTime": now}]}})
+        kueue.wait_workload(kueue_namespace, uid, "Admitted")
+        wait_job_pod_placed(control_plane, kueue_namespace, "checked")
+    finally:
+        kueue.delete("localqueues", "lq-checked", kueue_namespace)
+        kueue.delete("clusterqueues", "cq-checked")
+        kueue.delete("admissionchecks", check)
