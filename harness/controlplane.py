@@ -3,7 +3,8 @@
 What the end-to-end suite (tests/e2e) and ``scripts/bench-cluster`` share: where the
 binaries of ``scripts/build-control-plane.sh`` are, child processes stopped with their
 whole group, a small REST client of the API server, kubeconfigs, kube-apiserver with token
-authentication and RBAC, the manifests of ``k8s/`` and the shipped kube-scheduler
+authentication and RBAC, kube-controller-manager for batch Jobs (Kueue, on top, is
+``harness/kueue.py``), the manifests of ``k8s/`` and the shipped kube-scheduler
 configuration. Both need a checkout of the repository (``k8s/``, ``charts/`` and the build
 script are not part of the installed package), and so does this module: it lives in the
 repository's harness, never in the wheel.
