@@ -30,10 +30,11 @@ from tests.e2e.kueue_jobs import (
 def queues(kueue: Kueue, kueue_namespace: str,
            request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     """A ClusterQueue and its LocalQueue named after the test; (cluster queue, local
-    queue). The test's quotas: ``@pytest.mark.parametrize("quotas", ...)`` or the default."""
+    queue). Its quotas: the test's ``@pytest.mark.parametrize("queues", [QUOTAS],
+    indirect=True)``, or room for eight cards."""
     quotas: dict[str, str] = getattr(request, "param", None) or {
         "nvidia.com/gpu": "8", "nvidia.com/total-gpumem": "16000"}
-    name = request.node.name.replace("_", "-")[:40].strip("-")
+    name = request.node.originalname.replace("_", "-")[:40].strip("-")
     kueue.create_cluster_queue(f"cq-{name}", quotas, flavor=KUEUE_FLAVOR)
     kueue.create_local_queue(kueue_namespace, f"lq-{name}", f"cq-{name}")
     yield f"cq-{name}", f"lq-{name}"
