@@ -3,7 +3,8 @@
 What the end-to-end suite (tests/e2e) and ``scripts/bench-cluster`` share: where the
 binaries of ``scripts/build-control-plane.sh`` are, child processes stopped with their
 whole group, a small REST client of the API server, kubeconfigs, kube-apiserver with token
-authentication and RBAC, the manifests of ``k8s/`` and the shipped kube-scheduler
+authentication and RBAC, kube-controller-manager for batch Jobs (Kueue, on top, is
+``harness/kueue.py``), the manifests of ``k8s/`` and the shipped kube-scheduler
 configuration. Both need a checkout of the repository (``k8s/``, ``charts/`` and the build
 script are not part of the installed package), and so does this module: it lives in the
 repository's harness, never in the wheel.
@@ -40,7 +41,8 @@ CHART = REPO / "charts" / "pyhami"
 BUILD_SCRIPT = REPO / "scripts" / "build-control-plane.sh"
 SCHEDULER_CONFIG_MAP = K8S_DIR / "scheduler-config.yaml"
 SCHEDULER_CONFIG_KEY = "config.yaml"
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubelet", "kubectl", "fake-cri", "helm")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet",
+            "kubectl", "fake-cri", "helm", "kueue")
 
 SYSTEM_NAMESPACE = "pyhami-system"
 SCHEDULER_SERVICE_ACCOUNT = "pyhami-scheduler"
@@ -49,6 +51,9 @@ SCHEDULER_NAME = "pyhami-scheduler"
 EXTENDER_TLS_VALUES = ("scheduler.extender.tls.enabled=true",
                        "scheduler.extender.tls.secretName=pyhami-extender-tls",
                        "scheduler.extender.tls.clientSecretName=pyhami-kube-scheduler-tls")
+
+# What a batch Job needs of kube-controller-manager (start_kube_controller_manager).
+KUBE_CONTROLLER_MANAGER_CONTROLLERS = ("job", "garbagecollector")
 
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 15.0
@@ -521,6 +526,9 @@ class ApiServerPlane:
             # PodGroups), which pyhami reads (docs/scheduler.md, "Groups").
             "--feature-gates=GenericWorkload=true",
             "--runtime-config=scheduling.k8s.io/v1alpha2=true",
+            # Webhooks (Kueue's, harness/kueue.py) are called at an endpoint of their
+            # Service's EndpointSlices: no Service network here routes a ClusterIP.
+            "--enable-aggregator-routing=true",
             "--v=1",
         ])
         self.admin_kubeconfig = write_kubeconfig(
@@ -575,6 +583,28 @@ class ApiServerPlane:
             self.data / "pyhami-scheduler.kubeconfig", server=self.server, ca_file=self.ca_file,
             user=f"system:serviceaccount:{SYSTEM_NAMESPACE}:{SCHEDULER_SERVICE_ACCOUNT}",
             token=token)
+
+    def start_kube_controller_manager(
+            self, controllers: Sequence[str] = KUBE_CONTROLLER_MANAGER_CONTROLLERS,
+            name: str = "kube-controller-manager") -> Process:
+        """kube-controller-manager running only ``controllers`` (by default what a batch Job
+        needs: the job controller makes its pods and completes it, the garbage collector
+        deletes its pods with it), as the administrator; waits for its /healthz."""
+        port = free_port()
+        kcm = self.run(name, [
+            str(self.bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={self.admin_kubeconfig}",
+            f"--authentication-kubeconfig={self.admin_kubeconfig}",
+            f"--authorization-kubeconfig={self.admin_kubeconfig}",
+            f"--controllers={','.join(controllers)}",
+            "--use-service-account-credentials=false", "--leader-elect=false",
+            f"--secure-port={port}", "--bind-address=127.0.0.1",
+            f"--cert-dir={self.data / name}", "--v=1",
+        ])
+        wait_for(lambda: http_get(f"https://127.0.0.1:{port}/healthz",
+                                  context=insecure_context())[0] == 200,
+                 f"{name} /healthz", START_TIMEOUT_S, interval=0.5, watch=[kcm])
+        return kcm
 
     def launch_kube_scheduler(self, name: str, config: dict[str, Any], port: int, *,
                               prefix: Sequence[str] = ()) -> Process:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the control plane the end-to-end suite runs: kube-apiserver,
-# kube-scheduler, kubelet and kubectl from the k8s.io/kubernetes Go module at a pinned
+# kube-scheduler, kube-controller-manager (for batch Jobs), kubelet and kubectl from the k8s.io/kubernetes Go module at a pinned
 # release, fake-cri (tools/fake-cri: the fake CRI runtime of the same release's
 # k8s.io/cri-client, which the kubelet runs against), and
 # etcd built from go.etcd.io/etcd/server/v3 (v3.6, the series Kubernetes 1.36 is
@@ -11,7 +11,10 @@
 # Kubernetes version; what is already there is not built again (remove the
 # folder to rebuild), except fake-cri when its source changed. Helm
 # (helm.sh/helm/v3) is built beside them: the suite renders the chart in
-# charts/ with it.
+# charts/ with it. Kueue (sigs.k8s.io/kueue/cmd/kueue) is built beside them too, with
+# the manifests it needs in kueue-manifests/: its CRDs (crd/bases), the patches that
+# give them conversion webhooks (crd/patches) and its webhook configurations
+# (webhook/manifests.yaml), as the module ships them; harness/kueue.py installs them.
 #
 #   scripts/build-control-plane.sh          # build (or reuse) and print the folder
 #   scripts/build-control-plane.sh --print  # only print the folder
@@ -21,6 +24,7 @@
 #   PYHAMI_ETCD_SOURCE          go (default): build etcd; debian: unpack Debian's etcd-server
 #   PYHAMI_ETCD_VERSION         etcd release built from Go (default v3.6.16)
 #   PYHAMI_HELM_VERSION         Helm release built from Go (default v3.22.0)
+#   PYHAMI_KUEUE_VERSION        Kueue release built from Go (default v0.17.0)
 #   PYHAMI_CONTROL_PLANE_CACHE  cache root (default ~/.cache/pyhami/control-plane)
 #   GO                          the go command (default: go on PATH, else /usr/local/go/bin/go)
 set -euo pipefail
@@ -29,6 +33,7 @@ K8S_VERSION="${PYHAMI_K8S_VERSION:-v1.36.3}"
 ETCD_SOURCE="${PYHAMI_ETCD_SOURCE:-go}"
 ETCD_VERSION="${PYHAMI_ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${PYHAMI_HELM_VERSION:-v3.22.0}"
+KUEUE_VERSION="${PYHAMI_KUEUE_VERSION:-v0.17.0}"
 CACHE_ROOT="${PYHAMI_CONTROL_PLANE_CACHE:-${HOME}/.cache/pyhami/control-plane}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${CACHE_ROOT}/${K8S_VERSION}"
@@ -50,26 +55,34 @@ fake_cri_current() {
   have fake-cri && [[ "$(cat "${OUT}/fake-cri.sha256" 2>/dev/null)" == "$(fake_cri_sum)" ]]
 }
 
+# Kueue is there when its binary, its manifests and the version they came from are.
+have_kueue() {
+  have kueue && [[ -d "${OUT}/kueue-manifests/crd/bases" \
+    && -f "${OUT}/kueue-manifests/webhook/manifests.yaml" \
+    && "$(cat "${OUT}/kueue.version" 2>/dev/null)" == "${KUEUE_VERSION}" ]]
+}
+
 # VERSIONS beside the binaries, one a line: the Kubernetes release, etcd's own
-# version, then Helm's.
+# version, Helm's, then Kueue's.
 record_versions() {
   local etcd_version helm_version
   etcd_version="$("${OUT}/etcd" --version | sed -n 's/^etcd Version: *//p' | head -n1)"
   helm_version="$("${OUT}/helm" version --template '{{.Version}}')"
-  printf '%s\nv%s\n%s\n' "${K8S_VERSION}" "${etcd_version}" "${helm_version}" >"${OUT}/VERSIONS"
+  printf '%s\nv%s\n%s\n%s\n' "${K8S_VERSION}" "${etcd_version}" "${helm_version}" \
+    "$(cat "${OUT}/kueue.version")" >"${OUT}/VERSIONS"
 }
 
 mkdir -p "${OUT}"
-K8S_COMMANDS=(kube-apiserver kube-scheduler kubelet kubectl)
+K8S_COMMANDS=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl)
 missing_k8s=()
 for name in "${K8S_COMMANDS[@]}"; do
   have "${name}" || missing_k8s+=("${name}")
 done
 fake_cri_current || missing_k8s+=(fake-cri)
 
-if (( ${#missing_k8s[@]} == 0 )) && have etcd && have helm; then
+if (( ${#missing_k8s[@]} == 0 )) && have etcd && have helm && have_kueue; then
   log "all binaries present, nothing to build"
-  [[ "$(wc -l <"${OUT}/VERSIONS" 2>/dev/null || echo 0)" -ge 3 ]] || record_versions
+  [[ "$(wc -l <"${OUT}/VERSIONS" 2>/dev/null || echo 0)" -ge 4 ]] || record_versions
   echo "${OUT}"
   exit 0
 fi
@@ -231,6 +244,35 @@ if ! have helm; then
   t0=${SECONDS}
   helm_from_go
   log "helm ready in $((SECONDS - t0)) s"
+fi
+
+kueue_from_go() {
+  log "building kueue ${KUEUE_VERSION} from sigs.k8s.io/kueue"
+  mkdir -p "${WORK}/kueue" "${WORK}/bin"
+  printf 'module pyhami.invalid/kueue\n\ngo 1.25\n' >"${WORK}/kueue/go.mod"
+  (cd "${WORK}/kueue" && "${GO}" get "sigs.k8s.io/kueue/cmd/kueue@${KUEUE_VERSION}")
+  local ldflags="-s -w"
+  ldflags+=" -X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}"
+  ldflags+=" -X sigs.k8s.io/kueue/pkg/version.BuildDate=1970-01-01T00:00:00Z"
+  (cd "${WORK}/kueue" && "${GO}" build -p "${JOBS}" -ldflags="${ldflags}" \
+    -o "${WORK}/bin/kueue" sigs.k8s.io/kueue/cmd/kueue)
+  # The manifests, from the module the binary was built from.
+  local dir
+  dir="$(cd "${WORK}/kueue" && "${GO}" list -f '{{.Dir}}' -m sigs.k8s.io/kueue)"
+  rm -rf "${OUT}/kueue-manifests"
+  mkdir -p "${OUT}/kueue-manifests/crd" "${OUT}/kueue-manifests/webhook"
+  cp -r "${dir}/config/components/crd/bases" "${dir}/config/components/crd/patches" \
+    "${OUT}/kueue-manifests/crd/"
+  cp "${dir}/config/components/webhook/manifests.yaml" "${OUT}/kueue-manifests/webhook/"
+  chmod -R u+w "${OUT}/kueue-manifests"
+  mv -f "${WORK}/bin/kueue" "${OUT}/kueue"
+  echo "${KUEUE_VERSION}" >"${OUT}/kueue.version"
+}
+
+if ! have_kueue; then
+  t0=${SECONDS}
+  kueue_from_go
+  log "kueue ready in $((SECONDS - t0)) s"
 fi
 
 record_versions

@@ -24,7 +24,9 @@ from harness.controlplane import (
     missing_binaries,
     wait_for,
 )
+from harness.kueue import HAMI_TRANSFORMATIONS, Kueue
 from tests.e2e.controlplane import TEST_NAMESPACE, ControlPlane, running_control_plane
+from tests.e2e.kueue_jobs import KUEUE_FLAVOR, KUEUE_NAMESPACE, delete_jobs
 from tests.e2e.pods import ClusterLab
 
 HERE = Path(__file__).parent
@@ -103,6 +105,43 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory,
     with running_control_plane(control_plane_binaries,
                                tmp_path_factory.mktemp("control-plane")) as plane:
         yield plane
+
+
+@pytest.fixture(scope="session")
+def kueue(control_plane: ControlPlane) -> Iterator[Kueue]:
+    """kube-controller-manager (the job and garbage collector controllers) and Kueue on the
+    session's control plane, once, with Kueue's "Using HAMi" resource transformation
+    (``HAMI_TRANSFORMATIONS``), its ResourceFlavor ``KUEUE_FLAVOR`` and the namespace
+    ``KUEUE_NAMESPACE`` for the tests' Jobs. Kueue's start takes ``kueue.start_s``."""
+    runner = Kueue(control_plane,
+                   configuration={"resources": {"transformations": HAMI_TRANSFORMATIONS}})
+    try:
+        runner.start()
+        # After Kueue's CRDs: its garbage collector then watches Workloads from the start
+        # (it discovers new kinds only every 30 s), so a Job's Workload goes with it.
+        control_plane.start_kube_controller_manager()
+        runner.create_resource_flavor(KUEUE_FLAVOR)
+        control_plane.create_namespace(KUEUE_NAMESPACE)
+        yield runner
+    finally:
+        runner.stop()
+        if "kube-controller-manager" in control_plane.processes:
+            control_plane.processes["kube-controller-manager"].stop()
+
+
+@pytest.fixture
+def kueue_namespace(kueue: Kueue, control_plane: ControlPlane) -> Iterator[str]:
+    """``KUEUE_NAMESPACE``; after the test its Jobs and their pods are deleted and pyhami's
+    ledger holds none of them."""
+    yield KUEUE_NAMESPACE
+    delete_jobs(control_plane, KUEUE_NAMESPACE)
+
+    def ledger_empty() -> bool:
+        status = control_plane.statusz()
+        return bool(status["pods_bound"] == 0 and status["reservations"] == 0)
+
+    wait_for(ledger_empty, "pyhami's ledger to release every pod of the test's Jobs",
+             watch=control_plane.all_processes())
 
 
 @pytest.fixture

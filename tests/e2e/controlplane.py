@@ -5,7 +5,9 @@ configuration (``k8s/``'s, with the extender's mutual TLS on), three clustered
 nats-servers, one simulated ``pyhami agent`` and the ``pyhami scheduler`` daemon, each a
 process of its own on free loopback ports. kube-scheduler calls the daemon over HTTPS with
 its client certificate, the only caller the daemon answers there. There is no
-kube-controller-manager. The GPU node of the suite is created through the API and its pods
+kube-controller-manager until a test asks for the ``kueue`` fixture (conftest.py): it
+starts Kueue and kube-controller-manager's job and garbage collector controllers for the
+rest of the session. The GPU node of the suite is created through the API and its pods
 are bound, never run; a test may add a real kubelet (``start_kubelet``) against a fake CRI
 runtime, which registers a node of its own and runs its pods in the runtime's memory.
 
