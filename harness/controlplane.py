@@ -120,20 +120,29 @@ def shipped_scheduler_config() -> str:
     return text
 
 
-def chart_scheduler_config(bin_dir: Path, values: Sequence[str] = ()) -> str:
-    """The KubeSchedulerConfiguration text the chart renders for ``k8s/``'s release and
-    values with ``EXTENDER_TLS_VALUES``, and ``values`` (``KEY=VALUE``, as ``--set``
-    takes them) over those."""
+def render_chart(bin_dir: Path, values: Sequence[str] = (), *,
+                 show_only: str | None = None) -> list[dict[str, Any]]:
+    """The chart's objects as ``k8s/``'s release and values render them, with ``values``
+    (``KEY=VALUE``, as ``--set`` takes them) over those; ``show_only``: one template."""
     command = [str(bin_dir / "helm"), "template", "pyhami", str(CHART),
                "--namespace", SYSTEM_NAMESPACE, "--kube-version", versions(bin_dir)[0],
-               "--values", str(CHART / "ci" / "k8s-values.yaml"),
-               "--show-only", "templates/scheduler-config.yaml"]
-    for value in (*EXTENDER_TLS_VALUES, *values):
+               "--values", str(CHART / "ci" / "k8s-values.yaml")]
+    if show_only is not None:
+        command += ["--show-only", show_only]
+    for value in values:
         command += ["--set", value]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"helm template failed:\n{done.stderr}")
-    text: str = yaml.safe_load(done.stdout)["data"][SCHEDULER_CONFIG_KEY]
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def chart_scheduler_config(bin_dir: Path, values: Sequence[str] = ()) -> str:
+    """The KubeSchedulerConfiguration text the chart renders for ``k8s/``'s release and
+    values with ``EXTENDER_TLS_VALUES``, and ``values`` over those."""
+    (config_map,) = render_chart(bin_dir, (*EXTENDER_TLS_VALUES, *values),
+                                 show_only="templates/scheduler-config.yaml")
+    text: str = config_map["data"][SCHEDULER_CONFIG_KEY]
     return text
 
 

@@ -160,9 +160,11 @@ def resource_flavor(name: str) -> dict[str, Any]:
 
 def cluster_queue(name: str, quotas: Mapping[str, str], *, flavor: str = "default-flavor",
                   admission_checks: Sequence[str] = (),
-                  namespace_selector: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  namespace_selector: Mapping[str, Any] | None = None,
+                  queueing_strategy: str | None = None) -> dict[str, Any]:
     """A ClusterQueue of one resource group covering the resources of ``quotas`` (name:
-    nominal quota) in ``flavor``, for every namespace unless ``namespace_selector``."""
+    nominal quota) in ``flavor``, for every namespace unless ``namespace_selector``;
+    ``queueing_strategy``: ``StrictFIFO`` or ``BestEffortFIFO`` (Kueue's default)."""
     spec: dict[str, Any] = {
         "namespaceSelector": dict(namespace_selector or {}),
         "resourceGroups": [{
@@ -170,6 +172,8 @@ def cluster_queue(name: str, quotas: Mapping[str, str], *, flavor: str = "defaul
             "flavors": [{"name": flavor, "resources": [
                 {"name": resource, "nominalQuota": quota}
                 for resource, quota in quotas.items()]}]}]}
+    if queueing_strategy is not None:
+        spec["queueingStrategy"] = queueing_strategy
     if admission_checks:
         spec["admissionChecksStrategy"] = {
             "admissionChecks": [{"name": check} for check in admission_checks]}
@@ -376,12 +380,12 @@ class Kueue:
                              flavor: str = "default-flavor",
                              admission_checks: Sequence[str] = (),
                              namespace_selector: Mapping[str, Any] | None = None,
-                             ) -> dict[str, Any]:
+                             queueing_strategy: str | None = None) -> dict[str, Any]:
         """``cluster_queue``'s ClusterQueue; ``quotas`` maps a covered resource to its
         nominal quota."""
         return self.plane.api.create(f"{API}/clusterqueues", cluster_queue(
             name, quotas, flavor=flavor, admission_checks=admission_checks,
-            namespace_selector=namespace_selector))
+            namespace_selector=namespace_selector, queueing_strategy=queueing_strategy))
 
     def create_local_queue(self, namespace: str, name: str,
                            cluster_queue_name: str) -> dict[str, Any]:

@@ -304,8 +304,6 @@ class CheckUpdate:
     state: CheckState
     message: str
     pod_set_updates: tuple[PodSetUpdate, ...] = ()
-    requeue_after: float | None = None
-    """With ``Retry``: the least time before Kueue queues the workload again."""
 
 
 class KueueApi(Protocol):

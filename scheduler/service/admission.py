@@ -11,9 +11,11 @@ check of pyhami's, the leading daemon places all of its pods at once on the live
   (``Verbs._workload_decision``). What is not taken is released when the workload ends or
   is evicted, or ``--group-ttl`` after the check said Ready (as a group's cards are);
 - **they do not**: nothing is held; the check stays ``Pending`` with pyhami's sentence,
-  and after ``--kueue-retry-after`` says ``Retry`` (Kueue then gives the quota back and
-  queues the workload again, no sooner than that same time), so the quota goes to a
-  workload that can start;
+  and after ``--kueue-retry-after`` says ``Retry``: Kueue then evicts the workload, gives
+  its quota back and queues it again behind the workloads already waiting (its place in
+  the queue is the time of its eviction), so the quota goes to a workload that can start.
+  No ``requeueAfterSeconds`` is set: Kueue v0.17 waits that long before it evicts, the
+  quota held meanwhile;
 - **pyhami cannot place it whatever the cards** (a template that is no pod, more pods
   than a placement takes): ``Rejected`` with the reason.
 
@@ -193,7 +195,7 @@ class AdmissionChecks(ServicePart):
             self._pending_since.pop(key, None)
             await self._say(workload, check, CheckState.RETRY,
                             f"{message}; after {self._retry_after:g}s pyhami gives its quota "
-                            "back to the queue", requeue_after=self._retry_after)
+                            "back to the queue")
         else:
             await self._say(workload, check, CheckState.PENDING, message)
 
@@ -264,7 +266,7 @@ class AdmissionChecks(ServicePart):
     # Writing the check's state ---------------------------------------------------------
 
     async def _say(self, workload: Workload, check: str, state: CheckState, message: str,
-                   pod_sets: Sequence[str] = (), *, requeue_after: float | None = None) -> None:
+                   pod_sets: Sequence[str] = ()) -> None:
         """Write the check's ``state`` on ``workload`` unless it says so already."""
         key, version = workload.key, workload.metadata.resource_version
         current = workload.check(frozenset({check}))
@@ -272,8 +274,7 @@ class AdmissionChecks(ServicePart):
             return
         if self._said.get(key) == (version, state, message):
             return  # written already; the watch has not brought it back yet
-        update = CheckUpdate(state, message, tuple(pod_set_updates(workload, pod_sets)),
-                             requeue_after=requeue_after)
+        update = CheckUpdate(state, message, tuple(pod_set_updates(workload, pod_sets)))
         try:
             await self._kueue.set_check(workload, check, update)
         except ClusterError as error:

@@ -89,8 +89,8 @@ class ServiceSettings:
     kueue_retry_after: float = setting(
         60.0, parse=positive_seconds,
         help="Kubernetes with Kueue: a workload whose pods do not fit for this long has "
-             "pyhami's admission check say Retry, its quota given back to the queue, and is "
-             "queued again no sooner than this (default {default})")
+             "pyhami's admission check say Retry: Kueue evicts it, its quota goes to the "
+             "workloads waiting, and it is queued again behind them (default {default})")
     kueue_admission_check: bool = False
     """Answer Kueue's AdmissionChecks whose controllerName is ``pyhami.io/placement``
     (Kubernetes; the command turns it on with ``--kueue-admission-check``)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -266,8 +265,6 @@ def check_state_body(workload: Workload, check: str, update: CheckUpdate,
     entry: JsonObject = {"name": check, "state": update.state.value,
                          "message": check_message(update.message),
                          "lastTransitionTime": since}
-    if update.requeue_after is not None:
-        entry["requeueAfterSeconds"] = math.ceil(update.requeue_after)
     if update.pod_set_updates:
         entry["podSetUpdates"] = [
             {"name": u.name, **({"annotations": dict(u.annotations)} if u.annotations else {}),

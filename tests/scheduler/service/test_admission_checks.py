@@ -158,7 +158,6 @@ async def test_a_workload_that_does_not_fit_in_time_gives_its_quota_back(lab: La
     await lab.run_pass()
     said = lab.kueue.last("lab/big")
     assert said.state is CheckState.RETRY
-    assert said.requeue_after == RETRY_AFTER
     assert "pyhami gives its quota back to the queue" in said.message
     # Kueue evicts it (no quota), queues it again, and reserves quota once more: Pending
     # again, and its wait counted afresh.

@@ -34,7 +34,7 @@ def test_the_transition_time_moves_only_with_the_state(state: CheckState, curren
     assert body["apiVersion"] == "kueue.x-k8s.io/v1beta2"
 
 
-def test_ready_carries_the_pod_set_updates_and_retry_its_wait() -> None:
+def test_ready_carries_the_pod_set_updates_and_retry_no_wait() -> None:
     built = workload("train", ("workers", 2, gpu_pod_template()))
     ready = check_state_body(built, CHECK, CheckUpdate(CheckState.READY, "held", (
         PodSetUpdate("workers", annotations={WORKLOAD_ANNOTATION: "train",
@@ -42,10 +42,10 @@ def test_ready_carries_the_pod_set_updates_and_retry_its_wait() -> None:
     (entry,) = ready["status"]["admissionChecks"]  # type: ignore[index]
     assert entry["podSetUpdates"] == [{"name": "workers", "annotations": {
         WORKLOAD_ANNOTATION: "train", POD_SET_ANNOTATION: "workers"}}]
-    retry = check_state_body(built, CHECK, CheckUpdate(CheckState.RETRY, "no room",
-                                                       requeue_after=2.5), NOW)
+    retry = check_state_body(built, CHECK, CheckUpdate(CheckState.RETRY, "no room"), NOW)
     (entry,) = retry["status"]["admissionChecks"]  # type: ignore[index]
-    assert entry["requeueAfterSeconds"] == 3
+    # No requeueAfterSeconds: Kueue v0.17 would hold the quota that long before evicting.
+    assert "requeueAfterSeconds" not in entry
     assert "podSetUpdates" not in entry
 
 
