@@ -1407,3 +1407,27 @@ def test_k8s_is_the_charts_rendering(helm: Path, tmp_path: Path) -> None:
     assert not stale, (f"k8s/ is not the chart's rendering (differing: {', '.join(stale)}): "
                        "run scripts/render-k8s.sh")
     assert "scheduler-config.yaml" in generated, "the suite's kube-scheduler configuration"
+
+
+@pytest.mark.parametrize("checking", [True, False], ids=["on", "off"])
+def test_kueues_admission_check_brings_its_rules_flags_and_object(helm: Path,
+                                                                  checking: bool) -> None:
+    documents = helm_template_set(helm, f"scheduler.kueue.admissionCheck={str(checking).lower()}",
+                                  "scheduler.kueue.retryAfter=30")
+    rules, command = _daemon_rules_and_command(documents)
+    kueue_rules = [rule for rule in rules if rule["apiGroups"] == ["kueue.x-k8s.io"]]
+    checks = [doc for doc in documents if doc["kind"] == "AdmissionCheck"]
+    if not checking:
+        assert kueue_rules == [] and checks == []
+        assert not [arg for arg in command if arg.startswith("--kueue")]
+        return
+    assert kueue_rules == [
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "admissionchecks"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["kueue.x-k8s.io"],
+         "resources": ["workloads/status", "admissionchecks/status"], "verbs": ["patch"]}]
+    assert [arg for arg in command if arg.startswith("--kueue")] == [
+        "--kueue-admission-check", "--kueue-retry-after=30"]
+    (check,) = checks
+    assert check["metadata"]["name"] == "pyhami-placement"
+    assert check["spec"] == {"controllerName": "pyhami.io/placement"}

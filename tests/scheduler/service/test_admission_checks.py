@@ -4,12 +4,14 @@ state written as Kueue reads it (Ready, Pending with pyhami's sentence, Retry, R
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
 import pytest
 
 from common.core import PodManifest, parse_pod
+from common.core.quota import ResourceQuotaManifest, parse_quota
 from common.core.workloads import (
     POD_SET_ANNOTATION,
     WORKLOAD_ANNOTATION,
@@ -19,6 +21,8 @@ from common.core.workloads import (
 )
 from pyhami.sandbox import DEFAULTS
 from scheduler.cluster import AdmissionCheckChange, WorkloadChange
+from scheduler.leadership import AlwaysLeader
+from scheduler.leadership.port import Role
 from scheduler.service import SchedulerService, ServiceSettings
 from scheduler.service.admission import AdmissionChecks
 from tests.builders import gpu_limits, manifest
@@ -304,3 +308,45 @@ async def test_the_checks_pyhami_answers_are_marked_active(lab: Lab) -> None:
     lab.see(workload("theirs", ("workers", 1, WORKERS), check="provisioning"))
     await lab.run_pass()
     assert lab.kueue.states("lab/theirs") == []
+
+
+async def test_a_workload_is_charged_its_namespaces_quota_as_a_whole(lab: Lab) -> None:
+    quota = msgspec.convert({"metadata": {"name": "gpu", "namespace": "lab"},
+                             "spec": {"hard": {"limits.nvidia.com/gpumem": "15000"}}},
+                            ResourceQuotaManifest)
+    lab.service.state.fleet.quotas.set_quota(parse_quota(quota, DEFAULTS.device))
+    lab.see(workload("train", ("workers", 2, WORKERS)))  # 20,000 MiB in all
+    await lab.run_pass()
+    said = lab.kueue.last("lab/train")
+    assert said.state is CheckState.PENDING
+    assert said.message.startswith("1 of 2 GPU pods fit now")
+    assert "lab would use 20000 of 15000 MiB nvidia.com/gpumem under ResourceQuota gpu" in said.message
+    assert lab.held() == {}
+
+
+class StandingBy(AlwaysLeader):
+    role: Role = "standby"
+
+    def leading(self) -> bool:
+        return False
+
+    def refusal(self) -> str | None:
+        return "pyhami-0 leads"
+
+
+async def test_a_standby_places_and_writes_nothing() -> None:
+    kueue = RecordingKueue()
+    service = SchedulerService(ServiceSettings(DEFAULTS), NodeList(set(NODES)), silent,
+                               kueue=kueue, leadership=StandingBy("pyhami-1"))
+    for name in NODES:
+        service.state.nodes.ingest(inventory(name, 1), now=0.0)
+    service.shared.ready = True
+    checks = service.admission
+    assert checks is not None
+    checks.check_changed(AdmissionCheckChange(admission_check(), deleted=False))
+    checks.workload_changed(WorkloadChange(workload("train", ("workers", 2, WORKERS)), False))
+    running = asyncio.create_task(checks.run())
+    await asyncio.sleep(0.1)  # the changes woke it: a pass would have run by now
+    running.cancel()
+    assert kueue.written == [] and kueue.activated == []
+    assert list(service.state.cache.reservations()) == []
