@@ -320,7 +320,8 @@ async def test_a_workload_is_charged_its_namespaces_quota_as_a_whole(lab: Lab) -
     said = lab.kueue.last("lab/train")
     assert said.state is CheckState.PENDING
     assert said.message.startswith("1 of 2 GPU pods fit now")
-    assert "lab would use 20000 of 15000 MiB nvidia.com/gpumem under ResourceQuota gpu" in said.message
+    assert ("lab would use 20000 of 15000 MiB nvidia.com/gpumem under ResourceQuota gpu"
+            in said.message)
     assert lab.held() == {}
 
 
