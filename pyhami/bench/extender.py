@@ -43,7 +43,16 @@ from common.arguments import Subcommands, positive_int
 from common.wire import Reason, encode, inventory_subject
 from pyhami.bench.floor import HOST
 from pyhami.bench.floor import PATH as FLOOR_PATH
-from pyhami.bench.load import BenchError, BenchPod, Job, Phase, Timings, filter_body
+from pyhami.bench.load import (
+    BenchError,
+    BenchPod,
+    Job,
+    Phase,
+    Timings,
+    filter_body,
+    nodes_to_score,
+    offered_windows,
+)
 from pyhami.natsserver import LocalNatsServer, free_port
 
 PROFILES = ("a100x8-nvswitch", "h100x8-islands")
@@ -83,6 +92,12 @@ def register(benches: Subcommands) -> None:
     parser.add_argument("--client-processes", type=positive_int, default=4, metavar="P",
                         help="with --client socket: the throughput phase's connections "
                              "spread over P processes (default 4)")
+    parser.add_argument("--node-names", choices=("all", "kube-scheduler"), default="all",
+                        help="the NodeNames of each /filter: every node (all, the default), "
+                             "or as many as kube-scheduler sends at that size with its "
+                             "adaptive percentageOfNodesToScore, in its rotation "
+                             "(kube-scheduler: 420 of 1,000 nodes, 500 of 5,000, 750 of "
+                             "15,000)")
     parser.add_argument("--quota-namespaces", type=positive_int, default=None, metavar="N",
                         help="spread the pods over N namespaces, each under a ResourceQuota "
                              "of GPU memory and cores that still lets them all in (default: "
@@ -153,12 +168,15 @@ def quota_manifests(namespaces: Iterable[str]) -> list[dict[str, Any]]:
 
 class Bench:
     def __init__(self, http: aiohttp.ClientSession, url: str, names: list[str],
-                 namespaces: dict[str, str]) -> None:
+                 namespaces: dict[str, str], share: int) -> None:
+        """``share``: how many of ``names`` each /filter is sent (``offered_windows``)."""
         self.http = http
         self.url = url
         self.names = names
         self.namespaces = namespaces
-        self.names_json = json.dumps(names).encode()
+        self.share = share
+        self._windows = offered_windows(names, share)
+        self._sent = 0
 
     async def post(self, verb: str, body: bytes) -> Any:
         return await self.post_to(f"{self.url}/{verb}", body)
@@ -189,7 +207,9 @@ class Bench:
                                        f"{response.status} {(await response.text()).strip()}")
 
     def filter_body(self, name: str) -> bytes:
-        return filter_body(pod(name, self.namespaces[name]), self.names_json)
+        window = self._windows[self._sent % len(self._windows)]
+        self._sent += 1
+        return filter_body(pod(name, self.namespaces[name]), window)
 
     def bind_body(self, name: str, uid: str, node: str) -> bytes:
         return json.dumps({"PodName": name, "PodNamespace": self.namespaces[name],
@@ -440,7 +460,7 @@ class Player:
         bench = self.bench
         host, port = self.floor if phase == "noop" else self.address
         return Job(host=host, port=port, phase=phase,
-                   names=bench.names, connections=connections,
+                   names=bench.names, connections=connections, share=bench.share,
                    pods=[BenchPod(pod(name, bench.namespaces[name]), self.uids[name])
                          for name in names])
 
@@ -521,7 +541,9 @@ async def measure(args: argparse.Namespace, address: tuple[str, int], nats_url: 
         await wait_for(all_nodes, "every inventory")
         names = [f"p-{i}" for i in range(args.requests + args.pods)]
         namespaces = namespaces_of(names, args.quota_namespaces, args.half_without_quota)
-        bench = Bench(http, url, list(reports), namespaces)
+        share = nodes_to_score(args.nodes) if args.node_names == "kube-scheduler" \
+            else args.nodes
+        bench = Bench(http, url, list(reports), namespaces, share)
         quotas = quota_manifests(namespaces.values()) if args.quota_namespaces else []
         await bench.set_quotas(quotas)
 
@@ -574,6 +596,7 @@ async def measure(args: argparse.Namespace, address: tuple[str, int], nats_url: 
     filter_ms, bind_ms, noop_ms = ms(timings["filter"]), ms(timings["bind"]), ms(noop)
     return {
         "nodes": args.nodes, "cards": args.nodes * 8,
+        "node_names_per_filter": bench.share,
         "quota_namespaces": len(quotas), **standing, **split,
         "client": args.client,
         "client_processes": min(args.client_processes, args.concurrency)

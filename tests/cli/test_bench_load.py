@@ -21,6 +21,8 @@ from pyhami.bench.load import (
     Phase,
     check,
     filter_body,
+    nodes_to_score,
+    offered_windows,
     request,
 )
 from pyhami.natsserver import free_port
@@ -28,6 +30,28 @@ from scheduler.web.extender import JSON, TEXT, Answer, BodyVerb
 from scheduler.web.fastpath import VerbsServer
 
 NAMES = ["node-a", "node-b", "node-c"]
+
+
+@pytest.mark.parametrize(("total", "scored"), [
+    (3, 3), (99, 99), (100, 100), (200, 100), (1000, 420), (5000, 500), (6000, 300),
+    (15000, 750), (100000, 5000),
+])
+def test_kube_scheduler_scores_its_adaptive_share_of_the_nodes(total: int,
+                                                               scored: int) -> None:
+    # kube-scheduler's numFeasibleNodesToFind with percentageOfNodesToScore unset:
+    # 50 - total/125 percent, at least 5 %, at least 100 nodes.
+    assert nodes_to_score(total) == scored
+
+
+def test_each_filter_is_sent_the_next_window_of_the_rotation() -> None:
+    names = [f"n{i}" for i in range(10)]
+    windows = [json.loads(window) for window in offered_windows(names, 4)]
+    # Starts where the last search stopped, wrapping; the rotation repeats after 5.
+    assert windows == [["n0", "n1", "n2", "n3"], ["n4", "n5", "n6", "n7"],
+                       ["n8", "n9", "n0", "n1"], ["n2", "n3", "n4", "n5"],
+                       ["n6", "n7", "n8", "n9"]]
+    assert offered_windows(names, 10) == [json.dumps(names).encode()]
+    assert offered_windows(names, 50) == [json.dumps(names).encode()]
 
 
 @pytest.mark.parametrize("names", [NAMES, [], [f"node-{i:05d}" for i in range(5000)]],
