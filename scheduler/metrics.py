@@ -338,17 +338,35 @@ MEASURED_CARD_FAMILIES: tuple[tuple[str, str, _MeasuredWriter], ...] = (
 
 
 @dataclass(eq=False, slots=True)
+class _Block:
+    """The text of a run of nodes, per family (``CARD_FAMILIES`` then
+    ``MEASURED_CARD_FAMILIES``), encoded."""
+
+    texts: tuple[bytes, ...]
+
+
+@dataclass(eq=False, slots=True)
 class _NodeText:
-    """One node's lines of every card family (``CARD_FAMILIES`` then
-    ``MEASURED_CARD_FAMILIES``), as its inventory, its cards' usage and its measured figures
-    were when they were written; compared by identity."""
+    """One node's lines of every card family, as its inventory, its cards' usage and its
+    measured figures were when they were written; compared by identity. The lines are kept
+    once: in ``fresh`` until a block holds them, then as spans of its block's texts."""
 
     node: Node
     figures: Measured | None
-    lines: tuple[str, ...]
     ends_block: bool
     """The last node of a block: blocks end at nodes chosen by their names, so that a node
     that comes or goes changes its own block alone."""
+    fresh: tuple[bytes, ...] | None
+    block: _Block | None = None
+    spans: tuple[int, ...] = ()
+    """Per family, where its lines start in ``block``'s text and (next) where they end."""
+
+    def lines(self, family: int) -> bytes | memoryview:
+        if self.fresh is not None:
+            return self.fresh[family]
+        assert self.block is not None
+        start, end = self.spans[2 * family], self.spans[2 * family + 1]
+        return memoryview(self.block.texts[family])[start:end]
 
 
 def _node_text(fleet: Fleet, node: Node, figures: Measured | None,
@@ -358,17 +376,34 @@ def _node_text(fleet: Fleet, node: Node, figures: Measured | None,
                f'device_uuid="{_escaped(card.uuid)}",node="{name}"', card)
               for card in node.cards]
     cards = [(shared, card, fleet.usage(node.name, card.uuid)) for shared, card in shares]
-    lines = [("".join([write(shared, card, usage) for shared, card, usage in cards]))
+    lines = [("".join([write(shared, card, usage) for shared, card, usage in cards])).encode()
              for write in _WRITERS]
     used: list[tuple[str, Card, MeasuredCard]] = []
     if figures is not None:
         by_uuid = {figure.uuid: figure for figure in figures.cards}
         used = [(shared, card, by_uuid[card.uuid]) for shared, card in shares
                 if card.uuid in by_uuid]
-    lines.extend("".join([write_used(shared, card, figure) for shared, card, figure in used])
+    lines.extend("".join([write_used(shared, card, figure)
+                          for shared, card, figure in used]).encode()
                  for _, _, write_used in MEASURED_CARD_FAMILIES)
     ends = zlib.crc32(node.name.encode()) % nodes_per_block == 0
-    return _NodeText(node, figures, tuple(lines), ends)
+    return _NodeText(node, figures, ends, tuple(lines))
+
+
+def _block(entries: tuple[_NodeText, ...]) -> _Block:
+    """The block of ``entries``, which then hold their lines as spans of it."""
+    families = range(len(_FAMILY_HEADERS))
+    parts = [[entry.lines(family) for entry in entries] for family in families]
+    block = _Block(tuple(b"".join(lines) for lines in parts))
+    offsets = [0] * len(parts)
+    for position, entry in enumerate(entries):
+        spans: list[int] = []
+        for family in families:
+            start = offsets[family]
+            offsets[family] = start + len(parts[family][position])
+            spans.extend((start, offsets[family]))
+        entry.block, entry.spans, entry.fresh = block, tuple(spans), None
+    return block
 
 
 class CardGauges:
@@ -396,7 +431,7 @@ class CardGauges:
         # What the last scrape saw: the fleet, its count of changes and its allocations.
         self._seen: tuple[Fleet | None, int, dict[str, Allocation]] = (None, 0, {})
         self._nodes: dict[str, _NodeText] = {}
-        self._blocks: dict[tuple[_NodeText, ...], tuple[bytes, ...]] = {}
+        self._blocks: dict[tuple[_NodeText, ...], _Block] = {}
 
     def _changed_nodes(self, fleet: Fleet) -> tuple[set[str], dict[str, Allocation]]:
         """The nodes where an allocation was booked, released or replaced since the last
@@ -425,7 +460,15 @@ class CardGauges:
         changed, allocations = self._changed_nodes(fleet)
         kept = self._nodes
         nodes: dict[str, _NodeText] = {}
+        blocks: dict[tuple[_NodeText, ...], _Block] = {}
+        block: list[_NodeText] = []
         written = 0
+
+        def close() -> None:
+            key = tuple(block)
+            blocks[key] = self._blocks.get(key) or _block(key)
+            block.clear()
+
         for node in list(fleet.nodes()):
             name = node.name
             figures = measured.get(name)
@@ -437,24 +480,16 @@ class CardGauges:
                 if written % self._nodes_per_block == 0:
                     yield b""
             nodes[name] = entry
-        blocks: dict[tuple[_NodeText, ...], tuple[bytes, ...]] = {}
-        block: list[_NodeText] = []
-        entries = list(nodes.values())
-        for position, entry in enumerate(entries):
             block.append(entry)
-            if entry.ends_block or position == len(entries) - 1:
-                key = tuple(block)
-                text = self._blocks.get(key)
-                if text is None:
-                    text = tuple("".join([e.lines[f] for e in key]).encode()
-                                 for f in range(len(_FAMILY_HEADERS)))
-                blocks[key] = text
-                block = []
+            if entry.ends_block:
+                close()  # now, so that lines written afresh are held once
+        if block:
+            close()
         # Kept only once the whole gathering is done: a scrape left half way changes nothing.
         self._seen = (fleet, changes, allocations)
         self._nodes = nodes
         self._blocks = blocks
-        texts = list(blocks.values())
+        texts = [kept_block.texts for kept_block in blocks.values()]
         for family, header in enumerate(_FAMILY_HEADERS):
             yield header
             for text in texts:

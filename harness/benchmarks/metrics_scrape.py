@@ -3,14 +3,15 @@ classic text format through ``Metrics.pieces`` (what ``/metrics`` sends), timed 
 ``time.process_time``.
 
     python harness/benchmarks/metrics_scrape.py [--nodes 1000 5000] [--scrapes 7]
-                                                 [--changed 0.01] [--profile]
+                                                 [--changed 0.01] [--profile] [--whole]
 
 The fleet: N nodes of 8 cards (two kinds of card), two pods of one card each on every
 node, every node heard from, its slices enforced and its cards measured. Printed per size,
 the median over ``--scrapes`` scrapes of: the first scrape; a scrape with nothing changed
 since the last one; a scrape after ``--changed`` of the nodes changed (a pod booked or
 released there, its measured figures and its last-heard time new). ``--profile`` prints
-the top functions of one scrape after changes.
+the top functions of one scrape after changes. RSS: the process's after the scrapes
+(the fleet, the sources and what ``Metrics`` keeps), and its peak.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import cProfile
 import gc
 import pstats
 import random
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -85,10 +87,18 @@ class State:
             measured=lambda: self.measured, over_slice=dict))
 
 
+WHOLE = False
+"""``--whole``: time ``Metrics.exposition()`` (the text joined in one bytes object) rather
+than the pieces ``/metrics`` sends one after the other."""
+
+
 def scrape(metrics: Metrics) -> tuple[float, int]:
     """One scrape's CPU seconds and bytes."""
     start = time.process_time()
-    size = sum(len(piece) for piece in metrics.pieces("text/plain")[1])
+    if WHOLE:
+        size = len(metrics.exposition())
+    else:
+        size = sum(len(piece) for piece in metrics.pieces("text/plain")[1])
     return time.process_time() - start, size
 
 
@@ -100,13 +110,22 @@ def median_of(scrapes: int, before: Callable[[], object], metrics: Metrics) -> f
     return statistics.median(times)
 
 
+def rss() -> float:
+    """This process's resident memory now, MB."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--scrapes", type=int, default=7)
     parser.add_argument("--changed", type=float, default=0.01)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--whole", action="store_true")
     arguments = parser.parse_args()
+    global WHOLE  # noqa: PLW0603
+    WHOLE = arguments.whole
     gc.freeze()
     for nodes in arguments.nodes:
         state = State(nodes)
@@ -117,7 +136,8 @@ def main() -> None:
         changed = median_of(arguments.scrapes, partial(state.change, arguments.changed), metrics)
         print(f"{nodes} nodes x {CARDS} cards, {size:,} bytes: first scrape "
               f"{statistics.median(firsts):.3f} s, nothing changed {same:.3f} s, "
-              f"{arguments.changed:.0%} of nodes changed {changed:.3f} s")
+              f"{arguments.changed:.0%} of nodes changed {changed:.3f} s; RSS {rss():.0f} MB, "
+              f"peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
         if arguments.profile:
             state.change(arguments.changed)
             profile = cProfile.Profile()
