@@ -339,23 +339,17 @@ MEASURED_CARD_FAMILIES: tuple[tuple[str, str, _MeasuredWriter], ...] = (
 
 @dataclass(eq=False, slots=True)
 class _Block:
-    """The text of a run of nodes, per family (``CARD_FAMILIES`` then
+    """The text of a run of nodes, per family of a part (``CARD_FAMILIES``, or
     ``MEASURED_CARD_FAMILIES``), encoded."""
 
     texts: tuple[bytes, ...]
 
 
 @dataclass(eq=False, slots=True)
-class _NodeText:
-    """One node's lines of every card family, as its inventory, its cards' usage and its
-    measured figures were when they were written; compared by identity. The lines are kept
+class _Part:
+    """One node's lines of the families of a part, compared by identity. The lines are kept
     once: in ``fresh`` until a block holds them, then as spans of its block's texts."""
 
-    node: Node
-    figures: Measured | None
-    ends_block: bool
-    """The last node of a block: blocks end at nodes chosen by their names, so that a node
-    that comes or goes changes its own block alone."""
     fresh: tuple[bytes, ...] | None
     block: _Block | None = None
     spans: tuple[int, ...] = ()
@@ -369,40 +363,66 @@ class _NodeText:
         return memoryview(self.block.texts[family])[start:end]
 
 
-def _node_text(fleet: Fleet, node: Node, figures: Measured | None,
-               nodes_per_block: int) -> _NodeText:
+@dataclass(eq=False, slots=True)
+class _NodeText:
+    """One node's lines of every card family: ``cards`` as its inventory and its cards'
+    usage were when they were written, ``used`` as its measured figures were."""
+
+    node: Node
+    figures: Measured | None
+    ends_block: bool
+    """The last node of a block: blocks end at nodes chosen by their names, so that a node
+    that comes or goes changes its own block alone."""
+    cards: _Part
+    used: _Part
+
+
+def _shares(node: Node) -> list[tuple[str, Card]]:
+    """Each card with the labels its lines of every family share."""
     name = _escaped(node.name)
-    shares = [(f'device_type="{_escaped(card.type)}",'
-               f'device_uuid="{_escaped(card.uuid)}",node="{name}"', card)
-              for card in node.cards]
-    cards = [(shared, card, fleet.usage(node.name, card.uuid)) for shared, card in shares]
-    lines = [("".join([write(shared, card, usage) for shared, card, usage in cards])).encode()
-             for write in _WRITERS]
+    return [(f'device_type="{_escaped(card.type)}",'
+             f'device_uuid="{_escaped(card.uuid)}",node="{name}"', card)
+            for card in node.cards]
+
+
+def _card_part(fleet: Fleet, node: Node) -> _Part:
+    cards = [(shared, card, fleet.usage(node.name, card.uuid))
+             for shared, card in _shares(node)]
+    return _Part(tuple("".join([write(shared, card, usage)
+                                for shared, card, usage in cards]).encode()
+                       for write in _WRITERS))
+
+
+def _used_part(node: Node, figures: Measured | None) -> _Part:
     used: list[tuple[str, Card, MeasuredCard]] = []
     if figures is not None:
         by_uuid = {figure.uuid: figure for figure in figures.cards}
-        used = [(shared, card, by_uuid[card.uuid]) for shared, card in shares
+        used = [(shared, card, by_uuid[card.uuid]) for shared, card in _shares(node)
                 if card.uuid in by_uuid]
-    lines.extend("".join([write_used(shared, card, figure)
-                          for shared, card, figure in used]).encode()
-                 for _, _, write_used in MEASURED_CARD_FAMILIES)
-    ends = zlib.crc32(node.name.encode()) % nodes_per_block == 0
-    return _NodeText(node, figures, ends, tuple(lines))
+    return _Part(tuple("".join([write_used(shared, card, figure)
+                                for shared, card, figure in used]).encode()
+                       for _, _, write_used in MEASURED_CARD_FAMILIES))
 
 
-def _block(entries: tuple[_NodeText, ...]) -> _Block:
-    """The block of ``entries``, which then hold their lines as spans of it."""
-    families = range(len(_FAMILY_HEADERS))
-    parts = [[entry.lines(family) for entry in entries] for family in families]
-    block = _Block(tuple(b"".join(lines) for lines in parts))
-    offsets = [0] * len(parts)
-    for position, entry in enumerate(entries):
+def _same_figures(before: Measured | None, now: Measured | None) -> bool:
+    """The same figures for every card (a new message, another ``at``, the same use)."""
+    if before is None or now is None:
+        return before is now
+    return before.cards == now.cards
+
+
+def _block(parts: tuple[_Part, ...], families: int) -> _Block:
+    """The block of ``parts``, which then hold their lines as spans of it."""
+    lines = [[part.lines(family) for part in parts] for family in range(families)]
+    block = _Block(tuple(b"".join(family) for family in lines))
+    offsets = [0] * families
+    for position, part in enumerate(parts):
         spans: list[int] = []
-        for family in families:
+        for family in range(families):
             start = offsets[family]
-            offsets[family] = start + len(parts[family][position])
+            offsets[family] = start + len(lines[family][position])
             spans.extend((start, offsets[family]))
-        entry.block, entry.spans, entry.fresh = block, tuple(spans), None
+        part.block, part.spans, part.fresh = block, tuple(spans), None
     return block
 
 
@@ -417,11 +437,12 @@ class CardGauges:
     the same in the classic text format and OpenMetrics.
 
     A scrape costs what changed since the last one, not what exists: each node's lines are
-    kept, and written again only when its inventory (a new ``Node``), its measured figures
-    (a new ``Measured``) or the ledger's allocations on it changed (an allocation booked,
-    released or replaced there: a card's usage is the sum of the allocations on it); each
-    block's text (about ``cards_per_piece`` cards, its nodes chosen by name) is kept encoded
-    and joined again only when one of its nodes was written again."""
+    kept, and written again only when its inventory (a new ``Node``) or the ledger's
+    allocations on it changed (an allocation booked, released or replaced there: a card's
+    usage is the sum of the allocations on it), its measured lines only when its cards'
+    measured figures changed; each block's text (about ``cards_per_piece`` cards, its nodes
+    chosen by name) is kept encoded, once, and joined again only when one of its nodes'
+    lines was written again."""
 
     def __init__(self, fleet: Callable[[], Fleet], cards_per_piece: int = 128,
                  measured: Callable[[], Mapping[str, Measured]] = dict) -> None:
@@ -431,7 +452,7 @@ class CardGauges:
         # What the last scrape saw: the fleet, its count of changes and its allocations.
         self._seen: tuple[Fleet | None, int, dict[str, Allocation]] = (None, 0, {})
         self._nodes: dict[str, _NodeText] = {}
-        self._blocks: dict[tuple[_NodeText, ...], _Block] = {}
+        self._blocks: dict[tuple[_Part, ...], _Block] = {}
 
     def _changed_nodes(self, fleet: Fleet) -> tuple[set[str], dict[str, Allocation]]:
         """The nodes where an allocation was booked, released or replaced since the last
@@ -450,6 +471,22 @@ class CardGauges:
         changed.update(before[key].node for key in before.keys() - now.keys())
         return changed, now
 
+    def _entry(self, fleet: Fleet, node: Node, figures: Measured | None,
+               entry: _NodeText | None, changed: set[str]) -> _NodeText:
+        """``entry`` if nothing of the node changed, else its lines written again where they
+        changed."""
+        if entry is None or entry.node is not node:
+            ends = zlib.crc32(node.name.encode()) % self._nodes_per_block == 0
+            return _NodeText(node, figures, ends, _card_part(fleet, node),
+                             _used_part(node, figures))
+        cards = _card_part(fleet, node) if node.name in changed else entry.cards
+        used = entry.used
+        if figures is not entry.figures and not _same_figures(entry.figures, figures):
+            used = _used_part(node, figures)
+        if cards is entry.cards and figures is entry.figures:
+            return entry
+        return _NodeText(node, figures, entry.ends_block, cards, used)
+
     def pieces(self) -> Iterator[bytes]:
         """The text, a family's header or its lines for a block of nodes at a time; each
         node as it was when it was gathered (empty pieces between nodes written again, so
@@ -460,40 +497,47 @@ class CardGauges:
         changed, allocations = self._changed_nodes(fleet)
         kept = self._nodes
         nodes: dict[str, _NodeText] = {}
-        blocks: dict[tuple[_NodeText, ...], _Block] = {}
-        block: list[_NodeText] = []
+        blocks: dict[tuple[_Part, ...], _Block] = {}
+        card_blocks: list[_Block] = []
+        used_blocks: list[_Block] = []
+        run: list[_NodeText] = []
         written = 0
 
         def close() -> None:
-            key = tuple(block)
-            blocks[key] = self._blocks.get(key) or _block(key)
-            block.clear()
+            for parts, families, into in (
+                    (tuple(entry.cards for entry in run), len(CARD_FAMILIES), card_blocks),
+                    (tuple(entry.used for entry in run), len(MEASURED_CARD_FAMILIES),
+                     used_blocks)):
+                block = self._blocks.get(parts) or _block(parts, families)
+                blocks[parts] = block
+                into.append(block)
+            run.clear()
 
         for node in list(fleet.nodes()):
-            name = node.name
-            figures = measured.get(name)
-            entry = kept.get(name)
-            if (entry is None or entry.node is not node or entry.figures is not figures
-                    or name in changed):
-                entry = _node_text(fleet, node, figures, self._nodes_per_block)
+            before = kept.get(node.name)
+            entry = self._entry(fleet, node, measured.get(node.name), before, changed)
+            if entry is not before:
                 written += 1
                 if written % self._nodes_per_block == 0:
                     yield b""
-            nodes[name] = entry
-            block.append(entry)
+            nodes[node.name] = entry
+            run.append(entry)
             if entry.ends_block:
                 close()  # now, so that lines written afresh are held once
-        if block:
+        if run:
             close()
         # Kept only once the whole gathering is done: a scrape left half way changes nothing.
         self._seen = (fleet, changes, allocations)
         self._nodes = nodes
         self._blocks = blocks
-        texts = [kept_block.texts for kept_block in blocks.values()]
         for family, header in enumerate(_FAMILY_HEADERS):
             yield header
-            for text in texts:
-                yield text[family]
+            if family < len(CARD_FAMILIES):
+                for block in card_blocks:
+                    yield block.texts[family]
+            else:
+                for block in used_blocks:
+                    yield block.texts[family - len(CARD_FAMILIES)]
 
     def text(self) -> str:
         return b"".join(self.pieces()).decode()

@@ -9,7 +9,9 @@ The fleet: N nodes of 8 cards (two kinds of card), two pods of one card each on 
 node, every node heard from, its slices enforced and its cards measured. Printed per size,
 the median over ``--scrapes`` scrapes of: the first scrape; a scrape with nothing changed
 since the last one; a scrape after ``--changed`` of the nodes changed (a pod booked or
-released there, its measured figures and its last-heard time new). ``--profile`` prints
+released there, its measured figures and its last-heard time new); the same after every
+agent reported too (each node's figures in a new ``Measured``, the same but for those
+changed), as agents that send their measured usage with every message do. ``--profile`` prints
 the top functions of one scrape after changes. RSS: the process's after the scrapes
 (the fleet, the sources and what ``Metrics`` keeps), and its peak.
 """
@@ -30,6 +32,7 @@ from functools import partial
 from common.core import Allocation, CardGrant, Fleet
 from common.core.model import Card, Node
 from common.wire import Measured, MeasuredCard
+from scheduler.cli import GC_YOUNG_THRESHOLD
 from scheduler.metrics import Metrics, Sources
 
 CARDS = 8
@@ -80,6 +83,13 @@ class State:
             self.measure(name)
             self.heard[name] += 15.0
 
+    def reported(self, share: float) -> None:
+        """Every agent reported (its measured figures in a new message, mostly the same),
+        and ``share`` of the nodes changed."""
+        for name, figures in self.measured.items():
+            self.measured[name] = Measured(at=figures.at + 10, cards=list(figures.cards))
+        self.change(share)
+
     def metrics(self) -> Metrics:
         return Metrics(Sources(
             fleet=lambda: self.fleet, last_heard=lambda: dict(self.heard), stale=frozenset,
@@ -126,6 +136,8 @@ def main() -> None:
     arguments = parser.parse_args()
     global WHOLE  # noqa: PLW0603
     WHOLE = arguments.whole
+    # As the daemon runs: its young-generation threshold, what it holds at start frozen.
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     gc.freeze()
     for nodes in arguments.nodes:
         state = State(nodes)
@@ -134,9 +146,12 @@ def main() -> None:
         firsts = [first] + [scrape(state.metrics())[0] for _ in range(2)]
         same = median_of(arguments.scrapes, lambda: None, metrics)
         changed = median_of(arguments.scrapes, partial(state.change, arguments.changed), metrics)
+        reported = median_of(arguments.scrapes, partial(state.reported, arguments.changed),
+                             metrics)
         print(f"{nodes} nodes x {CARDS} cards, {size:,} bytes: first scrape "
               f"{statistics.median(firsts):.3f} s, nothing changed {same:.3f} s, "
-              f"{arguments.changed:.0%} of nodes changed {changed:.3f} s; RSS {rss():.0f} MB, "
+              f"{arguments.changed:.0%} of nodes changed {changed:.3f} s, and every agent "
+              f"reported {reported:.3f} s; RSS {rss():.0f} MB, "
               f"peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
         if arguments.profile:
             state.change(arguments.changed)

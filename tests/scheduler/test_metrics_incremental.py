@@ -87,7 +87,7 @@ def _change(data: st.DataObject, state: State, metrics: Metrics) -> None:
         state.fleet.release(data.draw(st.sampled_from(sorted(state.fleet.allocations()))))
     elif kind == "measure":
         uuids = [card.uuid for card in state.cards(name)] + [f"GPU-{name}-gone"]
-        state.measured[name] = Measured(at=1.0, cards=[
+        state.measured[name] = Measured(at=data.draw(st.sampled_from([1.0, 2.0])), cards=[
             MeasuredCard(uuid=uuid, memory_used=data.draw(st.none() | st.integers(0, 9000)),
                          utilization=data.draw(st.none() | st.integers(0, 100)))
             for uuid in data.draw(st.lists(st.sampled_from(uuids), unique=True))])
