@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also run HAMi's scheduler (BINARY, built from your checkout "
                              "with scripts/build-hami-scheduler.sh), alternating with "
                              "pyhami on the same nodes and pods")
+    parser.add_argument("--peer-timeout", type=positive_int, default=300, metavar="S",
+                        help="with --peer: seconds the peer's pods may take to be bound in a "
+                             "phase; those still unbound then are reported as such (default "
+                             "300)")
     parser.add_argument("--profile-daemon", type=Path, metavar="FILE",
                         help="run the daemon under cProfile and write its profile to FILE "
                              "(the profiler slows the daemon: keep such a run's figures apart)")
@@ -591,8 +595,10 @@ class PodClient:
 
 
 async def burst(client: PodClient, scheduler: str, limits: str,
-                count: int) -> dict[str, Any]:
-    """``count`` pods created at once, through one scheduler."""
+                count: int, peer_timeout: float | None = None) -> dict[str, Any]:
+    """``count`` pods created at once, through one scheduler. With ``peer_timeout``, the
+    pods still unbound after it are counted (``unbound``) instead of failing the bench;
+    the figures are then those of the pods bound."""
     names = [f"{scheduler}-{limits}-{number:05d}" for number in range(count)]
     sent: dict[str, float] = {}
     gate = asyncio.Semaphore(client.concurrency)
@@ -610,17 +616,26 @@ async def burst(client: PodClient, scheduler: str, limits: str,
         started = time.perf_counter()
         returned = await asyncio.gather(*(create(name) for name in names))
         created = max(returned) - started
-        await watch.wait_bound(count, timeout=60 + count * 0.5)
+        try:
+            await watch.wait_bound(count, timeout=max(60 + count * 0.5, peer_timeout or 0))
+        except TimeoutError:
+            if peer_timeout is None:
+                raise
         following.cancel()
         if standin is not None:
             await standin.drain()
+    names = [name for name in names if name in watch.bound]
+    if not names:
+        raise RuntimeError(f"no pod of {scheduler}'s bound in {peer_timeout} s")
     bound = [watch.bound[name] for name in names]
     latencies = [binding.seen - sent[name] for name, binding in zip(names, bound, strict=True)]
     return {
         "scheduler": scheduler, "limits": limits, "bound": len(bound),
+        "unbound": count - len(bound),
         "annotated": sum(binding.annotated for binding in bound),
         "on_bench_nodes": sum(binding.node.startswith(NODE_PREFIX) for binding in bound),
-        "pods_per_s": round(count / (max(binding.seen for binding in bound) - started), 1),
+        "pods_per_s": round(len(bound) / (max(binding.seen for binding in bound) - started),
+                            1),
         "created_per_s": round(count / created, 1),
         "p50_ms": round(statistics.median(latencies) * 1e3, 1),
         "p99_ms": round(bench_extender.percentile(latencies, 0.99) * 1e3, 1),
@@ -658,7 +673,8 @@ def phase(plane: BenchPlane, client: PodClient, scheduler: str, limits: str,
     client.allocations.clear()
     try:
         before = plane.cpu_seconds()
-        result = asyncio.run(burst(client, scheduler, limits, args.pods))
+        result = asyncio.run(burst(client, scheduler, limits, args.pods,
+                                   args.peer_timeout if hami is not None else None))
         # What the phase left in flight (Events, the daemon's bookkeeping) is its cost too.
         time.sleep(1.0)
         after = plane.cpu_seconds()
@@ -722,7 +738,9 @@ def summary(result: dict[str, Any]) -> str:
     own = ", ".join(f"{name.removesuffix('_ms')} {ms}"
                     for name, ms in result["kube_scheduler"].items())
     return (f"{result['scheduler']:>7} (qps {qps}, burst {burst_limit}): "
-            f"{result['bound']} bound, {result['pods_per_s']:g} pods/s, "
+            f"{result['bound']} bound"
+            f"{f' ({unbound} not in time)' if (unbound := result['unbound']) else ''}, "
+            f"{result['pods_per_s']:g} pods/s, "
             f"p50 {result['p50_ms']:g} ms, p99 {result['p99_ms']:g} ms, "
             f"created {result['created_per_s']:g} pods/s{idle}; CPU ms per pod: {cpu}; "
             f"kube-scheduler's mean ms: {own}")
@@ -745,6 +763,9 @@ def report(args: argparse.Namespace, phases: dict[str, dict[str, Any]]) -> dict[
             result[f"{scheduler}_{key}"] = raised[key]
             result[f"{scheduler}_{key}_default_limits"] = default[key]
         result[f"{scheduler}_idle_ms"] = raised["idle_median_ms"]
+        if scheduler == hami_peer.PEER_NAME:
+            result["hami_unbound"] = raised["unbound"]
+            result["hami_unbound_default_limits"] = default["unbound"]
     result["ratio"] = ratio("raised")
     result["ratio_default_limits"] = ratio("default")
     if hami_peer.PEER_NAME in names:
