@@ -737,7 +737,10 @@ def summary(result: dict[str, Any]) -> str:
             if result["idle_median_ms"] is not None else "")
     own = ", ".join(f"{name.removesuffix('_ms')} {ms}"
                     for name, ms in result["kube_scheduler"].items())
-    return (f"{result['scheduler']:>7} (qps {qps}, burst {burst_limit}): "
+    own_client = (f"; HAMi's client: {result['hami_limits']}" if "hami_limits" in result
+                  else "")
+    return (f"{result['scheduler']:>7} (qps {qps}, burst {burst_limit}"
+            f"{own_client}): "
             f"{result['bound']} bound"
             f"{f' ({unbound} not in time)' if (unbound := result['unbound']) else ''}, "
             f"{result['pods_per_s']:g} pods/s, "

@@ -6,6 +6,7 @@ and the flag's refusals."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,9 +15,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
 import yaml
+from aiohttp import web
 
 from agent.vendors.nvidia.simulated import profile_cards
 from harness import hami_peer
@@ -235,3 +238,56 @@ def test_a_file_that_is_not_executable_is_refused(tmp_path: Path) -> None:
         "scripts/build-hami-scheduler.sh CHECKOUT)")
     binary.chmod(0o755)
     assert hami_peer.parse_peer(f"hami={binary}") == hami_peer.Peer("hami", binary.resolve())
+
+
+def test_the_stand_in_plays_allocate_over_the_api() -> None:
+    """Against a fake API server: the requests, in order, and their bodies."""
+    lock = "2026-12-07T00:08:05Z,ns,p"
+    state: dict[str, Any] = {
+        "pod": {"metadata": {"name": "p", "namespace": "ns", "annotations": {
+            "hami.io/bind-phase": "allocating",
+            "hami.io/vgpu-devices-to-allocate": "GPU-a,NVIDIA,1000,0:;"}},
+            "spec": {"nodeName": "n"}},
+        "node": {"metadata": {"name": "n", "resourceVersion": "7",
+                              "annotations": {"hami.io/mutex.lock": lock}}}}
+    seen: list[tuple[str, str, Any]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        kind = "pod" if "/pods/" in request.path else "node"
+        body = await request.json() if request.method == "PATCH" else None
+        seen.append((request.method, kind, body))
+        if body is not None:
+            assert request.content_type == "application/merge-patch+json"
+            for key, value in body["metadata"].get("annotations", {}).items():
+                annotations = state[kind]["metadata"]["annotations"]
+                if value is None:
+                    annotations.pop(key, None)
+                else:
+                    annotations[key] = value
+        return web.json_response(state[kind])
+
+    async def play() -> hami_peer.AllocateStandIn:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        standin = hami_peer.AllocateStandIn(f"http://127.0.0.1:{port}")
+        async with aiohttp.ClientSession() as http:
+            standin.offer(http, state["pod"])
+            standin.offer(http, state["pod"])  # once per pod
+            await standin.drain()
+        await runner.cleanup()
+        return standin
+
+    standin = asyncio.run(play())
+    assert standin.errors == []
+    assert seen == [
+        ("GET", "node", None), ("GET", "pod", None),
+        ("PATCH", "pod", hami_peer.erase_patch(";")), ("GET", "pod", None),
+        ("PATCH", "pod", hami_peer.success_patch()), ("GET", "node", None),
+        ("PATCH", "node", hami_peer.release_lock_patch("7"))]
+    assert state["pod"]["metadata"]["annotations"]["hami.io/bind-phase"] == "success"
+    assert "hami.io/mutex.lock" not in state["node"]["metadata"]["annotations"]
