@@ -667,8 +667,11 @@ def phase(plane: BenchPlane, client: PodClient, scheduler: str, limits: str,
     if scheduler == hami_peer.PEER_NAME:
         hami = plane.start_hami(limits)
         expected = args.nodes * args.cards
+        # Its first pass on a node also writes the handshake of each other backend that has
+        # one (hygon, biren, vastai: a GET and a PATCH each), 5 requests/s at its defaults.
         wait_for(lambda: plane.hami_devices() == expected,
-                 f"HAMi's scheduler to hold {expected} cards", START_TIMEOUT_S, watch=[hami])
+                 f"HAMi's scheduler to hold {expected} cards",
+                 START_TIMEOUT_S + 2 * args.nodes, watch=[hami])
     kube_scheduler = plane.start_kube_scheduler(scheduler, limits)
     client.allocations.clear()
     try:
