@@ -20,6 +20,15 @@ namespace, opened before the first create, sees its ``spec.nodeName``. Throughpu
 the time from the first create sent to the last binding seen. Cluster CPU: utime+stime of
 every process of the plane (from /proc) over the phase, per pod; of it, each process's
 stime (``kernel_ms_per_pod``).
+
+``--peer hami=BINARY`` (HAMi's scheduler, built from a checkout of the user's with
+``scripts/build-hami-scheduler.sh``; nothing of HAMi is shipped): HAMi's scheduler runs as a
+process of the plane, and its phases alternate with pyhami's and kube-scheduler alone's on
+the same nodes with the same pods, its kube-scheduler configured as HAMi's chart configures
+it, the nodes annotated as HAMi's device plugin and scheduler annotate them, and the bench
+playing HAMi's device plugin at Allocate (``harness/hami_peer.py`` says what, from HAMi's
+source). HAMi's own client limits: its defaults (qps 5, burst 10; the chart passes none)
+with kube-scheduler's defaults, and raised with kube-scheduler's.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +60,7 @@ from agent.report import Report
 from agent.vendors.nvidia.simulated import profile_cards
 from common.arguments import positive_int
 from common.certificates import Bundle, write_bundle
+from harness import hami_peer
 from harness.controlplane import (
     SCHEDULER_NAME,
     START_TIMEOUT_S,
@@ -76,7 +87,8 @@ NAMESPACE = "pyhami-bench"
 DAEMON = "pyhami-scheduler"
 KUBE_SCHEDULER = "kube-scheduler"
 NEEDED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "helm")
-COMPONENTS = ("etcd", "kube-apiserver", KUBE_SCHEDULER, DAEMON, "nats-server")
+COMPONENTS = ("etcd", "kube-apiserver", KUBE_SCHEDULER, DAEMON, "nats-server",
+              hami_peer.PROCESS)
 # The simulated inventories of a node, by its number of cards.
 CARD_PROFILES = {4: ("t4x4",), 8: bench_extender.PROFILES}
 # kube-scheduler's clientConnection (qps, burst): its defaults, and out of the way.
@@ -112,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the daemon with --no-success-events: no FilteringSucceed "
                              "and BindingSucceed Events, to measure what they cost (default: "
                              "written, as the daemon's default)")
+    parser.add_argument("--peer", metavar="hami=BINARY",
+                        help="also run HAMi's scheduler (BINARY, built from your checkout "
+                             "with scripts/build-hami-scheduler.sh), alternating with "
+                             "pyhami on the same nodes and pods")
+    parser.add_argument("--peer-timeout", type=positive_int, default=300, metavar="S",
+                        help="with --peer: seconds the peer's pods may take to be bound in a "
+                             "phase; those still unbound then are reported as such (default "
+                             "300)")
     parser.add_argument("--profile-daemon", type=Path, metavar="FILE",
                         help="run the daemon under cProfile and write its profile to FILE "
                              "(the profiler slows the daemon: keep such a run's figures apart)")
@@ -147,6 +167,13 @@ def run(args: argparse.Namespace) -> int:
     if problem is None and args.pods > args.nodes * args.cards:
         problem = (f"{PROG}: --pods {args.pods} do not fit on --nodes "
                    f"{args.nodes} x --cards {args.cards}")
+    peer: hami_peer.Peer | None = None
+    if problem is None and args.peer is not None:
+        parsed = hami_peer.parse_peer(args.peer)
+        if isinstance(parsed, str):
+            problem = f"{PROG}: {parsed}"
+        else:
+            peer = parsed
     profile = args.profile_daemon
     if problem is None and profile is not None and not profile.resolve().parent.is_dir():
         # The daemon writes its profile only as it stops: refused before any work.
@@ -159,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     (logs / "data").mkdir()
     plane = BenchPlane(bin_dir=binaries_dir(), logs=logs, data=logs / "data",
                        daemon_profile=args.profile_daemon, extender_tls=args.extender_tls,
-                       success_events=not args.no_success_events)
+                       success_events=not args.no_success_events, peer=peer)
     try:
         result = bench(plane, args)
     except KeyboardInterrupt:
@@ -191,6 +218,10 @@ class BenchPlane(ApiServerPlane):
     extender_tls: bool = False
     kube_scheduler_port: int = 0
     success_events: bool = True
+    peer: hami_peer.Peer | None = None
+    hami_port: int = 0
+    hami_metrics_port: int = 0
+    hami_pki: Bundle | None = None
 
     def kube_scheduler_timings(self) -> dict[str, float | None]:
         """Means in ms of kube-scheduler's own histograms since it started (one phase):
@@ -260,7 +291,9 @@ class BenchPlane(ApiServerPlane):
             "--listen", f"127.0.0.1:{self.daemon_port}",
             "--metrics", f"127.0.0.1:{self.metrics_port}", "--resync-wait", "1",
             "--node-timeout", "3600", "--node-retention", "7200", "--log-level", "warning",
-            *tls, *([] if self.success_events else ["--no-success-events"])])
+            *tls, *([] if self.success_events else ["--no-success-events"]),
+            # HAMi's device plugin's hami.io/node-nvidia-register is the bench's to write.
+            *([] if self.peer is None else ["--no-node-registration"])])
         wait_for(lambda: http_get(f"http://127.0.0.1:{self.metrics_port}/readyz")[0] == 200,
                  "the daemon's /readyz", START_TIMEOUT_S, watch=[daemon])
 
@@ -283,11 +316,59 @@ class BenchPlane(ApiServerPlane):
                      "nvidia.com/gpu": str(cards)}
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(lambda name: create_ready_node(self.api, name, resources), names))
+            if self.peer is not None:
+                list(pool.map(lambda item: self.annotate_for_hami(item[0], item[1], cards),
+                              enumerate(names)))
         return names
+
+    def annotate_for_hami(self, number: int, name: str, cards: int) -> None:
+        """The node's annotations as HAMi's device plugin (register) and scheduler
+        (handshake) write them, for the cards the node's inventory holds."""
+        profiles = CARD_PROFILES[cards]
+        annotations = hami_peer.node_annotations(
+            profile_cards(profiles[number % len(profiles)], name), datetime.now())
+        self.api.merge_patch(f"/api/v1/nodes/{name}",
+                             {"metadata": {"annotations": annotations}})
+
+    def start_hami(self, limits: str) -> Process:
+        """HAMi's scheduler, with its chart's flags; its client limits its defaults (as
+        the chart leaves them) or raised as kube-scheduler's."""
+        assert self.peer is not None
+        if self.hami_pki is None:
+            self.hami_pki = write_bundle(self.data / "hami-tls", dns=("localhost",),
+                                         ips=("127.0.0.1",), days=1)
+        device_config = self.data / "hami-device-config.yaml"
+        device_config.write_text(hami_peer.DEVICE_CONFIG)
+        self.hami_port = free_port()
+        metrics_port = self.hami_metrics_port = free_port()
+        process = self.run(hami_peer.PROCESS, hami_peer.scheduler_args(
+            self.peer.binary, port=self.hami_port, metrics_port=metrics_port,
+            cert_file=self.hami_pki.extender, key_file=self.hami_pki.extender_key,
+            device_config=device_config, namespace=SYSTEM_NAMESPACE,
+            limits=None if limits == "default" else LIMITS[limits]),
+            env=hami_peer.scheduler_env(self.admin_kubeconfig, SYSTEM_NAMESPACE))
+        wait_for(lambda: http_get(f"https://127.0.0.1:{self.hami_port}/healthz",
+                                  context=insecure_context())[0] == 200,
+                 "HAMi's scheduler /healthz", START_TIMEOUT_S, watch=[process])
+        return process
+
+    def hami_devices(self) -> int:
+        """The cards HAMi's scheduler holds (its hami_gpu_memory_limit_bytes series,
+        from the node snapshot its register pass rebuilds)."""
+        status, body = http_get(f"http://127.0.0.1:{self.hami_metrics_port}/metrics")
+        if status != 200:
+            return 0
+        return sum(line.startswith("hami_gpu_memory_limit_bytes{")
+                   for line in body.decode().splitlines())
 
     def kube_scheduler_config(self, scheduler: str, limits: str) -> dict[str, Any]:
         """pyhami's: k8s/'s configuration, or the chart's with the extender's mutual TLS;
-        default: a default profile, no extender."""
+        hami: HAMi's chart's; default: a default profile, no extender."""
+        if scheduler == hami_peer.PEER_NAME:
+            qps, burst = LIMITS[limits]
+            return hami_peer.scheduler_config(
+                f"https://127.0.0.1:{self.hami_port}", str(self.scheduler_kubeconfig),
+                SYSTEM_NAMESPACE, qps, burst)
         if scheduler == "pyhami" and self.pki is not None:
             if not self.chart_config:
                 self.chart_config = chart_scheduler_config(self.bin_dir)
@@ -383,6 +464,7 @@ async def publish_inventories(nats_url: str, nodes: Sequence[str], cards: int) -
 def pod(name: str, scheduler: str) -> dict[str, Any]:
     """A lab-sized pod for pyhami, or one asking a whole card of kube-scheduler alone."""
     limits = ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"} if scheduler == "pyhami"
+              else hami_peer.pod_limits() if scheduler == hami_peer.PEER_NAME
               else {"nvidia.com/gpu": "1"})
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
@@ -390,6 +472,8 @@ def pod(name: str, scheduler: str) -> dict[str, Any]:
                         "resources": {"limits": limits}}]}
     if scheduler == "pyhami":
         spec["schedulerName"] = SCHEDULER_NAME
+    elif scheduler == hami_peer.PEER_NAME:
+        spec["schedulerName"] = hami_peer.SCHEDULER_NAME
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
 
@@ -409,6 +493,8 @@ class PodWatch:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     ended: BaseException | None = None
     version: str = ""  # of the last event read: a watch ended early goes on from it
+    # Shown every pod the watch reads (HAMi's Allocate stand-in).
+    on_pod: Callable[[dict[str, Any]], None] | None = None
 
     async def follow(self, response: aiohttp.ClientResponse,
                      reopen: Callable[[str], Awaitable[aiohttp.ClientResponse]]) -> None:
@@ -432,6 +518,8 @@ class PodWatch:
                 raise RuntimeError(f"the pod watch failed: {event['object']}")
             item = event["object"]
             self.version = item["metadata"]["resourceVersion"]
+            if self.on_pod is not None and event["type"] in ("ADDED", "MODIFIED"):
+                self.on_pod(item)
             node = item.get("spec", {}).get("nodeName")
             name = item["metadata"]["name"]
             if event["type"] in ("ADDED", "MODIFIED") and node and name not in self.bound:
@@ -460,6 +548,7 @@ class PodClient:
 
     def __init__(self, plane: ApiServerPlane, concurrency: int) -> None:
         self.plane = plane
+        self.allocations: list[hami_peer.AllocateStandIn] = []
         self.concurrency = concurrency
         self.pods_url = f"{plane.server}/api/v1/namespaces/{NAMESPACE}/pods"
         self.headers = {"Authorization": f"Bearer {plane.api.token}"}
@@ -469,7 +558,9 @@ class PodClient:
         connector = aiohttp.TCPConnector(limit=self.concurrency + 1, ssl=self.context)
         return aiohttp.ClientSession(connector=connector, headers=self.headers)
 
-    async def watch(self, http: aiohttp.ClientSession) -> tuple[PodWatch, asyncio.Task[None]]:
+    async def watch(self, http: aiohttp.ClientSession,
+                    on_pod: Callable[[dict[str, Any]], None] | None = None,
+                    ) -> tuple[PodWatch, asyncio.Task[None]]:
         """A watch from the namespace's current state on; returns once it is open."""
         async with http.get(self.pods_url) as listed:
             listed.raise_for_status()
@@ -483,8 +574,18 @@ class PodClient:
             return response
 
         first = await open_watch(version)
-        watch = PodWatch(version=version)
+        watch = PodWatch(version=version, on_pod=on_pod)
         return watch, asyncio.create_task(watch.follow(first, open_watch))
+
+    def stand_in(self, scheduler: str, http: aiohttp.ClientSession,
+                 ) -> tuple[hami_peer.AllocateStandIn | None,
+                            Callable[[dict[str, Any]], None] | None]:
+        """For HAMi's pods, the device plugin's part at Allocate, fed by the pod watch."""
+        if scheduler != hami_peer.PEER_NAME:
+            return None, None
+        standin = hami_peer.AllocateStandIn(self.plane.server)
+        self.allocations.append(standin)
+        return standin, lambda pod: standin.offer(http, pod)
 
     async def create(self, http: aiohttp.ClientSession, body: dict[str, Any]) -> None:
         async with http.post(self.pods_url, json=body) as response:
@@ -494,13 +595,16 @@ class PodClient:
 
 
 async def burst(client: PodClient, scheduler: str, limits: str,
-                count: int) -> dict[str, Any]:
-    """``count`` pods created at once, through one scheduler."""
+                count: int, peer_timeout: float | None = None) -> dict[str, Any]:
+    """``count`` pods created at once, through one scheduler. With ``peer_timeout``, the
+    pods still unbound after it are counted (``unbound``) instead of failing the bench;
+    the figures are then those of the pods bound."""
     names = [f"{scheduler}-{limits}-{number:05d}" for number in range(count)]
     sent: dict[str, float] = {}
     gate = asyncio.Semaphore(client.concurrency)
     async with client.session() as http:
-        watch, following = await client.watch(http)
+        standin, on_pod = client.stand_in(scheduler, http)
+        watch, following = await client.watch(http, on_pod)
 
         async def create(name: str) -> float:
             body = pod(name, scheduler)
@@ -512,15 +616,26 @@ async def burst(client: PodClient, scheduler: str, limits: str,
         started = time.perf_counter()
         returned = await asyncio.gather(*(create(name) for name in names))
         created = max(returned) - started
-        await watch.wait_bound(count, timeout=60 + count * 0.5)
+        try:
+            await watch.wait_bound(count, timeout=max(60 + count * 0.5, peer_timeout or 0))
+        except TimeoutError:
+            if peer_timeout is None:
+                raise
         following.cancel()
+        if standin is not None:
+            await standin.drain()
+    names = [name for name in names if name in watch.bound]
+    if not names:
+        raise RuntimeError(f"no pod of {scheduler}'s bound in {peer_timeout} s")
     bound = [watch.bound[name] for name in names]
     latencies = [binding.seen - sent[name] for name, binding in zip(names, bound, strict=True)]
     return {
         "scheduler": scheduler, "limits": limits, "bound": len(bound),
+        "unbound": count - len(bound),
         "annotated": sum(binding.annotated for binding in bound),
         "on_bench_nodes": sum(binding.node.startswith(NODE_PREFIX) for binding in bound),
-        "pods_per_s": round(count / (max(binding.seen for binding in bound) - started), 1),
+        "pods_per_s": round(len(bound) / (max(binding.seen for binding in bound) - started),
+                            1),
         "created_per_s": round(count / created, 1),
         "p50_ms": round(statistics.median(latencies) * 1e3, 1),
         "p99_ms": round(bench_extender.percentile(latencies, 0.99) * 1e3, 1),
@@ -532,7 +647,8 @@ async def singles(client: PodClient, scheduler: str, count: int) -> float:
     at a time, each once the one before is bound."""
     latencies = []
     async with client.session() as http:
-        watch, following = await client.watch(http)
+        standin, on_pod = client.stand_in(scheduler, http)
+        watch, following = await client.watch(http, on_pod)
         for number in range(count):
             name = f"{scheduler}-idle-{number:03d}"
             began = time.perf_counter()
@@ -540,23 +656,45 @@ async def singles(client: PodClient, scheduler: str, count: int) -> float:
             await watch.wait_bound(number + 1, timeout=60)
             latencies.append(watch.bound[name].seen - began)
         following.cancel()
+        if standin is not None:
+            await standin.drain()
     return round(statistics.median(latencies) * 1e3, 1)
 
 
 def phase(plane: BenchPlane, client: PodClient, scheduler: str, limits: str,
           args: argparse.Namespace) -> dict[str, Any]:
+    hami = None
+    if scheduler == hami_peer.PEER_NAME:
+        hami = plane.start_hami(limits)
+        expected = args.nodes * args.cards
+        # Its first pass on a node also writes the handshake of each other backend that has
+        # one (hygon, biren, vastai: a GET and a PATCH each), 5 requests/s at its defaults.
+        wait_for(lambda: plane.hami_devices() == expected,
+                 f"HAMi's scheduler to hold {expected} cards",
+                 START_TIMEOUT_S + 2 * args.nodes, watch=[hami])
     kube_scheduler = plane.start_kube_scheduler(scheduler, limits)
+    client.allocations.clear()
     try:
         before = plane.cpu_seconds()
-        result = asyncio.run(burst(client, scheduler, limits, args.pods))
+        result = asyncio.run(burst(client, scheduler, limits, args.pods,
+                                   args.peer_timeout if hami is not None else None))
         # What the phase left in flight (Events, the daemon's bookkeeping) is its cost too.
         time.sleep(1.0)
         after = plane.cpu_seconds()
         result["kube_scheduler"] = plane.kube_scheduler_timings()
+        # Not after a burst that left pods unbound: they would be bound among the singles
+        # (counted as theirs) and hold HAMi's node locks with no stand-in watching.
         result["idle_median_ms"] = (asyncio.run(singles(client, scheduler, args.idle_pods))
-                                    if limits == "raised" else None)
+                                    if limits == "raised" and not result["unbound"] else None)
     finally:
         kube_scheduler.stop()
+    if hami is not None:
+        qps, burst_limit = LIMITS[limits]
+        result["hami_limits"] = ("chart (its defaults, qps 5, burst 10)" if limits == "default"
+                                 else f"raised (--kube-qps {qps} --kube-burst {burst_limit})")
+        result["allocate_stand_in_errors"] = [error for standin in client.allocations
+                                              for error in standin.errors][:10]
+
     def per_pod(seconds: float) -> float:
         return round(seconds * 1e3 / int(args.pods), 2)
 
@@ -566,6 +704,8 @@ def phase(plane: BenchPlane, client: PodClient, scheduler: str, limits: str,
     result["kernel_ms_per_pod"] = {name: per_pod(after[name][1] - before[name][1])
                                    for name in after}
     plane.delete_pods()
+    if hami is not None:
+        hami.stop()
     return result
 
 
@@ -579,11 +719,17 @@ def bench(plane: BenchPlane, args: argparse.Namespace) -> dict[str, Any]:
     client = PodClient(plane, args.concurrency)
     phases = {}
     for limits in LIMITS:
-        for scheduler in ("pyhami", "default"):
+        for scheduler in schedulers(plane.peer):
             result = phase(plane, client, scheduler, limits, args)
             phases[f"{scheduler}_{limits}_limits"] = result
             print(summary(result), flush=True)
     return report(args, phases)
+
+
+def schedulers(peer: hami_peer.Peer | None) -> tuple[str, ...]:
+    """The phases of one setting of limits, in order: the peer's between pyhami's and
+    kube-scheduler alone's."""
+    return ("pyhami", "default") if peer is None else ("pyhami", peer.name, "default")
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -596,30 +742,43 @@ def summary(result: dict[str, Any]) -> str:
             if result["idle_median_ms"] is not None else "")
     own = ", ".join(f"{name.removesuffix('_ms')} {ms}"
                     for name, ms in result["kube_scheduler"].items())
-    return (f"{result['scheduler']:>7} (qps {qps}, burst {burst_limit}): "
-            f"{result['bound']} bound, {result['pods_per_s']:g} pods/s, "
+    own_client = (f"; HAMi's client: {result['hami_limits']}" if "hami_limits" in result
+                  else "")
+    return (f"{result['scheduler']:>7} (qps {qps}, burst {burst_limit}"
+            f"{own_client}): "
+            f"{result['bound']} bound"
+            f"{f' ({unbound} not in time)' if (unbound := result['unbound']) else ''}, "
+            f"{result['pods_per_s']:g} pods/s, "
             f"p50 {result['p50_ms']:g} ms, p99 {result['p99_ms']:g} ms, "
             f"created {result['created_per_s']:g} pods/s{idle}; CPU ms per pod: {cpu}; "
             f"kube-scheduler's mean ms: {own}")
 
 
 def report(args: argparse.Namespace, phases: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    def ratio(limits: str) -> float:
-        return round(float(phases[f"pyhami_{limits}_limits"]["pods_per_s"]
+    def ratio(limits: str, scheduler: str = "pyhami") -> float:
+        return round(float(phases[f"{scheduler}_{limits}_limits"]["pods_per_s"]
                      / phases[f"default_{limits}_limits"]["pods_per_s"]), 3)
+
+    names = tuple(dict.fromkeys(phase["scheduler"] for phase in phases.values()))
 
     result: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cards": args.cards,
                               "concurrency": args.concurrency,
                               "success_events": not args.no_success_events}
-    for scheduler in ("pyhami", "default"):
+    for scheduler in names:
         raised = phases[f"{scheduler}_raised_limits"]
         default = phases[f"{scheduler}_default_limits"]
         for key in ("pods_per_s", "p50_ms", "p99_ms"):
             result[f"{scheduler}_{key}"] = raised[key]
             result[f"{scheduler}_{key}_default_limits"] = default[key]
         result[f"{scheduler}_idle_ms"] = raised["idle_median_ms"]
+        if scheduler == hami_peer.PEER_NAME:
+            result["hami_unbound"] = raised["unbound"]
+            result["hami_unbound_default_limits"] = default["unbound"]
     result["ratio"] = ratio("raised")
     result["ratio_default_limits"] = ratio("default")
+    if hami_peer.PEER_NAME in names:
+        result["hami_ratio"] = ratio("raised", hami_peer.PEER_NAME)
+        result["hami_ratio_default_limits"] = ratio("default", hami_peer.PEER_NAME)
     result["created_per_s"] = min(phase["created_per_s"] for phase in phases.values())
     result["cpu_ms_per_pod"] = {name: phase["cpu_ms_per_pod"] for name, phase in phases.items()}
     result["kernel_ms_per_pod"] = {name: phase["kernel_ms_per_pod"]
