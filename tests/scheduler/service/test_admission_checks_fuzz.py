@@ -83,7 +83,10 @@ def test_any_workload_gets_one_state_and_cards_held_only_when_ready(
         if update.state is not CheckState.READY:
             assert held == {}
     if held:
-        assert written and written[0][2].state is CheckState.READY
+        # Said Ready now, or Ready already (a daemon that begins to lead holds again the
+        # cards of a workload said Ready whose pods have not come).
+        assert (written and written[0][2].state is CheckState.READY) or (
+            state == "Ready" and quota and not written)
     # Never more than the cards have: every card's booked memory within its size.
     fleet = lab.service.state.fleet
     for node in fleet.nodes():
