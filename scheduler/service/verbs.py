@@ -578,6 +578,7 @@ class Verbs(ServicePart):
             where = held.node if held is not None else "another node"
             return self._refuse_bind(namespace, name, f"pod {key} is already bound to {where}")
         allocation: Allocation | None = None
+        end_mark = self.shared.pods.end_mark(key)
         try:
             allocation = await self._allocation_on(key, namespace, name, node)
             await self.cluster.bind(namespace, name, uid, node,
@@ -591,6 +592,12 @@ class Verbs(ServicePart):
                 self.metrics.released.labels("bind_failed").inc()
                 await self.reports.capacity_changed(node)
             return self._refuse_bind(namespace, name, str(error))
+        if self.shared.pods.end_mark(key) != end_mark:
+            # The pod was deleted (or finished) while its bind was under way: the watch
+            # released its cards already, and confirming now would book them for ever.
+            if allocation is not None and self.state.cache.reservation(key) is allocation:
+                self.state.cache.release_reservation(key)
+            return None
         if allocation is not None:
             self.state.cache.confirm(key, allocation)
         self.state.groups.bound(key)

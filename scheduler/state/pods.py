@@ -13,6 +13,9 @@ from types import MappingProxyType
 from common.core import PodManifest
 from scheduler.cluster import ClusterPod
 
+ENDS_REMEMBERED = 4096
+"""Pods whose end is remembered (``end_mark``), the most recent."""
+
 
 class PodsInFlight:
     """Per pod, by ``namespace/name``; ``ended`` forgets a pod everywhere at once."""
@@ -26,6 +29,10 @@ class PodsInFlight:
         # The bound pods by uid: the node's agent names measured usage by it.
         self._bound_by_uid: dict[str, ClusterPod] = {}
         self._allocate_answered: set[str] = set()
+        self._ends = 0
+        self._last_end: dict[str, int] = {}
+        """Per pod, the number of its last end (of all the ends seen), the most recent
+        ``ENDS_REMEMBERED`` pods: a bind under way when its pod ended tells by it."""
 
     # /filter, then /bind ------------------------------------------------------------------
 
@@ -93,8 +100,18 @@ class PodsInFlight:
 
     # A pod that ended ---------------------------------------------------------------------
 
+    def end_mark(self, key: str) -> int:
+        """The number of the pod's last end (0: none remembered). Read before an await and
+        again after it: a different number says the pod ended meanwhile."""
+        return self._last_end.get(key, 0)
+
     def ended(self, key: str) -> None:
-        """The pod was deleted or finished: nothing of it is kept."""
+        """The pod was deleted or finished: nothing of it is kept (but that it ended)."""
+        self._ends += 1
+        self._last_end.pop(key, None)
+        self._last_end[key] = self._ends
+        if len(self._last_end) > ENDS_REMEMBERED:
+            del self._last_end[next(iter(self._last_end))]
         self._filtered.pop(key, None)
         self._unschedulable.pop(key, None)
         self._allocate_answered.discard(key)
