@@ -17,7 +17,7 @@ cards reserved in their name.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -126,7 +126,7 @@ class Workload(msgspec.Struct):
         """Whether the condition ``kind`` (``QuotaReserved``, ``Finished``) is True."""
         return any(c.type == kind and c.status == "True" for c in self.status.conditions)
 
-    def check(self, names: Mapping[str, object] | frozenset[str]) -> AdmissionCheckState | None:
+    def check(self, names: Collection[str]) -> AdmissionCheckState | None:
         """The state of the first check of ``names`` on this workload; None if it has none
         of them."""
         for state in self.status.admission_checks:
@@ -149,6 +149,11 @@ class AdmissionCheck(msgspec.Struct):
 
     metadata: WorkloadMeta = msgspec.field(default_factory=WorkloadMeta)
     spec: AdmissionCheckSpec = msgspec.field(default_factory=AdmissionCheckSpec)
+
+    @property
+    def key(self) -> str:
+        """Its name: AdmissionChecks are cluster-scoped."""
+        return self.metadata.name
 
 
 # What the check does with a workload now ---------------------------------------------------

@@ -272,11 +272,6 @@ class WebhookCluster(Protocol):
         ...
 
 
-__all__ = ["AllocationPhase", "AnnotationError", "Cluster", "ClusterError", "ClusterPod",
-           "DisruptionBudget", "LabelRequirement", "PodChange", "QuotaChange",
-           "StoreUnavailable", "WebhookCluster"]
-
-
 # Kueue ---------------------------------------------------------------------------------
 
 
@@ -326,3 +321,8 @@ class KueueApi(Protocol):
         """Mark the AdmissionCheck ``name`` Active (Kueue holds back a ClusterQueue whose
         checks are not). Raises ``ClusterError``."""
 
+
+__all__ = ["AdmissionCheckChange", "AllocationPhase", "AnnotationError", "CheckUpdate",
+           "Cluster", "ClusterError", "ClusterPod", "DisruptionBudget", "KueueApi",
+           "LabelRequirement", "PodChange", "QuotaChange", "StoreUnavailable",
+           "WebhookCluster", "WorkloadChange"]

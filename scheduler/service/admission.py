@@ -233,7 +233,7 @@ class AdmissionChecks(ServicePart):
         """A workload said Ready before this daemon led (or before it restarted): its
         pods not bound yet get their cards held again, for what is left of their time."""
         key, ttl = workload.key, self.settings.group_ttl
-        state = workload.check(frozenset({check}))
+        state = workload.check((check,))
         age = seconds_since(state.last_transition_time if state else None,
                             self._wall_clock())
         left = ttl - age if age is not None else 0.0
@@ -269,7 +269,7 @@ class AdmissionChecks(ServicePart):
                    pod_sets: Sequence[str] = ()) -> None:
         """Write the check's ``state`` on ``workload`` unless it says so already."""
         key, version = workload.key, workload.metadata.resource_version
-        current = workload.check(frozenset({check}))
+        current = workload.check((check,))
         if current is not None and current.state == state and current.message == message:
             return
         if self._said.get(key) == (version, state, message):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import msgspec
@@ -149,48 +149,34 @@ QUOTAS: Collection[ResourceQuotaManifest, QuotaChange] = Collection(
     lambda quota: quota.metadata.uid or quota.key, QuotaChange)
 
 
-class _WorkloadEvent(msgspec.Struct):
-    type: str
-    object: Workload
+Kueue = TypeVar("Kueue", Workload, AdmissionCheck)
 
 
-class _CheckEvent(msgspec.Struct):
-    type: str
-    object: AdmissionCheck
+def _kueue_objects(noun: str, plural: str, kind: type[Kueue],
+                   change: Callable[[Kueue, bool], Change]) -> Collection[Kueue, Change]:
+    """A collection of Kueue's objects (``kueue.x-k8s.io/v1beta2``), each told apart by its
+    uid (its key where the server gave none)."""
+    objects = msgspec.json.Decoder(kind)
+    # A watch event of this kind, read in one pass (made at run time: ``kind`` varies).
+    events: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
+        msgspec.defstruct(f"{noun}Event", [("type", str), ("object", kind)]))
+
+    def read(data: bytes) -> tuple[Kueue, str | None]:
+        item = objects.decode(data)
+        return item, item.metadata.resource_version or None
+
+    def read_event(line: bytes) -> tuple[str, Kueue, str | None]:
+        event = events.decode(line)
+        item: Kueue = event.object
+        return event.type, item, item.metadata.resource_version or None
+
+    return Collection(noun, f"/apis/kueue.x-k8s.io/v1beta2/{plural}", read, read_event,
+                      lambda item: item.metadata.uid or item.key, change)
 
 
-_workloads = msgspec.json.Decoder(Workload)
-_workload_events = msgspec.json.Decoder(_WorkloadEvent)
-_checks = msgspec.json.Decoder(AdmissionCheck)
-_check_events = msgspec.json.Decoder(_CheckEvent)
-
-
-def _workload(data: bytes) -> tuple[Workload, str | None]:
-    workload = _workloads.decode(data)
-    return workload, workload.metadata.resource_version or None
-
-
-def _workload_event(line: bytes) -> tuple[str, Workload, str | None]:
-    event = _workload_events.decode(line)
-    return event.type, event.object, event.object.metadata.resource_version or None
-
-
-def _check(data: bytes) -> tuple[AdmissionCheck, str | None]:
-    check = _checks.decode(data)
-    return check, check.metadata.resource_version or None
-
-
-def _check_event(line: bytes) -> tuple[str, AdmissionCheck, str | None]:
-    event = _check_events.decode(line)
-    return event.type, event.object, event.object.metadata.resource_version or None
-
-
-WORKLOADS: Collection[Workload, WorkloadChange] = Collection(
-    "Workload", "/apis/kueue.x-k8s.io/v1beta2/workloads", _workload, _workload_event,
-    lambda workload: workload.metadata.uid or workload.key, WorkloadChange)
-ADMISSION_CHECKS: Collection[AdmissionCheck, AdmissionCheckChange] = Collection(
-    "AdmissionCheck", "/apis/kueue.x-k8s.io/v1beta2/admissionchecks", _check, _check_event,
-    lambda check: check.metadata.uid or check.metadata.name, AdmissionCheckChange)
+WORKLOADS = _kueue_objects("Workload", "workloads", Workload, WorkloadChange)
+ADMISSION_CHECKS = _kueue_objects("AdmissionCheck", "admissionchecks", AdmissionCheck,
+                                  AdmissionCheckChange)
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,16 +343,18 @@ async def review_token(api: ApiTransport, body: JsonObject) -> bytes:
 # Kueue ------------------------------------------------------------------------------------
 
 
+async def _apply(api: ApiTransport, path: str, body: JsonObject) -> None:
+    """Server-side apply of ``body`` as pyhami's field manager, taking the fields over."""
+    await api.call("PATCH", path, query={"fieldManager": FIELD_MANAGER, "force": "true"},
+                   body=_encode(body), content_type=_APPLY_PATCH)
+
+
 async def apply_workload_status(api: ApiTransport, namespace: str, name: str,
                                 body: JsonObject) -> None:
-    await api.call("PATCH", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{_part(namespace)}"
-                   f"/workloads/{_part(name)}/status",
-                   query={"fieldManager": FIELD_MANAGER, "force": "true"},
-                   body=_encode(body), content_type=_APPLY_PATCH)
+    await _apply(api, f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{_part(namespace)}"
+                      f"/workloads/{_part(name)}/status", body)
 
 
 async def apply_admission_check_status(api: ApiTransport, name: str, body: JsonObject) -> None:
-    await api.call("PATCH", f"/apis/kueue.x-k8s.io/v1beta2/admissionchecks/{_part(name)}/status",
-                   query={"fieldManager": FIELD_MANAGER, "force": "true"},
-                   body=_encode(body), content_type=_APPLY_PATCH)
-
+    await _apply(api, f"/apis/kueue.x-k8s.io/v1beta2/admissionchecks/{_part(name)}/status",
+                 body)

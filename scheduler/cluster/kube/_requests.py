@@ -259,7 +259,7 @@ def check_state_body(workload: Workload, check: str, update: CheckUpdate,
     ``status.admissionChecks`` (a list keyed by name: the other checks' entries are
     left to their owners). The transition time moves only when the state does."""
     since = timestamp(now)
-    current = workload.check(frozenset({check}))
+    current = workload.check((check,))
     if current is not None and current.state == update.state and current.last_transition_time:
         since = current.last_transition_time
     entry: JsonObject = {"name": check, "state": update.state.value,
