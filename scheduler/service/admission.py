@@ -140,6 +140,11 @@ class AdmissionChecks(ServicePart):
         for key in [k for k in self.state.workloads.workloads() if k not in self._workloads]:
             await self._let_go(key)  # deleted
         for workload in sorted(self._workloads.values(), key=lambda w: w.order):
+            held_uid = self.state.workloads.uid(workload.key)
+            if held_uid is not None and held_uid != workload.metadata.uid:
+                # Deleted and made again under the same name between two passes: what was
+                # held was the old one's.
+                await self._let_go(workload.key)
             duty, check = check_duty(workload, checks)
             if duty is Duty.NONE or check is None:
                 await self._let_go(workload.key)

@@ -215,6 +215,22 @@ async def test_an_evicted_or_deleted_workload_lets_its_cards_go(lab: Lab) -> Non
     assert lab.held() == {}
 
 
+async def test_a_workload_made_again_under_the_same_name_is_placed_afresh(lab: Lab) -> None:
+    lab.see(workload("train", ("workers", 2, WORKERS)))
+    await lab.run_pass()
+    assert len(lab.held()) == 2
+    # Deleted and made again, one pod now, before the next pass: the old one's two
+    # placeholders go, and the new one is placed and said Ready for its one pod.
+    again = msgspec.structs.replace(workload("train", ("workers", 1, WORKERS), version="9"),
+                                    metadata=msgspec.structs.replace(
+                                        workload("train").metadata, uid="uid-train-2",
+                                        resource_version="9"))
+    lab.see(again)
+    await lab.run_pass()
+    assert sorted(lab.held()) == [placeholder_key("lab", "train", "workers", 0)]
+    assert lab.kueue.last("lab/train").message.endswith("its 1 GPU pod until they start")
+
+
 async def test_the_cards_held_go_when_their_time_passes(lab: Lab) -> None:
     lab.see(workload("train", ("workers", 2, WORKERS)))
     await lab.run_pass()
