@@ -47,11 +47,11 @@ from pyhami.bench.load import (
     BenchError,
     BenchPod,
     Job,
+    OfferedNames,
     Phase,
     Timings,
     filter_body,
     nodes_to_score,
-    offered_windows,
 )
 from pyhami.natsserver import LocalNatsServer, free_port
 
@@ -175,8 +175,7 @@ class Bench:
         self.names = names
         self.namespaces = namespaces
         self.share = share
-        self._windows = offered_windows(names, share)
-        self._sent = 0
+        self._offered = OfferedNames(names, share)
 
     async def post(self, verb: str, body: bytes) -> Any:
         return await self.post_to(f"{self.url}/{verb}", body)
@@ -207,9 +206,7 @@ class Bench:
                                        f"{response.status} {(await response.text()).strip()}")
 
     def filter_body(self, name: str) -> bytes:
-        window = self._windows[self._sent % len(self._windows)]
-        self._sent += 1
-        return filter_body(pod(name, self.namespaces[name]), window)
+        return filter_body(pod(name, self.namespaces[name]), self._offered.next())
 
     def bind_body(self, name: str, uid: str, node: str) -> bytes:
         return json.dumps({"PodName": name, "PodNamespace": self.namespaces[name],

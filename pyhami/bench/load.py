@@ -86,6 +86,19 @@ def offered_windows(names: Sequence[str], share: int) -> list[bytes]:
             return windows
 
 
+class OfferedNames:
+    """The NodeNames of one /filter after another (``offered_windows``), in turn."""
+
+    def __init__(self, names: Sequence[str], share: int) -> None:
+        self._windows = offered_windows(names, share)
+        self._sent = 0
+
+    def next(self) -> bytes:
+        window = self._windows[self._sent % len(self._windows)]
+        self._sent += 1
+        return window
+
+
 class Job(msgspec.Struct):
     """What one worker process does: ``phase`` for each of ``pods``, in turn, over
     ``connections`` kept-alive connections to ``host:port`` (each takes the next pod
@@ -245,8 +258,7 @@ class Flows:
     def __init__(self, job: Job) -> None:
         self.job = job
         self.timings = Timings()
-        self._windows = offered_windows(job.names, job.share or len(job.names))
-        self._sent = 0
+        self._offered = OfferedNames(job.names, job.share or len(job.names))
         self._by_path = {"/noop": self.timings.noop, "/filter": self.timings.filter,
                          "/bind": self.timings.bind}
 
@@ -254,8 +266,7 @@ class Flows:
         return path, request(self.job.host, self.job.port, path, body)
 
     def flow(self, pod: BenchPod) -> Flow:
-        body = filter_body(pod.manifest, self._windows[self._sent % len(self._windows)])
-        self._sent += 1
+        body = filter_body(pod.manifest, self._offered.next())
         if self.job.phase == "noop":
             yield self._post("/noop", body)
             return
