@@ -428,3 +428,28 @@ class Kueue:
 
         return wait_for(met, f"the Workload of job {job_uid} in {namespace} {kind}", timeout,
                         interval=0.5, watch=self.plane.all_processes())
+
+    def wait_check(self, namespace: str, job_uid: str, check: str, state: str,
+                   *needles: str, timeout: float = WAIT_S) -> dict[str, Any]:
+        """Until the job's Workload shows ``check`` in ``state`` with every needle in its
+        message; the Workload. Kueue writes a Workload's checks list in a pass of its own,
+        sometimes after QuotaReserved, so a test waits for the state, not the condition."""
+        def met() -> dict[str, Any] | None:
+            for workload in self.workloads(namespace, job_uid=job_uid):
+                found = check_state(workload, check)
+                if found and found["state"] == state and all(
+                        needle in found.get("message", "") for needle in needles):
+                    return workload
+            return None
+
+        return wait_for(met, f"check {check} {state} {needles} on job {job_uid} in {namespace}",
+                        timeout, interval=0.2, watch=self.plane.all_processes())
+
+
+def check_state(workload: dict[str, Any], check: str) -> dict[str, Any] | None:
+    """The workload's entry for ``check`` in ``status.admissionChecks``, if Kueue wrote it."""
+    for state in workload.get("status", {}).get("admissionChecks") or ():
+        if state["name"] == check:
+            found: dict[str, Any] = state
+            return found
+    return None

@@ -156,9 +156,10 @@ def test_an_admission_check_holds_a_job_until_its_controller_says_ready(
                                         "lastTransitionTime": now}]}})
         job = create_job(control_plane, kueue_namespace, gpu_job("checked", "lq-checked"))
         uid = job["metadata"]["uid"]
-        workload = kueue.wait_workload(kueue_namespace, uid, "QuotaReserved")
+        kueue.wait_workload(kueue_namespace, uid, "QuotaReserved")
+        workload = kueue.wait_check(kueue_namespace, uid, check, "Pending")
+        assert has_condition(workload, "QuotaReserved")
         (state,) = workload["status"]["admissionChecks"]
-        assert (state["name"], state["state"]) == (check, "Pending"), state
         assert not has_condition(workload, "Admitted")
         assert read_job(control_plane, kueue_namespace, "checked")["spec"]["suspend"] is True
 

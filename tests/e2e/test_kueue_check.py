@@ -19,6 +19,7 @@ import pytest
 
 from harness.controlplane import SCHEDULER_NAME, ApiError, render_chart, wait_for
 from harness.kueue import API, Kueue, condition, has_condition
+from harness.kueue import check_state as kueue_check_state
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.kueue_jobs import (
     KUEUE_FLAVOR,
@@ -138,29 +139,12 @@ def workload_of(kueue: Kueue, namespace: str, job_made: dict[str, Any]) -> dict[
 
 
 def check_state(workload: dict[str, Any]) -> dict[str, Any] | None:
-    for state in workload.get("status", {}).get("admissionChecks") or ():
-        if state["name"] == CHECK:
-            found: dict[str, Any] = state
-            return found
-    return None
+    return kueue_check_state(workload, CHECK)
 
 
 def wait_check(kueue: Kueue, namespace: str, job_made: dict[str, Any], state: str,
                *needles: str) -> dict[str, Any]:
-    """Until the job's Workload shows the check in ``state`` with every needle in its
-    message; the Workload."""
-    uid = job_made["metadata"]["uid"]
-
-    def met() -> dict[str, Any] | None:
-        for workload in kueue.workloads(namespace, job_uid=uid):
-            found = check_state(workload)
-            if found and found["state"] == state and all(
-                    n in found.get("message", "") for n in needles):
-                return workload
-        return None
-
-    return wait_for(met, f"check {CHECK} {state} {needles} on Job {job_made['metadata']['name']}",
-                    interval=0.2, watch=kueue.plane.all_processes())
+    return kueue.wait_check(namespace, job_made["metadata"]["uid"], CHECK, state, *needles)
 
 
 def test_spread_memory_waits_with_the_sentence_and_starts_whole_when_a_card_frees(
