@@ -93,6 +93,11 @@ COMPONENTS = ("etcd", "kube-apiserver", KUBE_SCHEDULER, DAEMON, "nats-server",
 CARD_PROFILES = {4: ("t4x4",), 8: bench_extender.PROFILES}
 # kube-scheduler's clientConnection (qps, burst): its defaults, and out of the way.
 LIMITS = {"default": (50, 100), "raised": (5000, 5000)}
+# Slots a card offers as the node's allocatable nvidia.com/gpu: HAMi's device plugin
+# advertises each card deviceSplitCount times (its chart's device configuration: 10).
+# pyhami and HAMi leave the count to their extenders (ignoredByScheduler); kube-scheduler
+# alone counts it, so its pods can fill a node as the others' can.
+SLOTS_PER_CARD = 10
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 NODE_PREFIX = "bench-node-"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -132,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --peer: seconds the peer's pods may take to be bound in a "
                              "phase; those still unbound then are reported as such (default "
                              "300)")
+    parser.add_argument("--runs", type=positive_int, default=1, metavar="N",
+                        help="alternate the phases N times on the same nodes and report the "
+                             "median of each figure, with every run's own (default 1)")
+    parser.add_argument("--limits", choices=(*LIMITS, "both"), default="both",
+                        help="the client limits to run the phases under: kube-scheduler's "
+                             "defaults (with the peer's own), raised, or both (default)")
     parser.add_argument("--profile-daemon", type=Path, metavar="FILE",
                         help="run the daemon under cProfile and write its profile to FILE "
                              "(the profiler slows the daemon: keep such a run's figures apart)")
@@ -164,9 +175,9 @@ def requirements_problem() -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     problem = requirements_problem()
-    if problem is None and args.pods > args.nodes * args.cards:
-        problem = (f"{PROG}: --pods {args.pods} do not fit on --nodes "
-                   f"{args.nodes} x --cards {args.cards}")
+    if problem is None and args.pods > args.nodes * args.cards * SLOTS_PER_CARD:
+        problem = (f"{PROG}: --pods {args.pods} do not fit on --nodes {args.nodes} x --cards "
+                   f"{args.cards} x {SLOTS_PER_CARD} slots")
     peer: hami_peer.Peer | None = None
     if problem is None and args.peer is not None:
         parsed = hami_peer.parse_peer(args.peer)
@@ -313,7 +324,7 @@ class BenchPlane(ApiServerPlane):
     def create_nodes(self, count: int, cards: int, concurrency: int) -> list[str]:
         names = [f"{NODE_PREFIX}{number:05d}" for number in range(count)]
         resources = {"cpu": "64", "memory": "512Gi", "pods": "110",
-                     "nvidia.com/gpu": str(cards)}
+                     "nvidia.com/gpu": str(cards * SLOTS_PER_CARD)}
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(lambda name: create_ready_node(self.api, name, resources), names))
             if self.peer is not None:
@@ -462,7 +473,8 @@ async def publish_inventories(nats_url: str, nodes: Sequence[str], cards: int) -
 
 
 def pod(name: str, scheduler: str) -> dict[str, Any]:
-    """A lab-sized pod for pyhami, or one asking a whole card of kube-scheduler alone."""
+    """A lab-sized pod for pyhami and HAMi; for kube-scheduler alone, one of the slots the
+    node counts (``SLOTS_PER_CARD`` a card)."""
     limits = ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"} if scheduler == "pyhami"
               else hami_peer.pod_limits() if scheduler == hami_peer.PEER_NAME
               else {"nvidia.com/gpu": "1"})
@@ -717,13 +729,42 @@ def bench(plane: BenchPlane, args: argparse.Namespace) -> dict[str, Any]:
              f"the daemon to hold {args.nodes} inventories", START_TIMEOUT_S,
              watch=[plane.processes[DAEMON]])
     client = PodClient(plane, args.concurrency)
-    phases = {}
-    for limits in LIMITS:
-        for scheduler in schedulers(plane.peer):
-            result = phase(plane, client, scheduler, limits, args)
-            phases[f"{scheduler}_{limits}_limits"] = result
-            print(summary(result), flush=True)
-    return report(args, phases)
+    reports = []
+    for number in range(args.runs):
+        phases = {}
+        for limits in limit_settings(args.limits):
+            for scheduler in schedulers(plane.peer):
+                result = phase(plane, client, scheduler, limits, args)
+                phases[f"{scheduler}_{limits}_limits"] = result
+                print(f"run {number + 1} of {args.runs}: {summary(result)}", flush=True)
+        reports.append(report(args, phases))
+    return reports[0] if args.runs == 1 else medians(reports)
+
+
+def limit_settings(chosen: str) -> tuple[str, ...]:
+    """The settings of client limits a run goes through, in order."""
+    return tuple(LIMITS) if chosen == "both" else (chosen,)
+
+
+def medians(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One report of several runs: each number the median of the runs' (a ratio the median
+    of the runs' ratios, each taken within its run), each run's report under ``runs``."""
+    def merged(values: Sequence[Any]) -> Any:
+        first = values[0]
+        if isinstance(first, dict):
+            return {key: merged([value[key] for value in values]) for key in first}
+        if isinstance(first, bool) or not all(isinstance(value, int | float)
+                                              for value in values):
+            return first
+        middle = statistics.median(values)
+        return round(middle, 3) if isinstance(middle, float) else middle
+
+    figures = {key: value for key, value in reports[0].items() if key != "phases"}
+    result: dict[str, Any] = merged([{key: report[key] for key in figures}
+                                     for report in reports])
+    result["median_of_runs"] = len(reports)
+    result["runs"] = reports
+    return result
 
 
 def schedulers(peer: hami_peer.Peer | None) -> tuple[str, ...]:
@@ -755,30 +796,39 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def report(args: argparse.Namespace, phases: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    def ratio(limits: str, scheduler: str = "pyhami") -> float:
-        return round(float(phases[f"{scheduler}_{limits}_limits"]["pods_per_s"]
-                     / phases[f"default_{limits}_limits"]["pods_per_s"]), 3)
+    """The figures of one run. Keys without a suffix are of the raised limits; those
+    ending ``_default_limits`` of kube-scheduler's defaults (and the peer's own); a
+    ``ratio`` is pods/s against kube-scheduler alone's, a ``cpu_ratio`` cluster CPU per pod
+    against kube-scheduler alone's, both within the run."""
+    def of(scheduler: str, limits: str) -> dict[str, Any]:
+        return phases[f"{scheduler}_{limits}_limits"]
 
     names = tuple(dict.fromkeys(phase["scheduler"] for phase in phases.values()))
+    settings = tuple(dict.fromkeys(phase["limits"] for phase in phases.values()))
 
     result: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cards": args.cards,
                               "concurrency": args.concurrency,
                               "success_events": not args.no_success_events}
-    for scheduler in names:
-        raised = phases[f"{scheduler}_raised_limits"]
-        default = phases[f"{scheduler}_default_limits"]
-        for key in ("pods_per_s", "p50_ms", "p99_ms"):
-            result[f"{scheduler}_{key}"] = raised[key]
-            result[f"{scheduler}_{key}_default_limits"] = default[key]
-        result[f"{scheduler}_idle_ms"] = raised["idle_median_ms"]
-        if scheduler == hami_peer.PEER_NAME:
-            result["hami_unbound"] = raised["unbound"]
-            result["hami_unbound_default_limits"] = default["unbound"]
-    result["ratio"] = ratio("raised")
-    result["ratio_default_limits"] = ratio("default")
-    if hami_peer.PEER_NAME in names:
-        result["hami_ratio"] = ratio("raised", hami_peer.PEER_NAME)
-        result["hami_ratio_default_limits"] = ratio("default", hami_peer.PEER_NAME)
+    for limits in settings:
+        suffix = "" if limits == "raised" else f"_{limits}_limits"
+        alone = of("default", limits)
+        for scheduler in names:
+            figures = of(scheduler, limits)
+            for key in ("pods_per_s", "p50_ms", "p99_ms"):
+                result[f"{scheduler}_{key}{suffix}"] = figures[key]
+            result[f"{scheduler}_cpu_ms_per_pod{suffix}"] = figures["cpu_ms_per_pod"]["total"]
+            if limits == "raised":
+                result[f"{scheduler}_idle_ms"] = figures["idle_median_ms"]
+            if scheduler == hami_peer.PEER_NAME:
+                result[f"hami_unbound{suffix}"] = figures["unbound"]
+            if scheduler == "default":
+                continue
+            prefix = "" if scheduler == "pyhami" else f"{scheduler}_"
+            result[f"{prefix}ratio{suffix}"] = round(
+                float(figures["pods_per_s"] / alone["pods_per_s"]), 3)
+            result[f"{prefix}cpu_ratio{suffix}"] = round(
+                float(figures["cpu_ms_per_pod"]["total"] / alone["cpu_ms_per_pod"]["total"]),
+                3)
     result["created_per_s"] = min(phase["created_per_s"] for phase in phases.values())
     result["cpu_ms_per_pod"] = {name: phase["cpu_ms_per_pod"] for name, phase in phases.items()}
     result["kernel_ms_per_pod"] = {name: phase["kernel_ms_per_pod"]

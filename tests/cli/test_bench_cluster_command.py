@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.bench_cluster import histogram_mean_ms
+from harness.bench_cluster import histogram_mean_ms, limit_settings, medians
 from tests.paths import REPO
 
 BENCH_CLUSTER = REPO / "scripts" / "bench-cluster"
@@ -46,13 +46,33 @@ def test_missing_binaries_are_named_with_the_script_that_builds_them(tmp_path: P
                            "build them with scripts/build-control-plane.sh\n")
 
 
-def test_more_pods_than_cards_is_refused(tmp_path: Path) -> None:
+def test_more_pods_than_slots_is_refused(tmp_path: Path) -> None:
     for name in ("etcd", "kube-apiserver", "kube-scheduler", "helm"):
         (tmp_path / name).touch(mode=0o755)
-    done = bench_cluster(tmp_path, "--nodes", "2", "--cards", "4", "--pods", "9")
+    done = bench_cluster(tmp_path, "--nodes", "2", "--cards", "4", "--pods", "81")
     assert done.returncode == 2
-    assert done.stderr == ("bench-cluster: --pods 9 do not fit on --nodes 2 x "
-                           "--cards 4\n")
+    assert done.stderr == ("bench-cluster: --pods 81 do not fit on --nodes 2 x "
+                           "--cards 4 x 10 slots\n")
+
+
+@pytest.mark.parametrize(("chosen", "settings"), [
+    ("both", ("default", "raised")),
+    ("default", ("default",)),
+    ("raised", ("raised",)),
+])
+def test_limit_settings(chosen: str, settings: tuple[str, ...]) -> None:
+    assert limit_settings(chosen) == settings
+
+
+def test_several_runs_report_the_median_of_each_figure_and_every_run() -> None:
+    runs = [{"nodes": 4, "success_events": True, "pyhami_pods_per_s": pods, "ratio": ratio,
+             "cpu_ms_per_pod": {"pyhami_raised_limits": {"total": cpu}},
+             "phases": {"pyhami_raised_limits": {"bound": 40}}}
+            for pods, ratio, cpu in ((10.0, 1.5, 3.0), (30.5, 0.5, 2.0), (20.0, 1.0, 9.0))]
+    result = medians(runs)
+    assert result == {"nodes": 4, "success_events": True, "pyhami_pods_per_s": 20.0,
+                      "ratio": 1.0, "cpu_ms_per_pod": {"pyhami_raised_limits": {"total": 3.0}},
+                      "median_of_runs": 3, "runs": runs}
 
 
 def test_a_profile_with_no_directory_to_go_to_is_refused(tmp_path: Path) -> None:

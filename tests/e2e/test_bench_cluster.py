@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,8 +25,10 @@ KEYS = {"nodes", "pods", "pyhami_pods_per_s", "default_pods_per_s", "ratio", "py
         "cpu_ms_per_pod", "kernel_ms_per_pod", "pyhami_idle_ms", "default_idle_ms", "phases"}
 
 
-# k8s/'s plain HTTP over loopback, and the chart's mutual TLS.
-@pytest.mark.parametrize("flags", [[], ["--extender-tls"]], ids=["plain", "tls"])
+# k8s/'s plain HTTP over loopback, both limits, one run; and the chart's mutual TLS, raised
+# limits only, two runs reported as their medians.
+@pytest.mark.parametrize("flags", [[], ["--extender-tls", "--limits", "raised", "--runs", "2"]],
+                         ids=["plain", "tls-two-runs"])
 def test_bench_cluster_binds_every_pod_of_every_phase(control_plane_binaries: Path,
                                                       flags: list[str]) -> None:
     done = subprocess.run(
@@ -37,12 +40,36 @@ def test_bench_cluster_binds_every_pod_of_every_phase(control_plane_binaries: Pa
     assert done.returncode == 0, done.stderr
     *summaries, last = done.stdout.strip().splitlines()
     result = json.loads(last)
-    assert set(result) >= KEYS
-    assert (result["nodes"], result["pods"]) == (NODES, PODS)
     # One human line per phase, each saying every pod was bound.
     assert len(summaries) == 4
     assert all(f": {PODS} bound," in line for line in summaries)
-    assert set(result["phases"]) == set(PHASES)
+    if not flags:
+        assert set(result) >= KEYS
+        check_run(result, PHASES)
+        assert result["ratio_default_limits"] == round(
+            result["pyhami_pods_per_s_default_limits"]
+            / result["default_pods_per_s_default_limits"], 3)
+        return
+    raised = tuple(name for name in PHASES if name.endswith("_raised_limits"))
+    assert [line.split(":")[0] for line in summaries] == ["run 1 of 2"] * 2 + ["run 2 of 2"] * 2
+    assert result["median_of_runs"] == 2 and len(result["runs"]) == 2
+    for run in result["runs"]:
+        check_run(run, raised)
+        assert not any(key.endswith("_default_limits") for key in run)
+    # Each figure the median of the runs' (of two: their mean), ratios within each run.
+    for key in ("pyhami_pods_per_s", "default_p99_ms", "ratio", "cpu_ratio"):
+        assert result[key] == pytest.approx(
+            sum(run[key] for run in result["runs"]) / 2, abs=0.001), key
+    assert result["cpu_ms_per_pod"]["pyhami_raised_limits"]["total"] == pytest.approx(
+        sum(run["cpu_ms_per_pod"]["pyhami_raised_limits"]["total"]
+            for run in result["runs"]) / 2, abs=0.001)
+
+
+def check_run(result: dict[str, Any], phases: tuple[str, ...]) -> None:
+    """One run's report: each phase's pods bound where they should be, its figures
+    consistent with each other."""
+    assert (result["nodes"], result["pods"]) == (NODES, PODS)
+    assert set(result["phases"]) == set(phases)
     for name, phase in result["phases"].items():
         assert phase["bound"] == PODS, name
         assert phase["on_bench_nodes"] == PODS, name
@@ -63,9 +90,10 @@ def test_bench_cluster_binds_every_pod_of_every_phase(control_plane_binaries: Pa
         assert set(kernel) == COMPONENTS
         assert all(0 <= kernel[component] <= cpu[component] + 0.011 for component in COMPONENTS)
     assert result["ratio"] == round(result["pyhami_pods_per_s"] / result["default_pods_per_s"], 3)
-    assert result["ratio_default_limits"] == round(
-        result["pyhami_pods_per_s_default_limits"] / result["default_pods_per_s_default_limits"],
-        3)
+    assert result["cpu_ratio"] == round(result["pyhami_cpu_ms_per_pod"]
+                                        / result["default_cpu_ms_per_pod"], 3)
     assert result["pyhami_pods_per_s"] == result["phases"]["pyhami_raised_limits"]["pods_per_s"]
+    assert result["pyhami_cpu_ms_per_pod"] == (
+        result["cpu_ms_per_pod"]["pyhami_raised_limits"]["total"])
     assert result["default_p99_ms"] == result["phases"]["default_raised_limits"]["p99_ms"]
     assert result["pyhami_idle_ms"] > 0 and result["default_idle_ms"] > 0
