@@ -107,6 +107,9 @@ def register(benches: Subcommands) -> None:
                              "under no quota, so that one run times /filter with and without "
                              "a quota at the same moments (filter_p50_ms_quota, "
                              "filter_p50_ms_no_quota)")
+    parser.add_argument("--profile-daemon", type=Path, metavar="FILE",
+                        help="run the daemon under cProfile and write its profile to FILE "
+                             "(the profiler slows the daemon: keep such a run's figures apart)")
     parser.set_defaults(handler=lambda args: asyncio.run(run(args)))
 
 
@@ -322,6 +325,12 @@ async def run(args: argparse.Namespace) -> int:
         print("pyhami bench extender: --half-without-quota needs --quota-namespaces",
               file=sys.stderr)
         return 2
+    profile = args.profile_daemon
+    if profile is not None and not profile.resolve().parent.is_dir():
+        # The daemon writes its profile only as it stops: refused before any work.
+        print(f"pyhami bench extender: --profile-daemon {profile}: no directory "
+              f"{profile.resolve().parent} to write it in", file=sys.stderr)
+        return 2
     try:
         result = await run_daemon(args)
     except BenchError as error:
@@ -336,8 +345,10 @@ async def run_daemon(args: argparse.Namespace) -> dict[str, Any]:
         server = LocalNatsServer(extra_args=["-js", "-sd", str(Path(scratch) / "js")])
         server.start()
         port, metrics_port, floor_port = free_port(), free_port(), free_port()
+        profiler = ([] if args.profile_daemon is None
+                    else ["-m", "cProfile", "-o", str(args.profile_daemon.resolve())])
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "pyhami.cli", "scheduler", "--standalone", "--nats",
+            [sys.executable, *profiler, "-m", "pyhami.cli", "scheduler", "--standalone", "--nats",
              server.url, "--listen", f"127.0.0.1:{port}", "--metrics",
              f"127.0.0.1:{metrics_port}", "--node-timeout", "3600", "--node-retention", "7200",
              "--resync-wait", "0.1",

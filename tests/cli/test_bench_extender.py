@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pyhami.bench.extender import cpu_seconds, daemon_memory
+from pyhami.cli import main
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 
@@ -47,3 +48,12 @@ def test_cpu_time_counts_work_done() -> None:
     after = cpu_seconds(os.getpid())
     assert before is not None and after is not None
     assert after - before >= 0.05
+
+
+def test_a_profile_with_no_directory_to_go_to_is_refused_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nowhere = tmp_path / "missing" / "daemon.prof"
+    assert main(["bench", "extender", "--profile-daemon", str(nowhere)]) == 2
+    assert capsys.readouterr().err == (
+        f"pyhami bench extender: --profile-daemon {nowhere}: no directory "
+        f"{nowhere.parent} to write it in\n")
