@@ -8,20 +8,22 @@ docs/scheduler.md ("Metrics") lists them beside HAMi's definitions.
 from __future__ import annotations
 
 import platform
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics.exposition import ALLOWUTF8, UNDERSCORES
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from common.core import Fleet, Usage
-from common.core.model import Card
+from common.core import Allocation, Fleet, Usage
+from common.core.model import Card, Node
 from common.core.pod import DEFAULT_NAMES
 from common.core.vendors import ResourceNames
 from common.messaging import Connection, Unsent
@@ -77,24 +79,145 @@ def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamil
     return GaugeMetricFamily(name, documentation, labels=labels)
 
 
-class HamiCollector(Collector):
+Encoder = Callable[[Collector], bytes]
+"""An exposition format's encoder (``choose_encoder``'s): a collector's families as text."""
+
+
+def _encoded(encoder: Encoder, family: Metric) -> bytes:
+    """One family in the format of ``encoder``, without OpenMetrics' end mark."""
+    text = encoder(_OneFamily(family))
+    return text[:-len(OPENMETRICS_END)] if text.endswith(OPENMETRICS_END) else text
+
+
+def _encoding(encoder: Encoder) -> tuple[object, ...] | None:
+    """What names the format ``encoder`` writes (its function and arguments), when it
+    writes this module's metric and label names as they are (legacy names: escaping
+    ``underscores`` or ``allow-utf-8``); None when it changes them."""
+    if isinstance(encoder, partial):
+        arguments = tuple(sorted(encoder.keywords.items()))
+        escaping = encoder.keywords.get("escaping", UNDERSCORES)
+        return (encoder.func, arguments) if escaping in (UNDERSCORES, ALLOWUTF8) else None
+    return (encoder,)
+
+
+_HEADERS: dict[tuple[tuple[object, ...], str], bytes] = {}
+
+
+def _header(encoder: Encoder, encoding: tuple[object, ...], name: str,
+            documentation: str) -> bytes:
+    """A gauge family's HELP and TYPE lines as ``encoder`` writes them."""
+    key = (encoding, name)
+    header = _HEADERS.get(key)
+    if header is None:
+        header = _encoded(encoder, GaugeMetricFamily(name, documentation, labels=[]))
+        if len(_HEADERS) < 1024:
+            _HEADERS[key] = header
+    return header
+
+
+class Rendered(Collector):
+    """A collector whose families ``/metrics`` takes as text (``rendered``), written from
+    what it keeps of the last scrape; ``collect`` gives the same series as families (the
+    registry's readers, the tests' reference)."""
+
+    def rendered(self, encoder: Encoder, encoding: tuple[object, ...]) -> Iterator[bytes]:
+        """The families as ``encoder`` writes them; ``encoding``: its ``_encoding``."""
+        raise NotImplementedError
+
+
+class _Lines:
+    """Per key, the line written for a value, written again when the value changes."""
+
+    def __init__(self, write: Callable[[str, float], str]) -> None:
+        self._write = write
+        self._kept: dict[str, tuple[float, str]] = {}
+
+    def text(self, rows: Iterable[tuple[str, float]]) -> bytes:
+        kept = self._kept
+        now: dict[str, tuple[float, str]] = {}
+        for key, value in rows:
+            line = kept.get(key)
+            if line is None or line[0] != value:
+                line = (value, self._write(key, value))
+            now[key] = line
+        self._kept = now
+        return "".join([line for _, line in now.values()]).encode()
+
+
+def _node_line(family: str) -> Callable[[str, float], str]:
+    def line(node: str, value: float) -> str:
+        written: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+        return f'{family}{{node="{_escaped(node)}"}} {written}\n'
+
+    return line
+
+
+CONTAINER_FAMILIES = (
+    ("hami_vgpu_memory_allocated_bytes", "vGPU memory allocated from a container"),
+    ("hami_vgpu_core_allocated_ratio", "vGPU core allocated from a container"),
+)
+
+
+def _container_lines(key: str, allocation: Allocation) -> tuple[str, str]:
+    """A pod's lines of ``CONTAINER_FAMILIES``, label names in sorted order."""
+    namespace, _, pod = key.partition("/")
+    memory: list[str] = []
+    cores: list[str] = []
+    tail = (f'namespace="{_escaped(namespace)}",node="{_escaped(allocation.node)}",'
+            f'pod="{_escaped(pod)}",zone="{HAMI_ZONE}"}}')
+    for position, grants in enumerate(allocation.containers):
+        for grant in grants:
+            labels = f'{{container_index="{position}",device_uuid="{_escaped(grant.uuid)}",{tail}'
+            memory.append(f"hami_vgpu_memory_allocated_bytes{labels} "
+                          f"{_number(grant.memory * MIB)}\n")
+            cores.append(f"hami_vgpu_core_allocated_ratio{labels} {_number(grant.cores)}\n")
+    return "".join(memory), "".join(cores)
+
+
+class HamiCollector(Rendered):
     """HAMi's per-container gauges (its ``cmd/scheduler/metrics.go``), legacy names off; its
     per-card ones are ``CardGauges``."""
 
     def __init__(self, fleet: Callable[[], Fleet]) -> None:
         self._fleet = fleet
+        # What the last scrape saw: the fleet, its count of changes, each pod's allocation
+        # and lines, and the two families' text.
+        self._seen: tuple[Fleet | None, int] = (None, 0)
+        self._pods: dict[str, tuple[Allocation, tuple[str, str]]] = {}
+        self._texts: tuple[bytes, bytes] = (b"", b"")
+        self._mig: Metric | None = None
 
     def collect(self) -> Iterable[Metric]:
         yield from self._containers(self._fleet())
+
+    def rendered(self, encoder: Encoder, encoding: tuple[object, ...]) -> Iterator[bytes]:
+        """The families as ``collect`` gives them; each pod's lines written again only when
+        its allocation changed, nothing gathered when the fleet counts no change."""
+        fleet = self._fleet()
+        if (fleet, fleet.changes) != self._seen or self._mig is None:
+            kept = self._pods
+            pods: dict[str, tuple[Allocation, tuple[str, str]]] = {}
+            for key, allocation in sorted(fleet.allocations().items()):
+                entry = kept.get(key)
+                if entry is None or entry[0] is not allocation:
+                    entry = (allocation, _container_lines(key, allocation))
+                pods[key] = entry
+            self._pods = pods
+            self._texts = ("".join([lines[0] for _, lines in pods.values()]).encode(),
+                           "".join([lines[1] for _, lines in pods.values()]).encode())
+            self._mig = self._mig_instances(fleet)
+            self._seen = (fleet, fleet.changes)
+        for (family, documentation), text in zip(CONTAINER_FAMILIES, self._texts, strict=True):
+            yield _header(encoder, encoding, family, documentation)
+            yield text
+        yield _encoded(encoder, self._mig)
 
     @staticmethod
     def _containers(fleet: Fleet) -> Iterator[Metric]:
         """Every pod holding cards, reserved or bound; containers numbered as in the
         allocation annotation (init containers first), as HAMi numbers them."""
-        memory = _gauge("hami_vgpu_memory_allocated_bytes",
-                        "vGPU memory allocated from a container", HAMI_CONTAINER_LABELS)
-        cores = _gauge("hami_vgpu_core_allocated_ratio", "vGPU core allocated from a container",
-                       HAMI_CONTAINER_LABELS)
+        memory = _gauge(*CONTAINER_FAMILIES[0], HAMI_CONTAINER_LABELS)
+        cores = _gauge(*CONTAINER_FAMILIES[1], HAMI_CONTAINER_LABELS)
         for key, allocation in sorted(fleet.allocations().items()):
             namespace, _, pod = key.partition("/")
             for position, grants in enumerate(allocation.containers):
@@ -114,18 +237,18 @@ class HamiCollector(Collector):
                        "gpu_instance_id", "compute_instance_id", "placement_start",
                        "placement_size"])
         for _, allocation in sorted(fleet.allocations().items()):
+            made_here = [(grant.uuid, grant.instance) for grants in allocation.containers
+                         for grant in grants
+                         if grant.instance is not None and grant.instance.mig_uuid]
+            if not made_here:
+                continue  # most pods: no MIG instance, no node to look up
             node = fleet.node(allocation.node)
             index = {d.uuid: d.index for d in node.cards} if node is not None else {}
-            for grants in allocation.containers:
-                for grant in grants:
-                    made = grant.instance
-                    if made is None or not made.mig_uuid:
-                        continue
-                    info.add_metric([allocation.node, grant.uuid,
-                                     str(index.get(grant.uuid, "")), made.mig_uuid,
-                                     made.profile, str(made.gpu_instance_id),
-                                     str(made.compute_instance_id),
-                                     str(made.placement.start), str(made.placement.size)], 1)
+            for uuid, made in made_here:
+                info.add_metric([allocation.node, uuid, str(index.get(uuid, "")),
+                                 made.mig_uuid, made.profile, str(made.gpu_instance_id),
+                                 str(made.compute_instance_id), str(made.placement.start),
+                                 str(made.placement.size)], 1)
         return info
 
 
@@ -214,61 +337,216 @@ MEASURED_CARD_FAMILIES: tuple[tuple[str, str, _MeasuredWriter], ...] = (
 )
 
 
+@dataclass(eq=False, slots=True)
+class _Block:
+    """The text of a run of nodes, per family of a part (``CARD_FAMILIES``, or
+    ``MEASURED_CARD_FAMILIES``), encoded."""
+
+    texts: tuple[bytes, ...]
+
+
+@dataclass(eq=False, slots=True)
+class _Part:
+    """One node's lines of the families of a part, compared by identity. The lines are kept
+    once: in ``fresh`` until a block holds them, then as spans of its block's texts."""
+
+    fresh: tuple[bytes, ...] | None
+    block: _Block | None = None
+    spans: tuple[int, ...] = ()
+    """Per family, where its lines start in ``block``'s text and (next) where they end."""
+
+    def lines(self, family: int) -> bytes | memoryview:
+        if self.fresh is not None:
+            return self.fresh[family]
+        assert self.block is not None
+        start, end = self.spans[2 * family], self.spans[2 * family + 1]
+        return memoryview(self.block.texts[family])[start:end]
+
+
+@dataclass(eq=False, slots=True)
+class _NodeText:
+    """One node's lines of every card family: ``cards`` as its inventory and its cards'
+    usage were when they were written, ``used`` as its measured figures were."""
+
+    node: Node
+    figures: Measured | None
+    ends_block: bool
+    """The last node of a block: blocks end at nodes chosen by their names, so that a node
+    that comes or goes changes its own block alone."""
+    cards: _Part
+    used: _Part
+
+
+def _shares(node: Node) -> list[tuple[str, Card]]:
+    """Each card with the labels its lines of every family share."""
+    name = _escaped(node.name)
+    return [(f'device_type="{_escaped(card.type)}",'
+             f'device_uuid="{_escaped(card.uuid)}",node="{name}"', card)
+            for card in node.cards]
+
+
+def _card_part(fleet: Fleet, node: Node) -> _Part:
+    cards = [(shared, card, fleet.usage(node.name, card.uuid))
+             for shared, card in _shares(node)]
+    return _Part(tuple("".join([write(shared, card, usage)
+                                for shared, card, usage in cards]).encode()
+                       for write in _WRITERS))
+
+
+def _used_part(node: Node, figures: Measured | None) -> _Part:
+    used: list[tuple[str, Card, MeasuredCard]] = []
+    if figures is not None:
+        by_uuid = {figure.uuid: figure for figure in figures.cards}
+        used = [(shared, card, by_uuid[card.uuid]) for shared, card in _shares(node)
+                if card.uuid in by_uuid]
+    return _Part(tuple("".join([write_used(shared, card, figure)
+                                for shared, card, figure in used]).encode()
+                       for _, _, write_used in MEASURED_CARD_FAMILIES))
+
+
+def _same_figures(before: Measured | None, now: Measured | None) -> bool:
+    """The same figures for every card (a new message, another ``at``, the same use)."""
+    if before is None or now is None:
+        return before is now
+    return before.cards == now.cards
+
+
+def _block(parts: tuple[_Part, ...], families: int) -> _Block:
+    """The block of ``parts``, which then hold their lines as spans of it."""
+    lines = [[part.lines(family) for part in parts] for family in range(families)]
+    block = _Block(tuple(b"".join(family) for family in lines))
+    offsets = [0] * families
+    for position, part in enumerate(parts):
+        spans: list[int] = []
+        for family in range(families):
+            start = offsets[family]
+            offsets[family] = start + len(lines[family][position])
+            spans.extend((start, offsets[family]))
+        part.block, part.spans, part.fresh = block, tuple(spans), None
+    return block
+
+
 class CardGauges:
     """The per-card gauges (HAMi's, under HAMi's meaning: the registered figures, scaled by
-    ``deviceMemoryScaling`` and ``deviceCoreScaling``; and pyhami's: ``pyhami_gpu_healthy``
-    and the card's own figures) as exposition text, in
-    pieces of a few thousand cards, so that a scrape need neither hold the event loop nor
-    the whole text at once.
+    ``deviceMemoryScaling`` and ``deviceCoreScaling``; and pyhami's: ``pyhami_gpu_healthy``,
+    the card's own figures and the measured ones) as exposition text, in pieces: per family,
+    its header, then its lines a block of nodes at a time.
 
     Written here rather than through prometheus_client's collectors, which took 5 s of the
     event loop and 170 MB for the 320,000 samples of 5,000 nodes of 8 cards. The lines are
-    the same in the classic text format and OpenMetrics."""
+    the same in the classic text format and OpenMetrics.
 
-    def __init__(self, fleet: Callable[[], Fleet], cards_per_piece: int = 2000,
+    A scrape costs what changed since the last one, not what exists: each node's lines are
+    kept, and written again only when its inventory (a new ``Node``) or the ledger's
+    allocations on it changed (an allocation booked, released or replaced there: a card's
+    usage is the sum of the allocations on it), its measured lines only when its cards'
+    measured figures changed; each block's text (about ``cards_per_piece`` cards, its nodes
+    chosen by name) is kept encoded, once, and joined again only when one of its nodes'
+    lines was written again."""
+
+    def __init__(self, fleet: Callable[[], Fleet], cards_per_piece: int = 128,
                  measured: Callable[[], Mapping[str, Measured]] = dict) -> None:
         self._fleet = fleet
-        self._cards_per_piece = cards_per_piece
-        self._nodes_per_gathering = max(1, cards_per_piece // 8)
+        self._nodes_per_block = max(1, cards_per_piece // 8)
         self._measured = measured
+        # What the last scrape saw: the fleet, its count of changes and its allocations.
+        self._seen: tuple[Fleet | None, int, dict[str, Allocation]] = (None, 0, {})
+        self._nodes: dict[str, _NodeText] = {}
+        self._blocks: dict[tuple[_Part, ...], _Block] = {}
 
-    def pieces(self) -> Iterator[str]:
-        """The text, a family's header or its lines for a few thousand cards at a time; each
-        card as it was when the cards were gathered (empty pieces between, so that gathering
-        40,000 cards, about 90 ms, does not hold the loop at once)."""
+    def _changed_nodes(self, fleet: Fleet) -> tuple[set[str], dict[str, Allocation]]:
+        """The nodes where an allocation was booked, released or replaced since the last
+        scrape (none when the fleet counts no change), and the allocations now."""
+        seen_fleet, seen_changes, before = self._seen
+        if fleet is seen_fleet and fleet.changes == seen_changes:
+            return set(), before
+        now = fleet.allocations()
+        changed = set()
+        for key, allocation in now.items():
+            old = before.get(key)
+            if old is not allocation:
+                changed.add(allocation.node)
+                if old is not None:
+                    changed.add(old.node)
+        changed.update(before[key].node for key in before.keys() - now.keys())
+        return changed, now
+
+    def _entry(self, fleet: Fleet, node: Node, figures: Measured | None,
+               entry: _NodeText | None, changed: set[str]) -> _NodeText:
+        """``entry`` if nothing of the node changed, else its lines written again where they
+        changed."""
+        if entry is None or entry.node is not node:
+            ends = zlib.crc32(node.name.encode()) % self._nodes_per_block == 0
+            return _NodeText(node, figures, ends, _card_part(fleet, node),
+                             _used_part(node, figures))
+        cards = _card_part(fleet, node) if node.name in changed else entry.cards
+        used = entry.used
+        if figures is not entry.figures and not _same_figures(entry.figures, figures):
+            used = _used_part(node, figures)
+        if cards is entry.cards and figures is entry.figures:
+            return entry
+        return _NodeText(node, figures, entry.ends_block, cards, used)
+
+    def pieces(self) -> Iterator[bytes]:
+        """The text, a family's header or its lines for a block of nodes at a time; each
+        node as it was when it was gathered (empty pieces between nodes written again, so
+        that writing 40,000 cards afresh does not hold the loop at once)."""
         fleet = self._fleet()
         measured = self._measured()
-        cards: list[tuple[str, Card, Usage]] = []
-        used: list[tuple[str, Card, MeasuredCard]] = []
-        for position, node in enumerate(list(fleet.nodes())):
-            if position and position % self._nodes_per_gathering == 0:
-                yield ""
-            name = _escaped(node.name)
-            shares = [(f'device_type="{_escaped(card.type)}",'
-                       f'device_uuid="{_escaped(card.uuid)}",node="{name}"', card)
-                      for card in node.cards]
-            cards.extend((shared, card, fleet.usage(node.name, card.uuid))
-                         for shared, card in shares)
-            figures = measured.get(node.name)
-            if figures is not None:
-                by_uuid = {figure.uuid: figure for figure in figures.cards}
-                used.extend((shared, card, by_uuid[card.uuid]) for shared, card in shares
-                            if card.uuid in by_uuid)
-        step = self._cards_per_piece
-        for (family, documentation), write in zip(CARD_FAMILIES, _WRITERS, strict=True):
-            yield f"# HELP {family} {documentation}\n# TYPE {family} gauge\n"
-            for start in range(0, len(cards), step):
-                yield "".join([write(shared, card, usage)
-                               for shared, card, usage in cards[start:start + step]])
-        # Measured figures: only the cards whose agent sent one.
-        for family, documentation, write_used in MEASURED_CARD_FAMILIES:
-            yield f"# HELP {family} {documentation}\n# TYPE {family} gauge\n"
-            for start in range(0, len(used), step):
-                yield "".join([write_used(shared, card, figure)
-                               for shared, card, figure in used[start:start + step]])
+        changes = fleet.changes
+        changed, allocations = self._changed_nodes(fleet)
+        kept = self._nodes
+        nodes: dict[str, _NodeText] = {}
+        blocks: dict[tuple[_Part, ...], _Block] = {}
+        card_blocks: list[_Block] = []
+        used_blocks: list[_Block] = []
+        run: list[_NodeText] = []
+        written = 0
+
+        def close() -> None:
+            for parts, families, into in (
+                    (tuple(entry.cards for entry in run), len(CARD_FAMILIES), card_blocks),
+                    (tuple(entry.used for entry in run), len(MEASURED_CARD_FAMILIES),
+                     used_blocks)):
+                block = self._blocks.get(parts) or _block(parts, families)
+                blocks[parts] = block
+                into.append(block)
+            run.clear()
+
+        for node in list(fleet.nodes()):
+            before = kept.get(node.name)
+            entry = self._entry(fleet, node, measured.get(node.name), before, changed)
+            if entry is not before:
+                written += 1
+                if written % self._nodes_per_block == 0:
+                    yield b""
+            nodes[node.name] = entry
+            run.append(entry)
+            if entry.ends_block:
+                close()  # now, so that lines written afresh are held once
+        if run:
+            close()
+        # Kept only once the whole gathering is done: a scrape left half way changes nothing.
+        self._seen = (fleet, changes, allocations)
+        self._nodes = nodes
+        self._blocks = blocks
+        for family, header in enumerate(_FAMILY_HEADERS):
+            yield header
+            if family < len(CARD_FAMILIES):
+                for block in card_blocks:
+                    yield block.texts[family]
+            else:
+                for block in used_blocks:
+                    yield block.texts[family - len(CARD_FAMILIES)]
 
     def text(self) -> str:
-        return "".join(self.pieces())
+        return b"".join(self.pieces()).decode()
+
+
+_FAMILY_HEADERS = tuple(
+    f"# HELP {family} {documentation}\n# TYPE {family} gauge\n".encode()
+    for family, documentation in (*CARD_FAMILIES,
+                                  *((name, doc) for name, doc, _ in MEASURED_CARD_FAMILIES)))
 
 
 class QuotaCollector(Collector):
@@ -321,14 +599,28 @@ class QuotaCollector(Collector):
         yield from (used, limit, own_used, own_limit)
 
 
-class DaemonCollector(Collector):
+NODE_FAMILIES = (
+    ("pyhami_node_last_heard_timestamp_seconds",
+     "When the node's agent last reported, in seconds since the epoch"),
+    ("pyhami_node_stale", "1 while the node's inventory is older than --node-timeout"),
+    ("pyhami_node_memory_slices_enforced",
+     "1 where HAMi-core enforces the memory and core slices in the containers, 0 where the "
+     "device plugin hands out cards without it"),
+    ("pyhami_containers_over_slice",
+     "Containers measured using more memory than their slice, on a node where nothing "
+     "enforces the slices (no HAMi-core)"),
+)
+
+
+class DaemonCollector(Rendered):
     """The daemon's own gauges: build, readiness, node freshness, cards, orphans."""
 
     def __init__(self, sources: Sources) -> None:
         self._sources = sources
         self._build = [package_version(), platform.python_version()]
+        self._lines = tuple(_Lines(_node_line(family)) for family, _ in NODE_FAMILIES)
 
-    def collect(self) -> Iterable[Metric]:
+    def _small(self) -> tuple[Metric, Metric, Metric]:
         build = _gauge("pyhami_build_info",
                        "pyhami's version and Python's, as labels; the value is always 1",
                        ["version", "python_version"])
@@ -338,31 +630,43 @@ class DaemonCollector(Collector):
         leader = GaugeMetricFamily(
             "pyhami_leader", "1 while this daemon decides, 0 while it stands by")
         leader.add_metric([], 1.0 if self._sources.leading() else 0.0)
-        heard = _gauge("pyhami_node_last_heard_timestamp_seconds",
-                       "When the node's agent last reported, in seconds since the epoch",
-                       ["node"])
-        stale = _gauge("pyhami_node_stale",
-                       "1 while the node's inventory is older than --node-timeout", ["node"])
+        return build, ready, leader
+
+    def _rows(self) -> tuple[list[tuple[str, float]], ...]:
+        """Per family of NODE_FAMILIES, its nodes (in name order) and values."""
+        heard = sorted(self._sources.last_heard().items())
         stale_nodes = self._sources.stale()
-        for name, when in sorted(self._sources.last_heard().items()):
-            heard.add_metric([name], when)
-            stale.add_metric([name], 1.0 if name in stale_nodes else 0.0)
-        enforced = _gauge("pyhami_node_memory_slices_enforced",
-                          "1 where HAMi-core enforces the memory and core slices in the "
-                          "containers, 0 where the device plugin hands out cards without it",
-                          ["node"])
-        for name, yes in sorted(self._sources.slices_enforced().items()):
-            enforced.add_metric([name], 1.0 if yes else 0.0)
-        over = _gauge("pyhami_containers_over_slice",
-                      "Containers measured using more memory than their slice, on a node "
-                      "where nothing enforces the slices (no HAMi-core)", ["node"])
-        for name, count in sorted(self._sources.over_slice().items()):
-            over.add_metric([name], count)
+        return (heard, [(name, 1.0 if name in stale_nodes else 0.0) for name, _ in heard],
+                [(name, 1.0 if yes else 0.0)
+                 for name, yes in sorted(self._sources.slices_enforced().items())],
+                [(name, count) for name, count in sorted(self._sources.over_slice().items())])
+
+    def _orphans(self) -> Metric:
         orphans = GaugeMetricFamily(
             "pyhami_allocations_on_vanished_cards",
             "Cards still holding allocations that their node no longer reports")
         orphans.add_metric([], len(self._sources.fleet().orphans()))
-        yield from (build, ready, leader, heard, stale, enforced, over, orphans)
+        return orphans
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._small()
+        for (family, documentation), rows in zip(NODE_FAMILIES, self._rows(), strict=True):
+            gauge = _gauge(family, documentation, ["node"])
+            for name, value in rows:
+                gauge.add_metric([name], value)
+            yield gauge
+        yield self._orphans()
+
+    def rendered(self, encoder: Encoder, encoding: tuple[object, ...]) -> Iterator[bytes]:
+        """The families as ``collect`` gives them; a node's line written again only when its
+        value changed."""
+        for small in self._small():
+            yield _encoded(encoder, small)
+        for (family, documentation), lines, rows in zip(NODE_FAMILIES, self._lines,
+                                                        self._rows(), strict=True):
+            yield _header(encoder, encoding, family, documentation)
+            yield lines.text(rows)
+        yield _encoded(encoder, self._orphans())
 
 
 class ConnectionCollector(Collector):
@@ -412,12 +716,28 @@ class _OneFamily:
         return (self.family,)
 
 
+class _Registry(CollectorRegistry):
+    """A registry that keeps its collectors in the order registered, as it collects them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collectors: list[Collector] = []
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        self.collectors.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        self.collectors.remove(collector)
+
+
 class Metrics:
     """Every metric of ``/metrics``; ``names`` are the daemon's configured resource names
     (its device configuration), which the quota gauges name."""
 
     def __init__(self, sources: Sources, names: ResourceNames = DEFAULT_NAMES) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = _Registry()
         self.cards = CardGauges(sources.fleet, measured=sources.measured)
         self.registry.register(HamiCollector(sources.fleet))
         self.registry.register(DaemonCollector(sources))
@@ -512,16 +832,22 @@ class Metrics:
         encoder, content_type = choose_encoder(accept)
 
         def pieces() -> Iterator[bytes]:
-            for piece in self.cards.pieces():
-                yield piece.encode()
-            # The rest family by family: a family of a line a node (5,000 nodes) is written
-            # in tens of milliseconds, the whole registry in one call took 0.2 s.
+            yield from self.cards.pieces()
+            # The rest collector by collector: those that keep their text from the last
+            # scrape (a line a node or a pod) give it, the others family by family (a
+            # family of a line a node, 5,000 nodes, took tens of milliseconds through
+            # prometheus_client; the whole registry in one call 0.2 s).
+            encoding = _encoding(encoder)
             end = b""
-            for family in self.registry.collect():
-                text = encoder(_OneFamily(family))
-                if text.endswith(OPENMETRICS_END):
-                    text, end = text[:-len(OPENMETRICS_END)], OPENMETRICS_END
-                yield text
+            for collector in list(self.registry.collectors):
+                if isinstance(collector, Rendered) and encoding is not None:
+                    yield from collector.rendered(encoder, encoding)
+                    continue
+                for family in collector.collect():
+                    text = encoder(_OneFamily(family))
+                    if text.endswith(OPENMETRICS_END):
+                        text, end = text[:-len(OPENMETRICS_END)], OPENMETRICS_END
+                    yield text
             yield end  # OpenMetrics' end mark, after every family
 
         return content_type, pieces()

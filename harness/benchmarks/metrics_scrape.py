@@ -1,0 +1,166 @@
+"""The CPU of one /metrics scrape at N nodes of 8 cards, as the daemon writes it: the
+classic text format through ``Metrics.pieces`` (what ``/metrics`` sends), timed with
+``time.process_time``.
+
+    python harness/benchmarks/metrics_scrape.py [--nodes 1000 5000] [--scrapes 7]
+                                                 [--changed 0.01] [--profile] [--whole]
+
+The fleet: N nodes of 8 cards (two kinds of card), two pods of one card each on every
+node, every node heard from, its slices enforced and its cards measured. Printed per size,
+the median over ``--scrapes`` scrapes of: the first scrape; a scrape with nothing changed
+since the last one; a scrape after ``--changed`` of the nodes changed (a pod booked or
+released there, its measured figures and its last-heard time new); the same after every
+agent reported too (each node's figures in a new ``Measured``, the same but for those
+changed), as agents that send their measured usage with every message do. ``--profile`` prints
+the top functions of one scrape after changes. RSS: the process's after the scrapes
+(the fleet, the sources and what ``Metrics`` keeps), and its peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import pstats
+import random
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+
+from common.core import Allocation, CardGrant, Fleet
+from common.core.model import Card, Node
+from common.wire import Measured, MeasuredCard
+from scheduler.cli import GC_YOUNG_THRESHOLD
+from scheduler.metrics import Metrics, Sources
+
+CARDS = 8
+KINDS = (("NVIDIA-A100-SXM4-80GB", 81920), ("Tesla-T4", 15360))
+
+
+class State:
+    """A fleet and what the daemon's other sources read, changed at will."""
+
+    def __init__(self, nodes: int, seed: int = 1) -> None:
+        self.random = random.Random(seed)
+        self.fleet = Fleet()
+        self.heard: dict[str, float] = {}
+        self.measured: dict[str, Measured] = {}
+        self.enforced: dict[str, bool] = {}
+        self.names = [f"node-{i:05d}" for i in range(nodes)]
+        self.pods = 0
+        for i, name in enumerate(self.names):
+            kind, memory = KINDS[i % len(KINDS)]
+            self.fleet.upsert_node(Node(name=name, cards=[
+                Card(uuid=f"GPU-{name}-{c}", index=c, type=kind, memory=memory)
+                for c in range(CARDS)]))
+            self.heard[name] = 1.7e9 + i
+            self.enforced[name] = True
+            self.measure(name)
+            for _ in range(2):
+                self.book(name)
+
+    def book(self, name: str) -> None:
+        card = self.random.randrange(CARDS)
+        self.pods += 1
+        self.fleet.allocate(f"ns-{self.pods % 50}/pod-{self.pods}", Allocation(
+            node=name, containers=((CardGrant(f"GPU-{name}-{card}", 4096, 25),),)))
+
+    def measure(self, name: str) -> None:
+        self.measured[name] = Measured(at=time.time(), cards=[
+            MeasuredCard(uuid=f"GPU-{name}-{c}", memory_used=self.random.randrange(80000),
+                         utilization=self.random.randrange(101)) for c in range(CARDS)])
+
+    def change(self, share: float) -> None:
+        """``share`` of the nodes: a pod booked or released there, measured again, heard."""
+        for name in self.random.sample(self.names, max(1, int(len(self.names) * share))):
+            held = [key for key, a in self.fleet.allocations().items() if a.node == name]
+            if held and self.random.random() < 0.5:
+                self.fleet.release(held[0])
+            else:
+                self.book(name)
+            self.measure(name)
+            self.heard[name] += 15.0
+
+    def reported(self, share: float) -> None:
+        """Every agent reported (its measured figures in a new message, mostly the same),
+        and ``share`` of the nodes changed."""
+        for name, figures in self.measured.items():
+            self.measured[name] = Measured(at=figures.at + 10, cards=list(figures.cards))
+        self.change(share)
+
+    def metrics(self) -> Metrics:
+        return Metrics(Sources(
+            fleet=lambda: self.fleet, last_heard=lambda: dict(self.heard), stale=frozenset,
+            ready=lambda: True, leading=lambda: True, slices_enforced=lambda: self.enforced,
+            measured=lambda: self.measured, over_slice=dict))
+
+
+WHOLE = False
+"""``--whole``: time ``Metrics.exposition()`` (the text joined in one bytes object) rather
+than the pieces ``/metrics`` sends one after the other."""
+
+
+def scrape(metrics: Metrics) -> tuple[float, int]:
+    """One scrape's CPU seconds and bytes."""
+    start = time.process_time()
+    if WHOLE:
+        size = len(metrics.exposition())
+    else:
+        size = sum(len(piece) for piece in metrics.pieces("text/plain")[1])
+    return time.process_time() - start, size
+
+
+def median_of(scrapes: int, before: Callable[[], object], metrics: Metrics) -> float:
+    times = []
+    for _ in range(scrapes):
+        before()
+        times.append(scrape(metrics)[0])
+    return statistics.median(times)
+
+
+def rss() -> float:
+    """This process's resident memory now, MB."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--scrapes", type=int, default=7)
+    parser.add_argument("--changed", type=float, default=0.01)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--whole", action="store_true")
+    arguments = parser.parse_args()
+    global WHOLE  # noqa: PLW0603
+    WHOLE = arguments.whole
+    # As the daemon runs: its young-generation threshold, what it holds at start frozen.
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+    gc.freeze()
+    for nodes in arguments.nodes:
+        state = State(nodes)
+        metrics = state.metrics()
+        first, size = scrape(metrics)
+        firsts = [first] + [scrape(state.metrics())[0] for _ in range(2)]
+        same = median_of(arguments.scrapes, lambda: None, metrics)
+        changed = median_of(arguments.scrapes, partial(state.change, arguments.changed), metrics)
+        reported = median_of(arguments.scrapes, partial(state.reported, arguments.changed),
+                             metrics)
+        print(f"{nodes} nodes x {CARDS} cards, {size:,} bytes: first scrape "
+              f"{statistics.median(firsts):.3f} s, nothing changed {same:.3f} s, "
+              f"{arguments.changed:.0%} of nodes changed {changed:.3f} s, and every agent "
+              f"reported {reported:.3f} s; RSS {rss():.0f} MB, "
+              f"peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+        if arguments.profile:
+            state.change(arguments.changed)
+            profile = cProfile.Profile()
+            profile.enable()
+            scrape(metrics)
+            profile.disable()
+            pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""/metrics written from what the last scrape kept equals the full rendering: after random
+changes (pods booked, released and replaced, nodes added, changed, removed and forgotten,
+cards measured, agents heard, a scrape left half way), in both exposition formats, the
+text of one ``Metrics`` scraped again and again is byte for byte the card gauges written
+afresh followed by prometheus_client's writing of the registry (the collectors' families,
+built anew)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.exposition import choose_encoder
+
+from common.core import Allocation, CardGrant, Fleet
+from common.core.model import Card, Node
+from common.wire import Measured, MeasuredCard
+from scheduler.metrics import CardGauges, Metrics, Sources
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+# The classic format, OpenMetrics, and both with another escaping of names (``dots``
+# changes this module's names: its families are then written by prometheus_client).
+ACCEPTS = ["", OPENMETRICS, "text/plain; version=1.0.0; escaping=allow-utf-8",
+           f"{OPENMETRICS}; escaping=dots"]
+NODES = ["a", "b", 'odd "node" \\ 1', "d", "e", "f"]
+TYPES = ["NVIDIA-A100", 'NVIDIA "T4" \\ rev\nB']
+
+
+@dataclass
+class State:
+    """A fleet and the other sources ``/metrics`` reads, changed at will."""
+
+    fleet: Fleet = field(default_factory=Fleet)
+    heard: dict[str, float] = field(default_factory=dict)
+    stale: set[str] = field(default_factory=set)
+    enforced: dict[str, bool] = field(default_factory=dict)
+    measured: dict[str, Measured] = field(default_factory=dict)
+    over: dict[str, int] = field(default_factory=dict)
+    pods: int = 0
+
+    def sources(self) -> Sources:
+        return Sources(fleet=lambda: self.fleet, last_heard=lambda: dict(self.heard),
+                       stale=lambda: frozenset(self.stale), ready=lambda: True,
+                       leading=lambda: True, slices_enforced=lambda: dict(self.enforced),
+                       measured=lambda: self.measured, over_slice=lambda: dict(self.over))
+
+    def cards(self, name: str) -> list[Card]:
+        node = self.fleet.node(name)
+        return node.cards if node is not None else []
+
+
+def _node(data: st.DataObject, name: str) -> Node:
+    count = data.draw(st.integers(1, 3))
+    return Node(name=name, cards=[
+        Card(uuid=f"GPU-{name}-{index}", index=index, type=data.draw(st.sampled_from(TYPES)),
+             memory=data.draw(st.sampled_from([0, 15360, 81920])),
+             cores=data.draw(st.sampled_from([100, 150])), health=data.draw(st.booleans()),
+             physical_memory=data.draw(st.sampled_from([None, 7680])))
+        for index in range(count)])
+
+
+def _change(data: st.DataObject, state: State, metrics: Metrics) -> None:
+    """One random change of the state (or a scrape left half way)."""
+    name = data.draw(st.sampled_from(NODES))
+    kind = data.draw(st.sampled_from(["node", "node", "remove", "forget", "book", "book",
+                                 "release", "measure", "heard", "stale", "over", "copy",
+                                 "half"]))
+    if kind == "node":
+        state.fleet.upsert_node(_node(data, name))
+    elif kind == "remove":
+        state.fleet.remove_node(name)
+    elif kind == "forget":  # the node and everything known of it
+        state.fleet.remove_node(name)
+        for known in (state.heard, state.enforced, state.measured, state.over):
+            known.pop(name, None)
+        state.stale.discard(name)
+    elif kind == "book":
+        cards = state.cards(name) or [Card(uuid=f"GPU-{name}-gone", index=0, type="x",
+                                           memory=1)]
+        key = data.draw(st.sampled_from([f"ns/p{state.pods}", *sorted(state.fleet.allocations())]))
+        state.pods += 1
+        grants = st.lists(st.sampled_from(cards), min_size=0, max_size=2)
+        containers = tuple(
+            tuple(CardGrant(card.uuid, data.draw(st.integers(0, 4000)),
+                            data.draw(st.integers(0, 100))) for card in data.draw(grants))
+            for _ in range(data.draw(st.integers(1, 2))))
+        state.fleet.allocate(key, Allocation(node=name, containers=containers))
+    elif kind == "release" and state.fleet.allocations():
+        state.fleet.release(data.draw(st.sampled_from(sorted(state.fleet.allocations()))))
+    elif kind == "measure":
+        uuids = [card.uuid for card in state.cards(name)] + [f"GPU-{name}-gone"]
+        state.measured[name] = Measured(at=data.draw(st.sampled_from([1.0, 2.0])), cards=[
+            MeasuredCard(uuid=uuid, memory_used=data.draw(st.none() | st.integers(0, 9000)),
+                         utilization=data.draw(st.none() | st.integers(0, 100)))
+            for uuid in data.draw(st.lists(st.sampled_from(uuids), unique=True))])
+    elif kind == "heard":
+        state.heard[name] = data.draw(st.floats(0, 2e9, allow_nan=False))
+        state.enforced[name] = data.draw(st.booleans())
+    elif kind == "stale":
+        state.stale ^= {name}
+    elif kind == "over":
+        state.over[name] = data.draw(st.integers(0, 3))
+    elif kind == "copy":  # the daemon may hold another fleet of the same state
+        state.fleet = state.fleet.copy()
+    elif kind == "half":  # a scraper that went away: nothing kept from the half scrape
+        pieces = metrics.pieces(data.draw(st.sampled_from(ACCEPTS)))[1]
+        for _ in range(data.draw(st.integers(0, 40))):
+            next(pieces, None)
+
+
+def _full(state: State, metrics: Metrics, accept: str) -> bytes:
+    """The whole text as prometheus_client writes the registry, after the card gauges
+    written afresh."""
+    cards = b"".join(CardGauges(state.sources().fleet, cards_per_piece=16,
+                                measured=state.sources().measured).pieces())
+    return cards + choose_encoder(accept)[0](metrics.registry)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_kept_text_equals_the_full_rendering_after_random_changes(data: st.DataObject) -> None:
+    state = State()
+    # A few cards a block, so that blocks come, go and are kept.
+    metrics = Metrics(state.sources())
+    metrics.cards = CardGauges(state.sources().fleet, cards_per_piece=16,
+                               measured=state.sources().measured)
+    for _ in range(data.draw(st.integers(1, 25))):
+        for _ in range(data.draw(st.integers(1, 3))):
+            _change(data, state, metrics)
+        accept = data.draw(st.sampled_from(ACCEPTS))
+        kept = b"".join(metrics.pieces(accept)[1])
+        # A new Metrics would have its own counters' creation times: the card gauges are
+        # written afresh, the rest by prometheus_client from the same registry.
+        assert kept == _full(state, metrics, accept)
+
+
+def test_a_scrape_with_nothing_changed_gives_the_same_text_twice() -> None:
+    state = State()
+    state.fleet.upsert_node(Node(name="a", cards=[
+        Card(uuid="GPU-a0", index=0, type="NVIDIA-A100", memory=81920)]))
+    state.fleet.allocate("ns/p", Allocation(node="a", containers=(
+        (CardGrant("GPU-a0", 1000, 10),),)))
+    state.heard["a"] = 5.0
+    metrics = Metrics(state.sources())
+    for accept in ACCEPTS:
+        first = b"".join(metrics.pieces(accept)[1])
+        assert b"".join(metrics.pieces(accept)[1]) == first == _full(state, metrics, accept)
