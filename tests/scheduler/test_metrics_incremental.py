@@ -3,12 +3,20 @@ changes (pods booked, released and replaced, nodes added, changed, removed and f
 cards measured, agents heard, a scrape left half way), in both exposition formats, the
 text of one ``Metrics`` scraped again and again is byte for byte the card gauges written
 afresh followed by prometheus_client's writing of the registry (the collectors' families,
-built anew)."""
+built anew). The same holds of the gzip body ``/metrics`` sends a scraper that accepts it:
+one gzip member (the kept blocks as they are, the rest compressed at the scrape) whose
+text is the full rendering."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import cast
 
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import choose_encoder
@@ -17,6 +25,8 @@ from common.core import Allocation, CardGrant, Fleet
 from common.core.model import Card, Node
 from common.wire import Measured, MeasuredCard
 from scheduler.metrics import CardGauges, Metrics, Sources
+from scheduler.service import SchedulerService
+from scheduler.web.extender import accepts_gzip, metrics_app
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 # The classic format, OpenMetrics, and both with another escaping of names (``dots``
@@ -104,7 +114,8 @@ def _change(data: st.DataObject, state: State, metrics: Metrics) -> None:
     elif kind == "copy":  # the daemon may hold another fleet of the same state
         state.fleet = state.fleet.copy()
     elif kind == "half":  # a scraper that went away: nothing kept from the half scrape
-        pieces = metrics.pieces(data.draw(st.sampled_from(ACCEPTS)))[1]
+        pieces = metrics.pieces(data.draw(st.sampled_from(ACCEPTS)),
+                                gzip=data.draw(st.booleans()))[1]
         for _ in range(data.draw(st.integers(0, 40))):
             next(pieces, None)
 
@@ -112,9 +123,24 @@ def _change(data: st.DataObject, state: State, metrics: Metrics) -> None:
 def _full(state: State, metrics: Metrics, accept: str) -> bytes:
     """The whole text as prometheus_client writes the registry, after the card gauges
     written afresh."""
-    cards = b"".join(CardGauges(state.sources().fleet, cards_per_piece=16,
-                                measured=state.sources().measured).pieces())
+    cards = CardGauges(state.sources().fleet, cards_per_piece=16,
+                       measured=state.sources().measured).text().encode()
     return cards + choose_encoder(accept)[0](metrics.registry)
+
+
+def gunzip_one_member(body: bytes) -> bytes:
+    """The text of ``body``, which must be exactly one gzip member (curl's ``--compressed``
+    reads no further than the first)."""
+    reader = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    text = reader.decompress(body)
+    assert reader.eof and not reader.unused_data and not reader.unconsumed_tail
+    return text
+
+
+def scraped(metrics: Metrics, accept: str, gzip: bool) -> bytes:
+    """The text of what ``/metrics`` sends, with or without gzip."""
+    body = b"".join(metrics.pieces(accept, gzip=gzip)[1])
+    return gunzip_one_member(body) if gzip else body
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -129,7 +155,7 @@ def test_the_kept_text_equals_the_full_rendering_after_random_changes(data: st.D
         for _ in range(data.draw(st.integers(1, 3))):
             _change(data, state, metrics)
         accept = data.draw(st.sampled_from(ACCEPTS))
-        kept = b"".join(metrics.pieces(accept)[1])
+        kept = scraped(metrics, accept, gzip=data.draw(st.booleans()))
         # A new Metrics would have its own counters' creation times: the card gauges are
         # written afresh, the rest by prometheus_client from the same registry.
         assert kept == _full(state, metrics, accept)
@@ -144,5 +170,52 @@ def test_a_scrape_with_nothing_changed_gives_the_same_text_twice() -> None:
     state.heard["a"] = 5.0
     metrics = Metrics(state.sources())
     for accept in ACCEPTS:
-        first = b"".join(metrics.pieces(accept)[1])
-        assert b"".join(metrics.pieces(accept)[1]) == first == _full(state, metrics, accept)
+        first = scraped(metrics, accept, gzip=False)
+        assert scraped(metrics, accept, gzip=True) == first == _full(state, metrics, accept)
+        assert scraped(metrics, accept, gzip=False) == first
+
+
+def _small_state() -> State:
+    state = State()
+    for name in NODES:
+        state.fleet.upsert_node(Node(name=name, cards=[
+            Card(uuid=f"GPU-{name}-{index}", index=index, type=TYPES[index % 2], memory=81920)
+            for index in range(8)]))
+        state.fleet.allocate(f"ns/{name}", Allocation(node=name, containers=(
+            (CardGrant(f"GPU-{name}-1", 1000, 10),),)))
+        state.heard[name] = 5.0
+    return state
+
+
+@pytest.mark.parametrize("accept", ["", OPENMETRICS])
+async def test_metrics_app_sends_gzip_to_a_scraper_that_accepts_it_and_text_otherwise(
+        accept: str) -> None:
+    """Through the daemon's metrics listener: a scraper that accepts gzip (as Prometheus
+    does) gets one gzip member, Content-Encoding gzip, whose text is the full rendering;
+    one that does not gets the same text plain."""
+    state = _small_state()
+    metrics = Metrics(state.sources())
+    service = cast(SchedulerService, SimpleNamespace(metrics=metrics))
+    async with TestServer(metrics_app(service)) as server, \
+            ClientSession(auto_decompress=False) as session:
+        for name, (encoding, gzip) in zip(NODES, (
+                ("gzip", True), ("deflate, gzip;q=0.5", True), ("identity", False),
+                ("gzip;q=0", False), ("", False)), strict=False):
+            headers = {"Accept": accept, "Accept-Encoding": encoding}
+            async with session.get(server.make_url("/metrics"), headers=headers) as response:
+                assert response.status == 200
+                body = await response.read()
+                assert response.headers["Content-Type"] == choose_encoder(accept)[1]
+                assert response.headers.get("Content-Encoding") == ("gzip" if gzip else None)
+            text = gunzip_one_member(body) if gzip else body
+            assert text == _full(state, metrics, accept)
+            state.fleet.release(f"ns/{name}")  # a change between scrapes
+
+
+@pytest.mark.parametrize(("header", "gzip"), [
+    ("gzip", True), ("GZIP, deflate", True), ("br;q=1.0, gzip;q=0.8", True), ("*", True),
+    ("x-gzip", True), ("", False), ("identity", False), ("gzip;q=0", False),
+    ("gzip; q=0.000", False), ("*;q=0", False), ("deflate, *;q=0.1", True),
+    ("gzip;q=0, *", False), ("gzip;q=junk", False)])
+def test_accept_encoding_is_read_as_http_means_it(header: str, gzip: bool) -> None:
+    assert accepts_gzip(header) is gzip
