@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
@@ -27,7 +27,7 @@ from common.core import Allocation, Fleet, Usage
 from common.core.model import Card, Node
 from common.core.pod import DEFAULT_NAMES
 from common.core.vendors import ResourceNames
-from common.gzipstream import RAW_DEFLATE, Deflated, GzipMember, deflate_each
+from common.gzipstream import RAW_DEFLATE, Deflated, DeflatedRun, GzipMember, deflate_each
 from common.messaging import Connection, Unsent
 from common.version import package_version
 from common.wire import Measured, MeasuredCard
@@ -348,7 +348,7 @@ class _Block:
     texts: tuple[Deflated, ...]
 
 
-_Inflated = Callable[[_Block], tuple[bytes, ...]]
+_Inflated = Callable[[_Block], tuple[memoryview, ...]]
 """A block's texts, decompressed at most once a scrape (``_Inflater``)."""
 
 
@@ -356,12 +356,12 @@ class _Inflater:
     """The texts of the blocks that a scrape rebuilds, each decompressed once."""
 
     def __init__(self) -> None:
-        self._texts: dict[int, tuple[bytes, ...]] = {}
+        self._texts: dict[_Block, tuple[memoryview, ...]] = {}
 
-    def __call__(self, block: _Block) -> tuple[bytes, ...]:
-        texts = self._texts.get(id(block))
-        if texts is None:  # the block lives through the scrape: its id stays its own
-            texts = self._texts[id(block)] = tuple(text.text() for text in block.texts)
+    def __call__(self, block: _Block) -> tuple[memoryview, ...]:
+        texts = self._texts.get(block)
+        if texts is None:
+            texts = self._texts[block] = tuple(memoryview(text.text()) for text in block.texts)
         return texts
 
 
@@ -375,12 +375,14 @@ class _Part:
     spans: array[int] = field(default_factory=partial(array, "I"))
     """Per family, where its lines start in ``block``'s text and (next) where they end."""
 
-    def lines(self, family: int, inflated: _Inflated) -> bytes | memoryview:
+    def lines(self, inflated: _Inflated) -> Sequence[bytes | memoryview]:
+        """Per family, the node's lines."""
         if self.fresh is not None:
-            return self.fresh[family]
+            return self.fresh
         assert self.block is not None
-        start, end = self.spans[2 * family], self.spans[2 * family + 1]
-        return memoryview(inflated(self.block)[family])[start:end]
+        spans = self.spans
+        return [text[spans[2 * family]:spans[2 * family + 1]]
+                for family, text in enumerate(inflated(self.block))]
 
 
 @dataclass(eq=False, slots=True)
@@ -433,23 +435,34 @@ def _same_figures(before: Measured | None, now: Measured | None) -> bool:
 
 def _block(parts: tuple[_Part, ...], families: int, level: int,
            inflated: _Inflated) -> _Block:
-    """The block of ``parts``, which then hold their lines as spans of it."""
-    lines = [[part.lines(family, inflated) for part in parts] for family in range(families)]
-    block = _Block(deflate_each([b"".join(family) for family in lines], level))
+    """The block of ``parts``, which then hold their lines as spans of it. A family whose
+    text is that of a block the parts were in keeps its compressed text (a pod booked on a
+    node changes its usage families, not its limits): not compressed again, and the same
+    object, which ``CardGauges`` recognises."""
+    rows = [part.lines(inflated) for part in parts]
+    texts = [b"".join([row[family] for row in rows]) for family in range(families)]
+    kept: list[Deflated | None] = [None] * families
+    for before in {part.block for part in parts if part.block is not None}:
+        for family, text in enumerate(inflated(before)):
+            if kept[family] is None and text == texts[family]:
+                kept[family] = before.texts[family]
+    compressed = iter(deflate_each([text for text, same in zip(texts, kept, strict=True)
+                                    if same is None], level))
+    block = _Block(tuple(same or next(compressed) for same in kept))
     offsets = [0] * families
-    for position, part in enumerate(parts):
+    for part, row in zip(parts, rows, strict=True):
         spans = array("I")
-        for family in range(families):
+        for family, lines in enumerate(row):
             start = offsets[family]
-            offsets[family] = start + len(lines[family][position])
+            offsets[family] = start + len(lines)
             spans.extend((start, offsets[family]))
         part.block, part.spans, part.fresh = block, spans, None
     return block
 
 
-KEPT_LEVEL = 6
+KEPT_LEVEL = 3
 """The compression level of the kept blocks: compressed once, sent at every scrape."""
-SCRAPE_LEVEL = 1
+SCRAPE_LEVEL = 3
 """The level of what is compressed at each scrape (headers, the other collectors)."""
 
 
@@ -483,6 +496,9 @@ class CardGauges:
         self._seen: tuple[Fleet | None, int, dict[str, Allocation]] = (None, 0, {})
         self._nodes: dict[str, _NodeText] = {}
         self._blocks: dict[tuple[_Part, ...], _Block] = {}
+        # Per family, its blocks' compressed texts as one (only a cache: any run of the
+        # same pieces is right, whatever scrape made it).
+        self._runs = [DeflatedRun.of(()) for _ in _FAMILY_HEADERS]
 
     def _changed_nodes(self, fleet: Fleet) -> tuple[set[str], dict[str, Allocation]]:
         """The nodes where an allocation was booked, released or replaced since the last
@@ -565,17 +581,22 @@ class CardGauges:
         for family, header in enumerate(_FAMILY_HEADERS):
             yield header
             if family < len(CARD_FAMILIES):
-                for block in card_blocks:
-                    yield block.texts[family]
+                texts = tuple([block.texts[family] for block in card_blocks])
             else:
-                for block in used_blocks:
-                    yield block.texts[family - len(CARD_FAMILIES)]
+                texts = tuple([block.texts[family - len(CARD_FAMILIES)]
+                               for block in used_blocks])
+            # A family whose blocks all kept their compressed text is the run of last time
+            # (its CRC-32 combined then): compared by identity, piece by piece.
+            family_run = self._runs[family]
+            if family_run.pieces != texts:
+                family_run = self._runs[family] = DeflatedRun.of(texts)
+            yield family_run
 
     def text(self) -> str:
         return b"".join(plain(self.pieces())).decode()
 
 
-Segment = bytes | Deflated
+Segment = bytes | Deflated | DeflatedRun
 """A piece of exposition text: plain, or kept compressed."""
 
 

@@ -4,6 +4,16 @@ classic text format through ``Metrics.pieces`` (what ``/metrics`` sends), timed 
 
     python harness/benchmarks/metrics_scrape.py [--nodes 1000 5000] [--scrapes 7]
                                                  [--changed 0.01] [--profile] [--whole]
+                                                 [--gzip | --http] [--memory]
+
+``--gzip``: the bytes sent to a scraper that accepts gzip, as Prometheus does: with code
+that has ``Metrics.pieces(accept, gzip=...)``, its gzip body; without (before), the plain
+pieces compressed as aiohttp's ``enable_compression()`` does (zlib's default level, 6).
+``--http``: the real thing: the daemon's ``metrics_app`` serves the fleet in a child
+process, and the CPU is the child's (``time.process_time`` there, read before and after
+each ``GET /metrics`` with ``Accept-Encoding: gzip``; the fleet changed there too).
+``--memory``: what ``Metrics`` holds after scrapes (tracemalloc: after the first scrape,
+after scrapes with changes, and the peak during one), in another pass of its own.
 
 The fleet: N nodes of 8 cards (two kinds of card), two pods of one card each on every
 node, every node heard from, its slices enforced and its cards measured. Printed per size,
@@ -21,19 +31,31 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import inspect
+import os
 import pstats
 import random
 import resource
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+import tracemalloc
+import urllib.request
+import zlib
+from collections.abc import Callable, Iterator
 from functools import partial
+from types import SimpleNamespace
+from typing import Any, cast
+
+from aiohttp import web
 
 from common.core import Allocation, CardGrant, Fleet
 from common.core.model import Card, Node
 from common.wire import Measured, MeasuredCard
 from scheduler.cli import GC_YOUNG_THRESHOLD
-from scheduler.metrics import Metrics, Sources
+from scheduler.metrics import CardGauges, Metrics, Sources
+from scheduler.web.extender import metrics_app
 
 CARDS = 8
 KINDS = (("NVIDIA-A100-SXM4-80GB", 81920), ("Tesla-T4", 15360))
@@ -91,15 +113,40 @@ class State:
         self.change(share)
 
     def metrics(self) -> Metrics:
-        return Metrics(Sources(
+        metrics = Metrics(Sources(
             fleet=lambda: self.fleet, last_heard=lambda: dict(self.heard), stale=frozenset,
             ready=lambda: True, leading=lambda: True, slices_enforced=lambda: self.enforced,
             measured=lambda: self.measured, over_slice=dict))
+        if LEVEL is not None:  # another compression level of the kept blocks
+            metrics.cards = CardGauges(  # type: ignore[call-arg,unused-ignore]
+                lambda: self.fleet, measured=lambda: self.measured, level=LEVEL)
+        return metrics
+
+
+LEVEL: int | None = None
+"""``--level``: the compression level of the card gauges' kept blocks (code that keeps
+them compressed), else its default."""
 
 
 WHOLE = False
 """``--whole``: time ``Metrics.exposition()`` (the text joined in one bytes object) rather
 than the pieces ``/metrics`` sends one after the other."""
+GZIP = False
+"""``--gzip``: time the bytes sent to a scraper that accepts gzip."""
+
+
+def gzip_pieces(metrics: Metrics) -> Iterator[bytes]:
+    """The body a scraper that accepts gzip gets: ``Metrics``' own gzip where it has one,
+    else the text compressed as aiohttp compresses it (``enable_compression()``: zlib's
+    default level, a gzip header)."""
+    if "gzip" in inspect.signature(metrics.pieces).parameters:
+        yield from cast(Any, metrics).pieces("text/plain", gzip=True)[1]
+        return
+    compressor = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED,
+                                  16 + zlib.MAX_WBITS)
+    for piece in metrics.pieces("text/plain")[1]:
+        yield compressor.compress(piece)
+    yield compressor.flush()
 
 
 def scrape(metrics: Metrics) -> tuple[float, int]:
@@ -107,6 +154,8 @@ def scrape(metrics: Metrics) -> tuple[float, int]:
     start = time.process_time()
     if WHOLE:
         size = len(metrics.exposition())
+    elif GZIP:
+        size = sum(len(piece) for piece in gzip_pieces(metrics))
     else:
         size = sum(len(piece) for piece in metrics.pieces("text/plain")[1])
     return time.process_time() - start, size
@@ -126,6 +175,94 @@ def rss() -> float:
         return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
 
 
+def serve(nodes: int, port: int, changed: float) -> None:
+    """``--serve``: the fleet behind the daemon's ``metrics_app`` on ``port``, and routes to
+    read this process's CPU and to change the fleet (the ``--http`` child)."""
+    state = State(nodes)
+    app = metrics_app(cast(Any, SimpleNamespace(metrics=state.metrics())))
+
+    async def cpu(_: web.Request) -> web.Response:
+        return web.Response(text=repr(time.process_time()))
+
+    async def change(request: web.Request) -> web.Response:
+        if request.query.get("reported"):
+            state.reported(changed)
+        else:
+            state.change(changed)
+        return web.Response(text="changed")
+
+    app.add_routes([web.get("/cpu", cpu), web.get("/change", change)])
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+    gc.freeze()
+    web.run_app(app, host="127.0.0.1", port=port, print=lambda *_: print("ready", flush=True))
+
+
+def http(nodes: int, scrapes: int, changed: float) -> None:
+    """``--http``: scrapes of a child process serving ``metrics_app``, as Prometheus
+    scrapes (Accept-Encoding: gzip, the classic format), its CPU for each."""
+    port = 20000 + os.getpid() % 10000
+    level = [] if LEVEL is None else ["--level", str(LEVEL)]
+    child = subprocess.Popen([sys.executable, __file__, "--serve", str(nodes), "--port",
+                              str(port), "--changed", str(changed), *level],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        base = f"http://127.0.0.1:{port}"
+
+        def get(path: str, headers: dict[str, str] | None = None) -> bytes:
+            request = urllib.request.Request(base + path, headers=headers or {})
+            with urllib.request.urlopen(request, timeout=120) as response:
+                body: bytes = response.read()
+                return body
+
+        def scraped() -> tuple[float, int]:
+            before = float(get("/cpu"))
+            size = len(get("/metrics", {"Accept-Encoding": "gzip"}))
+            return float(get("/cpu")) - before, size
+
+        def median(change: str | None) -> float:
+            times = []
+            for _ in range(scrapes):
+                if change is not None:
+                    get(change)
+                times.append(scraped()[0])
+            return statistics.median(times)
+
+        first, size = scraped()
+        same = median(None)
+        one = median("/change")
+        reported = median("/change?reported=1")
+        print(f"{nodes} nodes x {CARDS} cards over HTTP, gzip accepted, {size:,} bytes "
+              f"sent: first scrape {first:.3f} s, nothing changed {same:.3f} s, "
+              f"{changed:.0%} of nodes changed {one:.3f} s, and every agent reported "
+              f"{reported:.3f} s (the serving process's CPU)", flush=True)
+    finally:
+        child.terminate()
+        child.wait()
+
+
+def memory(nodes: int, changed: float) -> None:
+    """``--memory``: what ``Metrics`` holds between scrapes and at the peak of one."""
+    state = State(nodes)
+    tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    metrics = state.metrics()
+    scrape(metrics)
+    first = tracemalloc.get_traced_memory()[0] - start
+    for _ in range(3):
+        state.change(changed)
+        scrape(metrics)
+    held = tracemalloc.get_traced_memory()[0] - start
+    tracemalloc.reset_peak()
+    state.change(changed)
+    scrape(metrics)
+    peak = tracemalloc.get_traced_memory()[1] - start
+    tracemalloc.stop()
+    print(f"{nodes} nodes x {CARDS} cards: Metrics holds {first / 2**20:.1f} MB after the "
+          f"first scrape, {held / 2**20:.1f} MB after scrapes with {changed:.0%} changed; "
+          f"peak during a scrape {peak / 2**20:.1f} MB (tracemalloc)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
@@ -133,9 +270,28 @@ def main() -> None:
     parser.add_argument("--changed", type=float, default=0.01)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--whole", action="store_true")
+    parser.add_argument("--gzip", action="store_true")
+    parser.add_argument("--http", action="store_true")
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--level", type=int)
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     arguments = parser.parse_args()
-    global WHOLE  # noqa: PLW0603
+    global WHOLE, GZIP, LEVEL  # noqa: PLW0603
     WHOLE = arguments.whole
+    GZIP = arguments.gzip
+    LEVEL = arguments.level
+    if arguments.serve:
+        serve(arguments.serve, arguments.port, arguments.changed)
+        return
+    if arguments.http:
+        for nodes in arguments.nodes:
+            http(nodes, arguments.scrapes, arguments.changed)
+        return
+    if arguments.memory:
+        for nodes in arguments.nodes:
+            memory(nodes, arguments.changed)
+        return
     # As the daemon runs: its young-generation threshold, what it holds at start frozen.
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     gc.freeze()

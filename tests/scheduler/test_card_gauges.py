@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 
 from common.core import Allocation, CardGrant, Fleet
 from common.core.model import Card, Node
-from common.gzipstream import Deflated
+from common.gzipstream import DeflatedRun
 from common.wire import Measured, MeasuredCard
 from scheduler.metrics import CARD_FAMILIES, MEASURED_CARD_FAMILIES, CardGauges, plain
 
@@ -137,14 +137,15 @@ def test_the_text_comes_in_pieces_of_a_block_of_nodes() -> None:
     nodes = sum(1 for _ in fleet.nodes())
     assert every[:nodes] == [b""] * nodes and every[nodes] != b""
     pieces = every[nodes:]
-    # Per family: its header (plain), then its lines a node at a time, kept compressed (a's
-    # 2 cards, b's one); the measured families' nodes empty (no card measured).
+    # Per family: its header (plain), then its lines, kept compressed a block (here a node)
+    # at a time (a's 2 cards, b's one); the measured families' nodes empty (no card
+    # measured).
     families = len(CARD_FAMILIES) + len(MEASURED_CARD_FAMILIES)
-    assert len(pieces) == families * (1 + nodes)
-    header = pieces[0]
+    assert len(pieces) == 2 * families
+    header, run = pieces[:2]
     assert isinstance(header, bytes) and header.startswith(b"# HELP hami_gpu_memory_limit_bytes ")
-    kept = [piece for piece in pieces[1:3] if isinstance(piece, Deflated)]
-    assert [piece.text().count(b"\n") for piece in kept] == [2, 1]
+    assert isinstance(run, DeflatedRun)
+    assert [piece.text().count(b"\n") for piece in run.pieces] == [2, 1]
     assert b"".join(plain(pieces)).decode() == CardGauges(lambda: fleet).text()
 
 
