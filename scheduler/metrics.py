@@ -10,6 +10,7 @@ from __future__ import annotations
 import platform
 import zlib
 from array import array
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -122,8 +123,10 @@ class Rendered(Collector):
     what it keeps of the last scrape; ``collect`` gives the same series as families (the
     registry's readers, the tests' reference)."""
 
-    def rendered(self, encoder: Encoder, encoding: tuple[object, ...]) -> Iterator[bytes]:
-        """The families as ``encoder`` writes them; ``encoding``: its ``_encoding``."""
+    def rendered(self, encoder: Encoder,
+                 encoding: tuple[object, ...]) -> Iterator[bytes | Deflated]:
+        """The families as ``encoder`` writes them (plain, or kept compressed);
+        ``encoding``: its ``_encoding``."""
         raise NotImplementedError
 
 
@@ -182,37 +185,64 @@ class HamiCollector(Rendered):
 
     def __init__(self, fleet: Callable[[], Fleet]) -> None:
         self._fleet = fleet
-        # What the last scrape saw: the fleet, its count of changes, each pod's allocation
-        # and lines, and the two families' text.
+        # What the last scrape saw: the fleet, its count of changes, the pods in name order,
+        # each pod's allocation, lines and whether it made a MIG instance, and the two
+        # families' text, compressed (sent as it is while nothing changes).
         self._seen: tuple[Fleet | None, int] = (None, 0)
-        self._pods: dict[str, tuple[Allocation, tuple[str, str]]] = {}
-        self._texts: tuple[bytes, bytes] = (b"", b"")
+        self._order: list[str] = []
+        self._pods: dict[str, tuple[Allocation, tuple[str, str], bool]] = {}
+        self._texts: list[Deflated] = []
         self._mig: Metric | None = None
 
     def collect(self) -> Iterable[Metric]:
         yield from self._containers(self._fleet())
 
-    def rendered(self, encoder: Encoder, encoding: tuple[object, ...]) -> Iterator[bytes]:
+    def rendered(self, encoder: Encoder,
+                 encoding: tuple[object, ...]) -> Iterator[bytes | Deflated]:
         """The families as ``collect`` gives them; each pod's lines written again only when
         its allocation changed, nothing gathered when the fleet counts no change."""
         fleet = self._fleet()
         if (fleet, fleet.changes) != self._seen or self._mig is None:
             kept = self._pods
-            pods: dict[str, tuple[Allocation, tuple[str, str]]] = {}
-            for key, allocation in sorted(fleet.allocations().items()):
+            now = fleet.allocations()
+            order = self._sorted(now)
+            pods: dict[str, tuple[Allocation, tuple[str, str], bool]] = {}
+            for key in order:
+                allocation = now[key]
                 entry = kept.get(key)
                 if entry is None or entry[0] is not allocation:
-                    entry = (allocation, _container_lines(key, allocation))
+                    entry = (allocation, _container_lines(key, allocation),
+                             _makes_mig(allocation))
                 pods[key] = entry
-            self._pods = pods
-            self._texts = ("".join([lines[0] for _, lines in pods.values()]).encode(),
-                           "".join([lines[1] for _, lines in pods.values()]).encode())
-            self._mig = self._mig_instances(fleet)
+            mig = self._mig_instances(fleet, [(key, entry[0]) for key, entry in pods.items()
+                                              if entry[2]])
+            texts = deflate_each(["".join([entry[1][0] for entry in pods.values()]).encode(),
+                                  "".join([entry[1][1] for entry in pods.values()]).encode()],
+                                 SCRAPE_LEVEL)
+            # Kept only once all is written: a scrape left half way changes nothing.
+            self._order, self._pods, self._texts, self._mig = order, pods, texts, mig
             self._seen = (fleet, fleet.changes)
         for (family, documentation), text in zip(CONTAINER_FAMILIES, self._texts, strict=True):
             yield _header(encoder, encoding, family, documentation)
             yield text
         yield _encoded(encoder, self._mig)
+
+    def _sorted(self, allocations: dict[str, Allocation]) -> list[str]:
+        """The pods' keys in order: the last scrape's order with the pods that came and went
+        put in or taken out (sorting 10,000 keys took more than the pods that changed)."""
+        before = self._pods.keys()
+        if before == allocations.keys():
+            return self._order
+        gone = before - allocations.keys()
+        came = allocations.keys() - before
+        if len(gone) + len(came) > len(allocations) // 8:
+            return sorted(allocations)
+        order = list(self._order)
+        for key in gone:
+            del order[bisect_left(order, key)]
+        for key in came:
+            insort(order, key)
+        return order
 
     @staticmethod
     def _containers(fleet: Fleet) -> Iterator[Metric]:
@@ -228,17 +258,19 @@ class HamiCollector(Rendered):
                               HAMI_ZONE]
                     memory.add_metric(series, grant.memory * MIB)
                     cores.add_metric(series, grant.cores)
-        yield from (memory, cores, HamiCollector._mig_instances(fleet))
+        pods = sorted(fleet.allocations().items())
+        yield from (memory, cores, HamiCollector._mig_instances(fleet, pods))
 
     @staticmethod
-    def _mig_instances(fleet: Fleet) -> Metric:
+    def _mig_instances(fleet: Fleet, pods: Iterable[tuple[str, Allocation]]) -> Metric:
         """HAMi's ``hami_node_gpu_mig_instance_info``: one series per MIG instance its node
-        made (the runtime identity recorded on the pod), none before."""
+        made (the runtime identity recorded on the pod), none before; ``pods`` in name
+        order (those that made none may be left out)."""
         info = _gauge("hami_node_gpu_mig_instance_info", "MIG instance information",
                       ["node", "device_uuid", "device_index", "mig_uuid", "profile",
                        "gpu_instance_id", "compute_instance_id", "placement_start",
                        "placement_size"])
-        for _, allocation in sorted(fleet.allocations().items()):
+        for _, allocation in pods:
             made_here = [(grant.uuid, grant.instance) for grants in allocation.containers
                          for grant in grants
                          if grant.instance is not None and grant.instance.mig_uuid]
@@ -252,6 +284,12 @@ class HamiCollector(Rendered):
                                  str(made.compute_instance_id), str(made.placement.start),
                                  str(made.placement.size)], 1)
         return info
+
+
+def _makes_mig(allocation: Allocation) -> bool:
+    """Whether a MIG instance was made for the pod (``_mig_instances`` shows it)."""
+    return any(grant.instance is not None and grant.instance.mig_uuid
+               for grants in allocation.containers for grant in grants)
 
 
 CARD_FAMILIES = (
@@ -348,7 +386,7 @@ class _Block:
     texts: tuple[Deflated, ...]
 
 
-_Inflated = Callable[[_Block], tuple[memoryview, ...]]
+_Inflated = Callable[[_Block], tuple[bytes, ...]]
 """A block's texts, decompressed at most once a scrape (``_Inflater``)."""
 
 
@@ -356,12 +394,12 @@ class _Inflater:
     """The texts of the blocks that a scrape rebuilds, each decompressed once."""
 
     def __init__(self) -> None:
-        self._texts: dict[_Block, tuple[memoryview, ...]] = {}
+        self._texts: dict[_Block, tuple[bytes, ...]] = {}
 
-    def __call__(self, block: _Block) -> tuple[memoryview, ...]:
+    def __call__(self, block: _Block) -> tuple[bytes, ...]:
         texts = self._texts.get(block)
         if texts is None:
-            texts = self._texts[block] = tuple(memoryview(text.text()) for text in block.texts)
+            texts = self._texts[block] = tuple(text.text() for text in block.texts)
         return texts
 
 
@@ -381,7 +419,7 @@ class _Part:
             return self.fresh
         assert self.block is not None
         spans = self.spans
-        return [text[spans[2 * family]:spans[2 * family + 1]]
+        return [memoryview(text)[spans[2 * family]:spans[2 * family + 1]]
                 for family, text in enumerate(inflated(self.block))]
 
 
@@ -712,6 +750,7 @@ class DaemonCollector(Rendered):
         self._sources = sources
         self._build = [package_version(), platform.python_version()]
         self._lines = tuple(_Lines(_node_line(family)) for family, _ in NODE_FAMILIES)
+        self._orphans_seen: tuple[Fleet | None, int, int] = (None, 0, 0)
 
     def _small(self) -> tuple[Metric, Metric, Metric]:
         build = _gauge("pyhami_build_info",
@@ -738,7 +777,13 @@ class DaemonCollector(Rendered):
         orphans = GaugeMetricFamily(
             "pyhami_allocations_on_vanished_cards",
             "Cards still holding allocations that their node no longer reports")
-        orphans.add_metric([], len(self._sources.fleet().orphans()))
+        fleet = self._sources.fleet()
+        seen_fleet, changes, count = self._orphans_seen
+        if fleet is not seen_fleet or fleet.changes != changes:
+            # Counted again only when nodes or ledger changed (it walks every booked card).
+            count = len(fleet.orphans())
+            self._orphans_seen = (fleet, fleet.changes, count)
+        orphans.add_metric([], count)
         return orphans
 
     def collect(self) -> Iterable[Metric]:
@@ -750,7 +795,8 @@ class DaemonCollector(Rendered):
             yield gauge
         yield self._orphans()
 
-    def rendered(self, encoder: Encoder, encoding: tuple[object, ...]) -> Iterator[bytes]:
+    def rendered(self, encoder: Encoder,
+                 encoding: tuple[object, ...]) -> Iterator[bytes | Deflated]:
         """The families as ``collect`` gives them; a node's line written again only when its
         value changed."""
         for small in self._small():
