@@ -523,7 +523,7 @@ class CardGauges:
     scraper that accepts gzip), once, and decompressed, joined and compressed again only
     when one of its nodes' lines was written again."""
 
-    def __init__(self, fleet: Callable[[], Fleet], cards_per_piece: int = 128,
+    def __init__(self, fleet: Callable[[], Fleet], cards_per_piece: int = 64,
                  measured: Callable[[], Mapping[str, Measured]] = dict,
                  level: int = KEPT_LEVEL) -> None:
         self._fleet = fleet
@@ -565,9 +565,16 @@ class CardGauges:
                              _used_part(node, figures))
         cards = _card_part(fleet, node) if node.name in changed else entry.cards
         used = entry.used
-        if figures is not entry.figures and not _same_figures(entry.figures, figures):
-            used = _used_part(node, figures)
-        if cards is entry.cards and figures is entry.figures:
+        if figures is not entry.figures:
+            if not _same_figures(entry.figures, figures):
+                used = _used_part(node, figures)
+            elif cards is entry.cards:
+                # The same figures in a new message (every agent's heartbeat): the entry
+                # stands, and its next comparison is by identity. Harmless if this scrape is
+                # left half way: the entry's lines are those of these figures.
+                entry.figures = figures
+                return entry
+        if cards is entry.cards and used is entry.used:
             return entry
         return _NodeText(node, figures, entry.ends_block, cards, used)
 
