@@ -124,7 +124,7 @@ class Rendered(Collector):
     registry's readers, the tests' reference)."""
 
     def rendered(self, encoder: Encoder,
-                 encoding: tuple[object, ...]) -> Iterator[bytes | Deflated]:
+                 encoding: tuple[object, ...]) -> Iterator[Segment]:
         """The families as ``encoder`` writes them (plain, or kept compressed);
         ``encoding``: its ``_encoding``."""
         raise NotImplementedError
@@ -183,49 +183,78 @@ class HamiCollector(Rendered):
     """HAMi's per-container gauges (its ``cmd/scheduler/metrics.go``), legacy names off; its
     per-card ones are ``CardGauges``."""
 
-    def __init__(self, fleet: Callable[[], Fleet]) -> None:
+    def __init__(self, fleet: Callable[[], Fleet], pods_per_block: int = 32) -> None:
         self._fleet = fleet
-        # What the last scrape saw: the fleet, its count of changes, the pods in name order,
-        # each pod's allocation, lines and whether it made a MIG instance, and the two
-        # families' text, compressed (sent as it is while nothing changes).
+        self._pods_per_block = pods_per_block
+        # What the last scrape saw: the fleet, its count of changes, the pods in name order
+        # and their lines; the two families' text compressed a block of pods at a time
+        # (blocks cut at pods chosen by their keys, as CardGauges cuts its blocks: a pod
+        # that comes, goes or changes makes its own block alone compressed again), and the
+        # blocks of each family as one run (sent as it is while nothing changes).
         self._seen: tuple[Fleet | None, int] = (None, 0)
         self._order: list[str] = []
-        self._pods: dict[str, tuple[Allocation, tuple[str, str], bool]] = {}
-        self._texts: list[Deflated] = []
+        self._pods: dict[str, _PodLines] = {}
+        self._blocks: dict[tuple[_PodLines, ...], list[Deflated]] = {}
+        self._texts = [DeflatedRun.of(()) for _ in CONTAINER_FAMILIES]
         self._mig: Metric | None = None
 
     def collect(self) -> Iterable[Metric]:
         yield from self._containers(self._fleet())
 
     def rendered(self, encoder: Encoder,
-                 encoding: tuple[object, ...]) -> Iterator[bytes | Deflated]:
+                 encoding: tuple[object, ...]) -> Iterator[Segment]:
         """The families as ``collect`` gives them; each pod's lines written again only when
         its allocation changed, nothing gathered when the fleet counts no change."""
         fleet = self._fleet()
         if (fleet, fleet.changes) != self._seen or self._mig is None:
-            kept = self._pods
-            now = fleet.allocations()
-            order = self._sorted(now)
-            pods: dict[str, tuple[Allocation, tuple[str, str], bool]] = {}
-            for key in order:
-                allocation = now[key]
-                entry = kept.get(key)
-                if entry is None or entry[0] is not allocation:
-                    entry = (allocation, _container_lines(key, allocation),
-                             _makes_mig(allocation))
-                pods[key] = entry
-            mig = self._mig_instances(fleet, [(key, entry[0]) for key, entry in pods.items()
-                                              if entry[2]])
-            texts = deflate_each(["".join([entry[1][0] for entry in pods.values()]).encode(),
-                                  "".join([entry[1][1] for entry in pods.values()]).encode()],
-                                 SCRAPE_LEVEL)
-            # Kept only once all is written: a scrape left half way changes nothing.
-            self._order, self._pods, self._texts, self._mig = order, pods, texts, mig
-            self._seen = (fleet, fleet.changes)
-        for (family, documentation), text in zip(CONTAINER_FAMILIES, self._texts, strict=True):
+            self._gather(fleet)
+        texts, mig = self._texts, self._mig
+        assert mig is not None  # gathered
+        for (family, documentation), text in zip(CONTAINER_FAMILIES, texts, strict=True):
             yield _header(encoder, encoding, family, documentation)
             yield text
-        yield _encoded(encoder, self._mig)
+        yield _encoded(encoder, mig)
+
+    def _gather(self, fleet: Fleet) -> None:
+        kept = self._pods
+        now = fleet.allocations()
+        order = self._sorted(now)
+        pods: dict[str, _PodLines] = {}
+        blocks: dict[tuple[_PodLines, ...], list[Deflated]] = {}
+        per_family: tuple[list[Deflated], ...] = tuple([] for _ in CONTAINER_FAMILIES)
+        run: list[_PodLines] = []
+
+        def close() -> None:
+            members = tuple(run)
+            texts = self._blocks.get(members)
+            if texts is None:
+                texts = deflate_each(["".join([pod.memory for pod in run]).encode(),
+                                      "".join([pod.cores for pod in run]).encode()],
+                                     SCRAPE_LEVEL)
+            blocks[members] = texts
+            for pieces, text in zip(per_family, texts, strict=True):
+                pieces.append(text)
+            run.clear()
+
+        for key in order:
+            allocation = now[key]
+            pod = kept.get(key)
+            if pod is None or pod.allocation is not allocation:
+                pod = _PodLines.of(key, allocation, self._pods_per_block)
+            pods[key] = pod
+            run.append(pod)
+            if pod.ends_block:
+                close()
+        if run:
+            close()
+        mig = self._mig_instances(fleet, [(key, pod.allocation) for key, pod in pods.items()
+                                          if pod.makes_mig])
+        texts = [previous if previous.pieces == tuple(pieces) else DeflatedRun.of(tuple(pieces))
+                 for previous, pieces in zip(self._texts, per_family, strict=True)]
+        # Kept only once all is written: a scrape left half way changes nothing.
+        self._order, self._pods, self._blocks, self._texts = order, pods, blocks, texts
+        self._mig = mig
+        self._seen = (fleet, fleet.changes)
 
     def _sorted(self, allocations: dict[str, Allocation]) -> list[str]:
         """The pods' keys in order: the last scrape's order with the pods that came and went
@@ -286,10 +315,25 @@ class HamiCollector(Rendered):
         return info
 
 
-def _makes_mig(allocation: Allocation) -> bool:
-    """Whether a MIG instance was made for the pod (``_mig_instances`` shows it)."""
-    return any(grant.instance is not None and grant.instance.mig_uuid
-               for grants in allocation.containers for grant in grants)
+@dataclass(frozen=True, slots=True, eq=False)
+class _PodLines:
+    """A pod's lines of ``CONTAINER_FAMILIES``, written for ``allocation`` (compared by
+    identity)."""
+
+    allocation: Allocation
+    memory: str
+    cores: str
+    makes_mig: bool
+    """A MIG instance was made for the pod (``_mig_instances`` shows it)."""
+    ends_block: bool
+
+    @classmethod
+    def of(cls, key: str, allocation: Allocation, pods_per_block: int) -> _PodLines:
+        memory, cores = _container_lines(key, allocation)
+        makes_mig = any(grant.instance is not None and grant.instance.mig_uuid
+                        for grants in allocation.containers for grant in grants)
+        return cls(allocation, memory, cores, makes_mig,
+                   zlib.crc32(key.encode()) % pods_per_block == 0)
 
 
 CARD_FAMILIES = (
@@ -803,7 +847,7 @@ class DaemonCollector(Rendered):
         yield self._orphans()
 
     def rendered(self, encoder: Encoder,
-                 encoding: tuple[object, ...]) -> Iterator[bytes | Deflated]:
+                 encoding: tuple[object, ...]) -> Iterator[Segment]:
         """The families as ``collect`` gives them; a node's line written again only when its
         value changed."""
         for small in self._small():
@@ -880,12 +924,15 @@ class _Registry(CollectorRegistry):
 
 class Metrics:
     """Every metric of ``/metrics``; ``names`` are the daemon's configured resource names
-    (its device configuration), which the quota gauges name."""
+    (its device configuration), which the quota gauges name. ``cards_per_block`` and
+    ``pods_per_block``: about how many cards (pods) are kept compressed together."""
 
-    def __init__(self, sources: Sources, names: ResourceNames = DEFAULT_NAMES) -> None:
+    def __init__(self, sources: Sources, names: ResourceNames = DEFAULT_NAMES, *,
+                 cards_per_block: int = 64, pods_per_block: int = 32) -> None:
         self.registry = _Registry()
-        self.cards = CardGauges(sources.fleet, measured=sources.measured)
-        self.registry.register(HamiCollector(sources.fleet))
+        self.cards = CardGauges(sources.fleet, measured=sources.measured,
+                                cards_per_piece=cards_per_block)
+        self.registry.register(HamiCollector(sources.fleet, pods_per_block))
         self.registry.register(DaemonCollector(sources))
         self.registry.register(QuotaCollector(sources.fleet, names))
         self.filter_duration = Histogram("pyhami_filter_duration_seconds",

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from prometheus_client.exposition import choose_encoder
 
 from common.core import Allocation, CardGrant, Fleet
+from common.core.mig import MigInstance, MigPlacement
 from common.core.model import Card, Node
 from common.wire import Measured, MeasuredCard
 from scheduler.metrics import CardGauges, Metrics, Sources
@@ -91,9 +92,14 @@ def _change(data: st.DataObject, state: State, metrics: Metrics) -> None:
         key = data.draw(st.sampled_from([f"ns/p{state.pods}", *sorted(state.fleet.allocations())]))
         state.pods += 1
         grants = st.lists(st.sampled_from(cards), min_size=0, max_size=2)
+        made = st.none() | st.builds(
+            MigInstance, st.just("1g.10gb"), st.just(MigPlacement(start=0, size=1)),
+            mig_uuid=st.sampled_from(["", "MIG-1", 'MIG-"2"']), gpu_instance_id=st.just(1),
+            compute_instance_id=st.just(0))
         containers = tuple(
             tuple(CardGrant(card.uuid, data.draw(st.integers(0, 4000)),
-                            data.draw(st.integers(0, 100))) for card in data.draw(grants))
+                            data.draw(st.integers(0, 100)), data.draw(made))
+                  for card in data.draw(grants))
             for _ in range(data.draw(st.integers(1, 2))))
         state.fleet.allocate(key, Allocation(node=name, containers=containers))
     elif kind == "release" and state.fleet.allocations():
@@ -147,10 +153,8 @@ def scraped(metrics: Metrics, accept: str, gzip: bool) -> bytes:
 @given(st.data())
 def test_the_kept_text_equals_the_full_rendering_after_random_changes(data: st.DataObject) -> None:
     state = State()
-    # A few cards a block, so that blocks come, go and are kept.
-    metrics = Metrics(state.sources())
-    metrics.cards = CardGauges(state.sources().fleet, cards_per_piece=16,
-                               measured=state.sources().measured)
+    # A few cards (pods) a block, so that blocks come, go and are kept.
+    metrics = Metrics(state.sources(), cards_per_block=16, pods_per_block=2)
     for _ in range(data.draw(st.integers(1, 25))):
         for _ in range(data.draw(st.integers(1, 3))):
             _change(data, state, metrics)
