@@ -147,7 +147,7 @@ class Deflated:
     """``crc32_mover(size)``."""
 
     def text(self) -> bytes:
-        return zlib.decompressobj(RAW_DEFLATE).decompress(self.data)
+        return inflate(self.data)
 
 
 EMPTY = Deflated(b"", 0, 0, crc32_mover(0))
@@ -177,13 +177,28 @@ class DeflatedRun:
         return b"".join([piece.data for piece in self.pieces])
 
     def text(self) -> bytes:
-        return zlib.decompressobj(RAW_DEFLATE).decompress(self.data)
+        return inflate(self.data)
+
+
+# One compressor a level and one decompressor for the process, each used for one whole
+# piece at a time (after a full flush, a compressor refers to nothing it saw before, and a
+# decompressor has written all it read): a compressor's state is about 256 KiB, not worth
+# making for each block.
+_COMPRESSORS: dict[int, zlib._Compress] = {}
+_DECOMPRESSOR = zlib.decompressobj(RAW_DEFLATE)
+
+
+def inflate(data: bytes) -> bytes:
+    """The text of ``Deflated`` data (or of several, one after the other)."""
+    return _DECOMPRESSOR.decompress(data)
 
 
 def deflate_each(texts: list[bytes], level: int) -> list[Deflated]:
-    """Each text compressed on its own (one compressor, emptied by a full flush after each:
+    """Each text compressed on its own (a compressor emptied by a full flush after each:
     what it writes after a full flush refers to nothing before)."""
-    compressor = zlib.compressobj(level, zlib.DEFLATED, RAW_DEFLATE)
+    compressor = _COMPRESSORS.get(level)
+    if compressor is None:
+        compressor = _COMPRESSORS[level] = zlib.compressobj(level, zlib.DEFLATED, RAW_DEFLATE)
     pieces: list[Deflated] = []
     for text in texts:
         if not text:

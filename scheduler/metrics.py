@@ -7,6 +7,7 @@ docs/scheduler.md ("Metrics") lists them beside HAMi's definitions.
 
 from __future__ import annotations
 
+import ctypes
 import platform
 import zlib
 from array import array
@@ -542,6 +543,27 @@ def _block(parts: tuple[_Part, ...], families: int, level: int,
     return block
 
 
+@lru_cache(maxsize=1)
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, None where the C library has none."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+def _return_free_heap() -> None:
+    """Give the C heap's free pages back to the system, after a scrape that wrote many
+    blocks. Their texts were freed, but between them the compressed blocks kept were
+    allocated, and glibc returns only the top of its heap: at 15,000 nodes, the scrape after
+    every node changed left the daemon at 624 MB RSS, 454 MB once trimmed (419 MB before
+    the blocks were kept)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 KEPT_LEVEL = 3
 """The compression level of the kept blocks: compressed once, sent at every scrape."""
 SCRAPE_LEVEL = 3
@@ -638,14 +660,17 @@ class CardGauges:
         run: list[_NodeText] = []
         written = 0
         inflated = _Inflater()
+        rebuilt: list[_Block] = []
 
         def close() -> None:
             for parts, families, into in (
                     (tuple(entry.cards for entry in run), len(CARD_FAMILIES), card_blocks),
                     (tuple(entry.used for entry in run), len(MEASURED_CARD_FAMILIES),
                      used_blocks)):
-                block = self._blocks.get(parts) or _block(parts, families, self._level,
-                                                          inflated)
+                block = self._blocks.get(parts)
+                if block is None:
+                    block = _block(parts, families, self._level, inflated)
+                    rebuilt.append(block)
                 blocks[parts] = block
                 into.append(block)
             run.clear()
@@ -667,6 +692,9 @@ class CardGauges:
         self._seen = (fleet, changes, allocations)
         self._nodes = nodes
         self._blocks = blocks
+        if len(rebuilt) > len(blocks) // 4:
+            del inflated, rebuilt
+            _return_free_heap()
         for family, header in enumerate(_FAMILY_HEADERS):
             yield header
             if family < len(CARD_FAMILIES):

@@ -244,6 +244,7 @@ def http(nodes: int, scrapes: int, changed: float) -> None:
 def memory(nodes: int, changed: float) -> None:
     """``--memory``: what ``Metrics`` holds between scrapes and at the peak of one."""
     state = State(nodes)
+    state.fleet.orphans()  # the fleet's own state built at first use: not Metrics'
     tracemalloc.start()
     start = tracemalloc.get_traced_memory()[0]
     metrics = state.metrics()
