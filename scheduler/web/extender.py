@@ -222,6 +222,24 @@ def health_routes(service: SchedulerService) -> list[web.RouteDef]:
     return [web.get("/healthz", healthz), web.get("/readyz", readyz)]
 
 
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header takes gzip: named, or ``*``, with a quality above
+    0 (RFC 9110 12.5.3; a coding named outranks ``*``)."""
+    taken: dict[str, bool] = {}
+    for coding in accept_encoding.lower().split(","):
+        name, _, parameters = coding.partition(";")
+        quality = 1.0
+        for parameter in parameters.split(";"):
+            key, _, value = parameter.partition("=")
+            if key.strip() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        taken[name.strip()] = quality > 0
+    return taken.get("gzip", taken.get("x-gzip", taken.get("*", False)))
+
+
 def metrics_app(service: SchedulerService) -> web.Application:
     """Prometheus metrics on their own listener, as ``--metrics`` sets it: OpenMetrics for a
     scraper that asks for it (``Accept: application/openmetrics-text``), the classic text
@@ -230,10 +248,15 @@ def metrics_app(service: SchedulerService) -> web.Application:
     asks for."""
 
     async def metrics(request: web.Request) -> web.StreamResponse:
+        # gzip written by Metrics, not by aiohttp: the card gauges are kept compressed and
+        # sent as they are (compressing 74 MB of text at 5,000 nodes took 0.46 s a scrape).
+        gzip = accepts_gzip(",".join(request.headers.getall(hdrs.ACCEPT_ENCODING, [])))
         content_type, pieces = service.metrics.pieces(
-            ",".join(request.headers.getall(hdrs.ACCEPT, [])))
-        response = web.StreamResponse(headers={hdrs.CONTENT_TYPE: content_type})
-        response.enable_compression()  # when the scraper accepts it
+            ",".join(request.headers.getall(hdrs.ACCEPT, [])), gzip=gzip)
+        headers = {hdrs.CONTENT_TYPE: content_type, hdrs.VARY: hdrs.ACCEPT_ENCODING}
+        if gzip:
+            headers[hdrs.CONTENT_ENCODING] = "gzip"
+        response = web.StreamResponse(headers=headers)
         await response.prepare(request)
         for piece in pieces:
             if piece:  # an empty piece only lets the loop run (the cards being gathered)

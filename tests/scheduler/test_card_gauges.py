@@ -12,8 +12,9 @@ from prometheus_client.registry import Collector
 
 from common.core import Allocation, CardGrant, Fleet
 from common.core.model import Card, Node
+from common.gzipstream import DeflatedRun
 from common.wire import Measured, MeasuredCard
-from scheduler.metrics import CARD_FAMILIES, MEASURED_CARD_FAMILIES, CardGauges
+from scheduler.metrics import CARD_FAMILIES, MEASURED_CARD_FAMILIES, CardGauges, plain
 
 MIB = 1024 * 1024
 # A card model name may hold what the exposition formats escape.
@@ -128,20 +129,24 @@ def test_a_replaced_inventory_is_labelled_afresh_and_a_forgotten_node_leaves() -
     assert {labels["device_type"] for _, labels, _ in samples} == {"NVIDIA-H100"}
 
 
-def test_the_text_comes_in_pieces_of_at_most_the_cards_asked() -> None:
+def test_the_text_comes_in_pieces_of_a_block_of_nodes() -> None:
     fleet = _fleet()
-    every = list(CardGauges(lambda: fleet, cards_per_piece=2).pieces())
-    # Gathering the cards lets the loop run between nodes (a node a turn at 2 cards a
-    # piece): empty pieces first, one fewer than the nodes.
+    every = list(CardGauges(lambda: fleet, cards_per_piece=8).pieces())
+    # Writing the nodes lets the loop run (a turn a block of nodes written, a node a block
+    # at 8 cards a piece): empty pieces first, one a node.
     nodes = sum(1 for _ in fleet.nodes())
-    assert every[:nodes - 1] == [""] * (nodes - 1) and every[nodes - 1] != ""
-    pieces = every[nodes - 1:]
-    # Per family: its header, then its 3 cards' lines in pieces of 2 and 1; the measured
-    # families' headers alone (no card measured).
-    assert len(pieces) == len(CARD_FAMILIES) * 3 + len(MEASURED_CARD_FAMILIES)
-    assert pieces[0].startswith("# HELP hami_gpu_memory_limit_bytes ")
-    assert [piece.count("\n") for piece in pieces[1:3]] == [2, 1]
-    assert "".join(pieces) == CardGauges(lambda: fleet).text()
+    assert every[:nodes] == [b""] * nodes and every[nodes] != b""
+    pieces = every[nodes:]
+    # Per family: its header (plain), then its lines, kept compressed a block (here a node)
+    # at a time (a's 2 cards, b's one); the measured families' nodes empty (no card
+    # measured).
+    families = len(CARD_FAMILIES) + len(MEASURED_CARD_FAMILIES)
+    assert len(pieces) == 2 * families
+    header, run = pieces[:2]
+    assert isinstance(header, bytes) and header.startswith(b"# HELP hami_gpu_memory_limit_bytes ")
+    assert isinstance(run, DeflatedRun)
+    assert [piece.text().count(b"\n") for piece in run.pieces] == [2, 1]
+    assert b"".join(plain(pieces)).decode() == CardGauges(lambda: fleet).text()
 
 
 def test_the_measured_figures_show_for_the_cards_measured_only() -> None:
