@@ -18,7 +18,7 @@ namespace opts out of pyhami's webhook, which no Service reaches here.
 Latency of a pod: from the moment its create POST is sent to the moment one pod watch of the
 namespace, opened before the first create, sees its ``spec.nodeName``. Throughput: pods over
 the time from the first create sent to the last binding seen. Cluster CPU: utime+stime of
-every process of the plane (from /proc) over the phase, per pod; of it, each process's
+every process of the plane (from /proc) over the phase, per pod bound; of it, each process's
 stime (``kernel_ms_per_pod``).
 
 ``--peer hami=BINARY`` (HAMi's scheduler, built from a checkout of the user's with
@@ -714,7 +714,8 @@ def phase(plane: BenchPlane, client: PodClient, scheduler: str, limits: str,
                                               for error in standin.errors][:10]
 
     def per_pod(seconds: float) -> float:
-        return round(seconds * 1e3 / int(args.pods), 2)
+        # A peer's phase that left pods unbound spent its CPU on those it bound.
+        return round(seconds * 1e3 / int(result["bound"]), 2)
 
     cpu = {name: per_pod(sum(after[name]) - sum(before[name])) for name in after}
     cpu["total"] = round(sum(cpu[name] for name in OWN_COMPONENTS[scheduler] if name in cpu), 2)
