@@ -174,6 +174,10 @@ def _holds_a_set(view: PodView, request: ContainerRequest, codes: CodeArray,
 FEW_FAILING = 256
 """Failing nodes up to which their distinct reasons are found in a dict of their rows
 rather than by np.unique (about 25 us for a few dozen nodes, most of their writing)."""
+_PICK_ROWS_BELOW = 8
+"""The failing nodes' check counts are copied row by row while they are at most one in
+this many of the fleet's nodes, the whole array otherwise (measured: picking rows costs
+about ten times a row of a block copy)."""
 
 
 class NodeFailures(Mapping[str, FailedNode]):
@@ -283,13 +287,16 @@ def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArra
     """The reasons of the nodes failed from check counts alone, then of ``more``."""
     snapshot = view.snapshot
     failing = nodes.nonzero()[0]  # flatnonzero of a 1-D mask, without its wrappers
-    # A copy of the counts, which are kept in the snapshot and change with the next booking:
-    # the whole array (one block copied) rather than the failing nodes' rows (picked one by
-    # one: ten times the cost, at 1,200 nodes). The cards per node and the topology are
-    # the snapshot's for good. The failing rows are picked and stacked only when the reasons
-    # are asked for (a caller that places the pod, as ``pyhami simulate`` does 7,000 times
-    # a chain on openb, seldom asks).
-    counts = by_node.copy()
+    # A copy of the counts, which are kept in the snapshot and change with the next booking.
+    # When many nodes fail, the whole array (one block copied) rather than their rows
+    # (picked one by one: ten times the cost, at 1,200 nodes); when few do, their rows only:
+    # at 15,000 nodes the whole array is 1.4 MB, a quarter of a millisecond to copy at every
+    # decision, whatever the 750 names kube-scheduler sent. The cards per node and the
+    # topology are the snapshot's for good. The rows are stacked with them only when the
+    # reasons are asked for (a caller that places the pod, as ``pyhami simulate`` does 7,000
+    # times a chain on openb, seldom asks).
+    picked = len(failing) * _PICK_ROWS_BELOW <= len(by_node)
+    counts = by_node[failing] if picked else by_node.copy()
 
     def reasons(node: int, row: list[int]) -> FailedNode:
         return NodeReasons.of(_counted_failure(request, view, node, row[:CHECK_COUNT]),
@@ -298,7 +305,7 @@ def _counted_failures(view: PodView, request: ContainerRequest, by_node: IntArra
     def build() -> dict[str, FailedNode]:
         failed: dict[str, FailedNode] = {}
         names = snapshot.node_names
-        columns = (counts[failing], snapshot.node_cards[failing],
+        columns = (counts if picked else counts[failing], snapshot.node_cards[failing],
                    snapshot.topology_known[failing])
         # Many nodes fail the same way: build each distinct set of reasons once, from
         # the first node with that row (a row holds all that the reasons depend on).

@@ -130,3 +130,20 @@ class TestReasons:
         fleet.release("default/p2")
         hold(fleet, "default/q", "b", "GPU-b-0")
         assert run(fleet, manifest(name="p3")).node == "b"
+
+
+# Sixteen nodes: one full (its failing row copied alone), three, and twelve (the whole
+# table of counts copied): the reasons are the decision's, whatever changes after it.
+@pytest.mark.parametrize("full", [1, 3, 12])
+def test_the_reasons_of_failing_nodes_are_those_at_the_decision(full: int) -> None:
+    fleet = fleet_of(*(node(f"n{i:02d}", cards=1) for i in range(16)))
+    for i in range(full):
+        hold(fleet, f"ns/filler-{i}", f"n{i:02d}", f"GPU-n{i:02d}-0", memory=15000)
+    decision = run(fleet, manifest("p", gpumem=1000))
+    assert decision.node is not None
+    # The first full node freed, and a decision after it: the counts kept for the pod's
+    # shape are brought up to date in place.
+    fleet.release("ns/filler-0")
+    assert run(fleet, manifest("q", gpumem=1000)).node is not None
+    assert decision.failed_nodes == {f"n{i:02d}": "1/1 CardInsufficientMemory"
+                                     for i in range(full)}
