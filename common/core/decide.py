@@ -14,7 +14,9 @@ from collections.abc import (
     ValuesView,
 )
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
+from operator import is_not
 
 import msgspec
 import numpy as np
@@ -404,11 +406,12 @@ def _considered(snapshot: Snapshot, nodes: Collection[str] | None) -> BoolArray:
         wanted = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
         if not wanted.issuperset(snapshot.name_set):
             considered[:] = False
-            # The intersection and the lookups in C: a Python loop over the ~420 names
-            # kube-scheduler sends at 1,000 nodes cost more than the rest of the choice.
-            known = wanted & snapshot.name_set
-            considered[np.fromiter(map(snapshot.node_position.__getitem__, known),
-                                   dtype=np.intp, count=len(known))] = True
+            # The lookups and the dropping of unknown names in C, one pass over the names:
+            # a Python loop over the ~420 names kube-scheduler sends at 1,000 nodes cost
+            # more than the rest of the choice, and at 15,000 nodes an intersection first
+            # (a second pass) cost a tenth of the decision.
+            found = filter(partial(is_not, None), map(snapshot.node_position.get, wanted))
+            considered[np.fromiter(found, dtype=np.intp)] = True
     return considered
 
 
