@@ -193,18 +193,69 @@ class NatsLease:
         self.term = revision
         logger.info("leading: took the lease %s/%s (term %d)", LEASE_BUCKET, LEASE_KEY,
                     revision)
+        # The lease is renewed while the takeover works: one that takes longer than the
+        # lease's life (the pod store read at 5,000 nodes and pods) would otherwise lose
+        # it, take it again and start over, for ever.
+        finished = asyncio.Event()
+        keeper = asyncio.create_task(self._keep_while_taking_over(finished))
         try:
             await self._on_elected()
         except TakeOverFailed as error:
+            await self._stop_keeping(keeper, finished)
+            await self._hand_on(self._revision or revision)
             self._revision = None
-            await self._hand_on(revision)
             logger.warning("standing by: the lease is handed on (term %d): %s", revision, error)
             return
         except BaseException:
+            keeper.cancel()  # going down: its last renewal need not land
+            await self._hand_on(self._revision or revision)
             self._revision = None
-            await self._hand_on(revision)
             raise
+        lost = await self._stop_keeping(keeper, finished)
+        if lost is not None:
+            self._revision = None
+            self.holder = None
+            logger.warning("standing by: %s during the takeover (term %d)", lost, revision)
+            return
         self._deciding = True
+
+    async def _keep_while_taking_over(self, finished: asyncio.Event) -> str | None:
+        """Renew the lease every renew period until the takeover has ``finished``; why it
+        was lost, if it was (it then stops: the takeover's end is where the daemon stands
+        by). A renewal under way is let finish, so that the revision held stays ours."""
+        assert self._bucket is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), self._renew_period)
+            if finished.is_set():
+                return None
+            assert self._revision is not None
+            sent = self._clock()
+            try:
+                revision = await asyncio.wait_for(
+                    self._bucket.update(LEASE_KEY, self.identity.encode(),
+                                        last=self._revision),
+                    timeout=max(self._authority_until - self._clock(), self._renew_period))
+            except nats.js.errors.KeyWrongLastSequenceError:
+                return "the lease was taken over (it expired before it was renewed)"
+            except _NOT_DONE as error:
+                if self._clock() >= self._authority_until:
+                    return (f"the lease was not renewed for {self._renew_deadline:g}s "
+                            f"({describe_error(error)})")
+                continue
+            self._revision = revision
+            self._authority_until = sent + self._renew_deadline
+
+    @staticmethod
+    async def _stop_keeping(keeper: asyncio.Task[str | None],
+                            finished: asyncio.Event) -> str | None:
+        """The keeper told the takeover is over and waited for; why the lease was lost
+        meanwhile, None if it was kept."""
+        finished.set()
+        try:
+            return await keeper
+        except Exception as error:  # a bug of the keeper's: the lease is not known held
+            return f"renewing the lease failed ({error!r})"
 
     async def _demote(self, why: str) -> None:
         was_deciding = self._deciding

@@ -4,6 +4,7 @@ back, and a holder that stops deciding at its deadline by its own clock alone.""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import nats
@@ -11,7 +12,13 @@ import pytest
 from nats.aio.client import Client
 
 from pyhami.natsserver import LocalNatsServer
-from scheduler.leadership import LeaseSettingsError, NatsLease, TakeOverFailed
+from scheduler.leadership import (
+    LEASE_BUCKET,
+    LEASE_KEY,
+    LeaseSettingsError,
+    NatsLease,
+    TakeOverFailed,
+)
 from tests.fakes.clock import Clock
 
 TTL, RENEW, DEADLINE = 4.0, 1.0, 2.5
@@ -149,3 +156,53 @@ async def test_a_daemon_that_cannot_get_ready_hands_the_lease_on_without_crashin
         "standing by: the lease is handed on (term 1): the pod store could not be read "
         "(nats: timeout)"]
     assert handed[0].exc_info is None
+
+
+async def test_a_takeover_longer_than_the_lease_keeps_it_renewed(client: Client) -> None:
+    """The pod store read at 5,000 nodes and pods outlasted the lease's 4 s: the lease is
+    renewed while the takeover works, and the daemon leads once it is done."""
+    elected: list[str] = []
+
+    async def slow_takeover() -> None:
+        await asyncio.sleep(TTL + 1.5)
+        elected.append("a")
+
+    slow = NatsLease("a", ttl=TTL, renew_period=RENEW, renew_deadline=DEADLINE,
+                     on_elected=slow_takeover, on_demoted=_nothing)
+    other = lease("b", elected)
+    for one in (slow, other):
+        await one.open(client)
+    await slow.start()
+    assert slow.leading()
+    await other.start()
+    assert not other.leading() and other.refusal() == "standby: a holds the lease"
+    await slow.renew_or_take()
+    assert slow.leading()
+    assert elected == ["a"]
+
+
+async def test_a_lease_lost_during_the_takeover_leaves_the_daemon_standing_by(
+        client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    elected: list[str] = []
+    other = lease("b", elected)
+    await other.open(client)
+
+    async def overtaken() -> None:
+        # Another daemon writes the lease meanwhile (as after an expiry nobody renewed).
+        bucket = await client.jetstream().key_value(LEASE_BUCKET)
+        await bucket.delete(LEASE_KEY)
+        await other.start()
+        await asyncio.sleep(RENEW * 1.5)
+
+    losing = NatsLease("a", ttl=TTL, renew_period=RENEW, renew_deadline=DEADLINE,
+                       on_elected=overtaken, on_demoted=_nothing)
+    await losing.open(client)
+    await losing.start()
+    assert not losing.leading()
+    assert other.leading()
+    assert any("standing by: the lease was taken over" in r.getMessage()
+               and "during the takeover (term" in r.getMessage() for r in caplog.records)
+
+
+async def _nothing() -> None:
+    pass
