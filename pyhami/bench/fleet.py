@@ -115,6 +115,12 @@ def register(benches: Subcommands) -> None:
                              "leader stopped with SIGTERM, then the new one killed with "
                              "SIGKILL; how long until the standby leads, holds every pod "
                              "and places a new one")
+    parser.add_argument("--profile-daemon", type=Path, metavar="FILE",
+                        help="run the first daemon under cProfile and write the profile of "
+                             "its last process to FILE as it exits: the restarted one, or "
+                             "with --standby the one that stood by and took over after the "
+                             "SIGKILL (the profiler slows it: keep such a run's figures "
+                             "apart)")
     parser.set_defaults(handler=run)
 
 
@@ -355,13 +361,17 @@ class Daemon:
     """``pyhami scheduler --standalone`` as its own process, restartable on the same ports."""
 
     def __init__(self, nats_url: str, resync_wait: float, log: Path,
-                 identity: str = LEADER_IDENTITY) -> None:
+                 identity: str = LEADER_IDENTITY, profile: Path | None = None) -> None:
+        """``profile``: run under cProfile, the profile written there as it exits
+        (each start of the process writes over the last one's)."""
         self.identity = identity
         self.port = free_port()
         self.metrics_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        profiler = [] if profile is None else ["-m", "cProfile", "-o", str(profile.resolve())]
         self.command = [
-            sys.executable, "-m", "pyhami.cli", "scheduler", "--standalone", "--nats", nats_url,
+            sys.executable, *profiler, "-m", "pyhami.cli", "scheduler", "--standalone",
+            "--nats", nats_url,
             "--listen", f"127.0.0.1:{self.port}", "--metrics", f"127.0.0.1:{self.metrics_port}",
             # The agents are all alive: none may turn stale while the machine is loaded.
             "--node-timeout", "3600", "--node-retention", "7200",
@@ -552,7 +562,7 @@ def bench(args: argparse.Namespace, nats_url: str, servers: Servers,
     cards = len(profile_cards(args.cards, node_name(0)))
     fleet = Fleet([Share(urls, first, processes, count, args.heartbeat, args.cards)
                    for first in range(processes)])
-    daemon = Daemon(nats_url, args.resync_wait, log)
+    daemon = Daemon(nats_url, args.resync_wait, log, profile=args.profile_daemon)
     watch = (daemon.check_running, fleet.check_running)
     pods = pod_names(args.pods)
     placing: dict[str, object] = {}
