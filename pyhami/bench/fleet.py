@@ -376,7 +376,9 @@ class Daemon:
             # The agents are all alive: none may turn stale while the machine is loaded.
             "--node-timeout", "3600", "--node-retention", "7200",
             "--resync-wait", f"{resync_wait:g}", "--identity", identity,
-            "--log-level", "warning"]
+            # The bench places its pods itself with /filter and /bind, as kube-scheduler
+            # would: the daemon's own pending loop would race it to them.
+            "--no-pending-loop", "--log-level", "warning"]
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
         self.started = 0.0
