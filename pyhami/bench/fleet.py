@@ -12,7 +12,15 @@ by the agent's own ``Report`` from a simulated card profile and encoded with the
 Measured over ``--duration`` once the daemon has seen every node: what the daemon accepts per
 second, its CPU, RSS and peak RSS, each server's memory and CPU, the simulator's own CPU.
 Then the daemon is stopped (SIGTERM) and started again: the time from the new process's start
-to its /readyz and to every node seen.
+to its /readyz, to every node seen and to every pod back in its ledger.
+
+With ``--pods N``, N pods are submitted to the daemon's pod API and placed with /filter and
+/bind before the window, so the store and the ledger hold them through the restart. With
+``--standby``, a second daemon stands by on the same lease; the leader is stopped with
+SIGTERM (it hands the lease on), then, once it is back as the standby, the new leader is
+killed with SIGKILL (its lease expires): each time, how long until the standby took the
+lease, until it was ready to decide, held every pod and answered a new pod's /filter
+(``pyhami.bench.takeover``).
 """
 
 from __future__ import annotations
@@ -51,8 +59,16 @@ from common.wire import (
     encode,
     inventory_subject,
 )
-from pyhami.bench.extender import cpu_seconds
+from pyhami.bench.extender import POD_MEMORY_MIB, cpu_seconds
 from pyhami.bench.loopback import http_get
+from pyhami.bench.takeover import (
+    LeaseWatch,
+    place_one,
+    place_pods,
+    pod_names,
+    seconds_since,
+    wait_for_lease,
+)
 from pyhami.natsserver import LocalNatsCluster, free_port
 
 AGENTS_PER_PROCESS = 5000
@@ -63,6 +79,12 @@ SEEN_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
 POLL_S = 0.05
 NODE_PREFIX = "fleet-"
+LEADER_IDENTITY = "fleet-daemon-a"
+STANDBY_IDENTITY = "fleet-daemon-b"
+TAKEOVER_TIMEOUT_S = 120.0
+FROM_STORE_TIMEOUT_S = 900.0
+"""A daemon starting with pods in the store: at 15,000 nodes and 15,000 pods it was not
+ready within 120 s (docs/performance.md, "Start-up from the store")."""
 
 
 def register(benches: Subcommands) -> None:
@@ -86,6 +108,22 @@ def register(benches: Subcommands) -> None:
                              "three started here; their memory is then not reported")
     parser.add_argument("--resync-wait", type=positive_seconds, default=2.0, metavar="SECONDS",
                         help="the daemon's --resync-wait (default 2, the daemon's own)")
+    parser.add_argument("--pods", type=int, default=0, metavar="N",
+                        help="pods of one card and 1000 MiB submitted to the daemon's pod "
+                             "API and placed with /filter and /bind before the window, so "
+                             "that the restart (and --standby's takeovers) read them back "
+                             "(default 0)")
+    parser.add_argument("--standby", action="store_true",
+                        help="after the restart, a second daemon on the same lease: the "
+                             "leader stopped with SIGTERM, then the new one killed with "
+                             "SIGKILL; how long until the standby leads, holds every pod "
+                             "and places a new one")
+    parser.add_argument("--profile-daemon", type=Path, metavar="FILE",
+                        help="run the first daemon under cProfile and write the profile of "
+                             "its last process to FILE as it exits: the restarted one, or "
+                             "with --standby the one that stood by and took over after the "
+                             "SIGKILL (the profiler slows it: keep such a run's figures "
+                             "apart)")
     parser.set_defaults(handler=run)
 
 
@@ -325,16 +363,25 @@ def resident_mb(pid: int | None) -> tuple[float | None, float | None]:
 class Daemon:
     """``pyhami scheduler --standalone`` as its own process, restartable on the same ports."""
 
-    def __init__(self, nats_url: str, resync_wait: float, log: Path) -> None:
+    def __init__(self, nats_url: str, resync_wait: float, log: Path,
+                 identity: str = LEADER_IDENTITY, profile: Path | None = None) -> None:
+        """``profile``: run under cProfile, the profile written there as it exits
+        (each start of the process writes over the last one's)."""
+        self.identity = identity
         self.port = free_port()
         self.metrics_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        profiler = [] if profile is None else ["-m", "cProfile", "-o", str(profile.resolve())]
         self.command = [
-            sys.executable, "-m", "pyhami.cli", "scheduler", "--standalone", "--nats", nats_url,
+            sys.executable, *profiler, "-m", "pyhami.cli", "scheduler", "--standalone",
+            "--nats", nats_url,
             "--listen", f"127.0.0.1:{self.port}", "--metrics", f"127.0.0.1:{self.metrics_port}",
             # The agents are all alive: none may turn stale while the machine is loaded.
             "--node-timeout", "3600", "--node-retention", "7200",
-            "--resync-wait", f"{resync_wait:g}", "--log-level", "warning"]
+            "--resync-wait", f"{resync_wait:g}", "--identity", identity,
+            # The bench places its pods itself with /filter and /bind, as kube-scheduler
+            # would: the daemon's own pending loop would race it to them.
+            "--no-pending-loop", "--log-level", "warning"]
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
         self.started = 0.0
@@ -348,6 +395,17 @@ class Daemon:
         with self.log.open("ab") as log:
             self.started = time.monotonic()
             self.process = subprocess.Popen(self.command, stdout=log, stderr=log)
+
+    def send(self, number: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(number)
+
+    def exited(self) -> bool:
+        """Whether the process has exited (it is then forgotten: nothing left to stop)."""
+        if self.process is None or self.process.poll() is None:
+            return self.process is None
+        self.process = None
+        return True
 
     def stop(self) -> float:
         """SIGTERM, then wait: how long it took to exit."""
@@ -387,6 +445,18 @@ class Daemon:
         status = self.status()
         nodes = None if status is None else status.get("nodes")
         return nodes if isinstance(nodes, int) else 0
+
+    def pods_bound(self) -> int:
+        status = self.status()
+        bound = None if status is None else status.get("pods_bound")
+        return bound if isinstance(bound, int) else 0
+
+    def leadership(self) -> dict[str, object]:
+        """``/statusz``'s ``leadership`` (role, holder, ttl_s); empty while it does not
+        answer or is still starting."""
+        status = self.status()
+        leadership = None if status is None else status.get("leadership")
+        return leadership if isinstance(leadership, dict) else {}
 
     def accepted(self) -> int:
         status = self.status()
@@ -447,7 +517,20 @@ def refusal(args: argparse.Namespace) -> str | None:
         return f"--processes {args.processes} is more than --agents {args.agents}"
     if args.nats is not None and not all(url.strip() for url in args.nats.split(",")):
         return f"--nats {args.nats!r} names an empty server"
+    if args.pods < 0:
+        return f"--pods {args.pods} is below 0"
+    room = pods_room(args.agents, args.cards)
+    if args.pods > room:
+        return (f"--pods {args.pods} is more than {args.agents} nodes of {args.cards} hold "
+                f"({room} pods of {POD_MEMORY_MIB} MiB)")
     return None
+
+
+def pods_room(agents: int, profile: str) -> int:
+    """How many of the bench's pods (one card, ``POD_MEMORY_MIB``) the fleet holds: on each
+    card as many as its memory and its slots allow."""
+    cards = profile_cards(profile, node_name(0))
+    return agents * sum(min(card.count, card.memory // POD_MEMORY_MIB) for card in cards)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -484,8 +567,11 @@ def bench(args: argparse.Namespace, nats_url: str, servers: Servers,
     cards = len(profile_cards(args.cards, node_name(0)))
     fleet = Fleet([Share(urls, first, processes, count, args.heartbeat, args.cards)
                    for first in range(processes)])
-    daemon = Daemon(nats_url, args.resync_wait, log)
+    daemon = Daemon(nats_url, args.resync_wait, log, profile=args.profile_daemon)
     watch = (daemon.check_running, fleet.check_running)
+    pods = pod_names(args.pods)
+    placing: dict[str, object] = {}
+    takeovers: dict[str, object] = {}
     try:
         daemon.start()
         wait_until(daemon.ready, "the daemon's /readyz", START_TIMEOUT_S, watch)
@@ -496,10 +582,16 @@ def bench(args: argparse.Namespace, nats_url: str, servers: Servers,
         wait_until(lambda: daemon.nodes_seen() >= count, f"the daemon to see {count} nodes",
                    SEEN_TIMEOUT_S, watch, interval=0.5)
         seen_s = time.monotonic() - started
+        nodes = [node_name(number) for number in range(count)]
+        if pods:
+            placing = place(daemon, nodes, pods, watch)
         # A period of heartbeats before the window: the connection burst is behind.
         time.sleep(args.heartbeat)
         window = measure(args, daemon, fleet, servers, cards)
-        restart = restart_daemon(daemon, count, watch)
+        restart = restart_daemon(daemon, count, len(pods), watch)
+        if args.standby:
+            takeovers = take_over(args, nats_url, daemon, fleet, nodes=nodes,
+                                  pods=len(pods), log=log)
     finally:
         daemon.stop()
         fleet.stop()
@@ -509,9 +601,22 @@ def bench(args: argparse.Namespace, nats_url: str, servers: Servers,
         "duration_s": args.duration, "resync_wait_s": args.resync_wait,
         "connect_s": round(connect_s, 2), "all_nodes_seen_s": round(seen_s, 2),
         "expected_inventories_per_s": round(count / args.heartbeat, 1),
+        "pods": len(pods), **placing,
         **window,
         "restart": restart,
+        **({"standby": takeovers} if args.standby else {}),
     }
+
+
+def place(daemon: Daemon, nodes: Sequence[str], pods: Sequence[str],
+          watch: Sequence[Callable[[], None]]) -> dict[str, object]:
+    """The pods submitted and placed; how long it took, and until the ledger held them."""
+    placed_s = place_pods(daemon.url, nodes, pods)
+    wait_until(lambda: daemon.pods_bound() >= len(pods),
+               f"the daemon's ledger to hold {len(pods)} pods", SEEN_TIMEOUT_S, watch,
+               interval=0.5)
+    return {"pods_placed_s": round(placed_s, 2),
+            "pods_placed_per_s": round(len(pods) / placed_s, 1)}
 
 
 def measure(args: argparse.Namespace, daemon: Daemon, fleet: Fleet, servers: Servers,
@@ -548,20 +653,126 @@ def measure(args: argparse.Namespace, daemon: Daemon, fleet: Fleet, servers: Ser
     }
 
 
-def restart_daemon(daemon: Daemon, count: int,
+def restart_daemon(daemon: Daemon, count: int, pods: int,
                    watch: Sequence[Callable[[], None]]) -> dict[str, object]:
-    """Stop the daemon with SIGTERM and start it again: how long until it is ready, and
-    until it has seen every node again (from the new process's start)."""
+    """Stop the daemon with SIGTERM and start it again: how long until it is ready, until
+    it has seen every node again and until its ledger holds every pod again (from the new
+    process's start)."""
     stop_s = daemon.stop()
     daemon.start()
-    wait_until(daemon.ready, "the restarted daemon's /readyz", START_TIMEOUT_S, watch,
+    wait_until(daemon.ready, "the restarted daemon's /readyz", FROM_STORE_TIMEOUT_S, watch,
                interval=0.02)
     ready_s = time.monotonic() - daemon.started
-    nodes_at_ready = daemon.nodes_seen()
+    status = daemon.status() or {}
+    nodes_at_ready, pods_at_ready = status.get("nodes"), status.get("pods_bound")
     wait_until(lambda: daemon.nodes_seen() >= count,
                f"the restarted daemon to see {count} nodes", SEEN_TIMEOUT_S, watch,
                interval=0.1)
     all_nodes_s = time.monotonic() - daemon.started
+    wait_until(lambda: daemon.pods_bound() >= pods,
+               f"the restarted daemon's ledger to hold {pods} pods", SEEN_TIMEOUT_S, watch,
+               interval=0.1)
+    all_pods_s = time.monotonic() - daemon.started
     return {"stop_s": round(stop_s, 2), "ready_s": round(ready_s, 2),
             "nodes_at_ready": nodes_at_ready, "all_nodes_s": round(all_nodes_s, 2),
+            "pods_at_ready": pods_at_ready, "all_pods_s": round(all_pods_s, 2),
             "daemon_cpu_s_to_all_nodes": cpu_seconds(daemon.pid)}
+
+
+# The standby and its takeovers (--standby) -----------------------------------------------
+
+
+def take_over(args: argparse.Namespace, nats_url: str, leader: Daemon, fleet: Fleet, *,
+              nodes: Sequence[str], pods: int, log: Path) -> dict[str, object]:
+    """A standby started beside ``leader``; the leader stopped with SIGTERM and the standby
+    measured taking over; the old leader started again as the standby, and the new leader
+    killed with SIGKILL, measured the same way."""
+    lease = LeaseWatch(tuple(url.strip() for url in nats_url.split(",")))
+    lease.start()
+    standby = Daemon(nats_url, args.resync_wait, log.with_name("standby.log"),
+                     identity=STANDBY_IDENTITY)
+    try:
+        standby_s = start_standby(standby, leader, len(nodes), fleet)
+        ttl = standby.leadership().get("ttl_s")
+        after_sigterm = hand_over(leader, standby, signal.SIGTERM, lease=lease,
+                                  nodes=nodes, pods=pods, fleet=fleet)
+        # Each takeover placed one pod more.
+        restarted_standby_s = start_standby(leader, standby, len(nodes), fleet)
+        after_sigkill = hand_over(standby, leader, signal.SIGKILL, lease=lease,
+                                  nodes=nodes, pods=pods + 1, fleet=fleet)
+    finally:
+        standby.stop()
+        lease.stop()
+    return {"lease_ttl_s": ttl, "standby_start_s": standby_s,
+            "old_leader_back_as_standby_s": restarted_standby_s,
+            "sigterm": after_sigterm, "sigkill": after_sigkill}
+
+
+def start_standby(standby: Daemon, leader: Daemon, count: int, fleet: Fleet) -> float:
+    """Start ``standby`` while ``leader`` leads: the seconds until it stands by with every
+    node seen."""
+
+    def standing_by() -> bool:
+        status = standby.status() or {}
+        leadership = status.get("leadership")
+        return (isinstance(leadership, dict) and leadership.get("role") == "standby"
+                and leadership.get("holder") == leader.identity
+                and status.get("nodes") == count)
+
+    standby.start()
+    wait_until(standing_by, f"{standby.identity} to stand by with {count} nodes seen",
+               FROM_STORE_TIMEOUT_S,
+               (standby.check_running, leader.check_running, fleet.check_running),
+               interval=0.2)
+    return round(time.monotonic() - standby.started, 2)
+
+
+def hand_over(leader: Daemon, standby: Daemon, how: signal.Signals, *, lease: LeaseWatch,
+              nodes: Sequence[str], pods: int, fleet: Fleet) -> dict[str, object]:
+    """Stop ``leader`` with ``how``; every figure is in seconds from the signal.
+
+    ``lease_taken_s``: the standby wrote the lease (the bench's own watch of its entry);
+    ``ready_s``: the standby's /readyz answered 200 (polled every 20 ms), which it does
+    once it decides; ``takeover_s``: the one less the other, the standby's own work
+    (the pod store read, fenced, the ledger rebuilt); ``all_pods_s``: its ``pods_bound``
+    counted every pod; ``first_filter_s``: a new pod, submitted once it was ready,
+    answered by /filter with a node."""
+    watch = (standby.check_running, fleet.check_running)
+    cpu_before = cpu_seconds(standby.pid)
+    signalled = time.monotonic()
+    leader.send(how)
+    exited_at: float | None = None
+    ready_at: float | None = None
+    cpu_after: float | None = None
+    # Both ends watched together: a leader stopped with SIGTERM may still be exiting when
+    # the standby is ready (it hands the lease on first).
+    while ready_at is None or exited_at is None:
+        if exited_at is None and leader.exited():
+            exited_at = time.monotonic()
+        if ready_at is None and standby.ready():
+            ready_at = time.monotonic()
+            cpu_after = cpu_seconds(standby.pid)
+        for still_running in watch:
+            still_running()
+        if time.monotonic() - signalled > TAKEOVER_TIMEOUT_S:
+            waited_for = "ready" if ready_at is None else "the leader's exit"
+            raise RuntimeError(f"{standby.identity}: {waited_for} not within "
+                               f"{TAKEOVER_TIMEOUT_S:g} s of the leader's {how.name}")
+        time.sleep(0.02)
+    taken_at = wait_for_lease(lease, standby.identity, signalled, TAKEOVER_TIMEOUT_S,
+                              standby.check_running)
+    status = standby.status() or {}
+    wait_until(lambda: standby.pods_bound() >= pods,
+               f"{standby.identity}'s ledger to hold {pods} pods", TAKEOVER_TIMEOUT_S, watch,
+               interval=0.05)
+    all_pods_at = time.monotonic()
+    filtered_at = place_one(standby.url, nodes, f"fleet-after-{how.name.lower()}")
+    return {"leader_exit_s": seconds_since(signalled, exited_at),
+            "lease_taken_s": seconds_since(signalled, taken_at),
+            "ready_s": seconds_since(signalled, ready_at),
+            "takeover_s": round(ready_at - taken_at, 3),
+            "standby_cpu_s": None if cpu_before is None or cpu_after is None
+            else round(cpu_after - cpu_before, 3),
+            "pods_at_ready": status.get("pods_bound"),
+            "all_pods_s": seconds_since(signalled, all_pods_at),
+            "first_filter_s": seconds_since(signalled, filtered_at)}
