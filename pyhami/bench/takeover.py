@@ -31,6 +31,8 @@ from pyhami.bench.load import BenchError, nodes_to_score
 from scheduler.leadership.lease import LEASE_BUCKET, LEASE_KEY
 
 PLACING_AT_ONCE = 8  # filter+bind pairs in flight while the pods are placed
+FIRST_FILTER_TIMEOUT_S = 60.0
+FIRST_FILTER_RETRY_S = 0.05
 POD_PREFIX = "fleet-pod-"
 LEASE_WATCH_START_S = 30.0
 
@@ -74,10 +76,18 @@ def place_one(url: str, node_names: Sequence[str], name: str) -> float:
                           nodes_to_score(len(node_names)))
             uids = await bench.submit([name])
             body = bench.filter_body(name)
-            result = await bench.post("filter", body)
-            answered = time.monotonic()
-            if not result["NodeNames"]:
-                raise BenchError(f"pod {name} found no node: {result['FailedNodes']}")
+            # Asked again until a node is found: the first /filter that places the pod is
+            # the figure (a daemon ready may still refuse one while it catches up).
+            deadline = time.monotonic() + FIRST_FILTER_TIMEOUT_S
+            while True:
+                result = await bench.post("filter", body)
+                answered = time.monotonic()
+                if result["NodeNames"]:
+                    break
+                if answered > deadline:
+                    raise BenchError(f"pod {name} found no node in {FIRST_FILTER_TIMEOUT_S:g} "
+                                     f"s: {result.get('Error') or result['FailedNodes']}")
+                await asyncio.sleep(FIRST_FILTER_RETRY_S)
             bound = await bench.post("bind", bench.bind_body(name, uids[name],
                                                              result["NodeNames"][0]))
             if bound["Error"]:
