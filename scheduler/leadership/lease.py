@@ -143,22 +143,29 @@ class NatsLease:
             await self._try_to_take()
 
     async def _renew(self) -> None:
+        lost = await self._renewal()
+        if lost is not None:
+            await self._demote(lost)
+
+    async def _renewal(self) -> str | None:
+        """Write the lease held again; why it is lost, if it is (a renewal that got no
+        answer loses it only past the renew deadline)."""
         assert self._bucket is not None and self._revision is not None
         sent = self._clock()
         try:
             revision = await asyncio.wait_for(
                 self._bucket.update(LEASE_KEY, self.identity.encode(), last=self._revision),
-                timeout=max(self.authority_left(), self._renew_period))
+                timeout=max(self._authority_until - sent, self._renew_period))
         except nats.js.errors.KeyWrongLastSequenceError:
-            await self._demote("the lease was taken over (it expired before it was renewed)")
-            return
+            return "the lease was taken over (it expired before it was renewed)"
         except _NOT_DONE as error:
             if self._clock() >= self._authority_until:
-                await self._demote(f"the lease was not renewed for {self._renew_deadline:g}s "
-                                   f"({describe_error(error)})")
-            return
+                return (f"the lease was not renewed for {self._renew_deadline:g}s "
+                        f"({describe_error(error)})")
+            return None
         self._revision = revision
         self._authority_until = sent + self._renew_deadline
+        return None
 
     async def _try_to_take(self) -> None:
         assert self._bucket is not None
@@ -223,28 +230,14 @@ class NatsLease:
         """Renew the lease every renew period until the takeover has ``finished``; why it
         was lost, if it was (it then stops: the takeover's end is where the daemon stands
         by). A renewal under way is let finish, so that the revision held stays ours."""
-        assert self._bucket is not None
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(finished.wait(), self._renew_period)
             if finished.is_set():
                 return None
-            assert self._revision is not None
-            sent = self._clock()
-            try:
-                revision = await asyncio.wait_for(
-                    self._bucket.update(LEASE_KEY, self.identity.encode(),
-                                        last=self._revision),
-                    timeout=max(self._authority_until - self._clock(), self._renew_period))
-            except nats.js.errors.KeyWrongLastSequenceError:
-                return "the lease was taken over (it expired before it was renewed)"
-            except _NOT_DONE as error:
-                if self._clock() >= self._authority_until:
-                    return (f"the lease was not renewed for {self._renew_deadline:g}s "
-                            f"({describe_error(error)})")
-                continue
-            self._revision = revision
-            self._authority_until = sent + self._renew_deadline
+            lost = await self._renewal()
+            if lost is not None:
+                return lost
 
     @staticmethod
     async def _stop_keeping(keeper: asyncio.Task[str | None],

@@ -15,6 +15,7 @@ from pyhami.natsserver import LocalNatsServer
 from scheduler.leadership import (
     LEASE_BUCKET,
     LEASE_KEY,
+    Hook,
     LeaseSettingsError,
     NatsLease,
     TakeOverFailed,
@@ -32,18 +33,19 @@ async def client(jetstream_server: LocalNatsServer) -> AsyncIterator[Client]:
 
 
 def lease(identity: str, elected: list[str], clock: Clock | None = None,
-          ttl: float = TTL) -> NatsLease:
-    async def on_elected() -> None:
+          ttl: float = TTL, on_elected: Hook | None = None) -> NatsLease:
+    async def elected_now() -> None:
         elected.append(identity)
 
     async def on_demoted() -> None:
         elected.append(f"{identity} stood down")
 
+    hook = on_elected or elected_now
     if clock is None:
         return NatsLease(identity, ttl=ttl, renew_period=RENEW, renew_deadline=DEADLINE,
-                         on_elected=on_elected, on_demoted=on_demoted)
+                         on_elected=hook, on_demoted=on_demoted)
     return NatsLease(identity, ttl=ttl, renew_period=RENEW, renew_deadline=DEADLINE,
-                     on_elected=on_elected, on_demoted=on_demoted, clock=clock)
+                     on_elected=hook, on_demoted=on_demoted, clock=clock)
 
 
 async def test_one_holder_and_a_standby_that_names_it(client: Client) -> None:
@@ -167,8 +169,7 @@ async def test_a_takeover_longer_than_the_lease_keeps_it_renewed(client: Client)
         await asyncio.sleep(TTL + 1.5)
         elected.append("a")
 
-    slow = NatsLease("a", ttl=TTL, renew_period=RENEW, renew_deadline=DEADLINE,
-                     on_elected=slow_takeover, on_demoted=_nothing)
+    slow = lease("a", elected, on_elected=slow_takeover)
     other = lease("b", elected)
     for one in (slow, other):
         await one.open(client)
@@ -194,15 +195,10 @@ async def test_a_lease_lost_during_the_takeover_leaves_the_daemon_standing_by(
         await other.start()
         await asyncio.sleep(RENEW * 1.5)
 
-    losing = NatsLease("a", ttl=TTL, renew_period=RENEW, renew_deadline=DEADLINE,
-                       on_elected=overtaken, on_demoted=_nothing)
+    losing = lease("a", elected, on_elected=overtaken)
     await losing.open(client)
     await losing.start()
     assert not losing.leading()
     assert other.leading()
     assert any("standing by: the lease was taken over" in r.getMessage()
                and "during the takeover (term" in r.getMessage() for r in caplog.records)
-
-
-async def _nothing() -> None:
-    pass
